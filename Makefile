@@ -1,0 +1,37 @@
+# ledgerq developer entry points.  `make demo` and `make test` work on a fresh machine:
+# they create .venv when it is missing and install the package into it.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint format bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ledgerq needs Python >= 3.11 (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  $(PY) examples/quickstart.py "$$tmp/jobs"
+
+test: $(STAMP)
+	@command -v java >/dev/null 2>&1 || echo "note: Java 17+ was not found; the Spark tests will be skipped (install a JDK 17 to run them)"
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ledgerq tests examples benchmarks
+	$(VENV)/bin/ruff format --check ledgerq tests examples benchmarks
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format ledgerq tests examples benchmarks
+	$(VENV)/bin/ruff check --fix ledgerq tests examples benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,105 @@
+"""Queue options: the keyword arguments of ``ledgerq.open``, as a frozen dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ledgerq._errors import ConfigError
+
+__all__ = ["SYNC_MODES", "Options"]
+
+SYNC_MODES = ("always", "interval", "never")
+_MIB = 1024 * 1024
+
+
+def _number(name: str, value: object, *, minimum: float, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"option {name} must be a number, got {type(value).__name__}")
+    if math.isnan(value) or value < minimum:
+        raise ConfigError(f"option {name} must be >= {minimum}, got {value!r}")
+
+
+def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"option {name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ConfigError(f"option {name} must be >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """Every option of a queue; see the table in the usage guide.
+
+    Invalid values raise :class:`ledgerq.ConfigError` when the object is built.
+    """
+
+    segment_size: int = 64 * _MIB
+    index_interval: int = 4096
+    sync: str = "interval"
+    sync_interval: float = 1.0
+    priorities: bool = False
+    starvation_after: float | None = 30.0
+    max_retries: int = 3
+    visibility_timeout: float | None = None
+    dedup_window: float | None = None
+    dedup_max_entries: int = 100_000
+    compression: str = "none"
+    compression_level: int = 3
+    compression_min_size: int = 1024
+    max_message_size: int = 16 * _MIB
+    retention_max_age: float | None = None
+    retention_max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _integer("segment_size", self.segment_size, minimum=1)
+        _integer("index_interval", self.index_interval, minimum=1)
+        if self.sync not in SYNC_MODES:
+            raise ConfigError(f"option sync must be one of {SYNC_MODES}, got {self.sync!r}")
+        _number("sync_interval", self.sync_interval, minimum=0.0)
+        if not isinstance(self.priorities, bool):
+            raise ConfigError("option priorities must be True or False")
+        _number("starvation_after", self.starvation_after, minimum=0.0, allow_none=True)
+        if self.starvation_after == 0:
+            raise ConfigError("option starvation_after must be > 0 (or None to disable)")
+        _integer("max_retries", self.max_retries, minimum=0)
+        _number("visibility_timeout", self.visibility_timeout, minimum=0.0, allow_none=True)
+        if self.visibility_timeout == 0:
+            raise ConfigError("option visibility_timeout must be > 0 (or None to disable)")
+        _number("dedup_window", self.dedup_window, minimum=0.0, allow_none=True)
+        _integer("dedup_max_entries", self.dedup_max_entries, minimum=1)
+        if self.compression not in ("none", "zstd"):
+            raise ConfigError(
+                f"option compression must be 'none' or 'zstd', got {self.compression!r}"
+            )
+        _integer("compression_level", self.compression_level, minimum=-131072)
+        if self.compression_level > 22:
+            raise ConfigError("option compression_level must be <= 22 (zstd's maximum)")
+        _integer("compression_min_size", self.compression_min_size, minimum=0)
+        _integer("max_message_size", self.max_message_size, minimum=1)
+        if self.max_message_size > 1 << 30:
+            raise ConfigError("option max_message_size must be <= 1 GiB")
+        _number("retention_max_age", self.retention_max_age, minimum=0.0, allow_none=True)
+        _integer("retention_max_bytes", self.retention_max_bytes, minimum=1, allow_none=True)
+
+    @classmethod
+    def from_kwargs(cls, options: Options | None, kwargs: dict[str, Any]) -> Options:
+        """Merge an ``Options`` object with keyword overrides; unknown names raise TypeError."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(
+                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                f"valid options are {', '.join(sorted(names))}"
+            )
+        if options is None:
+            return cls(**kwargs)
+        if not isinstance(options, Options):
+            raise TypeError(f"options must be ledgerq.Options, got {type(options).__name__}")
+        return dataclasses.replace(options, **kwargs) if kwargs else options

@@ -1,0 +1,82 @@
+"""Public value types: Priority, Message, Item, Stats."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+__all__ = ["Item", "Message", "Priority", "ReaderStats", "Stats"]
+
+
+class Priority(IntEnum):
+    """Delivery priority when ``priorities=True``: HIGH before MEDIUM before LOW."""
+
+    LOW = 0
+    MEDIUM = 1
+    HIGH = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A delivered message.  ``attempts`` is 1 on the first delivery."""
+
+    id: int
+    payload: bytes
+    headers: dict[str, str]
+    priority: Priority
+    timestamp: int
+    expires_at: int | None
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One message of an ``enqueue_batch`` call, with the options of ``enqueue``."""
+
+    payload: bytes | bytearray | memoryview
+    headers: Mapping[str, str] | None = None
+    priority: Priority | int = Priority.MEDIUM
+    ttl: float | None = None
+    dedup_id: str | bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderStats:
+    """One reader's view of a queue."""
+
+    name: str
+    pending: int
+    in_flight: int
+    acked: int
+    nacked: int
+    expired: int
+    dead_lettered: int
+    head: int
+    oldest_pending_age: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of a queue's state; counters count since the queue was created.
+
+    ``pending``, ``in_flight``, ``acked``, ``nacked``, ``expired``,
+    ``dead_lettered`` and ``oldest_pending_age`` are the default reader's;
+    ``readers`` holds every open reader's own figures.
+    """
+
+    pending: int
+    in_flight: int
+    enqueued: int
+    acked: int
+    nacked: int
+    dead_lettered: int
+    expired: int
+    duplicates: int
+    dropped: int
+    corrupt_skipped: int
+    segments: int
+    disk_bytes: int
+    oldest_pending_age: float
+    next_id: int = 0
+    readers: dict[str, ReaderStats] = field(default_factory=dict)

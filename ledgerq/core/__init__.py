@@ -1,0 +1,7 @@
+"""The queue without features: ids, readers, leases, acks, waits and the sync policy."""
+
+from __future__ import annotations
+
+from ledgerq.core.queue import DEFAULT_READER, Queue, Reader
+
+__all__ = ["DEFAULT_READER", "Queue", "Reader"]

@@ -1,0 +1,176 @@
+"""A reader's state journal on disk (see ``ledgerq.format.reader_state``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from ledgerq._errors import CorruptionError
+from ledgerq.format.errors import CorruptRecord, IncompleteRecord
+from ledgerq.format.reader_state import (
+    Checkpoint,
+    StateRecordType,
+    decode_checkpoint,
+    decode_state_file_header,
+    decode_state_record,
+    encode_checkpoint,
+    encode_ids_record,
+    encode_state_file_header,
+)
+from ledgerq.segment.files import StorageError, atomic_write, datasync, write_all
+from ledgerq.segment.sync import GroupCommit
+
+__all__ = ["ReaderJournal", "ReplayedState"]
+
+logger = logging.getLogger("ledgerq")
+
+# Rewrite the journal once it is this much larger than its last checkpoint.
+_COMPACT_MIN_BYTES = 1 << 20
+
+
+class ReplayedState:
+    """What replaying a journal yields."""
+
+    def __init__(self) -> None:
+        self.head = 1
+        self.done: set[int] = set()
+        self.deliveries: dict[int, int] = {}
+        self.counters: dict[str, int] = {}
+
+
+class ReaderJournal:
+    """Append-only journal of one reader; the caller serialises appends (queue lock)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._fd_lock = threading.Lock()  # guards the fd against swap during compaction
+        self.size = 0
+        self._compact_at = _COMPACT_MIN_BYTES
+        self.commit = GroupCommit(self._sync)
+
+    def load(self) -> ReplayedState:
+        """Replay the journal (creating it if missing) and open it for appending.
+
+        A torn last record is cut off; a corrupt record in the middle raises
+        :class:`CorruptionError` - skipping it could redeliver or lose acks.
+        """
+        state = ReplayedState()
+        if not os.path.exists(self.path):
+            self.rewrite(Checkpoint(1, [], [], {}))
+            return state
+        with open(self.path, "rb") as f:
+            data = f.read()
+        try:
+            pos = decode_state_file_header(data)
+        except (CorruptRecord, IncompleteRecord) as exc:
+            raise CorruptionError(f"reader state file is damaged ({exc})", self.path, 0) from None
+        end = pos
+        while pos < len(data):
+            try:
+                kind, body, nxt = decode_state_record(data, pos)
+            except IncompleteRecord:
+                break
+            except CorruptRecord as exc:
+                if self._only_garbage_follows(data, pos):
+                    break  # a torn append at the tail (power loss): cut it below
+                raise CorruptionError(
+                    f"reader state record is damaged ({exc}); restore the file or delete it "
+                    "to restart this reader from the oldest message",
+                    self.path,
+                    pos,
+                ) from None
+            if kind is StateRecordType.CHECKPOINT:
+                assert isinstance(body, bytes)
+                cp = decode_checkpoint(body, pos)
+                state.head = cp.head
+                state.done = set(cp.done)
+                state.deliveries = dict(cp.deliveries)
+                state.counters = dict(cp.counters)
+            elif kind is StateRecordType.LEASE:
+                assert isinstance(body, tuple)
+                for message_id in body:
+                    state.deliveries[message_id] = state.deliveries.get(message_id, 0) + 1
+            elif kind is StateRecordType.ACK:
+                assert isinstance(body, tuple)
+                for message_id in body:
+                    state.done.add(message_id)
+                    state.deliveries.pop(message_id, None)
+            elif kind is StateRecordType.NACK:
+                assert isinstance(body, tuple)
+                state.counters["nacked"] = state.counters.get("nacked", 0) + len(body)
+            pos = end = nxt
+        if end < len(data):
+            logger.warning(
+                "ledgerq: cutting %d bytes of torn data at the end of %s",
+                len(data) - end,
+                self.path,
+            )
+            with open(self.path, "r+b") as f:
+                f.truncate(end)
+        state.done = {i for i in state.done if i >= state.head}
+        self._open(end)
+        return state
+
+    @staticmethod
+    def _only_garbage_follows(data: bytes, pos: int) -> bool:
+        for at in range(pos + 1, len(data)):
+            try:
+                decode_state_record(data, at)
+            except (CorruptRecord, IncompleteRecord):
+                continue
+            return False
+        return True
+
+    def _open(self, size: int) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        with self._fd_lock:
+            old, self._fd = self._fd, fd
+        if old is not None:
+            os.close(old)
+        self.size = size
+        self._compact_at = max(_COMPACT_MIN_BYTES, size * 4)
+
+    def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
+        """Append a LEASE/ACK/NACK record; return the durability ticket."""
+        record = encode_ids_record(kind, ids)
+        fd = self._fd
+        assert fd is not None, "journal is closed"
+        try:
+            write_all(fd, record)
+        except OSError as exc:
+            raise StorageError("write reader state", self.path, exc) from exc
+        self.size += len(record)
+        return self.commit.note_write()
+
+    @property
+    def wants_compaction(self) -> bool:
+        """Whether the journal has grown enough to be rewritten from a checkpoint."""
+        return self.size >= self._compact_at
+
+    def rewrite(self, checkpoint: Checkpoint) -> None:
+        """Replace the journal with one holding only ``checkpoint`` (durably)."""
+        blob = encode_state_file_header() + encode_checkpoint(checkpoint)
+        atomic_write(self.path, blob, durable=True)
+        self._open(len(blob))
+        # Everything before the rewrite is now durable (the checkpoint holds it).
+        self.commit.note_write()
+        self.commit.sync_now()
+
+    def _sync(self) -> None:
+        with self._fd_lock:
+            fd = os.dup(self._fd) if self._fd is not None else None
+        if fd is None:
+            return
+        try:
+            datasync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close the journal file."""
+        with self._fd_lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

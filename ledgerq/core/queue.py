@@ -1,0 +1,639 @@
+"""The queue: ids, the append path, readers, waits and the sync policy.
+
+Concurrency: one lock per queue guards the segment manager and every reader's
+in-memory state; a condition on it wakes blocked dequeuers.  The lock is held
+across the ``write()`` of an append (ids must reach the log in order) but never
+across an fsync: durability waits happen after the lock is released, through
+:class:`~ledgerq.segment.sync.GroupCommit`, so concurrent ``sync="always"``
+callers share fsyncs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+
+from ledgerq._errors import (
+    MessageTooLargeError,
+    NotAQueueError,
+    QueueClosedError,
+)
+from ledgerq._options import Options
+from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
+from ledgerq.core.journal import ReaderJournal
+from ledgerq.core.meta import ID_BLOCK, META_NAME, Meta, MetaStore
+from ledgerq.core.reader import ReaderCore
+from ledgerq.format.entry import Entry, encode_entry, encode_headers
+from ledgerq.segment.files import StorageError, datasync
+from ledgerq.segment.lock import DirLock
+from ledgerq.segment.manager import SegmentManager
+from ledgerq.segment.scanner import CorruptRegion
+from ledgerq.segment.segment import Segment
+from ledgerq.segment.sync import GroupCommit
+
+__all__ = ["DEFAULT_READER", "Queue", "Reader"]
+
+logger = logging.getLogger("ledgerq")
+
+DEFAULT_READER = "default"
+READERS_DIR = "readers"
+_READER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+_PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
+_BYTES_TYPES = (bytes, bytearray, memoryview)
+_NS = 1_000_000_000
+
+
+def _check_payload(payload: object, limit: int) -> bytes | bytearray | memoryview:
+    if not isinstance(payload, _BYTES_TYPES):
+        hint = " (encode text first, e.g. text.encode())" if isinstance(payload, str) else ""
+        raise TypeError(f"payload must be bytes-like, got {type(payload).__name__}{hint}")
+    size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+    if size > limit:
+        raise MessageTooLargeError(
+            f"payload of {size} bytes exceeds max_message_size={limit}; "
+            "split it or open the queue with a larger max_message_size"
+        )
+    if isinstance(payload, memoryview) and not payload.c_contiguous:
+        return payload.tobytes()
+    return payload
+
+
+def _check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be a ledgerq.Priority, got {type(priority).__name__}")
+    if not 0 <= priority <= 2:
+        raise ValueError(f"priority must be LOW (0), MEDIUM (1) or HIGH (2), got {priority}")
+    return int(priority)
+
+
+def _check_ttl(ttl: object) -> float | None:
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise TypeError(f"ttl must be a number of seconds, got {type(ttl).__name__}")
+    if not ttl > 0:
+        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
+def _check_id(message_id: object) -> int:
+    if isinstance(message_id, bool) or not isinstance(message_id, int):
+        raise TypeError(f"message id must be an int, got {type(message_id).__name__}")
+    return message_id
+
+
+def _check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
+        )
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+class _Encoded:
+    """One validated message, ready to be stamped with an id and a time."""
+
+    __slots__ = ("expires_in_ns", "headers_blob", "payload", "priority")
+
+    def __init__(
+        self,
+        payload: bytes | bytearray | memoryview,
+        headers_blob: bytes | None,
+        priority: int,
+        expires_in_ns: int | None,
+    ) -> None:
+        self.payload = payload
+        self.headers_blob = headers_blob
+        self.priority = priority
+        self.expires_in_ns = expires_in_ns
+
+
+def _entry_to_message(entry: Entry, attempts: int) -> Message:
+    return Message(
+        entry.id,
+        entry.payload,
+        dict(entry.headers) if entry.headers else {},
+        _PRIORITIES[entry.priority],
+        entry.timestamp,
+        entry.expires_at,
+        attempts,
+    )
+
+
+class Queue:
+    """A durable message queue in one directory.  Use :func:`ledgerq.open` to get one."""
+
+    def __init__(self, path: str | os.PathLike[str], options: Options) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.options = options
+        self._prepare_directory()
+        self._dirlock = DirLock(self.path)
+        try:
+            self._open_locked()
+        except BaseException:
+            self._dirlock.release()
+            raise
+
+    # ------------------------------------------------------------------ opening
+
+    def _prepare_directory(self) -> None:
+        path = self.path
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise NotAQueueError(f"{path} exists and is not a directory")
+        os.makedirs(path, exist_ok=True)
+        if not os.path.exists(os.path.join(path, META_NAME)):
+            foreign = [n for n in os.listdir(path) if n not in ("LOCK", "segments", "readers")]
+            if foreign:
+                raise NotAQueueError(
+                    f"{path} is not a ledgerq queue (it holds {sorted(foreign)[:3]} but no "
+                    f"{META_NAME}); use an empty or new directory"
+                )
+
+    def _open_locked(self) -> None:
+        opts = self.options
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0
+        self._closed = False
+        self._meta_store = MetaStore(self.path)
+        meta = self._meta_store.load() if self._meta_store.exists() else Meta()
+        self._meta = meta
+        counters = meta.counters
+        self._corrupt_skipped = counters.get("corrupt_skipped", 0)
+        self._manager = SegmentManager(
+            self.path,
+            segment_size=opts.segment_size,
+            index_interval=opts.index_interval,
+            on_corrupt=self._on_corrupt,
+        )
+        floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
+        self._manager.open(min_next_id=floor)
+        self._next_id = self._manager.next_id
+        # Entries appended after the last counter save were enqueued too.
+        self._enqueued = counters.get("enqueued", 0) + max(
+            0, self._next_id - counters.get("enqueued_through", meta.next_id)
+        )
+        self._duplicates = counters.get("duplicates", 0)
+        self._dropped = counters.get("dropped", 0)
+        self._reserved_until = self._next_id + ID_BLOCK
+        self._save_meta(clean=False)
+        self._log_commit = GroupCommit(self._sync_log)
+        self._sync_always = opts.sync == "always"
+        os.makedirs(os.path.join(self.path, READERS_DIR), exist_ok=True)
+        self._readers: dict[str, Reader] = {}
+        self._default = self._open_reader(DEFAULT_READER, start_latest=False)
+        self._stop_flusher = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if opts.sync == "interval":
+            self._flusher = threading.Thread(
+                target=self._flush_loop,
+                name=f"ledgerq-sync:{os.path.basename(self.path)}",
+                daemon=True,
+            )
+            self._flusher.start()
+
+    def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
+        journal = ReaderJournal(os.path.join(self.path, READERS_DIR, f"{name}.state"))
+        core = ReaderCore(
+            name,
+            journal,
+            self._manager,
+            visibility_timeout=self.options.visibility_timeout,
+            start_latest=start_latest,
+        )
+        reader = Reader(self, core)
+        self._readers[name] = reader
+        return reader
+
+    def _on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
+        self._corrupt_skipped += 1
+
+    def _save_meta(self, *, clean: bool) -> None:
+        meta = self._meta
+        meta.clean = clean
+        meta.next_id = self._next_id
+        meta.reserved_until = self._next_id if clean else self._reserved_until
+        meta.counters = {
+            "enqueued": self._enqueued,
+            "enqueued_through": self._next_id,
+            "duplicates": self._duplicates,
+            "dropped": self._dropped,
+            "corrupt_skipped": self._corrupt_skipped,
+        }
+        self._meta_store.save(meta)
+
+    # ------------------------------------------------------------------ durability
+
+    def _sync_log(self) -> None:
+        # Duplicate the descriptor under the lock so a rotation cannot close it mid-fsync;
+        # rotation itself fsyncs the segment it seals, so syncing the newest one suffices.
+        with self._lock:
+            fd = self._manager._log_fd
+            fd = os.dup(fd) if fd is not None else None
+        if fd is None:
+            return
+        try:
+            datasync(fd)
+        except OSError as exc:
+            raise StorageError("sync", self._manager.active.log_path, exc) from exc
+        finally:
+            os.close(fd)
+
+    def _flush_loop(self) -> None:
+        interval = max(self.options.sync_interval, 0.001)
+        while not self._stop_flusher.wait(interval):
+            try:
+                self._flush_once()
+            except Exception:  # keep flushing; the next attempt may succeed
+                logger.exception("ledgerq: background sync of %s failed", self.path)
+
+    def _flush_once(self) -> None:
+        started = time.monotonic()
+        if self._log_commit.is_dirty:
+            self._log_commit.sync_now()
+        for reader in list(self._readers.values()):
+            commit = reader._core.journal.commit
+            if commit.is_dirty:
+                commit.sync_now()
+        elapsed = time.monotonic() - started
+        if elapsed > 1.0:
+            logger.warning("ledgerq: slow fsync of %s: %.2f s", self.path, elapsed)
+
+    def sync(self) -> None:
+        """Make everything enqueued, acked and nacked so far durable (fsync)."""
+        self._ensure_open()
+        self._log_commit.sync_now()
+        for reader in list(self._readers.values()):
+            reader._core.journal.commit.sync_now()
+
+    # ------------------------------------------------------------------ enqueue
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise QueueClosedError(f"queue {self.path} is closed")
+
+    def _prepare(
+        self,
+        payload: object,
+        headers: Mapping[str, str] | None,
+        priority: object,
+        ttl: object,
+    ) -> _Encoded:
+        data = _check_payload(payload, self.options.max_message_size)
+        blob = encode_headers(headers) if headers is not None else None
+        level = _check_priority(priority) if priority is not Priority.MEDIUM else 1
+        seconds = _check_ttl(ttl)
+        return _Encoded(data, blob, level, int(seconds * _NS) if seconds is not None else None)
+
+    def enqueue(
+        self,
+        payload: bytes | bytearray | memoryview,
+        *,
+        headers: Mapping[str, str] | None = None,
+        priority: Priority | int = Priority.MEDIUM,
+        ttl: float | None = None,
+        dedup_id: str | bytes | None = None,
+    ) -> int:
+        """Append one message; return its id.
+
+        The message has reached the OS when this returns (it survives a crash
+        of this process); with ``sync="always"`` it is also on disk.  Raises
+        ``TypeError``/``ValueError`` for bad arguments and
+        :class:`MessageTooLargeError` before anything is written.
+        """
+        item = self._prepare(payload, headers, priority, ttl)
+        return self._append([item])[0]
+
+    def enqueue_batch(self, items: Iterable[bytes | bytearray | memoryview | Item]) -> list[int]:
+        """Append several messages with one write and at most one fsync; return their ids.
+
+        Every item is validated first: if any is invalid, nothing is written.
+        """
+        prepared: list[_Encoded] = []
+        for item in items:
+            if isinstance(item, Item):
+                prepared.append(self._prepare(item.payload, item.headers, item.priority, item.ttl))
+            else:
+                prepared.append(self._prepare(item, None, Priority.MEDIUM, None))
+        if not prepared:
+            return []
+        return self._append(prepared)
+
+    def _append(self, items: Sequence[_Encoded]) -> list[int]:
+        with self._lock:
+            if self._closed:
+                raise QueueClosedError(f"queue {self.path} is closed")
+            first = self._next_id
+            count = len(items)
+            if first + count > self._reserved_until:
+                self._reserved_until = first + count + ID_BLOCK
+                self._save_meta(clean=False)
+            now = time.time_ns()
+            if count == 1:
+                item = items[0]
+                record = encode_entry(
+                    first,
+                    now,
+                    item.payload,
+                    expires_at=None if item.expires_in_ns is None else now + item.expires_in_ns,
+                    priority=item.priority,
+                    headers_blob=item.headers_blob,
+                )
+                self._manager.append(record, (len(record),), first, now)
+            else:
+                records = [
+                    encode_entry(
+                        first + i,
+                        now,
+                        item.payload,
+                        expires_at=None if item.expires_in_ns is None else now + item.expires_in_ns,
+                        priority=item.priority,
+                        headers_blob=item.headers_blob,
+                    )
+                    for i, item in enumerate(items)
+                ]
+                self._manager.append(b"".join(records), [len(r) for r in records], first, now)
+            self._next_id = first + count
+            self._enqueued += count
+            ticket = self._log_commit.note_write()
+            if self._waiting:
+                self._cond.notify_all()
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return list(range(first, first + count))
+
+    # ------------------------------------------------------------------ consuming
+
+    def reader(self, name: str, start: str = "earliest") -> Reader:
+        """Return the named reader (an independent consumer), creating it if new.
+
+        A new reader starts at the oldest retained message, or with
+        ``start="latest"`` at the tail.  Names are 1-100 characters of
+        ``[A-Za-z0-9_.-]`` not starting with a dot.
+        """
+        if not isinstance(name, str) or not _READER_NAME.match(name):
+            raise ValueError(
+                f"invalid reader name {name!r}: use 1-100 characters of letters, digits, "
+                "'_', '-' and '.', not starting with '.' or '-'"
+            )
+        if start not in ("earliest", "latest"):
+            raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
+        with self._lock:
+            self._ensure_open()
+            existing = self._readers.get(name)
+            if existing is not None:
+                return existing
+            return self._open_reader(name, start_latest=start == "latest")
+
+    def dequeue(self, timeout: float | None = 0) -> Message | None:
+        """Lease the next message (see :meth:`Reader.dequeue`)."""
+        return self._default.dequeue(timeout)
+
+    def dequeue_batch(self, n: int, timeout: float | None = 0) -> list[Message]:
+        """Lease up to ``n`` messages (see :meth:`Reader.dequeue_batch`)."""
+        return self._default.dequeue_batch(n, timeout)
+
+    def ack(self, message_id: int) -> None:
+        """Mark a leased message done (see :meth:`Reader.ack`)."""
+        self._default.ack(message_id)
+
+    def nack(self, message_id: int, reason: str = "") -> None:
+        """Give a leased message back as failed (see :meth:`Reader.nack`)."""
+        self._default.nack(message_id, reason)
+
+    def peek(self, n: int = 1) -> list[Message]:
+        """The next ``n`` pending messages, without leasing them."""
+        return self._default.peek(n)
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._ensure_open()
+            return self._default._core.pending()
+
+    # ------------------------------------------------------------------ retention
+
+    def _retire_consumed(self) -> None:
+        """Delete sealed segments every reader has finished with (lock held)."""
+        manager = self._manager
+        if self.options.retention_max_age is not None or len(manager.segments) < 2:
+            return
+        head = min(r._core.head for r in self._readers.values())
+        while len(manager.segments) > 1 and manager.segments[0].last_id < head:
+            manager.delete_first()
+
+    def compact(self) -> None:
+        """Apply retention now: delete segments that every reader has consumed."""
+        with self._lock:
+            self._ensure_open()
+            self._retire_consumed()
+            for reader in self._readers.values():
+                reader._core.checkpoint()
+
+    # ------------------------------------------------------------------ observing
+
+    def stats(self) -> Stats:
+        """A snapshot of the queue's figures (see :class:`ledgerq.Stats`)."""
+        with self._lock:
+            self._ensure_open()
+            now = time.time_ns()
+            readers = {name: r._core.stats(now) for name, r in self._readers.items()}
+            default = readers[DEFAULT_READER]
+            return Stats(
+                pending=default.pending,
+                in_flight=default.in_flight,
+                enqueued=self._enqueued,
+                acked=default.acked,
+                nacked=default.nacked,
+                dead_lettered=default.dead_lettered,
+                expired=default.expired,
+                duplicates=self._duplicates,
+                dropped=self._dropped,
+                corrupt_skipped=self._corrupt_skipped,
+                segments=len(self._manager.segments),
+                disk_bytes=self._manager.disk_bytes,
+                oldest_pending_age=default.oldest_pending_age,
+                next_id=self._next_id,
+                readers=readers,
+            )
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Sync, persist every reader's state, and release the directory lock.
+
+        Idempotent.  Blocked ``dequeue`` calls raise :class:`QueueClosedError`.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._stop_flusher.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        try:
+            with self._lock:
+                self._manager.sync()
+                for reader in self._readers.values():
+                    reader._core.close()
+                self._save_meta(clean=True)
+                self._manager.close()
+        finally:
+            self._dirlock.release()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"next_id={self._next_id}"
+        return f"<ledgerq.Queue {self.path!r} {state}>"
+
+    def _check(self) -> None:
+        """Assert the queue's invariants (tests call this after every step)."""
+        with self._lock:
+            self._manager._check()
+            assert self._next_id == self._manager.next_id
+            for reader in self._readers.values():
+                reader._core._check()
+
+
+class Reader:
+    """An independent consumer of a queue: its own position, leases, acks and attempts."""
+
+    def __init__(self, queue: Queue, core: ReaderCore) -> None:
+        self._queue = queue
+        self._core = core
+        self.name = core.name
+
+    def dequeue(self, timeout: float | None = 0) -> Message | None:
+        """Lease the next message, or return None if none arrives in time.
+
+        ``timeout=0`` returns at once, ``> 0`` waits up to that many seconds,
+        ``None`` waits forever.  The message is delivered again (attempts + 1)
+        if it is nacked, its visibility timeout passes, or the queue is
+        reopened before it is acked.
+        """
+        messages = self.dequeue_batch(1, timeout)
+        return messages[0] if messages else None
+
+    def dequeue_batch(self, n: int, timeout: float | None = 0) -> list[Message]:
+        """Lease up to ``n`` messages; wait (as :meth:`dequeue`) only while there are none."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        wait = _check_timeout(timeout)
+        queue = self._queue
+        core = self._core
+        deadline = None if wait is None else time.monotonic() + wait
+        with queue._cond:
+            while True:
+                queue._ensure_open()
+                now = time.monotonic()
+                core.expire_leases(now)
+                entries: list[Entry] = []
+                while len(entries) < n:
+                    entry = core.next_candidate()
+                    if entry is None:
+                        break
+                    entries.append(entry)
+                if entries:
+                    attempts = core.lease(entries, now)
+                    core.maybe_compact()
+                    break
+                if deadline is None:
+                    remaining = None
+                else:
+                    remaining = deadline - now
+                    if remaining <= 0:
+                        return []
+                lease_deadline = core.next_deadline()
+                if lease_deadline is not None:
+                    until_lease = max(lease_deadline - now, 0.0)
+                    remaining = until_lease if remaining is None else min(remaining, until_lease)
+                queue._waiting += 1
+                try:
+                    queue._cond.wait(remaining)
+                finally:
+                    queue._waiting -= 1
+        return [_entry_to_message(e, a) for e, a in zip(entries, attempts, strict=True)]
+
+    def ack(self, message_id: int) -> None:
+        """Mark a leased message done: it is never delivered again.
+
+        With ``sync="always"`` this returns after the ack is on disk; otherwise a
+        crash may deliver the message again (at-least-once), never lose it.
+        Raises :class:`UnknownMessageError` if the id is not leased by this reader.
+        """
+        message_id = _check_id(message_id)
+        queue = self._queue
+        with queue._lock:
+            queue._ensure_open()
+            self._core.leased_entry(message_id)
+            ticket = self._core.ack([message_id])
+            self._core.maybe_compact()
+            queue._retire_consumed()
+        if queue._sync_always:
+            self._core.journal.commit.wait_durable(ticket)
+
+    def nack(self, message_id: int, reason: str = "") -> None:
+        """Give a leased message back as failed: it is delivered again with attempts + 1.
+
+        Raises :class:`UnknownMessageError` if the id is not leased by this reader.
+        """
+        message_id = _check_id(message_id)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        queue = self._queue
+        with queue._lock:
+            queue._ensure_open()
+            self._core.leased_entry(message_id)
+            ticket = self._core.nack([message_id])
+            if queue._waiting:
+                queue._cond.notify_all()
+        if queue._sync_always:
+            self._core.journal.commit.wait_durable(ticket)
+
+    def peek(self, n: int = 1) -> list[Message]:
+        """The next ``n`` messages this reader would get, without leasing them."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        with self._queue._lock:
+            self._queue._ensure_open()
+            entries = self._core.peek_entries(n)
+            return [_entry_to_message(e, self._core.deliveries(e.id) + 1) for e in entries]
+
+    def stats(self) -> ReaderStats:
+        """This reader's figures."""
+        with self._queue._lock:
+            self._queue._ensure_open()
+            return self._core.stats(time.time_ns())
+
+    def __len__(self) -> int:
+        with self._queue._lock:
+            return self._core.pending()
+
+    def __repr__(self) -> str:
+        return f"<ledgerq.Reader {self.name!r} of {self._queue.path!r}>"

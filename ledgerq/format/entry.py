@@ -1,0 +1,263 @@
+"""Segment log entries: the bytes of one message on disk.
+
+Layout (little-endian; ``docs/format.md`` is the normative description and a test
+keeps the two in step)::
+
+    offset  size  field
+    0       4     length      u32  whole entry, this field and the CRC included
+    4       1     type        u8   RecordType
+    5       1     flags       u8   EntryFlags
+    6       8     id          u64  message id, > 0
+    14      8     timestamp   i64  enqueue time, ns since the Unix epoch
+    22      8     expires_at  i64  [HAS_TTL] ns since the epoch
+    ..      1     priority    u8   [HAS_PRIORITY] 0 LOW, 1 MEDIUM, 2 HIGH (absent = MEDIUM)
+    ..      4+n   headers     u32 n, then a msgpack map str -> str  [HAS_HEADERS]
+    ..      m     payload     the rest (zstd frame when COMPRESSED)
+    end-4   4     crc32       u32  CRC-32 of every byte before it
+
+The length comes first so a scanner can step from entry to entry without parsing
+them; the CRC comes last so that a torn write (a prefix of the entry reached the
+file) can never validate.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum, IntFlag
+from typing import NamedTuple
+
+import msgpack
+
+from ledgerq.format.checksum import checksum
+from ledgerq.format.errors import CorruptRecord, IncompleteRecord
+
+__all__ = [
+    "CRC",
+    "ENTRY_HEADER",
+    "EXPIRES_AT",
+    "HEADERS_LENGTH",
+    "MAX_ENTRY_SIZE",
+    "MIN_ENTRY_SIZE",
+    "PRIORITY",
+    "Entry",
+    "EntryFlags",
+    "RecordType",
+    "decode_entry",
+    "decode_headers",
+    "encode_entry",
+    "encode_headers",
+    "peek_length",
+]
+
+
+class RecordType(IntEnum):
+    """The ``type`` byte of an entry.  Only DATA is written today; the others are reserved."""
+
+    DATA = 1
+    TOMBSTONE = 2
+    CHECKPOINT = 3
+
+
+class EntryFlags(IntFlag):
+    """The ``flags`` byte of an entry: which optional fields are present."""
+
+    NONE = 0
+    HAS_TTL = 1 << 0
+    HAS_HEADERS = 1 << 1
+    COMPRESSED = 1 << 2
+    HAS_PRIORITY = 1 << 3
+
+
+KNOWN_FLAGS = int(
+    EntryFlags.HAS_TTL | EntryFlags.HAS_HEADERS | EntryFlags.COMPRESSED | EntryFlags.HAS_PRIORITY
+)
+_KNOWN_TYPES = frozenset(int(t) for t in RecordType)
+
+ENTRY_HEADER = struct.Struct("<IBBQq")  # length, type, flags, id, timestamp_ns
+assert ENTRY_HEADER.size == 22
+EXPIRES_AT = struct.Struct("<q")
+assert EXPIRES_AT.size == 8
+PRIORITY = struct.Struct("<B")
+assert PRIORITY.size == 1
+HEADERS_LENGTH = struct.Struct("<I")
+assert HEADERS_LENGTH.size == 4
+CRC = struct.Struct("<I")
+assert CRC.size == 4
+_LENGTH = struct.Struct("<I")
+
+MIN_ENTRY_SIZE = ENTRY_HEADER.size + CRC.size  # 26: an entry with an empty payload
+# An upper bound that keeps a corrupt length field from asking for absurd reads.
+# Payloads are limited far below this by Options.max_message_size.
+MAX_ENTRY_SIZE = (1 << 31) - 1
+_MAX_PRIORITY = 2
+_MEDIUM = 1
+
+_HAS_TTL = int(EntryFlags.HAS_TTL)
+_HAS_HEADERS = int(EntryFlags.HAS_HEADERS)
+_HAS_PRIORITY = int(EntryFlags.HAS_PRIORITY)
+
+_pack_header = ENTRY_HEADER.pack
+_unpack_header = ENTRY_HEADER.unpack_from
+_pack_crc = CRC.pack
+_unpack_crc = CRC.unpack_from
+
+
+class Entry(NamedTuple):
+    """One decoded entry.  ``payload`` is as stored (still compressed if ``flags`` say so)."""
+
+    id: int
+    timestamp: int
+    expires_at: int | None
+    priority: int
+    headers: dict[str, str] | None
+    payload: bytes
+    flags: int
+    type: int
+    size: int
+
+
+def encode_headers(headers: object) -> bytes:
+    """Return the msgpack encoding of a ``Mapping[str, str]``.
+
+    Raises ``TypeError`` naming the first offending key or value.
+    """
+    try:
+        items = headers.items()  # type: ignore[attr-defined]
+    except AttributeError:
+        raise TypeError(
+            f"headers must be a mapping of str to str, got {type(headers).__name__}"
+        ) from None
+    clean: dict[str, str] = {}
+    for key, value in items:
+        if type(key) is not str:
+            raise TypeError(f"header names must be str, got {type(key).__name__} {key!r}")
+        if type(value) is not str:
+            raise TypeError(f"header {key!r} must have a str value, got {type(value).__name__}")
+        clean[key] = value
+    try:
+        return msgpack.packb(clean, use_bin_type=True)  # type: ignore[no-any-return]
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"headers must be valid unicode text: {exc}") from exc
+
+
+def decode_headers(blob: bytes | memoryview, pos: int = 0) -> dict[str, str]:
+    """Decode a msgpack headers map; raise :class:`CorruptRecord` if it is not one."""
+    try:
+        value = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=False)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise CorruptRecord(f"headers are not valid msgpack ({exc})", pos) from None
+    if type(value) is not dict or not all(
+        type(k) is str and type(v) is str for k, v in value.items()
+    ):
+        raise CorruptRecord("headers are not a map of str to str", pos)
+    return value
+
+
+def encode_entry(
+    message_id: int,
+    timestamp: int,
+    payload: bytes | bytearray | memoryview,
+    *,
+    expires_at: int | None = None,
+    priority: int = _MEDIUM,
+    headers_blob: bytes | None = None,
+    compressed: bool = False,
+    record_type: int = RecordType.DATA,
+) -> bytes:
+    """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`."""
+    flags = 0
+    parts: list[bytes | bytearray | memoryview] = []
+    extra = 0
+    if expires_at is not None:
+        flags |= _HAS_TTL
+        parts.append(EXPIRES_AT.pack(expires_at))
+        extra += 8
+    if priority != _MEDIUM:
+        flags |= _HAS_PRIORITY
+        parts.append(PRIORITY.pack(priority))
+        extra += 1
+    if headers_blob is not None:
+        flags |= _HAS_HEADERS
+        parts.append(HEADERS_LENGTH.pack(len(headers_blob)))
+        parts.append(headers_blob)
+        extra += 4 + len(headers_blob)
+    if compressed:
+        flags |= EntryFlags.COMPRESSED
+    length = MIN_ENTRY_SIZE + extra + len(payload)
+    if length > MAX_ENTRY_SIZE:
+        raise ValueError(f"entry of {length} bytes exceeds the format limit {MAX_ENTRY_SIZE}")
+    head = _pack_header(length, record_type, flags, message_id, timestamp)
+    body = b"".join((head, *parts, payload)) if parts else head + payload
+    return body + _pack_crc(checksum(body))
+
+
+def peek_length(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    """Return the declared length of the entry at ``pos`` (validated for sanity only).
+
+    Raises :class:`IncompleteRecord` when fewer than 4 bytes remain and
+    :class:`CorruptRecord` when the value cannot be an entry length.
+    """
+    if len(buf) - pos < 4:
+        raise IncompleteRecord("entry length field cut short", pos, 4)
+    (length,) = _LENGTH.unpack_from(buf, pos)
+    if length < MIN_ENTRY_SIZE or length > MAX_ENTRY_SIZE:
+        raise CorruptRecord(f"impossible entry length {length}", pos)
+    return int(length)
+
+
+def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Entry, int]:
+    """Decode the entry starting at ``pos``; return it and the offset just after it.
+
+    Raises :class:`IncompleteRecord` if ``buf`` ends inside the entry and
+    :class:`CorruptRecord` if the entry is complete but invalid.
+    """
+    end = len(buf)
+    if end - pos < ENTRY_HEADER.size:
+        if end - pos >= 4:
+            peek_length(buf, pos)  # a corrupt length is corrupt even when short
+        raise IncompleteRecord("entry header cut short", pos, ENTRY_HEADER.size)
+    length, rtype, flags, message_id, timestamp = _unpack_header(buf, pos)
+    if length < MIN_ENTRY_SIZE or length > MAX_ENTRY_SIZE:
+        raise CorruptRecord(f"impossible entry length {length}", pos)
+    stop = pos + length
+    if stop > end:
+        raise IncompleteRecord(f"entry of {length} bytes cut short", pos, length)
+    crc_at = stop - 4
+    (stored,) = _unpack_crc(buf, crc_at)
+    if checksum(memoryview(buf)[pos:crc_at]) != stored:
+        raise CorruptRecord("entry checksum mismatch", pos)
+    if rtype not in _KNOWN_TYPES:
+        raise CorruptRecord(f"unknown entry type {rtype}", pos)
+    if flags & ~KNOWN_FLAGS:
+        raise CorruptRecord(f"unknown entry flags {flags:#04x}", pos)
+    if message_id == 0:
+        raise CorruptRecord("entry id 0", pos)
+    at = pos + ENTRY_HEADER.size
+    expires_at: int | None = None
+    priority = _MEDIUM
+    headers: dict[str, str] | None = None
+    if flags & _HAS_TTL:
+        if at + 8 > crc_at:
+            raise CorruptRecord("entry too short for its expiry field", pos)
+        (expires_at,) = EXPIRES_AT.unpack_from(buf, at)
+        at += 8
+    if flags & _HAS_PRIORITY:
+        if at + 1 > crc_at:
+            raise CorruptRecord("entry too short for its priority field", pos)
+        priority = buf[at]
+        if priority > _MAX_PRIORITY:
+            raise CorruptRecord(f"invalid priority {priority}", pos)
+        at += 1
+    if flags & _HAS_HEADERS:
+        if at + 4 > crc_at:
+            raise CorruptRecord("entry too short for its headers length", pos)
+        (hlen,) = HEADERS_LENGTH.unpack_from(buf, at)
+        at += 4
+        if at + hlen > crc_at:
+            raise CorruptRecord("headers run past the end of the entry", pos)
+        headers = decode_headers(bytes(buf[at : at + hlen]), pos)
+        at += hlen
+    payload = bytes(buf[at:crc_at])
+    return Entry(
+        message_id, timestamp, expires_at, priority, headers, payload, flags, rtype, length
+    ), stop

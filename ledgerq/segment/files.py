@@ -1,0 +1,111 @@
+"""Small file primitives every durable path goes through.
+
+Each fsync here exists for a reason stated next to it; the rule (after ZODB and
+semidbm): a file is replaced only by temp file -> fsync -> rename -> fsync of the
+directory, so a crash leaves either the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from ledgerq._errors import LedgerQError
+
+__all__ = ["StorageError", "atomic_write", "datasync", "fsync_dir", "pread_exact", "write_all"]
+
+_HINTS = {
+    errno.ENOSPC: "the disk is full; free some space and retry",
+    errno.EDQUOT: "the disk quota is exhausted; free some space and retry",
+    errno.EROFS: "the file system is read-only",
+    errno.EIO: "the device reported an I/O error; check the disk",
+}
+
+
+class StorageError(LedgerQError, OSError):
+    """An operating-system error while reading or writing queue files.
+
+    Carries the OS ``errno`` and the file's path; the message says what was not done.
+    """
+
+    def __init__(self, action: str, path: str, exc: OSError) -> None:
+        hint = _HINTS.get(exc.errno or 0, "")
+        reason = exc.strerror or str(exc)
+        message = f"could not {action} {path}: {reason}" + (f" ({hint})" if hint else "")
+        OSError.__init__(self, exc.errno or 0, message)
+        self.path = path
+        self.action = action
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write every byte of ``data`` (os.write may write less than asked)."""
+    written = os.write(fd, data)
+    if written == len(data):
+        return
+    view = memoryview(data)
+    while written < len(view):
+        written += os.write(fd, view[written:])
+
+
+def datasync(fd: int) -> None:
+    """Make the file's data (and its size) durable: fdatasync where it exists."""
+    if hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:  # pragma: no cover - macOS and Windows
+        os.fsync(fd)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (created, renamed, deleted files) durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # pragma: no cover - platforms that cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file.
+
+    With ``durable`` the new content is on disk when this returns.
+    """
+    tmp = f"{path}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)  # the content must be on disk before the name points at it
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        if durable:
+            fsync_dir(os.path.dirname(path) or ".")  # and the rename itself must be durable
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise StorageError("write", path, exc) from exc
+
+
+def pread_exact(fd: int, size: int, offset: int) -> bytes:
+    """Read up to ``size`` bytes at ``offset``; fewer only at end of file."""
+    data = os.pread(fd, size, offset)
+    if len(data) == size or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        more = os.pread(fd, size - got, offset + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)

@@ -1,0 +1,417 @@
+"""The segment manager: the append path, rotation, lookup, deletion and recovery.
+
+Only the newest segment is ever written.  Recovery on open trusts a sealed
+segment's index (after checking its last point against the log with one small
+read), and scans only the newest segment from its last index point to the end:
+that is how a queue holding millions of messages reopens in milliseconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+from ledgerq.format.entry import decode_entry
+from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
+from ledgerq.format.index import (
+    OPEN_COUNT,
+    IndexEntry,
+    decode_index,
+    encode_index_entry,
+    encode_index_header,
+)
+from ledgerq.segment.files import (
+    StorageError,
+    atomic_write,
+    datasync,
+    fsync_dir,
+    pread_exact,
+    write_all,
+)
+from ledgerq.segment.naming import SEGMENTS_DIR, list_segment_ids
+from ledgerq.segment.scanner import CorruptRegion, EntryScanner
+from ledgerq.segment.segment import Segment
+
+__all__ = ["SegmentManager"]
+
+logger = logging.getLogger("ledgerq")
+
+
+class SegmentManager:
+    """All segments of one queue directory; not thread-safe (the queue lock guards it)."""
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        segment_size: int,
+        index_interval: int,
+        on_corrupt: Callable[[Segment, CorruptRegion], None] | None = None,
+    ) -> None:
+        self.directory = os.path.join(directory, SEGMENTS_DIR)
+        self.segment_size = segment_size
+        self.index_interval = index_interval
+        self.segments: list[Segment] = []
+        self._first_ids: list[int] = []
+        self._on_corrupt = on_corrupt
+        self._log_fd: int | None = None
+        self._idx_fd: int | None = None
+        self._last_indexed_offset = -1
+        self.truncated_bytes = 0
+        self._reported: set[tuple[int, int]] = set()
+
+    # ------------------------------------------------------------------ recovery
+
+    def open(self, min_next_id: int = 1) -> None:
+        """Find, check and recover the segments; make the newest one writable.
+
+        ``min_next_id`` is the lowest id the next append may take (ids are never
+        reused, even when a torn tail was cut off).
+        """
+        os.makedirs(self.directory, exist_ok=True)
+        self._remove_leftovers()
+        ids = list_segment_ids(self.directory)
+        segments = [Segment(self.directory, first_id) for first_id in ids]
+        for seg in segments[:-1]:
+            if not self._load_sealed(seg):
+                self._recover_tail(seg)
+                self._seal(seg, durable=True)
+        if segments:
+            self._recover_tail(segments[-1])
+        # An empty segment before the newest one holds nothing; drop it.
+        kept = [s for s in segments[:-1] if not s.is_empty] + segments[-1:]
+        for seg in segments[:-1]:
+            if seg.is_empty:
+                self._unlink(seg)
+        self.segments = kept
+        self._first_ids = [s.first_id for s in kept]
+        if not self.segments:
+            self._create(max(1, min_next_id))
+        else:
+            active = self.segments[-1]
+            self._open_writer(active)
+            natural = active.last_id + 1 if not active.is_empty else active.first_id
+            if min_next_id > natural:
+                # Ids were handed out before a crash that lost them: keep them unused by
+                # starting a new segment at min_next_id (ids inside a segment are consecutive).
+                self.rotate(min_next_id)
+
+    def _remove_leftovers(self) -> None:
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            orphan_index = name.endswith(".idx") and not os.path.exists(path[:-4] + ".log")
+            if name.endswith(".tmp") or orphan_index:
+                os.unlink(path)
+
+    def _load_sealed(self, seg: Segment) -> bool:
+        """Load a sealed segment from its index; False if the index cannot be trusted."""
+        seg.size = os.stat(seg.log_path).st_size
+        try:
+            with open(seg.idx_path, "rb") as f:
+                entries, sealed = decode_index(f.read())
+        except (OSError, DecodeError):
+            return False
+        if not sealed or not entries or entries[0].offset != 0:
+            return False
+        last = entries[-1]
+        if last.offset >= seg.size:
+            return False
+        tail = pread_exact(seg.read_fd(), seg.size - last.offset, last.offset)
+        try:
+            entry, stop = decode_entry(tail, 0)
+        except DecodeError:
+            return False
+        if entry.id != last.id or stop != len(tail):
+            return False
+        seg.set_index(entries)
+        seg.last_id = last.id
+        seg.last_offset = last.offset
+        seg.last_timestamp = last.timestamp
+        seg.sealed = True
+        return True
+
+    def _recover_tail(self, seg: Segment) -> None:
+        """Scan a segment from its last trustworthy index point; cut a torn tail."""
+        seg.size = os.stat(seg.log_path).st_size
+        try:
+            with open(seg.idx_path, "rb") as f:
+                entries, _ = decode_index(f.read())
+        except (OSError, DecodeError):
+            entries = []
+        fd = seg.read_fd()
+        # Trust the newest index point whose entry really is there.
+        start, after_id = 0, seg.first_id - 1
+        while entries:
+            point = entries[-1]
+            if point.offset < seg.size and self._entry_id_at(fd, point.offset) == point.id:
+                start, after_id = point.offset, point.id - 1
+                break
+            entries.pop()
+        seg.set_index(entries)
+        seg.sealed = False
+        self._last_indexed_offset = start if entries else -1
+        scanner = EntryScanner(fd, start, seg.size, after_id=after_id, boundaries=None)
+        found = 0
+        first_seen = 0
+        while True:
+            entry = scanner.next()
+            if entry is None:
+                break
+            offset = scanner.pos - entry.size
+            if first_seen == 0:
+                first_seen = entry.id
+            found += 1
+            self._note_appended(seg, entry.id, entry.timestamp, offset)
+        for region in scanner.corrupt:
+            self.report_corrupt(seg, region)
+        if scanner.pos < seg.size:
+            cut = seg.size - scanner.pos
+            logger.warning(
+                "ledgerq: truncating %d bytes of incomplete data at the end of %s (offset %d)",
+                cut,
+                seg.log_path,
+                scanner.pos,
+            )
+            with open(seg.log_path, "r+b") as f:
+                f.truncate(scanner.pos)
+                os.fsync(f.fileno())
+            seg.size = scanner.pos
+            self.truncated_bytes += cut
+        if not seg.is_empty and start == 0:
+            seg.missing = (seg.last_id - seg.first_id + 1) - found
+        # Rewrite the index as recovered (it is small: 24 bytes per index_interval of log).
+        blob = encode_index_header(OPEN_COUNT) + b"".join(encode_index_entry(*e) for e in seg.index)
+        atomic_write(seg.idx_path, blob, durable=False)
+
+    @staticmethod
+    def _entry_id_at(fd: int, offset: int) -> int:
+        head = os.pread(fd, 64 * 1024, offset)
+        try:
+            entry, _ = decode_entry(head, 0)
+        except IncompleteRecord as exc:
+            if exc.needed is None:
+                return -1
+            try:
+                entry, _ = decode_entry(pread_exact(fd, exc.needed, offset), 0)
+            except DecodeError:
+                return -1
+        except CorruptRecord:
+            return -1
+        return entry.id
+
+    def report_torn_sealed(self, seg: Segment, pos: int) -> None:
+        """A sealed segment ends with bytes that are not a whole entry."""
+        if pos < seg.size:
+            self.report_corrupt(seg, CorruptRegion(pos, seg.size))
+
+    def report_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
+        """Log and count a skipped region once, however many readers meet it."""
+        key = (seg.first_id, region.start)
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        logger.warning(
+            "ledgerq: skipped %d corrupt bytes in %s at offset %d",
+            region.stop - region.start,
+            seg.log_path,
+            region.start,
+        )
+        if self._on_corrupt is not None:
+            self._on_corrupt(seg, region)
+
+    # ------------------------------------------------------------------ append path
+
+    @property
+    def active(self) -> Segment:
+        """The segment appends go to."""
+        return self.segments[-1]
+
+    @property
+    def next_id(self) -> int:
+        """The id the next appended entry must carry."""
+        active = self.segments[-1]
+        return active.last_id + 1 if not active.is_empty else active.first_id
+
+    def _create(self, first_id: int) -> None:
+        seg = Segment(self.directory, first_id)
+        try:
+            fd = os.open(seg.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            os.close(fd)
+            atomic_write(seg.idx_path, encode_index_header(OPEN_COUNT), durable=False)
+            # The new file's name must survive a power cut before entries in it are acknowledged.
+            fsync_dir(self.directory)
+        except OSError as exc:
+            raise StorageError("create segment", seg.log_path, exc) from exc
+        self.segments.append(seg)
+        self._first_ids.append(first_id)
+        self._last_indexed_offset = -1
+        self._open_writer(seg)
+
+    def _open_writer(self, seg: Segment) -> None:
+        self._close_writer()
+        self._log_fd = os.open(seg.log_path, os.O_WRONLY | os.O_APPEND)
+        self._idx_fd = os.open(seg.idx_path, os.O_WRONLY | os.O_APPEND)
+        if seg.index:
+            self._last_indexed_offset = seg.index[-1].offset
+
+    def _close_writer(self) -> None:
+        for name in ("_log_fd", "_idx_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)
+
+    def _note_appended(self, seg: Segment, message_id: int, timestamp: int, offset: int) -> bool:
+        """Update what we know after an entry landed at ``offset``; True if indexed."""
+        seg.last_id = message_id
+        seg.last_offset = offset
+        seg.last_timestamp = timestamp
+        if (
+            self._last_indexed_offset < 0
+            or offset - self._last_indexed_offset >= self.index_interval
+        ):
+            seg.add_index_entry(IndexEntry(message_id, timestamp, offset))
+            self._last_indexed_offset = offset
+            return True
+        return False
+
+    def append(self, data: bytes, sizes: Sequence[int], first_id: int, timestamp: int) -> None:
+        """Append encoded entries (ids ``first_id``… consecutive, sizes as given) in one write.
+
+        The write reaches the OS before this returns (a killed process loses
+        nothing); durability against power loss is the caller's sync policy.
+        On an OS error the file is cut back to where it was and
+        :class:`StorageError` is raised: nothing of this call was appended.
+        """
+        seg = self.segments[-1]
+        fd = self._log_fd
+        assert fd is not None, "segment manager is closed"
+        before = seg.size
+        try:
+            write_all(fd, data)
+        except OSError as exc:
+            self._undo(fd, before)
+            raise StorageError("append to", seg.log_path, exc) from exc
+        offset = before
+        index_blob = b""
+        message_id = first_id
+        for size in sizes:
+            if self._note_appended(seg, message_id, timestamp, offset):
+                index_blob += encode_index_entry(message_id, timestamp, offset)
+            offset += size
+            message_id += 1
+        seg.size = offset
+        if index_blob:
+            assert self._idx_fd is not None
+            try:
+                write_all(self._idx_fd, index_blob)
+            except OSError:
+                pass  # the index is advisory until sealed; recovery rebuilds it
+        if seg.size >= self.segment_size:
+            self.rotate(message_id)
+
+    def _undo(self, fd: int, size: int) -> None:
+        try:
+            os.ftruncate(fd, size)
+        except OSError:  # pragma: no cover - nothing better to do; recovery cuts the tail
+            logger.error("ledgerq: could not cut back a failed append in %s", self.directory)
+
+    def rotate(self, next_first_id: int) -> None:
+        """Seal the active segment (durably) and start a new one at ``next_first_id``."""
+        seg = self.segments[-1]
+        if seg.is_empty:
+            # Nothing to seal: rename by recreating with the new first id.
+            self._close_writer()
+            self._unlink(seg)
+            self.segments.pop()
+            self._first_ids.pop()
+            self._create(next_first_id)
+            return
+        assert self._log_fd is not None
+        try:
+            datasync(self._log_fd)  # a sealed segment is never rescanned: it must be whole
+        except OSError as exc:
+            raise StorageError("sync", seg.log_path, exc) from exc
+        self._close_writer()
+        self._seal(seg, durable=True)
+        self._create(next_first_id)
+
+    def _seal(self, seg: Segment, *, durable: bool) -> None:
+        # A sealed index ends with its last entry, so the segment's id range is known.
+        if seg.last_offset >= 0 and (not seg.index or seg.index[-1].offset != seg.last_offset):
+            seg.add_index_entry(IndexEntry(seg.last_id, seg.last_timestamp, seg.last_offset))
+        blob = encode_index_header(len(seg.index)) + b"".join(
+            encode_index_entry(*e) for e in seg.index
+        )
+        atomic_write(seg.idx_path, blob, durable=durable)
+        seg.sealed = True
+
+    def sync(self) -> None:
+        """fsync the active log (fdatasync: data and size, not timestamps)."""
+        fd = self._log_fd
+        if fd is not None:
+            datasync(fd)
+
+    # ------------------------------------------------------------------ reading
+
+    def find(self, message_id: int) -> int:
+        """Index in :attr:`segments` of the segment that holds (or would hold) ``message_id``."""
+        i = bisect.bisect_right(self._first_ids, message_id) - 1
+        return max(i, 0)
+
+    def position_of(self, seg: Segment, message_id: int) -> tuple[int, int]:
+        """Offset to start scanning ``seg`` for ``message_id``, and the id before it."""
+        point = seg.locate(message_id)
+        if point is None:
+            return 0, seg.first_id - 1
+        return point.offset, point.id - 1
+
+    # ------------------------------------------------------------------ deletion
+
+    def delete_first(self) -> Segment:
+        """Delete the oldest segment (never the active one) and return it."""
+        if len(self.segments) < 2:
+            raise ValueError("the active segment cannot be deleted")
+        seg = self.segments.pop(0)
+        self._first_ids.pop(0)
+        self._unlink(seg)
+        return seg
+
+    def _unlink(self, seg: Segment) -> None:
+        seg.deleted = True
+        seg.close_read_fd()
+        for path in (seg.log_path, seg.idx_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of segment log files."""
+        return sum(s.size for s in self.segments)
+
+    @property
+    def total_entries(self) -> int:
+        """Entries in all segments."""
+        return sum(s.count for s in self.segments)
+
+    def close(self) -> None:
+        """Close every file (does not sync; the queue decides that)."""
+        self._close_writer()
+        for seg in self.segments:
+            seg.close_read_fd()
+
+    def _check(self) -> None:
+        """Assert the manager's invariants (tests call this after every step)."""
+        assert self.segments, "a manager always has an active segment"
+        assert self._first_ids == [s.first_id for s in self.segments]
+        for a, b in zip(self.segments, self.segments[1:], strict=False):
+            assert a.sealed, f"{a} is not sealed but is not the newest"
+            assert a.last_id < b.first_id, f"{a} overlaps {b}"
+        for seg in self.segments:
+            assert seg.index_ids == sorted(set(seg.index_ids))
+            if seg.index:
+                assert seg.index[0].id >= seg.first_id

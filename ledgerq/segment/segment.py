@@ -1,0 +1,100 @@
+"""One segment: a ``.log`` file of entries and its sparse ``.idx`` file."""
+
+from __future__ import annotations
+
+import bisect
+import os
+
+from ledgerq.format.index import IndexEntry
+from ledgerq.segment.naming import idx_path, log_path
+
+__all__ = ["Segment"]
+
+
+class Segment:
+    """What the manager knows of one segment without reading its entries.
+
+    ``last_id`` is 0 while the segment holds no entry.  Ids inside a segment are
+    consecutive, so ``count`` is ``last_id - first_id + 1`` unless corruption
+    removed some (then ``missing`` says how many).
+    """
+
+    __slots__ = (
+        "_read_fd",
+        "deleted",
+        "first_id",
+        "idx_path",
+        "index",
+        "index_ids",
+        "last_id",
+        "last_offset",
+        "last_timestamp",
+        "log_path",
+        "missing",
+        "sealed",
+        "size",
+    )
+
+    def __init__(self, segments_dir: str, first_id: int) -> None:
+        self.first_id = first_id
+        self.log_path = log_path(segments_dir, first_id)
+        self.idx_path = idx_path(segments_dir, first_id)
+        self.size = 0
+        self.last_id = 0
+        self.last_offset = -1
+        self.last_timestamp = 0
+        self.index: list[IndexEntry] = []
+        self.index_ids: list[int] = []
+        self.missing = 0
+        self.sealed = False
+        self.deleted = False
+        self._read_fd: int | None = None
+
+    @property
+    def count(self) -> int:
+        """Number of entries in the segment."""
+        if self.last_id == 0:
+            return 0
+        return self.last_id - self.first_id + 1 - self.missing
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether the segment holds no entry."""
+        return self.last_id == 0
+
+    def add_index_entry(self, entry: IndexEntry) -> None:
+        """Record a sparse-index point in memory (the caller persists it)."""
+        self.index.append(entry)
+        self.index_ids.append(entry.id)
+
+    def set_index(self, entries: list[IndexEntry]) -> None:
+        """Replace the in-memory index."""
+        self.index = list(entries)
+        self.index_ids = [e.id for e in entries]
+
+    def boundaries(self) -> list[int]:
+        """Offsets known to start an entry (from the sparse index)."""
+        return [e.offset for e in self.index]
+
+    def locate(self, message_id: int) -> IndexEntry | None:
+        """The index point to scan from to find ``message_id``."""
+        i = bisect.bisect_right(self.index_ids, message_id) - 1
+        return self.index[i] if i >= 0 else None
+
+    def read_fd(self) -> int:
+        """A read-only descriptor of the log, opened once and kept."""
+        if self._read_fd is None:
+            self._read_fd = os.open(self.log_path, os.O_RDONLY)
+        return self._read_fd
+
+    def close_read_fd(self) -> None:
+        """Close the cached read descriptor, if any."""
+        fd, self._read_fd = self._read_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return (
+            f"Segment(first_id={self.first_id}, last_id={self.last_id}, size={self.size}, "
+            f"sealed={self.sealed})"
+        )

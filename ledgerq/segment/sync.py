@@ -1,0 +1,69 @@
+"""Group commit: many threads waiting for durability share one fsync.
+
+Writers append under the queue lock and take a ticket (the file's write count).
+:meth:`GroupCommit.wait_durable` then makes sure an fsync that started after
+that write has finished.  The first waiter with no fsync in progress becomes
+the leader: it notes the current write count, fsyncs *without* any lock held
+(so others keep appending), publishes the count as durable and wakes everyone
+it covered.  Waiters that arrive while it runs wait for the next round, whose
+leader covers all of them at once - with N concurrent writers an fsync is
+shared by up to N appends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["GroupCommit"]
+
+
+class GroupCommit:
+    """Durability tracking for one file descriptor (or a set synced together)."""
+
+    def __init__(self, sync: Callable[[], None]) -> None:
+        self._sync = sync
+        self._cond = threading.Condition(threading.Lock())
+        self._written = 0  # bumped by note_write() under the caller's own lock
+        self._durable = 0
+        self._syncing = False
+
+    def note_write(self) -> int:
+        """Record one more write; return its ticket for :meth:`wait_durable`."""
+        self._written += 1
+        return self._written
+
+    @property
+    def is_dirty(self) -> bool:
+        """Whether some write is not known to be durable yet."""
+        return self._durable < self._written
+
+    def wait_durable(self, ticket: int) -> None:
+        """Return once the write with ``ticket`` (and all before it) is durable.
+
+        Raises whatever the sync function raises (to every waiter of that round).
+        """
+        with self._cond:
+            while self._durable < ticket:
+                if self._syncing:
+                    self._cond.wait()
+                    continue
+                self._syncing = True
+                target = self._written
+                self._cond.release()
+                try:
+                    self._sync()
+                except BaseException:
+                    self._cond.acquire()
+                    self._syncing = False
+                    self._cond.notify_all()
+                    raise
+                self._cond.acquire()
+                self._syncing = False
+                if target > self._durable:
+                    self._durable = target
+                self._cond.notify_all()
+
+    def sync_now(self) -> None:
+        """Make every write so far durable."""
+        self.wait_durable(self._written)
