@@ -1,0 +1,342 @@
+"""The public API as CONTRACT.md states it: arguments, errors, waits, lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+import ledgerq
+from ledgerq import Item, Priority
+
+
+@pytest.fixture
+def qpath(tmp_path: Path) -> Path:
+    return tmp_path / "q"
+
+
+def test_open_creates_directory_and_context_manager_closes(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        assert q.enqueue(b"a") == 1
+    assert (qpath / "meta.json").exists()
+    assert q.closed
+    with pytest.raises(ledgerq.QueueClosedError):
+        q.enqueue(b"b")
+    with pytest.raises(ledgerq.QueueClosedError):
+        q.dequeue()
+
+
+def test_options_object_and_kwargs(qpath: Path) -> None:
+    opts = ledgerq.Options(segment_size=1024, sync="never")
+    with ledgerq.open(qpath, options=opts, max_retries=5) as q:
+        assert q.options.segment_size == 1024
+        assert q.options.max_retries == 5
+    with pytest.raises(TypeError, match="unknown option"):
+        ledgerq.open(qpath, segmnet_size=10)
+    with pytest.raises(ledgerq.ConfigError):
+        ledgerq.open(qpath, sync="sometimes")
+    with pytest.raises(ValueError, match="segment_size"):
+        ledgerq.Options(segment_size=0)
+    with pytest.raises(ledgerq.ConfigError):
+        ledgerq.Options(compression="gzip")
+
+
+def test_ids_positive_increasing_and_fifo(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        ids = [q.enqueue(str(i).encode()) for i in range(10)]
+        ids += q.enqueue_batch([b"x", Item(b"y", headers={"k": "v"})])
+        assert ids == sorted(set(ids)) and ids[0] >= 1
+        got = [q.dequeue() for _ in ids]
+        assert [m.id for m in got if m] == ids
+        assert got[-1] is not None and got[-1].headers == {"k": "v"}
+        assert q.dequeue() is None
+
+
+def test_message_fields(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        q.enqueue(bytearray(b"payload"), headers={"a": "1"}, priority=Priority.HIGH, ttl=60)
+        msg = q.dequeue()
+        assert msg is not None
+        assert msg.payload == b"payload" and isinstance(msg.payload, bytes)
+        assert msg.headers == {"a": "1"}
+        assert msg.priority is Priority.HIGH
+        assert msg.attempts == 1
+        assert msg.expires_at is not None and msg.expires_at > msg.timestamp
+        assert msg.expires_at - msg.timestamp == 60 * 1_000_000_000
+        with pytest.raises(AttributeError):
+            msg.id = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"payload": "text"}, TypeError),
+        ({"payload": 5}, TypeError),
+        ({"payload": None}, TypeError),
+        ({"payload": b"x", "headers": {"a": 1}}, TypeError),
+        ({"payload": b"x", "headers": {1: "a"}}, TypeError),
+        ({"payload": b"x", "headers": ["a"]}, TypeError),
+        ({"payload": b"x", "priority": 7}, ValueError),
+        ({"payload": b"x", "priority": "HIGH"}, TypeError),
+        ({"payload": b"x", "ttl": -1}, ValueError),
+        ({"payload": b"x", "ttl": 0}, ValueError),
+        ({"payload": b"x", "ttl": "10"}, TypeError),
+    ],
+)
+def test_bad_enqueue_arguments_write_nothing(
+    qpath: Path, kwargs: dict[str, object], error: type[Exception]
+) -> None:
+    with ledgerq.open(qpath) as q:
+        payload = kwargs.pop("payload")
+        with pytest.raises(error):
+            q.enqueue(payload, **kwargs)  # type: ignore[arg-type]
+        assert len(q) == 0
+        assert q.stats().enqueued == 0
+        assert q.enqueue(b"ok") == 1, "a rejected call must not consume an id"
+
+
+def test_batch_is_all_or_nothing_on_bad_item(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        with pytest.raises(TypeError):
+            q.enqueue_batch([b"a", b"b", "c"])  # type: ignore[list-item]
+        assert len(q) == 0
+        assert q.enqueue_batch([]) == []
+
+
+def test_max_message_size_boundary(qpath: Path) -> None:
+    with ledgerq.open(qpath, max_message_size=100) as q:
+        assert q.enqueue(b"x" * 100) == 1
+        with pytest.raises(ledgerq.MessageTooLargeError, match="max_message_size"):
+            q.enqueue(b"x" * 101)
+        assert isinstance(ledgerq.MessageTooLargeError("m"), ValueError)
+        assert len(q) == 1
+
+
+def test_ack_and_nack_unknown_ids(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        q.enqueue(b"a")
+        with pytest.raises(ledgerq.UnknownMessageError):
+            q.ack(1)  # not leased yet
+        with pytest.raises(KeyError):
+            q.nack(99)
+        msg = q.dequeue()
+        assert msg is not None
+        q.ack(msg.id)
+        with pytest.raises(ledgerq.UnknownMessageError, match="not leased"):
+            q.ack(msg.id)  # twice
+        with pytest.raises(TypeError):
+            q.ack("1")  # type: ignore[arg-type]
+
+
+def test_nack_redelivers_with_more_attempts(qpath: Path) -> None:
+    with ledgerq.open(qpath, max_retries=0) as q:
+        q.enqueue(b"a")
+        q.enqueue(b"b")
+        first = q.dequeue()
+        assert first is not None
+        q.nack(first.id, "boom")
+        again = q.dequeue()
+        assert again is not None and again.id == first.id and again.attempts == 2
+        assert q.stats().nacked == 1
+
+
+def test_leases_come_back_after_reopen(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        q.enqueue_batch([b"a", b"b", b"c"])
+        a, b = q.dequeue_batch(2)
+        q.ack(b.id)
+    with ledgerq.open(qpath) as q:
+        assert len(q) == 2
+        again = q.dequeue()
+        assert again is not None and again.id == a.id and again.attempts == 2
+        rest = q.dequeue()
+        assert rest is not None and rest.payload == b"c"
+        assert q.dequeue() is None
+
+
+def test_dequeue_timeout_waits_for_an_enqueue(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        got: list[ledgerq.Message | None] = []
+        consumer = threading.Thread(target=lambda: got.append(q.dequeue(timeout=30)))
+        consumer.start()
+        q.enqueue(b"wake up")
+        consumer.join()
+        assert got and got[0] is not None and got[0].payload == b"wake up"
+        assert q.dequeue(timeout=0.01) is None
+        with pytest.raises(ValueError, match="timeout"):
+            q.dequeue(timeout=-1)
+
+
+def test_close_wakes_blocked_dequeue(qpath: Path) -> None:
+    q = ledgerq.open(qpath)
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            q.dequeue(timeout=None)
+        except ledgerq.QueueClosedError as exc:
+            errors.append(exc)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    q.close()
+    consumer.join()
+    assert len(errors) == 1
+
+
+def test_locked_directory(qpath: Path) -> None:
+    with ledgerq.open(qpath):
+        with pytest.raises(ledgerq.QueueLockedError) as info:
+            ledgerq.open(qpath)
+        assert str(qpath) in str(info.value)
+    with ledgerq.open(qpath) as q:  # released on close
+        assert not q.closed
+
+
+def test_directory_that_is_not_a_queue(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ledgerq.NotAQueueError, match="not a ledgerq queue"):
+        ledgerq.open(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"], "nothing may be written there"
+    file_path = tmp_path / "notes.txt"
+    with pytest.raises(ledgerq.LedgerQError):
+        ledgerq.open(file_path)
+
+
+def test_newer_format_version_is_refused(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        q.enqueue(b"a")
+    meta = json.loads((qpath / "meta.json").read_text())
+    meta["version"] = 99
+    (qpath / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ledgerq.IncompatibleFormatError, match="upgrade ledgerq"):
+        ledgerq.open(qpath)
+
+
+def test_pathlike_and_bad_path_type(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        assert q.path == str(qpath)
+    with pytest.raises(TypeError):
+        ledgerq.open(42)  # type: ignore[arg-type]
+
+
+def test_stats_fields_and_persistence(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        q.enqueue_batch([b"a", b"b", b"c"])
+        msg = q.dequeue()
+        assert msg is not None
+        q.ack(msg.id)
+        stats = q.stats()
+        assert (stats.pending, stats.in_flight, stats.enqueued, stats.acked) == (2, 0, 3, 1)
+        assert stats.segments == 1 and stats.disk_bytes > 0
+        assert stats.oldest_pending_age >= 0.0
+    with ledgerq.open(qpath) as q:
+        stats = q.stats()
+        assert (stats.pending, stats.enqueued, stats.acked) == (2, 3, 1)
+        q.dequeue_batch(2)
+        assert q.stats().oldest_pending_age == 0.0
+
+
+def test_peek_does_not_lease(qpath: Path) -> None:
+    with ledgerq.open(qpath) as q:
+        q.enqueue_batch([b"a", b"b"])
+        assert [m.payload for m in q.peek(5)] == [b"a", b"b"]
+        msg = q.dequeue()
+        assert msg is not None and msg.payload == b"a"
+
+
+@pytest.mark.parametrize("mode", ["always", "interval", "never"])
+def test_concurrent_producers_and_consumers(qpath: Path, mode: str) -> None:
+    per_thread, producers = 200, 4
+    with ledgerq.open(qpath, sync=mode, segment_size=4096) as q:
+        produced: list[int] = []
+        consumed: list[int] = []
+        lock = threading.Lock()
+
+        def produce(t: int) -> None:
+            for i in range(per_thread):
+                message_id = q.enqueue(f"{t}:{i}".encode())
+                with lock:
+                    produced.append(message_id)
+
+        def consume() -> None:
+            while True:
+                msg = q.dequeue(timeout=5)
+                if msg is None:
+                    return
+                if msg.payload == b"stop":
+                    q.ack(msg.id)
+                    return
+                q.ack(msg.id)
+                with lock:
+                    consumed.append(msg.id)
+
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(producers)]
+        consumers = [threading.Thread(target=consume) for _ in range(2)]
+        for t in threads + consumers:
+            t.start()
+        for t in threads:
+            t.join()
+        q.enqueue_batch([b"stop", b"stop"])
+        for t in consumers:
+            t.join()
+        assert sorted(produced) == sorted(set(produced))
+        assert len(produced) == per_thread * producers
+        assert sorted(consumed) == sorted(produced)
+        q._check()
+
+
+def test_sync_and_compact_are_callable(qpath: Path) -> None:
+    with ledgerq.open(qpath, sync="never", segment_size=256) as q:
+        q.enqueue_batch([b"x" * 100] * 10)
+        q.sync()
+        assert q.stats().segments > 1
+        while (msg := q.dequeue()) is not None:
+            q.ack(msg.id)
+        q.compact()
+        assert q.stats().segments == 1
+
+
+def test_exception_tree() -> None:
+    for cls in (
+        ledgerq.ConfigError,
+        ledgerq.QueueLockedError,
+        ledgerq.QueueClosedError,
+        ledgerq.MessageTooLargeError,
+        ledgerq.CorruptionError,
+        ledgerq.UnknownMessageError,
+    ):
+        assert issubclass(cls, ledgerq.LedgerQError)
+    assert issubclass(ledgerq.ConfigError, ValueError)
+    assert issubclass(ledgerq.UnknownMessageError, KeyError)
+
+
+def test_public_exports_are_pinned() -> None:
+    expected = {
+        "ConfigError",
+        "CorruptionError",
+        "IncompatibleFormatError",
+        "Item",
+        "LedgerQError",
+        "Message",
+        "MessageTooLargeError",
+        "NotAQueueError",
+        "Options",
+        "Priority",
+        "Queue",
+        "QueueClosedError",
+        "QueueLockedError",
+        "Reader",
+        "ReaderStats",
+        "Stats",
+        "StorageError",
+        "UnknownMessageError",
+        "__version__",
+        "open",
+    }
+    assert expected <= set(ledgerq.__all__)
+    for name in ledgerq.__all__:
+        assert hasattr(ledgerq, name), name
