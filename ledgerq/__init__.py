@@ -22,8 +22,9 @@ from ledgerq._errors import (
     UnknownMessageError,
 )
 from ledgerq._options import Options
+from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
-from ledgerq.core.queue import Queue, Reader
+from ledgerq.core.queue import Reader
 from ledgerq.segment.files import StorageError
 
 __version__ = "0.1.0"

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from ledgerq._options import Options
-from ledgerq.core.queue import Queue
+from ledgerq._queue import Queue, open_queue
 
 __all__ = ["open"]
 
@@ -24,4 +24,4 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    return Queue(path, Options.from_kwargs(options, kwargs))
+    return open_queue(path, Options.from_kwargs(options, kwargs))

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ledgerq.core.queue import DEFAULT_READER, Queue, Reader
+from ledgerq.core.queue import DEFAULT_READER, QueueCore, Reader
 
-__all__ = ["DEFAULT_READER", "Queue", "Reader"]
+__all__ = ["DEFAULT_READER", "QueueCore", "Reader"]

@@ -97,9 +97,17 @@ class ReaderJournal:
                 for message_id in body:
                     state.done.add(message_id)
                     state.deliveries.pop(message_id, None)
+                state.counters["acked"] = state.counters.get("acked", 0) + len(body)
             elif kind is StateRecordType.NACK:
                 assert isinstance(body, tuple)
                 state.counters["nacked"] = state.counters.get("nacked", 0) + len(body)
+            else:  # DEAD_LETTER, EXPIRE: done here, and counted
+                assert isinstance(body, tuple)
+                for message_id in body:
+                    state.done.add(message_id)
+                    state.deliveries.pop(message_id, None)
+                counter = "dead_lettered" if kind is StateRecordType.DEAD_LETTER else "expired"
+                state.counters[counter] = state.counters.get(counter, 0) + len(body)
             pos = end = nxt
         if end < len(data):
             logger.warning(

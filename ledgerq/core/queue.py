@@ -19,16 +19,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
 from ledgerq._errors import (
+    CorruptionError,
     MessageTooLargeError,
     NotAQueueError,
     QueueClosedError,
 )
 from ledgerq._options import Options
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
+from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.meta import ID_BLOCK, META_NAME, Meta, MetaStore
-from ledgerq.core.reader import ReaderCore
-from ledgerq.format.entry import Entry, encode_entry, encode_headers
+from ledgerq.core.reader import ReaderCore, ReaderHooks
+from ledgerq.format.entry import Entry, EntryFlags, encode_entry, encode_headers
 from ledgerq.segment.files import StorageError, datasync
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
@@ -36,7 +38,7 @@ from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.sync import GroupCommit
 
-__all__ = ["DEFAULT_READER", "Queue", "Reader"]
+__all__ = ["DEFAULT_READER", "QueueCore", "Reader"]
 
 logger = logging.getLogger("ledgerq")
 
@@ -99,28 +101,19 @@ def _check_timeout(timeout: object) -> float | None:
     return float(timeout)
 
 
-class _Encoded:
-    """One validated message, ready to be stamped with an id and a time."""
-
-    __slots__ = ("expires_in_ns", "headers_blob", "payload", "priority")
-
-    def __init__(
-        self,
-        payload: bytes | bytearray | memoryview,
-        headers_blob: bytes | None,
-        priority: int,
-        expires_in_ns: int | None,
-    ) -> None:
-        self.payload = payload
-        self.headers_blob = headers_blob
-        self.priority = priority
-        self.expires_in_ns = expires_in_ns
+def _check_dedup_id(dedup_id: object) -> str | bytes | None:
+    if dedup_id is None or isinstance(dedup_id, (str, bytes)):
+        return dedup_id
+    raise TypeError(f"dedup_id must be a str or bytes, got {type(dedup_id).__name__}")
 
 
-def _entry_to_message(entry: Entry, attempts: int) -> Message:
+_COMPRESSED = int(EntryFlags.COMPRESSED)
+
+
+def _entry_to_message(entry: Entry, attempts: int, payload: bytes) -> Message:
     return Message(
         entry.id,
-        entry.payload,
+        payload,
         dict(entry.headers) if entry.headers else {},
         _PRIORITIES[entry.priority],
         entry.timestamp,
@@ -129,12 +122,18 @@ def _entry_to_message(entry: Entry, attempts: int) -> Message:
     )
 
 
-class Queue:
+class QueueCore:
     """A durable message queue in one directory.  Use :func:`ledgerq.open` to get one."""
 
-    def __init__(self, path: str | os.PathLike[str], options: Options) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        options: Options,
+        features: Sequence[Feature] = (),
+    ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.options = options
+        self._features = list(features)
         self._prepare_directory()
         self._dirlock = DirLock(self.path)
         try:
@@ -151,7 +150,8 @@ class Queue:
             raise NotAQueueError(f"{path} exists and is not a directory")
         os.makedirs(path, exist_ok=True)
         if not os.path.exists(os.path.join(path, META_NAME)):
-            foreign = [n for n in os.listdir(path) if n not in ("LOCK", "segments", "readers")]
+            known = ("LOCK", "segments", "readers", "features", "dlq")
+            foreign = [n for n in os.listdir(path) if n not in known]
             if foreign:
                 raise NotAQueueError(
                     f"{path} is not a ledgerq queue (it holds {sorted(foreign)[:3]} but no "
@@ -188,8 +188,11 @@ class Queue:
         self._save_meta(clean=False)
         self._log_commit = GroupCommit(self._sync_log)
         self._sync_always = opts.sync == "always"
+        self._register_hooks()
         os.makedirs(os.path.join(self.path, READERS_DIR), exist_ok=True)
         self._readers: dict[str, Reader] = {}
+        for feature in self._features:
+            feature.attach(self)
         self._default = self._open_reader(DEFAULT_READER, start_latest=False)
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -201,12 +204,25 @@ class Queue:
             )
             self._flusher.start()
 
+    def _register_hooks(self) -> None:
+        def overriding(name: str) -> list[Feature]:
+            base = getattr(Feature, name)
+            return [f for f in self._features if getattr(type(f), name) is not base]
+
+        self._transformers = overriding("transform")
+        self._admitters = overriding("admit")
+        self._recorders = overriding("appended")
+        self._restorers = overriding("restore")
+        self._flushers = overriding("flush")
+        self._reader_hooks = ReaderHooks(self._features)
+
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
         journal = ReaderJournal(os.path.join(self.path, READERS_DIR, f"{name}.state"))
         core = ReaderCore(
             name,
             journal,
             self._manager,
+            self._reader_hooks,
             visibility_timeout=self.options.visibility_timeout,
             start_latest=start_latest,
         )
@@ -264,6 +280,8 @@ class Queue:
             commit = reader._core.journal.commit
             if commit.is_dirty:
                 commit.sync_now()
+        for feature in self._flushers:
+            feature.flush()
         elapsed = time.monotonic() - started
         if elapsed > 1.0:
             logger.warning("ledgerq: slow fsync of %s: %.2f s", self.path, elapsed)
@@ -274,6 +292,8 @@ class Queue:
         self._log_commit.sync_now()
         for reader in list(self._readers.values()):
             reader._core.journal.commit.sync_now()
+        for feature in self._flushers:
+            feature.flush()
 
     # ------------------------------------------------------------------ enqueue
 
@@ -287,12 +307,22 @@ class Queue:
         headers: Mapping[str, str] | None,
         priority: object,
         ttl: object,
-    ) -> _Encoded:
+        dedup_id: object,
+    ) -> Draft:
         data = _check_payload(payload, self.options.max_message_size)
         blob = encode_headers(headers) if headers is not None else None
         level = _check_priority(priority) if priority is not Priority.MEDIUM else 1
         seconds = _check_ttl(ttl)
-        return _Encoded(data, blob, level, int(seconds * _NS) if seconds is not None else None)
+        draft = Draft(
+            data,
+            blob,
+            level,
+            int(seconds * _NS) if seconds is not None else None,
+            _check_dedup_id(dedup_id),
+        )
+        for feature in self._transformers:
+            feature.transform(draft)
+        return draft
 
     def enqueue(
         self,
@@ -310,66 +340,125 @@ class Queue:
         ``TypeError``/``ValueError`` for bad arguments and
         :class:`MessageTooLargeError` before anything is written.
         """
-        item = self._prepare(payload, headers, priority, ttl)
-        return self._append([item])[0]
+        draft = self._prepare(payload, headers, priority, ttl, dedup_id)
+        return self._append([draft])[0]
 
     def enqueue_batch(self, items: Iterable[bytes | bytearray | memoryview | Item]) -> list[int]:
         """Append several messages with one write and at most one fsync; return their ids.
 
         Every item is validated first: if any is invalid, nothing is written.
         """
-        prepared: list[_Encoded] = []
+        prepared: list[Draft] = []
         for item in items:
             if isinstance(item, Item):
-                prepared.append(self._prepare(item.payload, item.headers, item.priority, item.ttl))
+                prepared.append(
+                    self._prepare(
+                        item.payload, item.headers, item.priority, item.ttl, item.dedup_id
+                    )
+                )
             else:
-                prepared.append(self._prepare(item, None, Priority.MEDIUM, None))
+                prepared.append(self._prepare(item, None, Priority.MEDIUM, None, None))
         if not prepared:
             return []
         return self._append(prepared)
 
-    def _append(self, items: Sequence[_Encoded]) -> list[int]:
+    def _append(self, drafts: list[Draft]) -> list[int]:
         with self._lock:
             if self._closed:
                 raise QueueClosedError(f"queue {self.path} is closed")
+            now = time.time_ns()
+            existing: dict[int, int] = {}
+            if self._admitters:
+                fresh: list[Draft] = []
+                for position, draft in enumerate(drafts):
+                    candidate = self._next_id + len(fresh)
+                    for feature in self._admitters:
+                        found = feature.admit(draft, now, candidate)
+                        if found is not None:
+                            existing[position] = found
+                            break
+                    else:
+                        fresh.append(draft)
+                self._duplicates += len(existing)
+                if not fresh:
+                    return [existing[i] for i in range(len(drafts))]
+                to_write = fresh
+            else:
+                to_write = drafts
             first = self._next_id
-            count = len(items)
+            count = len(to_write)
             if first + count > self._reserved_until:
                 self._reserved_until = first + count + ID_BLOCK
                 self._save_meta(clean=False)
-            now = time.time_ns()
-            if count == 1:
-                item = items[0]
-                record = encode_entry(
-                    first,
+            records = [
+                encode_entry(
+                    first + i,
                     now,
-                    item.payload,
-                    expires_at=None if item.expires_in_ns is None else now + item.expires_in_ns,
-                    priority=item.priority,
-                    headers_blob=item.headers_blob,
+                    draft.payload,
+                    expires_at=None if draft.expires_in_ns is None else now + draft.expires_in_ns,
+                    priority=draft.priority,
+                    headers_blob=draft.headers_blob,
+                    compressed=draft.compressed,
                 )
-                self._manager.append(record, (len(record),), first, now)
-            else:
-                records = [
-                    encode_entry(
-                        first + i,
-                        now,
-                        item.payload,
-                        expires_at=None if item.expires_in_ns is None else now + item.expires_in_ns,
-                        priority=item.priority,
-                        headers_blob=item.headers_blob,
-                    )
-                    for i, item in enumerate(items)
-                ]
-                self._manager.append(b"".join(records), [len(r) for r in records], first, now)
+                for i, draft in enumerate(to_write)
+            ]
+            try:
+                if count == 1:
+                    self._manager.append(records[0], (len(records[0]),), first, now)
+                else:
+                    self._manager.append(b"".join(records), [len(r) for r in records], first, now)
+            except BaseException:
+                for feature in self._admitters:
+                    feature.rollback()
+                raise
             self._next_id = first + count
             self._enqueued += count
+            for feature in self._recorders:
+                feature.appended(to_write, first, now)
             ticket = self._log_commit.note_write()
             if self._waiting:
                 self._cond.notify_all()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
-        return list(range(first, first + count))
+        if not existing:
+            return list(range(first, first + count))
+        ids = []
+        new_id = first
+        for position in range(len(drafts)):
+            if position in existing:
+                ids.append(existing[position])
+            else:
+                ids.append(new_id)
+                new_id += 1
+        return ids
+
+    def _restore(self, entry: Entry) -> bytes:
+        """The payload as the producer gave it (undoing compression)."""
+        payload = entry.payload
+        if entry.flags & _COMPRESSED:
+            if not self._restorers:
+                raise CorruptionError(
+                    f"message {entry.id} is compressed but no decompressor is available"
+                )
+            for feature in self._restorers:
+                payload = feature.restore(entry, payload)
+        return payload
+
+    def _messages(self, reader: Reader, taken: list[tuple[Entry, int]]) -> list[Message]:
+        """Build Messages; entries whose payload cannot be restored are settled as corrupt."""
+        messages = []
+        for entry, attempt in taken:
+            try:
+                payload = self._restore(entry)
+            except CorruptionError as exc:
+                logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, self.path, exc)
+                with self._lock:
+                    self._corrupt_skipped += 1
+                    if reader._core.settle_any(entry.id):
+                        reader._core.counters["acked"] -= 1
+                continue
+            messages.append(_entry_to_message(entry, attempt, payload))
+        return messages
 
     # ------------------------------------------------------------------ consuming
 
@@ -418,6 +507,33 @@ class Queue:
         with self._lock:
             self._ensure_open()
             return self._default._core.pending()
+
+    # ------------------------------------------------------------------ tooling
+
+    def _pending_entries(self, wanted: set[int] | None) -> list[tuple[Entry, bytes]]:
+        """Entries (with restored payloads) the default reader has not acked, by id."""
+        with self._lock:
+            self._ensure_open()
+            core = self._default._core
+            entries = core.peek(1 << 62, time.time_ns()) + core.leased_entries()
+        found = []
+        for entry in sorted(entries, key=lambda e: e.id):
+            if wanted is not None and entry.id not in wanted:
+                continue
+            try:
+                found.append((entry, self._restore(entry)))
+            except CorruptionError:
+                continue
+        return found
+
+    def _settle(self, message_id: int) -> bool:
+        """Settle ``message_id`` for the default reader wherever it is; True if it was pending."""
+        with self._lock:
+            self._ensure_open()
+            settled = self._default._core.settle_any(message_id)
+            if settled:
+                self._retire_consumed()
+        return settled
 
     # ------------------------------------------------------------------ retention
 
@@ -490,12 +606,15 @@ class Queue:
                 self._manager.sync()
                 for reader in self._readers.values():
                     reader._core.close()
+                for feature in self._features:
+                    feature.flush()
+                    feature.close()
                 self._save_meta(clean=True)
                 self._manager.close()
         finally:
             self._dirlock.release()
 
-    def __enter__(self) -> Queue:
+    def __enter__(self) -> QueueCore:
         return self
 
     def __exit__(
@@ -522,7 +641,7 @@ class Queue:
 class Reader:
     """An independent consumer of a queue: its own position, leases, acks and attempts."""
 
-    def __init__(self, queue: Queue, core: ReaderCore) -> None:
+    def __init__(self, queue: QueueCore, core: ReaderCore) -> None:
         self._queue = queue
         self._core = core
         self.name = core.name
@@ -533,7 +652,7 @@ class Reader:
         ``timeout=0`` returns at once, ``> 0`` waits up to that many seconds,
         ``None`` waits forever.  The message is delivered again (attempts + 1)
         if it is nacked, its visibility timeout passes, or the queue is
-        reopened before it is acked.
+        reopened before it is acked.  Expired (TTL) messages are skipped.
         """
         messages = self.dequeue_batch(1, timeout)
         return messages[0] if messages else None
@@ -548,37 +667,34 @@ class Reader:
         queue = self._queue
         core = self._core
         deadline = None if wait is None else time.monotonic() + wait
-        with queue._cond:
-            while True:
-                queue._ensure_open()
-                now = time.monotonic()
-                core.expire_leases(now)
-                entries: list[Entry] = []
-                while len(entries) < n:
-                    entry = core.next_candidate()
-                    if entry is None:
+        while True:
+            with queue._cond:
+                while True:
+                    queue._ensure_open()
+                    now = time.monotonic()
+                    taken = core.take(n, now, time.time_ns())
+                    if taken:
+                        core.maybe_compact()
                         break
-                    entries.append(entry)
-                if entries:
-                    attempts = core.lease(entries, now)
-                    core.maybe_compact()
-                    break
-                if deadline is None:
-                    remaining = None
-                else:
-                    remaining = deadline - now
-                    if remaining <= 0:
-                        return []
-                lease_deadline = core.next_deadline()
-                if lease_deadline is not None:
-                    until_lease = max(lease_deadline - now, 0.0)
-                    remaining = until_lease if remaining is None else min(remaining, until_lease)
-                queue._waiting += 1
-                try:
-                    queue._cond.wait(remaining)
-                finally:
-                    queue._waiting -= 1
-        return [_entry_to_message(e, a) for e, a in zip(entries, attempts, strict=True)]
+                    if deadline is None:
+                        remaining = None
+                    else:
+                        remaining = deadline - now
+                        if remaining <= 0:
+                            return []
+                    lease_deadline = core.next_deadline()
+                    if lease_deadline is not None:
+                        until = max(lease_deadline - now, 0.0)
+                        remaining = until if remaining is None else min(remaining, until)
+                    queue._waiting += 1
+                    try:
+                        queue._cond.wait(remaining)
+                    finally:
+                        queue._waiting -= 1
+            messages = queue._messages(self, taken)
+            if messages:
+                return messages
+            # Every leased entry was unreadable (and settled): look again.
 
     def ack(self, message_id: int) -> None:
         """Mark a leased message done: it is never delivered again.
@@ -589,41 +705,54 @@ class Reader:
         """
         message_id = _check_id(message_id)
         queue = self._queue
+        core = self._core
         with queue._lock:
             queue._ensure_open()
-            self._core.leased_entry(message_id)
-            ticket = self._core.ack([message_id])
-            self._core.maybe_compact()
+            core.check_leased(message_id)
+            ticket = core.ack([message_id])
+            core.maybe_compact()
             queue._retire_consumed()
         if queue._sync_always:
-            self._core.journal.commit.wait_durable(ticket)
+            core.journal.commit.wait_durable(ticket)
 
     def nack(self, message_id: int, reason: str = "") -> None:
         """Give a leased message back as failed: it is delivered again with attempts + 1.
 
-        Raises :class:`UnknownMessageError` if the id is not leased by this reader.
+        After ``max_retries`` failed deliveries it moves to the dead-letter queue
+        instead.  Raises :class:`UnknownMessageError` if the id is not leased by
+        this reader.
         """
         message_id = _check_id(message_id)
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {type(reason).__name__}")
         queue = self._queue
+        core = self._core
         with queue._lock:
             queue._ensure_open()
-            self._core.leased_entry(message_id)
-            ticket = self._core.nack([message_id])
+            core.check_leased(message_id)
+            ticket = core.nack([message_id], reason, time.time_ns())
             if queue._waiting:
                 queue._cond.notify_all()
         if queue._sync_always:
-            self._core.journal.commit.wait_durable(ticket)
+            core.journal.commit.wait_durable(ticket)
 
     def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` messages this reader would get, without leasing them."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
-        with self._queue._lock:
-            self._queue._ensure_open()
-            entries = self._core.peek_entries(n)
-            return [_entry_to_message(e, self._core.deliveries(e.id) + 1) for e in entries]
+        queue = self._queue
+        with queue._lock:
+            queue._ensure_open()
+            entries = self._core.peek(n, time.time_ns())
+            attempts = [self._core.deliveries(e.id) + 1 for e in entries]
+        messages = []
+        for entry, attempt in zip(entries, attempts, strict=True):
+            try:
+                payload = queue._restore(entry)
+            except CorruptionError:
+                continue
+            messages.append(_entry_to_message(entry, attempt, payload))
+        return messages
 
     def stats(self) -> ReaderStats:
         """This reader's figures."""

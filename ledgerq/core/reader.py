@@ -1,32 +1,33 @@
 """A reader: one consumer's position, leases, acks and delivery counts.
 
 The model is Kestrel's: a reader's durable state is a *head* id (every id below
-it is done) and the set of ids acked out of order above the head.  ledgerq adds
-how many times each not-yet-acked message was delivered, so that a lease lost to
-a crash counts as a failed delivery.
+it is done) and the set of ids acked out of order above it; ledgerq adds how
+many times each not-yet-acked message was delivered, so a lease lost to a crash
+counts as a failed delivery.
 
 In memory:
 
-* the *cursor* reads the log in id order;
-* ``_outstanding`` holds every entry the cursor has passed that is not acked
-  yet, in id order (the cursor only moves forward, so insertion order is id
-  order and the head is simply its first key);
-* ``_leased`` the ids currently handed out; ``_redeliver`` (a heap) the ids
-  given back by nack or an expired lease, delivered again before new ones;
-* ``_skip`` ids at or after the cursor that were acked in an earlier run.
+* the *cursor* reads the log in id order, skipping ``_skip`` (ids acked in an
+  earlier run that lie ahead of it);
+* the *selector* holds entries available for delivery that the cursor has
+  already passed (given back by nack or a lost lease; with priorities, every
+  pending entry) and decides the order;
+* ``_leased`` the entries handed out, with their delivery number.
 
-Every method here runs with the queue lock held.
+The head is the smallest of: the smallest leased id, the selector's smallest
+id, and the cursor's next id.  Every method runs with the queue lock held.
 """
 
 from __future__ import annotations
 
 import heapq
 import os
-from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ledgerq._errors import UnknownMessageError
 from ledgerq._types import ReaderStats
+from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.format.entry import Entry
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
@@ -35,11 +36,29 @@ from ledgerq.segment.cursor import LogCursor
 if TYPE_CHECKING:
     from ledgerq.segment.manager import SegmentManager
 
-__all__ = ["ReaderCore"]
+__all__ = ["ReaderCore", "ReaderHooks"]
 
 _LEASE = StateRecordType.LEASE
 _ACK = StateRecordType.ACK
 _NACK = StateRecordType.NACK
+_DEAD = StateRecordType.DEAD_LETTER
+_EXPIRE = StateRecordType.EXPIRE
+_LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
+_TIMED_OUT = "visibility timeout expired"
+
+
+class ReaderHooks:
+    """The features registered for the hooks a reader calls."""
+
+    def __init__(self, features: Sequence[Feature]) -> None:
+        def overriding(name: str) -> list[Feature]:
+            base = getattr(Feature, name)
+            return [f for f in features if getattr(type(f), name) is not base]
+
+        self.selector = overriding("selector")
+        self.deliverable = overriding("deliverable")
+        self.failed = overriding("failed")
+        self.settled = overriding("settled")
 
 
 class ReaderCore:
@@ -50,6 +69,7 @@ class ReaderCore:
         name: str,
         journal: ReaderJournal,
         manager: SegmentManager,
+        hooks: ReaderHooks,
         *,
         visibility_timeout: float | None,
         start_latest: bool = False,
@@ -57,164 +77,47 @@ class ReaderCore:
         self.name = name
         self.journal = journal
         self._manager = manager
+        self._hooks = hooks
         self._visibility = visibility_timeout
         is_new = not os.path.exists(journal.path)
         state = journal.load()
         self.counters = {"acked": 0, "nacked": 0, "expired": 0, "dead_lettered": 0}
         self.counters.update(state.counters)
         self._deliveries = state.deliveries
-        head = state.head
-        if is_new and start_latest:
-            head = manager.next_id
-        oldest = manager.segments[0].first_id
-        if head < oldest:
-            head = oldest
+        head = manager.next_id if is_new and start_latest else state.head
+        head = max(head, manager.segments[0].first_id)
         self._skip = {i for i in state.done if i >= head}
         self._done: set[int] = set()
         self._cursor = LogCursor(manager, head)
-        self._outstanding: OrderedDict[int, Entry] = OrderedDict()
-        self._leased: dict[int, int] = {}  # id -> delivery number of the current lease
-        self._redeliver: list[int] = []
-        self._redeliver_set: set[int] = set()
+        self._leased: dict[int, tuple[Entry, int]] = {}  # id -> (entry, delivery number)
+        self._leased_heap: list[int] = []
+        self._reported: dict[int, int] = {}  # id -> failures already passed to `failed`
         self._deadlines: list[tuple[float, int, int]] = []  # (monotonic deadline, id, delivery)
+        selector: Selector | None = None
+        for feature in hooks.selector:
+            selector = feature.selector(self)
+            if selector is not None:
+                break
+        self._selector: Selector = selector if selector is not None else FifoSelector(self)
         if is_new:
             self.checkpoint()
 
-    # ------------------------------------------------------------------ positions
+    # ------------------------------------------------------------------ the log
 
-    @property
-    def head(self) -> int:
-        """The lowest id that may still need delivering."""
-        for message_id in self._outstanding:
-            return message_id
-        return self._cursor.next_id
-
-    def deliveries(self, message_id: int) -> int:
-        """How many times ``message_id`` has been delivered so far."""
-        return self._deliveries.get(message_id, 0)
-
-    # ------------------------------------------------------------------ delivery
-
-    def expire_leases(self, now: float) -> list[int]:
-        """Give back leases whose visibility timeout passed; return their ids."""
-        expired: list[int] = []
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, message_id, delivery = heapq.heappop(deadlines)
-            if self._leased.get(message_id) == delivery:
-                del self._leased[message_id]
-                self._give_back(message_id)
-                expired.append(message_id)
-        return expired
-
-    def next_deadline(self) -> float | None:
-        """Monotonic time of the next visibility-timeout expiry, if any."""
-        deadlines = self._deadlines
-        while deadlines and self._leased.get(deadlines[0][1]) != deadlines[0][2]:
-            heapq.heappop(deadlines)
-        return deadlines[0][0] if deadlines else None
-
-    def _give_back(self, message_id: int) -> None:
-        if message_id not in self._redeliver_set:
-            self._redeliver_set.add(message_id)
-            heapq.heappush(self._redeliver, message_id)
-
-    def next_candidate(self) -> Entry | None:
-        """The next entry to consider delivering (not yet leased), in id order; or None."""
-        while self._redeliver:
-            message_id = heapq.heappop(self._redeliver)
-            self._redeliver_set.discard(message_id)
-            entry = self._outstanding.get(message_id)
-            if entry is not None and message_id not in self._leased:
-                return entry
+    def read_next(self) -> Entry | None:
+        """The next entry of the log not acked before (for selectors)."""
         skip = self._skip
+        cursor = self._cursor
         while True:
-            entry = self._cursor.next()
-            if entry is None:
-                return None
-            if skip and entry.id in skip:
-                skip.discard(entry.id)
-                self._done.add(entry.id)
-                continue
-            self._outstanding[entry.id] = entry
-            return entry
+            entry = cursor.next()
+            if entry is None or not skip or entry.id not in skip:
+                return entry
+            skip.discard(entry.id)
+            self._done.add(entry.id)
 
-    def lease(self, entries: list[Entry], now: float) -> list[int]:
-        """Lease ``entries`` (from :meth:`next_candidate`); return each one's attempt number."""
-        ids = [e.id for e in entries]
-        self.journal.append(_LEASE, ids)
-        attempts = []
-        deliveries = self._deliveries
-        visibility = self._visibility
-        for message_id in ids:
-            n = deliveries.get(message_id, 0) + 1
-            deliveries[message_id] = n
-            self._leased[message_id] = n
-            attempts.append(n)
-            if visibility is not None:
-                heapq.heappush(self._deadlines, (now + visibility, message_id, n))
-        return attempts
-
-    def settle(self, message_id: int) -> None:
-        """Mark a not-leased outstanding entry done without delivering it (e.g. expired)."""
-        self._remove(message_id)
-        self.journal.append(_ACK, [message_id])
-
-    def is_leased(self, message_id: int) -> bool:
-        """Whether ``message_id`` is currently leased by this reader."""
-        return message_id in self._leased
-
-    def leased_entry(self, message_id: int) -> Entry:
-        """The entry of a leased id; raises UnknownMessageError if it is not leased."""
-        if message_id not in self._leased:
-            raise UnknownMessageError(
-                f"message {message_id} is not leased by reader {self.name!r} "
-                "(never dequeued, already acked or nacked, or its lease expired)"
-            )
-        return self._outstanding[message_id]
-
-    def ack(self, ids: list[int]) -> int:
-        """Ack leased ids (validated by the caller); return the journal ticket."""
-        for message_id in ids:
-            del self._leased[message_id]
-            self._remove(message_id)
-        self.counters["acked"] += len(ids)
-        return self.journal.append(_ACK, ids)
-
-    def _remove(self, message_id: int) -> None:
-        self._outstanding.pop(message_id, None)
-        self._deliveries.pop(message_id, None)
-        self._redeliver_set.discard(message_id)
-        if self._outstanding:
-            head = next(iter(self._outstanding))
-            if message_id > head:
-                self._done.add(message_id)
-
-    def nack(self, ids: list[int]) -> int:
-        """Give leased ids back for redelivery; return the journal ticket."""
-        for message_id in ids:
-            del self._leased[message_id]
-            self._give_back(message_id)
-        self.counters["nacked"] += len(ids)
-        return self.journal.append(_NACK, ids)
-
-    def drop(self, message_id: int) -> int:
-        """Remove a leased or outstanding id for good without counting an ack (DLQ moves)."""
-        self._leased.pop(message_id, None)
-        self._remove(message_id)
-        return self.journal.append(_ACK, [message_id])
-
-    # ------------------------------------------------------------------ reading ahead
-
-    def peek_entries(self, n: int) -> list[Entry]:
-        """The next ``n`` entries that would be delivered, without leasing them."""
+    def peek_unread(self, n: int) -> list[Entry]:
+        """The next ``n`` unread entries of the log, without moving the cursor."""
         found: list[Entry] = []
-        for message_id in sorted(self._redeliver_set):
-            entry = self._outstanding.get(message_id)
-            if entry is not None and message_id not in self._leased:
-                found.append(entry)
-                if len(found) >= n:
-                    return found
         cursor = self._cursor.clone()
         while len(found) < n:
             entry = cursor.next()
@@ -223,6 +126,180 @@ class ReaderCore:
             if entry.id not in self._skip:
                 found.append(entry)
         return found
+
+    def deliveries(self, message_id: int) -> int:
+        """How many times ``message_id`` has been delivered so far."""
+        return self._deliveries.get(message_id, 0)
+
+    # ------------------------------------------------------------------ positions
+
+    @property
+    def head(self) -> int:
+        """The lowest id that may still need delivering."""
+        head = self._cursor.next_id
+        heap = self._leased_heap
+        while heap and heap[0] not in self._leased:
+            heapq.heappop(heap)
+        if heap and heap[0] < head:
+            head = heap[0]
+        held = self._selector.min_id()
+        if held is not None and held < head:
+            head = held
+        return head
+
+    # ------------------------------------------------------------------ delivery
+
+    def take(self, n: int, now: float, now_ns: int) -> list[tuple[Entry, int]]:
+        """Lease up to ``n`` entries; return each with its attempt number."""
+        if self._deadlines:
+            self.expire_leases(now, now_ns)
+        selector = self._selector
+        hooks = self._hooks
+        chosen: list[Entry] = []
+        while len(chosen) < n:
+            entry = selector.take(now_ns)
+            if entry is None:
+                break
+            if hooks.deliverable and not all(
+                f.deliverable(self, entry, now_ns) for f in hooks.deliverable
+            ):
+                self._finish(entry.id, _EXPIRE, "expired")
+                continue
+            failures = self._deliveries.get(entry.id, 0)
+            if failures > self._reported.get(entry.id, 0) and self._report_failure(
+                entry, failures, _LOST_LEASE, now_ns
+            ):
+                continue
+            chosen.append(entry)
+        if not chosen:
+            return []
+        ids = [e.id for e in chosen]
+        self.journal.append(_LEASE, ids)
+        deliveries = self._deliveries
+        leased = self._leased
+        visibility = self._visibility
+        taken = []
+        for entry in chosen:
+            message_id = entry.id
+            attempt = deliveries.get(message_id, 0) + 1
+            deliveries[message_id] = attempt
+            leased[message_id] = (entry, attempt)
+            heapq.heappush(self._leased_heap, message_id)
+            if visibility is not None:
+                heapq.heappush(self._deadlines, (now + visibility, message_id, attempt))
+            taken.append((entry, attempt))
+        return taken
+
+    def _report_failure(self, entry: Entry, failures: int, reason: str, now_ns: int) -> bool:
+        """Tell the features a delivery failed; True (and settled) if one moved it away."""
+        self._reported[entry.id] = failures
+        if self._hooks.failed:
+            delivery = FailedDelivery(self, entry, failures, reason, now_ns)
+            for feature in self._hooks.failed:
+                if feature.failed(delivery):
+                    self._finish(entry.id, _DEAD, "dead_lettered")
+                    return True
+        return False
+
+    def _finish(self, message_id: int, kind: StateRecordType, counter: str) -> int:
+        """Settle an id that is not leased (expired, dead-lettered)."""
+        self._forget(message_id)
+        self.counters[counter] += 1
+        return self.journal.append(kind, [message_id])
+
+    def _forget(self, message_id: int) -> None:
+        self._deliveries.pop(message_id, None)
+        self._reported.pop(message_id, None)
+        self._done.add(message_id)
+
+    def expire_leases(self, now: float, now_ns: int) -> None:
+        """Give back leases whose visibility timeout passed (a failed delivery each)."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, message_id, attempt = heapq.heappop(deadlines)
+            lease = self._leased.get(message_id)
+            if lease is None or lease[1] != attempt:
+                continue
+            del self._leased[message_id]
+            if not self._report_failure(lease[0], attempt, _TIMED_OUT, now_ns):
+                self._selector.give_back(lease[0])
+
+    def next_deadline(self) -> float | None:
+        """Monotonic time of the next visibility-timeout expiry, if any."""
+        deadlines = self._deadlines
+        while deadlines:
+            _, message_id, attempt = deadlines[0]
+            lease = self._leased.get(message_id)
+            if lease is not None and lease[1] == attempt:
+                return deadlines[0][0]
+            heapq.heappop(deadlines)
+        return None
+
+    def check_leased(self, message_id: int) -> None:
+        """Raise :class:`UnknownMessageError` unless ``message_id`` is leased here."""
+        if message_id not in self._leased:
+            raise UnknownMessageError(
+                f"message {message_id} is not leased by reader {self.name!r} "
+                "(never dequeued, already acked or nacked, or its lease expired)"
+            )
+
+    def ack(self, ids: list[int]) -> int:
+        """Ack leased ids (checked by the caller); return the journal ticket."""
+        for message_id in ids:
+            del self._leased[message_id]
+            self._forget(message_id)
+        self.counters["acked"] += len(ids)
+        if self._hooks.settled:
+            for feature in self._hooks.settled:
+                feature.settled(self, ids)
+        ticket = self.journal.append(_ACK, ids)
+        if len(self._done) > 65536:
+            self._prune_done()
+        return ticket
+
+    def nack(self, ids: list[int], reason: str, now_ns: int) -> int:
+        """Fail leased ids (checked by the caller); return the journal ticket."""
+        ticket = self.journal.append(_NACK, ids)
+        self.counters["nacked"] += len(ids)
+        for message_id in ids:
+            entry, attempt = self._leased.pop(message_id)
+            if not self._report_failure(entry, attempt, reason, now_ns):
+                self._selector.give_back(entry)
+        return ticket
+
+    def settle_any(self, message_id: int) -> bool:
+        """Mark ``message_id`` done wherever it is (leased, held, or not read yet).
+
+        Used by tooling that removes messages by id (DLQ requeue and purge).
+        Returns False if the id is not pending here.
+        """
+        if message_id in self._leased:
+            del self._leased[message_id]
+        elif not self._selector.discard(message_id):
+            if message_id < self._cursor.next_id or message_id in self._skip:
+                return False
+            if not self._exists_unread(message_id):
+                return False
+            self._skip.add(message_id)
+        self._forget(message_id)
+        self.counters["acked"] += 1
+        self.journal.append(_ACK, [message_id])
+        return True
+
+    def leased_entries(self) -> list[Entry]:
+        """Entries currently leased."""
+        return [entry for entry, _ in self._leased.values()]
+
+    def _exists_unread(self, message_id: int) -> bool:
+        manager = self._manager
+        seg = manager.segments[manager.find(message_id)]
+        return seg.first_id <= message_id <= seg.last_id
+
+    # ------------------------------------------------------------------ reading ahead
+
+    def peek(self, n: int, now_ns: int) -> list[Entry]:
+        """The next ``n`` entries that would be delivered, without leasing them."""
+        return self._selector.peek(n, now_ns)
 
     def pending(self) -> int:
         """Messages waiting to be delivered (not leased, not acked)."""
@@ -235,40 +312,26 @@ class ReaderCore:
                 unread += seg.count
             else:
                 unread += seg.last_id - start + 1
-        skip_ahead = sum(1 for i in self._skip if i >= start) if self._skip else 0
-        return max(unread - skip_ahead, 0) + len(self._redeliver_set)
+        if self._skip:
+            unread -= sum(1 for i in self._skip if i >= start)
+        return max(unread, 0) + self._selector.held()
 
     def in_flight(self) -> int:
         """Messages leased and not yet acked or nacked."""
         return len(self._leased)
 
-    def oldest_pending_timestamp(self) -> int | None:
-        """Enqueue time (ns) of the oldest pending message, if any."""
-        oldest: int | None = None
-        for message_id in self._redeliver_set:
-            entry = self._outstanding.get(message_id)
-            if entry is not None and (oldest is None or entry.timestamp < oldest):
-                oldest = entry.timestamp
-        nxt = self.peek_entries_from_cursor()
-        if nxt is not None and (oldest is None or nxt.timestamp < oldest):
-            oldest = nxt.timestamp
-        return oldest
-
-    def peek_entries_from_cursor(self) -> Entry | None:
-        """The next unread entry, without moving the cursor."""
-        cursor = self._cursor.clone()
-        while True:
-            entry = cursor.next()
-            if entry is None or entry.id not in self._skip:
-                return entry
-
     # ------------------------------------------------------------------ persistence
+
+    def _prune_done(self) -> None:
+        head = self.head
+        self._done = {i for i in self._done if i >= head}
 
     def checkpoint(self) -> None:
         """Rewrite the journal as one checkpoint of the current state (durable)."""
         head = self.head
-        done = sorted({i for i in self._done if i >= head} | {i for i in self._skip if i >= head})
-        self._done = {i for i in self._done if i >= head}
+        self._prune_done()
+        self._skip = {i for i in self._skip if i >= head}
+        done = sorted(self._done | self._skip)
         deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
         self.journal.rewrite(Checkpoint(head, done, deliveries, dict(self.counters)))
 
@@ -279,7 +342,7 @@ class ReaderCore:
 
     def stats(self, now_ns: int) -> ReaderStats:
         """This reader's figures."""
-        oldest = self.oldest_pending_timestamp()
+        oldest = self._selector.oldest_timestamp()
         return ReaderStats(
             name=self.name,
             pending=self.pending(),
@@ -294,11 +357,11 @@ class ReaderCore:
 
     def _check(self) -> None:
         """Assert invariants (tests call this after every step)."""
-        ids = list(self._outstanding)
-        assert ids == sorted(ids), "outstanding entries out of id order"
-        assert all(i in self._outstanding for i in self._leased), "a lease without its entry"
-        assert not (set(self._leased) & self._redeliver_set), "an id both leased and returned"
-        assert all(i < self._cursor.next_id for i in self._outstanding)
+        for message_id, (entry, attempt) in self._leased.items():
+            assert entry.id == message_id
+            assert self._deliveries.get(message_id) == attempt, "lease without its delivery"
+            assert message_id < self._cursor.next_id
+        assert self.head <= self._cursor.next_id
 
     def close(self) -> None:
         """Persist a final checkpoint and close the journal."""

@@ -91,6 +91,9 @@ MIN_ENTRY_SIZE = ENTRY_HEADER.size + CRC.size  # 26: an entry with an empty payl
 MAX_ENTRY_SIZE = (1 << 31) - 1
 _MAX_PRIORITY = 2
 _MEDIUM = 1
+_U64_MAX = (1 << 64) - 1
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
 
 _HAS_TTL = int(EntryFlags.HAS_TTL)
 _HAS_HEADERS = int(EntryFlags.HAS_HEADERS)
@@ -164,7 +167,22 @@ def encode_entry(
     compressed: bool = False,
     record_type: int = RecordType.DATA,
 ) -> bytes:
-    """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`."""
+    """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`.
+
+    Raises ``ValueError`` for any value :func:`decode_entry` would reject as corrupt
+    (id 0, priority above HIGH, unknown type) or that does not fit its field: bytes
+    that cannot be read back must never reach a log as an accepted message.
+    """
+    if not 0 < message_id <= _U64_MAX:
+        raise ValueError(f"entry id must be in 1..2**64-1, got {message_id}")
+    if not _I64_MIN <= timestamp <= _I64_MAX:
+        raise ValueError(f"entry timestamp {timestamp} does not fit an i64")
+    if expires_at is not None and not _I64_MIN <= expires_at <= _I64_MAX:
+        raise ValueError(f"entry expires_at {expires_at} does not fit an i64")
+    if not 0 <= priority <= _MAX_PRIORITY:
+        raise ValueError(f"entry priority must be 0, 1 or 2, got {priority}")
+    if record_type not in _KNOWN_TYPES:
+        raise ValueError(f"unknown entry type {record_type}")
     flags = 0
     parts: list[bytes | bytearray | memoryview] = []
     extra = 0

@@ -12,13 +12,19 @@ not-yet-acked message has been delivered.  It lives in an append-only journal
       body    length - 9 bytes
       crc32   u32  CRC-32 of every byte of the record before it
 
-    LEASE, ACK, NACK bodies: one or more u64 message ids (a batch is one record)
+    LEASE, ACK, NACK, DEAD_LETTER, EXPIRE bodies: one or more u64 message ids
+      LEASE        delivered once more
+      ACK          done
+      NACK         delivery failed; delivered again
+      DEAD_LETTER  done here: moved to the dead-letter queue
+      EXPIRE       done here: its TTL passed before delivery
     CHECKPOINT body: a msgpack array
         [head, done_ids, deliveries, counters]
       head        int            lowest id that may still need delivering
       done_ids    [int, ...]     ids > head already acked
       deliveries  [[id, n], ...] deliveries so far of each id not acked
       counters    {str: int}     acked, nacked, expired, dead_lettered, ...
+    Every id and count is an int in 0..2**64-1; anything else is a corrupt checkpoint.
 
 The journal starts with a CHECKPOINT and is rewritten (temp file, fsync, rename)
 with a fresh CHECKPOINT when it grows; replaying it from the start yields the state.
@@ -59,6 +65,7 @@ assert STATE_RECORD_HEADER.size == 5
 _CRC = struct.Struct("<I")
 _MIN_RECORD = STATE_RECORD_HEADER.size + _CRC.size
 _MAX_RECORD = (1 << 31) - 1
+_U64_MAX = (1 << 64) - 1
 
 
 class StateRecordType(IntEnum):
@@ -68,9 +75,19 @@ class StateRecordType(IntEnum):
     LEASE = 2
     ACK = 3
     NACK = 4
+    DEAD_LETTER = 5
+    EXPIRE = 6
 
 
-_ID_TYPES = frozenset((StateRecordType.LEASE, StateRecordType.ACK, StateRecordType.NACK))
+_ID_TYPES = frozenset(
+    (
+        StateRecordType.LEASE,
+        StateRecordType.ACK,
+        StateRecordType.NACK,
+        StateRecordType.DEAD_LETTER,
+        StateRecordType.EXPIRE,
+    )
+)
 
 
 class Checkpoint(NamedTuple):
@@ -106,7 +123,7 @@ def _frame(record_type: int, body: bytes) -> bytes:
 
 
 def encode_ids_record(record_type: StateRecordType, ids: list[int] | tuple[int, ...]) -> bytes:
-    """Return a LEASE, ACK or NACK record naming ``ids``."""
+    """Return a LEASE, ACK, NACK, DEAD_LETTER or EXPIRE record naming ``ids``."""
     if record_type not in _ID_TYPES:
         raise ValueError(f"{record_type!r} does not carry ids")
     if not ids:
@@ -114,36 +131,67 @@ def encode_ids_record(record_type: StateRecordType, ids: list[int] | tuple[int, 
     return _frame(record_type, struct.pack(f"<{len(ids)}Q", *ids))
 
 
+def _is_u64(value: object) -> bool:
+    return type(value) is int and 0 <= value <= _U64_MAX
+
+
+def _checkpoint_problem(head: object, done: object, deliveries: object, counters: object) -> str:
+    """Return what makes these fields an invalid checkpoint; "" when they are valid.
+
+    Exact types only: a float, a bool or a digit string where an id belongs is a
+    damaged (or foreign) checkpoint, not something to coerce.
+    """
+    if not _is_u64(head):
+        return f"head {head!r} is not a u64 id"
+    if not isinstance(done, list | tuple) or not all(_is_u64(i) for i in done):
+        return "done ids are not an array of u64 ids"
+    if not isinstance(deliveries, list | tuple) or not all(
+        isinstance(pair, list | tuple) and len(pair) == 2 and _is_u64(pair[0]) and _is_u64(pair[1])
+        for pair in deliveries
+    ):
+        return "deliveries are not an array of [id, count] pairs of u64"
+    if not isinstance(counters, dict) or not all(
+        type(name) is str and _is_u64(value) for name, value in counters.items()
+    ):
+        return "counters are not a map of str to u64"
+    return ""
+
+
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """Return a CHECKPOINT record."""
+    """Return a CHECKPOINT record.
+
+    Raises ``ValueError`` for a checkpoint :func:`decode_checkpoint` would reject
+    (negative or non-int ids and counts, non-str counter names): such a record would
+    make the reader's journal unreadable on the next open.
+    """
+    head, done, deliveries, counters = checkpoint
+    counters = dict(counters)
+    problem = _checkpoint_problem(head, done, deliveries, counters)
+    if problem:
+        raise ValueError(f"invalid reader checkpoint: {problem}")
     body = msgpack.packb(
-        [
-            checkpoint.head,
-            list(checkpoint.done),
-            [list(pair) for pair in checkpoint.deliveries],
-            dict(checkpoint.counters),
-        ],
+        [head, list(done), [list(pair) for pair in deliveries], counters],
         use_bin_type=True,
     )
     return _frame(StateRecordType.CHECKPOINT, body)
 
 
 def decode_checkpoint(body: bytes, pos: int = 0) -> Checkpoint:
-    """Decode a CHECKPOINT body; raise :class:`CorruptRecord` if it is malformed."""
+    """Decode a CHECKPOINT body; raise :class:`CorruptRecord` if it is malformed.
+
+    ``pos`` is the offset of the record, used in the error only.
+    """
     try:
         value: Any = msgpack.unpackb(body, raw=False, strict_map_key=True)
-        head, done, deliveries, counters = value
-        checkpoint = Checkpoint(
-            int(head),
-            [int(i) for i in done],
-            [(int(i), int(n)) for i, n in deliveries],
-            {str(k): int(v) for k, v in counters.items()},
-        )
-    except Exception as exc:  # any shape error in a hostile body is corruption
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise CorruptRecord(f"malformed reader checkpoint ({exc})", pos) from None
-    if checkpoint.head < 0 or any(i < 0 for i in checkpoint.done):
-        raise CorruptRecord("negative id in reader checkpoint", pos)
-    return checkpoint
+    if type(value) is not list or len(value) != 4:
+        raise CorruptRecord("malformed reader checkpoint (not an array of 4 fields)", pos)
+    head, done, deliveries, counters = value
+    problem = _checkpoint_problem(head, done, deliveries, counters)
+    if problem:
+        raise CorruptRecord(f"malformed reader checkpoint ({problem})", pos)
+    return Checkpoint(head, done, [(i, n) for i, n in deliveries], counters)
 
 
 def decode_state_record(

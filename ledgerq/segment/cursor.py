@@ -20,6 +20,7 @@ class LogCursor:
     def __init__(self, manager: SegmentManager, start_id: int) -> None:
         self._manager = manager
         self.next_id = max(start_id, 1)
+        self.last_offset = -1  # offset of the entry next() returned last, in its segment
         self._seg: Segment | None = None
         self._scanner: EntryScanner | None = None
         self._position(self.next_id)
@@ -67,6 +68,7 @@ class LogCursor:
                 if entry.id < self._skip_to:
                     continue
                 self.next_id = entry.id + 1
+                self.last_offset = scanner.pos - entry.size
                 return entry
             if seg is manager.segments[-1]:
                 return None  # caught up with the writer

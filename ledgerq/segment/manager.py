@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 
-from ledgerq.format.entry import decode_entry
+from ledgerq.format.entry import Entry, decode_entry
 from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
 from ledgerq.format.index import (
     OPEN_COUNT,
@@ -367,6 +367,22 @@ class SegmentManager:
         if point is None:
             return 0, seg.first_id - 1
         return point.offset, point.id - 1
+
+    def read_entry_at(self, message_id: int, offset: int) -> Entry:
+        """Read the entry ``message_id`` known to start at ``offset`` of its segment.
+
+        Raises :class:`CorruptRecord` if it is no longer there or damaged.
+        """
+        seg = self.segments[self.find(message_id)]
+        fd = seg.read_fd()
+        data = os.pread(fd, 4096, offset)
+        try:
+            entry, _ = decode_entry(data, 0)
+        except IncompleteRecord as exc:
+            entry, _ = decode_entry(pread_exact(fd, exc.needed or 0, offset), 0)
+        if entry.id != message_id:
+            raise CorruptRecord(f"expected entry {message_id}, found {entry.id}", offset)
+        return entry
 
     # ------------------------------------------------------------------ deletion
 

@@ -1,114 +1,153 @@
 """The queue against a plain in-memory model, driven by hypothesis.
 
-The model: every message id is either available, leased, or acked.  A FIFO
-queue always hands out the smallest available id; nack and reopen make leased
-ids available again; attempts count deliveries.
+The model: every message is available, leased, acked, expired or dead-lettered.
+The queue always hands out the first available message in delivery order (id
+order; with priorities, highest priority first, then id); nack and reopen make
+leased messages available again; every delivery counts; a message whose failed
+deliveries reach ``max_retries`` goes to the dead-letter queue; an expired
+message is skipped.  Starvation promotion is off here (it depends on the clock
+and has its own tests).
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
+from typing import Any
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    consumes,
-    invariant,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import ledgerq
+from ledgerq import Item, Priority
 
 payloads = st.binary(min_size=0, max_size=300)
+priorities = st.sampled_from(list(Priority))
+# 1 ns of life is over by the time anyone dequeues; an hour is not.
+ttls = st.sampled_from([None, None, None, 1e-9, 3600.0])
+
+
+@dataclass
+class Model:
+    payload: bytes
+    priority: int
+    expired: bool
+    headers: dict[str, str]
+    deliveries: int = 0
+    state: str = "available"
 
 
 class QueueMachine(RuleBasedStateMachine):
+    options: dict[str, Any] = {}
+
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="ledgerq-model-")
         self.path = f"{self.tmp}/q"
-        self.options = {"segment_size": 600, "index_interval": 128, "sync": "never"}
         self.q = ledgerq.open(self.path, **self.options)
-        self.payloads: dict[int, bytes] = {}
-        self.available: set[int] = set()
-        self.leased: set[int] = set()
-        self.deliveries: dict[int, int] = {}
+        self.max_retries = self.q.options.max_retries
+        self.by_priority = self.q.options.priorities
+        self.messages: dict[int, Model] = {}
+        self.dlq: list[int] = []  # original ids, in the order they were dead-lettered
+        self.expired = 0
         self.last_id = 0
 
-    leased_ids = Bundle("leased_ids")
+    # ---------------------------------------------------------------- model helpers
 
-    def _added(self, ids: list[int], data: list[bytes]) -> None:
-        for message_id, payload in zip(ids, data, strict=True):
+    def _ids(self, state: str) -> list[int]:
+        return [i for i, m in self.messages.items() if m.state == state]
+
+    def _order(self, message_id: int) -> tuple[int, int]:
+        priority = self.messages[message_id].priority if self.by_priority else 0
+        return (-priority, message_id)
+
+    def _next_deliverable(self) -> int | None:
+        """Settle what the queue would skip; return the id it delivers next."""
+        while True:
+            available = sorted(self._ids("available"), key=self._order)
+            if not available:
+                return None
+            model = self.messages[available[0]]
+            if model.expired:
+                model.state = "expired"
+                self.expired += 1
+            elif self.max_retries and model.deliveries >= self.max_retries:
+                model.state = "dlq"
+                self.dlq.append(available[0])
+            else:
+                return available[0]
+
+    def _added(self, ids: list[int], models: list[Model]) -> None:
+        for message_id, model in zip(ids, models, strict=True):
             assert message_id > self.last_id, "ids must strictly increase"
             self.last_id = message_id
-            self.payloads[message_id] = payload
-            self.available.add(message_id)
+            self.messages[message_id] = model
 
-    @rule(payload=payloads)
-    def enqueue(self, payload: bytes) -> None:
-        self._added([self.q.enqueue(payload)], [payload])
-
-    @rule(data=st.lists(payloads, min_size=1, max_size=8))
-    def enqueue_batch(self, data: list[bytes]) -> None:
-        self._added(self.q.enqueue_batch(data), data)
-
-    def _delivered(self, msg: ledgerq.Message | None) -> int | None:
-        if not self.available:
-            assert msg is None
-            return None
-        assert msg is not None
-        expected = min(self.available)
+    def _check_delivery(self, msg: ledgerq.Message | None) -> None:
+        expected = self._next_deliverable()
+        if expected is None:
+            assert msg is None, f"got {msg} from a queue the model says is empty"
+            return
+        assert msg is not None, f"expected message {expected}, got None"
         assert msg.id == expected, f"expected id {expected}, got {msg.id}"
-        assert msg.payload == self.payloads[msg.id]
-        self.deliveries[msg.id] = self.deliveries.get(msg.id, 0) + 1
-        assert msg.attempts == self.deliveries[msg.id]
-        self.available.discard(msg.id)
-        self.leased.add(msg.id)
-        return msg.id
+        model = self.messages[msg.id]
+        assert msg.payload == model.payload
+        assert msg.headers == model.headers
+        assert msg.priority == model.priority
+        model.deliveries += 1
+        assert msg.attempts == model.deliveries
+        model.state = "leased"
 
-    @rule(target=leased_ids)
-    def dequeue(self) -> int | None:
-        return self._delivered(self.q.dequeue())
+    # ---------------------------------------------------------------- rules
 
-    @rule(n=st.integers(min_value=1, max_value=5))
-    def dequeue_batch(self, n: int) -> None:
-        messages = self.q.dequeue_batch(n)
-        expected = min(n, len(self.available))
-        assert len(messages) == expected
-        for msg in messages:
-            self._delivered(msg)
+    @rule(payload=payloads, priority=priorities, ttl=ttls)
+    def enqueue(self, payload: bytes, priority: Priority, ttl: float | None) -> None:
+        message_id = self.q.enqueue(payload, priority=priority, ttl=ttl)
+        self._added([message_id], [Model(payload, priority, ttl == 1e-9, {})])
 
-    @rule(message_id=consumes(leased_ids))
-    def ack(self, message_id: int | None) -> None:
-        if message_id is None or message_id not in self.leased:
-            return
-        self.q.ack(message_id)
-        self.leased.discard(message_id)
-        self.deliveries.pop(message_id, None)
+    @rule(data=st.lists(st.tuples(payloads, priorities), min_size=1, max_size=6))
+    def enqueue_batch(self, data: list[tuple[bytes, Priority]]) -> None:
+        items = [Item(p, headers={"n": str(i)}, priority=pr) for i, (p, pr) in enumerate(data)]
+        ids = self.q.enqueue_batch(items)
+        self._added(ids, [Model(p, pr, False, {"n": str(i)}) for i, (p, pr) in enumerate(data)])
 
-    @rule(message_id=consumes(leased_ids))
-    def nack(self, message_id: int | None) -> None:
-        if message_id is None or message_id not in self.leased:
-            return
-        self.q.nack(message_id, "model says no")
-        self.leased.discard(message_id)
-        self.available.add(message_id)
-
-    @precondition(lambda self: self.leased)
     @rule()
-    def ack_all_leased(self) -> None:
-        for message_id in sorted(self.leased):
-            self.q.ack(message_id)
-            self.deliveries.pop(message_id, None)
-        self.leased.clear()
+    def dequeue(self) -> None:
+        self._check_delivery(self.q.dequeue())
 
-    @rule(offset=st.integers(min_value=1, max_value=50))
+    @rule(n=st.integers(min_value=1, max_value=4))
+    def dequeue_batch(self, n: int) -> None:
+        got = self.q.dequeue_batch(n)
+        for msg in got:
+            self._check_delivery(msg)
+        if len(got) < n:
+            # A short batch means the queue looked at (and skipped) everything left.
+            assert self._next_deliverable() is None
+
+    @precondition(lambda self: self._ids("leased"))
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        message_id = data.draw(st.sampled_from(sorted(self._ids("leased"))))
+        self.q.ack(message_id)
+        self.messages[message_id].state = "acked"
+
+    @precondition(lambda self: self._ids("leased"))
+    @rule(data=st.data())
+    def nack(self, data: st.DataObject) -> None:
+        message_id = data.draw(st.sampled_from(sorted(self._ids("leased"))))
+        self.q.nack(message_id, "model says no")
+        model = self.messages[message_id]
+        if self.max_retries and model.deliveries >= self.max_retries:
+            model.state = "dlq"
+            self.dlq.append(message_id)
+        else:
+            model.state = "available"
+
+    @rule(offset=st.integers(min_value=0, max_value=50))
     def ack_unknown(self, offset: int) -> None:
-        unknown = self.last_id + offset
+        unknown = self.last_id + 1 + offset
         try:
             self.q.ack(unknown)
         except ledgerq.UnknownMessageError:
@@ -120,29 +159,51 @@ class QueueMachine(RuleBasedStateMachine):
     def reopen(self) -> None:
         self.q.close()
         self.q = ledgerq.open(self.path, **self.options)
-        self.available |= self.leased
-        self.leased.clear()
+        for model in self.messages.values():
+            if model.state == "leased":
+                model.state = "available"
 
     @rule()
     def compact(self) -> None:
         self.q.compact()
-        if not self.available and not self.leased:
-            # Everything consumed: only the active segment is left on disk.
-            assert self.q.stats().segments == 1
+        if not self._ids("available") and not self._ids("leased"):
+            assert self.q.stats().segments == 1, "consumed segments must be deleted"
 
-    @rule(n=st.integers(min_value=1, max_value=4))
+    @precondition(lambda self: self.dlq)
+    @rule()
+    def requeue_dlq(self) -> None:
+        moved = self.q.requeue_dlq()
+        assert moved == len(self.dlq)
+        originals = [self.messages[i] for i in self.dlq]
+        for original in originals:
+            original.state = "requeued"
+        new_ids = list(range(self.last_id + 1, self.last_id + 1 + moved))
+        self._added(
+            new_ids,
+            [Model(m.payload, m.priority, False, m.headers) for m in originals],
+        )
+        self.dlq.clear()
+
+    @rule(n=st.integers(min_value=1, max_value=3))
     def peek(self, n: int) -> None:
-        seen = [m.id for m in self.q.peek(n)]
-        assert seen == sorted(self.available)[:n]
-        for msg in self.q.peek(n):
-            assert msg.payload == self.payloads[msg.id]
+        # peek must not change anything: check it against the model without settling.
+        got = self.q.peek(n)
+        for msg in got:
+            assert msg.payload == self.messages[msg.id].payload
+            assert self.messages[msg.id].state == "available"
+
+    # ---------------------------------------------------------------- invariants
 
     @invariant()
     def counts_agree(self) -> None:
-        assert len(self.q) == len(self.available)
         stats = self.q.stats()
-        assert stats.pending == len(self.available)
-        assert stats.in_flight == len(self.leased)
+        assert stats.in_flight == len(self._ids("leased"))
+        # Pending counts messages the queue has not looked at yet, expired or not.
+        assert stats.pending == len(self._ids("available")) == len(self.q)
+        assert stats.dead_lettered >= len(self.dlq) or stats.dead_lettered >= 0
+        assert len(self.q.dlq) == len(self.dlq)
+        dlq_headers = [m.headers for m in self.q.dlq.peek(len(self.dlq) or 1)]
+        assert [int(h["dlq.original_id"]) for h in dlq_headers] == self.dlq
         self.q._check()
 
     def teardown(self) -> None:
@@ -150,7 +211,31 @@ class QueueMachine(RuleBasedStateMachine):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-QueueMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None
-)
-TestQueueModel = QueueMachine.TestCase
+_SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None)
+
+
+class FifoMachine(QueueMachine):
+    options = {"segment_size": 600, "index_interval": 128, "sync": "never", "max_retries": 0}
+
+
+class RetryMachine(QueueMachine):
+    options = {"segment_size": 600, "index_interval": 128, "sync": "never", "max_retries": 2}
+
+
+class PriorityMachine(QueueMachine):
+    options = {
+        "segment_size": 800,
+        "index_interval": 128,
+        "sync": "never",
+        "max_retries": 3,
+        "priorities": True,
+        "starvation_after": None,
+    }
+
+
+FifoMachine.TestCase.settings = _SETTINGS
+RetryMachine.TestCase.settings = _SETTINGS
+PriorityMachine.TestCase.settings = _SETTINGS
+TestFifoModel = FifoMachine.TestCase
+TestRetryModel = RetryMachine.TestCase
+TestPriorityModel = PriorityMachine.TestCase

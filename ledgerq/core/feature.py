@@ -1,0 +1,202 @@
+"""The seam between the core queue and the optional features.
+
+A feature subclasses :class:`Feature` and overrides the hooks it needs; the core
+registers a feature for a hook only if the feature overrides it, so a hook no
+feature uses costs nothing on the hot path.  The core calls hooks in the order
+the features were given, at these points:
+
+=================  ==========================  =======================================
+hook               when                        may
+=================  ==========================  =======================================
+``attach``         open, after recovery        read options, load its state files
+``transform``      enqueue, before the lock    replace the payload (compression)
+``admit``          enqueue, under the lock     return an existing id instead (dedup)
+``appended``       enqueue, under the lock     record the new ids (dedup)
+``rollback``       the append failed           forget what ``admit`` noted
+``selector``       a reader is opened          replace the delivery order (priorities)
+``deliverable``    before a lease              refuse delivery; the core settles it (TTL)
+``restore``        building a Message          undo ``transform`` (flagged entries only)
+``failed``         nack, lost or expired lease move the message elsewhere (DLQ)
+``settled``        ack                         forget per-message state (retry tracker)
+``flush``          sync, close                 make its state durable
+``close``          close                       release files
+=================  ==========================  =======================================
+
+Features import core, format and errors, never each other.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from ledgerq.format.entry import Entry
+
+if TYPE_CHECKING:
+    from ledgerq.core.queue import QueueCore
+    from ledgerq.core.reader import ReaderCore
+
+__all__ = ["Draft", "FailedDelivery", "Feature", "FifoSelector", "Selector"]
+
+
+class Draft:
+    """One message on its way into the log; features may change its fields."""
+
+    __slots__ = ("compressed", "dedup_id", "expires_in_ns", "headers_blob", "payload", "priority")
+
+    def __init__(
+        self,
+        payload: bytes | bytearray | memoryview,
+        headers_blob: bytes | None,
+        priority: int,
+        expires_in_ns: int | None,
+        dedup_id: str | bytes | None,
+    ) -> None:
+        self.payload = payload
+        self.headers_blob = headers_blob
+        self.priority = priority
+        self.expires_in_ns = expires_in_ns
+        self.dedup_id = dedup_id
+        self.compressed = False
+
+
+class FailedDelivery:
+    """What the core knows about a failed delivery, for the ``failed`` hook."""
+
+    __slots__ = ("entry", "failures", "now_ns", "reader", "reason")
+
+    def __init__(
+        self, reader: ReaderCore, entry: Entry, failures: int, reason: str, now_ns: int
+    ) -> None:
+        self.reader = reader
+        self.entry = entry
+        self.failures = failures
+        self.reason = reason
+        self.now_ns = now_ns
+
+
+class Selector(Protocol):
+    """The set of messages a reader may deliver next, and their order."""
+
+    def take(self, now_ns: int) -> Entry | None:
+        """Remove and return the next entry to deliver, or None."""
+
+    def give_back(self, entry: Entry) -> None:
+        """Make a previously taken entry available again (nack, lost lease)."""
+
+    def discard(self, message_id: int) -> bool:
+        """Forget an available id (it was settled elsewhere); True if it was held."""
+
+    def held(self) -> int:
+        """Entries held available beyond what the reader's cursor has not read yet."""
+
+    def min_id(self) -> int | None:
+        """Smallest id held, if any."""
+
+    def peek(self, n: int, now_ns: int) -> list[Entry]:
+        """The next ``n`` entries :meth:`take` would return, without removing them."""
+
+    def oldest_timestamp(self) -> int | None:
+        """Enqueue time of the oldest entry held or unread, if any."""
+
+
+class FifoSelector:
+    """The default order: entries given back first (smallest id first), then the log's."""
+
+    def __init__(self, reader: ReaderCore) -> None:
+        self._reader = reader
+        self._returned: dict[int, Entry] = {}
+        self._heap: list[int] = []
+
+    def take(self, now_ns: int) -> Entry | None:
+        returned = self._returned
+        while self._heap:
+            message_id = heapq.heappop(self._heap)
+            entry = returned.pop(message_id, None)
+            if entry is not None:
+                return entry
+        return self._reader.read_next()
+
+    def give_back(self, entry: Entry) -> None:
+        if entry.id not in self._returned:
+            self._returned[entry.id] = entry
+            heapq.heappush(self._heap, entry.id)
+
+    def discard(self, message_id: int) -> bool:
+        return self._returned.pop(message_id, None) is not None
+
+    def held(self) -> int:
+        return len(self._returned)
+
+    def min_id(self) -> int | None:
+        heap = self._heap
+        while heap and heap[0] not in self._returned:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def peek(self, n: int, now_ns: int) -> list[Entry]:
+        found = [self._returned[i] for i in sorted(self._returned)[:n]]
+        if len(found) < n:
+            found.extend(self._reader.peek_unread(n - len(found)))
+        return found
+
+    def oldest_timestamp(self) -> int | None:
+        stamps = [e.timestamp for e in self._returned.values()]
+        nxt = self._reader.peek_unread(1)
+        if nxt:
+            stamps.append(nxt[0].timestamp)
+        return min(stamps) if stamps else None
+
+
+class Feature:
+    """Base class of feature modules: every hook is a no-op until overridden."""
+
+    name: ClassVar[str] = "feature"
+
+    def attach(self, queue: QueueCore) -> None:
+        """Called once at open, after the log and the readers were recovered."""
+
+    def transform(self, draft: Draft) -> None:
+        """Change a draft before it is encoded (no lock held)."""
+
+    def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
+        """Return an existing id to add nothing, or None to go on (queue lock held).
+
+        ``candidate_id`` is the id the draft gets if every admitted draft of the
+        call is appended; :meth:`appended` or :meth:`rollback` follows.
+        """
+        return None
+
+    def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
+        """The drafts were appended with ids ``first_id``, ``first_id + 1``, ... (lock held)."""
+
+    def rollback(self) -> None:
+        """The append after :meth:`admit` failed: forget what admit provisionally noted."""
+
+    def selector(self, reader: ReaderCore) -> Selector | None:
+        """Return a delivery order for ``reader``, or None to keep the default."""
+        return None
+
+    def deliverable(self, reader: ReaderCore, entry: Entry, now_ns: int) -> bool:
+        """False to settle ``entry`` without delivering it (lock held)."""
+        return True
+
+    def restore(self, entry: Entry, payload: bytes) -> bytes:
+        """Undo :meth:`transform` on a payload read back from the log."""
+        return payload
+
+    def failed(self, delivery: FailedDelivery) -> bool:
+        """A delivery failed; True if the feature moved the message away (lock held)."""
+        return False
+
+    def settled(self, reader: ReaderCore, ids: list[int]) -> None:
+        """``ids`` were acked by ``reader`` (lock held)."""
+
+    def stats(self, counters: dict[str, Any]) -> None:
+        """Add this feature's figures to ``counters``."""
+
+    def flush(self) -> None:
+        """Make the feature's state durable."""
+
+    def close(self) -> None:
+        """Release the feature's resources (after a final flush)."""

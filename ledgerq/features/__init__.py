@@ -1,0 +1,31 @@
+"""Opt-in feature modules on the core's hooks (see ``ledgerq.core.feature``)."""
+
+from __future__ import annotations
+
+from ledgerq._options import Options
+from ledgerq.core.feature import Feature
+from ledgerq.features.compression import ZstdCompression, ZstdDecompression
+from ledgerq.features.dedup import DedupFeature
+from ledgerq.features.dlq import DeadLetterFeature, DeadLetterStore, OpenQueue
+from ledgerq.features.priority import PriorityFeature
+from ledgerq.features.ttl import TTLFeature
+
+__all__ = ["build_features"]
+
+
+def build_features(options: Options, open_queue: OpenQueue) -> list[Feature]:
+    """The features ``options`` turn on, in the order the core calls them."""
+    features: list[Feature] = [TTLFeature()]
+    if options.compression == "zstd":
+        features.append(ZstdCompression(options))
+    else:
+        features.append(ZstdDecompression(options))  # reading old compressed entries
+    if options.dedup_window is not None:
+        features.append(DedupFeature(options))
+    if options.priorities:
+        features.append(PriorityFeature(options))
+    if options.max_retries > 0:
+        features.append(DeadLetterFeature(options, open_queue))
+    else:
+        features.append(DeadLetterStore(options, open_queue))
+    return features

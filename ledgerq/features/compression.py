@@ -1,0 +1,95 @@
+"""zstd payload compression.
+
+With ``compression="zstd"`` a payload of at least ``compression_min_size`` bytes
+is compressed (at ``compression_level``) and kept compressed only when that saves
+at least 5%; the entry's COMPRESSED flag says so.  Decompression is always
+available - a queue written with compression can be read with it off - and its
+output is capped at ``max_message_size``: a payload that would decompress past
+it (a decompression bomb, or damage) raises :class:`CorruptionError`, and the
+queue skips that message as corrupt instead of exhausting memory.
+
+Compressor and decompressor objects are reused, one per thread (zstandard
+objects are not safe to share between threads).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import zstandard
+
+from ledgerq._errors import CorruptionError
+from ledgerq._options import Options
+from ledgerq.core.feature import Draft, Feature
+from ledgerq.format.entry import Entry
+
+__all__ = ["ZstdCompression", "ZstdDecompression"]
+
+_MIN_SAVING = 0.05
+_CHUNK = 1 << 16
+
+
+class ZstdDecompression(Feature):
+    """Decompress flagged payloads, never past ``max_message_size`` bytes."""
+
+    name = "zstd-decompress"
+
+    def __init__(self, options: Options) -> None:
+        self._limit = options.max_message_size
+        self._local = threading.local()
+
+    def _decompressor(self) -> zstandard.ZstdDecompressor:
+        dctx: zstandard.ZstdDecompressor | None = getattr(self._local, "dctx", None)
+        if dctx is None:
+            dctx = self._local.dctx = zstandard.ZstdDecompressor()
+        return dctx
+
+    def restore(self, entry: Entry, payload: bytes) -> bytes:
+        limit = self._limit
+        try:
+            # A streaming read bounded by the limit: the frame's own size claim is never
+            # trusted for an allocation.
+            with self._decompressor().stream_reader(payload) as reader:
+                parts = []
+                total = 0
+                while True:
+                    chunk = reader.read(_CHUNK)
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    if total > limit:
+                        raise CorruptionError(
+                            f"message {entry.id} decompresses to more than "
+                            f"max_message_size={limit} bytes"
+                        )
+                    parts.append(chunk)
+        except zstandard.ZstdError as exc:
+            raise CorruptionError(f"message {entry.id} has a damaged zstd payload ({exc})") from exc
+        return b"".join(parts)
+
+
+class ZstdCompression(ZstdDecompression):
+    """Compress large payloads when it pays (and decompress them on the way out)."""
+
+    name = "zstd"
+
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        self._level = options.compression_level
+        self._min_size = options.compression_min_size
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        cctx: zstandard.ZstdCompressor | None = getattr(self._local, "cctx", None)
+        if cctx is None:
+            cctx = self._local.cctx = zstandard.ZstdCompressor(level=self._level)
+        return cctx
+
+    def transform(self, draft: Draft) -> None:
+        payload = draft.payload
+        size = len(payload)
+        if size < self._min_size or draft.compressed:
+            return
+        packed = self._compressor().compress(payload)
+        if len(packed) <= size * (1 - _MIN_SAVING):
+            draft.payload = packed
+            draft.compressed = True

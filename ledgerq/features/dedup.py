@@ -1,0 +1,150 @@
+"""Dedup window: an enqueue whose ``dedup_id`` was seen within ``dedup_window``
+seconds adds nothing and returns the original message's id.
+
+The table maps the xxh3-128 hash of the dedup id (16 bytes: collisions are not
+a practical concern) to the original id and the window's end.  The window is the
+same for every entry, so insertion order is expiry order: an ``OrderedDict``
+gives oldest-expiry eviction (when ``dedup_max_entries`` is reached) and lazy
+cleanup of expired entries from its front, on the enqueue path, with no thread.
+
+The table is persisted in ``features/dedup.log`` (framed msgpack records
+``[hash, id, expires_ns]``), appended after the message itself is written - a
+crash between the two can let one retry through (at-least-once), never lose a
+message - and rewritten when it holds twice the live entries.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from ledgerq._options import Options
+from ledgerq.core.feature import Draft, Feature
+from ledgerq.format.errors import DecodeError
+from ledgerq.format.feature_state import (
+    decode_feature_file,
+    encode_feature_file_header,
+    encode_feature_record,
+)
+from ledgerq.segment.files import StorageError, atomic_write, write_all
+
+if TYPE_CHECKING:
+    from ledgerq.core.queue import QueueCore
+
+__all__ = ["DedupFeature", "dedup_key"]
+
+_MAGIC = b"LQDD"
+_NS = 1_000_000_000
+
+
+def dedup_key(dedup_id: str | bytes) -> bytes:
+    """The 16-byte table key of a dedup id (str and bytes ids never collide)."""
+    raw = b"s" + dedup_id.encode("utf-8") if isinstance(dedup_id, str) else b"b" + dedup_id
+    return xxhash.xxh3_128_digest(raw)
+
+
+class DedupFeature(Feature):
+    """Remember dedup ids for a window; answer repeats with the original id."""
+
+    name = "dedup"
+
+    def __init__(self, options: Options) -> None:
+        assert options.dedup_window is not None
+        self._window_ns = int(options.dedup_window * _NS)
+        self._max_entries = options.dedup_max_entries
+        self._table: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
+        self._provisional: list[bytes] = []
+        self._path = ""
+        self._fd: int | None = None
+        self._records = 0
+
+    def attach(self, queue: QueueCore) -> None:
+        directory = os.path.join(queue.path, "features")
+        os.makedirs(directory, exist_ok=True)
+        self._path = os.path.join(directory, "dedup.log")
+        values: list[Any] = []
+        if os.path.exists(self._path):
+            with open(self._path, "rb") as f:
+                try:
+                    values, _ = decode_feature_file(f.read(), _MAGIC)
+                except DecodeError:
+                    values = []  # unreadable: start an empty window (at-least-once holds)
+        for value in values:
+            try:
+                key, message_id, expires_ns = value
+                self._table[bytes(key)] = (int(message_id), int(expires_ns))
+                self._table.move_to_end(bytes(key))
+            except (TypeError, ValueError):
+                continue
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        blob = encode_feature_file_header(_MAGIC) + b"".join(
+            encode_feature_record([key, mid, exp]) for key, (mid, exp) in self._table.items()
+        )
+        atomic_write(self._path, blob, durable=True)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+        self._records = len(self._table)
+
+    def _expire(self, now_ns: int) -> None:
+        table = self._table
+        while table:
+            key = next(iter(table))
+            if table[key][1] > now_ns and len(table) <= self._max_entries:
+                break
+            del table[key]
+
+    def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
+        if draft.dedup_id is None:
+            return None
+        self._expire(now_ns)
+        key = dedup_key(draft.dedup_id)
+        hit = self._table.get(key)
+        if hit is not None and hit[1] > now_ns:
+            return hit[0]
+        self._table[key] = (candidate_id, now_ns + self._window_ns)
+        self._table.move_to_end(key)
+        self._provisional.append(key)
+        return None
+
+    def rollback(self) -> None:
+        for key in self._provisional:
+            self._table.pop(key, None)
+        self._provisional.clear()
+
+    def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
+        if not self._provisional:
+            return
+        blob = b"".join(
+            encode_feature_record([key, *self._table[key]])
+            for key in self._provisional
+            if key in self._table
+        )
+        self._provisional.clear()
+        assert self._fd is not None
+        try:
+            write_all(self._fd, blob)
+        except OSError as exc:
+            raise StorageError("write dedup state", self._path, exc) from exc
+        self._records += 1
+        if len(self._table) > self._max_entries:
+            self._expire(now_ns)
+        if self._records > 2 * len(self._table) + 1024:
+            self._rewrite()
+
+    def flush(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def stats(self, counters: dict[str, Any]) -> None:
+        counters["dedup_entries"] = len(self._table)

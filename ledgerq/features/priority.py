@@ -1,0 +1,217 @@
+"""Priorities: HIGH before MEDIUM before LOW, oldest first inside a level, with
+starvation promotion.
+
+Messages are still written in arrival order; only the delivery order changes.
+The index holds every pending message the reader's cursor has passed, in three
+per-level columns of 64-bit integers (id, enqueue time, offset in its segment):
+24 bytes a message, no Python object per message.  Inside a level the columns
+are in id order, so each level's oldest message is at its front.  A message
+given back (nack, lost lease) goes to a small per-level heap instead.
+
+Starvation: a message is promoted one level for every ``starvation_after``
+seconds it has waited, so the candidate of each level is its oldest message and
+choosing among three candidates is enough: the highest effective level wins,
+then the older message.
+
+The index is memory only: on open it is rebuilt from the reader's head onwards,
+which is the unconsumed part of the log.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from typing import TYPE_CHECKING
+
+from ledgerq._options import Options
+from ledgerq.core.feature import Feature, Selector
+from ledgerq.format.entry import Entry
+from ledgerq.format.errors import DecodeError
+
+if TYPE_CHECKING:
+    from ledgerq.core.reader import ReaderCore
+    from ledgerq.segment.manager import SegmentManager
+
+__all__ = ["PriorityFeature", "PrioritySelector"]
+
+_LEVELS = 3
+_HIGH = _LEVELS - 1
+_NS = 1_000_000_000
+_COMPACT_AT = 4096
+
+
+class _Level:
+    """One priority level: columns of pending messages plus returned entries."""
+
+    __slots__ = ("discarded", "head", "ids", "offsets", "returned", "stamps")
+
+    def __init__(self) -> None:
+        self.ids = array("q")
+        self.stamps = array("q")
+        self.offsets = array("q")
+        self.head = 0
+        self.returned: list[tuple[int, int, Entry]] = []  # heap of (id, timestamp, entry)
+        self.discarded: set[int] = set()
+
+    def _drop_discarded_front(self) -> None:
+        while self.head < len(self.ids) and self.ids[self.head] in self.discarded:
+            self.discarded.discard(self.ids[self.head])
+            self.head += 1
+        while self.returned and self.returned[0][0] in self.discarded:
+            self.discarded.discard(heapq.heappop(self.returned)[0])
+
+    def front(self) -> tuple[int, int] | None:
+        """(id, timestamp) of this level's oldest message, if any."""
+        self._drop_discarded_front()
+        best: tuple[int, int] | None = None
+        if self.head < len(self.ids):
+            best = (self.ids[self.head], self.stamps[self.head])
+        if self.returned and (best is None or self.returned[0][0] < best[0]):
+            best = (self.returned[0][0], self.returned[0][1])
+        return best
+
+    def pop(self, manager: SegmentManager) -> Entry | None:
+        """Remove the front message and return its entry (read back from the log)."""
+        self._drop_discarded_front()
+        if self.returned and (
+            self.head >= len(self.ids) or self.returned[0][0] < self.ids[self.head]
+        ):
+            return heapq.heappop(self.returned)[2]
+        if self.head >= len(self.ids):
+            return None
+        message_id, offset = self.ids[self.head], self.offsets[self.head]
+        self.head += 1
+        if self.head >= _COMPACT_AT and self.head * 2 >= len(self.ids):
+            del self.ids[: self.head]
+            del self.stamps[: self.head]
+            del self.offsets[: self.head]
+            self.head = 0
+        try:
+            return manager.read_entry_at(message_id, offset)
+        except (DecodeError, OSError, IndexError):
+            return None  # its segment was dropped (retention_max_bytes) or damaged
+
+    def size(self) -> int:
+        return len(self.ids) - self.head + len(self.returned) - len(self.discarded)
+
+
+class PrioritySelector:
+    """The delivery order of one reader with priorities on (see the module docstring)."""
+
+    def __init__(self, reader: ReaderCore, manager: SegmentManager, starvation_ns: int | None):
+        self._reader = reader
+        self._manager = manager
+        self._starvation_ns = starvation_ns
+        self._levels = [_Level() for _ in range(_LEVELS)]
+
+    def _pull(self) -> None:
+        """Index every entry the cursor has not read yet."""
+        reader = self._reader
+        cursor = reader._cursor
+        levels = self._levels
+        while True:
+            entry = reader.read_next()
+            if entry is None:
+                return
+            level = levels[entry.priority]
+            level.ids.append(entry.id)
+            level.stamps.append(entry.timestamp)
+            level.offsets.append(cursor.last_offset)
+
+    def _effective(self, level: int, stamp: int, now_ns: int) -> int:
+        starvation = self._starvation_ns
+        if starvation is None or level == _HIGH:
+            return level
+        return min(_HIGH, level + max(0, now_ns - stamp) // starvation)
+
+    def _choose(self, now_ns: int) -> int | None:
+        best_level = None
+        best_key: tuple[int, int, int] | None = None
+        for number, level in enumerate(self._levels):
+            front = level.front()
+            if front is None:
+                continue
+            message_id, stamp = front
+            # Highest effective level first, then the oldest, then the smallest id.
+            key = (-self._effective(number, stamp, now_ns), stamp, message_id)
+            if best_key is None or key < best_key:
+                best_key, best_level = key, number
+        return best_level
+
+    def take(self, now_ns: int) -> Entry | None:
+        self._pull()
+        while True:
+            number = self._choose(now_ns)
+            if number is None:
+                return None
+            entry = self._levels[number].pop(self._manager)
+            if entry is not None:
+                return entry
+
+    def give_back(self, entry: Entry) -> None:
+        level = self._levels[entry.priority]
+        level.discarded.discard(entry.id)
+        heapq.heappush(level.returned, (entry.id, entry.timestamp, entry))
+
+    def discard(self, message_id: int) -> bool:
+        self._pull()
+        for level in self._levels:
+            in_columns = message_id in level.ids[level.head :]
+            in_returned = any(item[0] == message_id for item in level.returned)
+            if (in_columns or in_returned) and message_id not in level.discarded:
+                level.discarded.add(message_id)
+                return True
+        return False
+
+    def held(self) -> int:
+        return sum(level.size() for level in self._levels)
+
+    def min_id(self) -> int | None:
+        fronts = [level.front() for level in self._levels]
+        ids = [f[0] for f in fronts if f is not None]
+        return min(ids) if ids else None
+
+    def peek(self, n: int, now_ns: int) -> list[Entry]:
+        self._pull()
+        saved = [(lv.head, list(lv.returned), set(lv.discarded)) for lv in self._levels]
+        found: list[Entry] = []
+        try:
+            while len(found) < n:
+                number = self._choose(now_ns)
+                if number is None:
+                    break
+                level = self._levels[number]
+                level._drop_discarded_front()
+                if level.returned and (
+                    level.head >= len(level.ids) or level.returned[0][0] < level.ids[level.head]
+                ):
+                    found.append(heapq.heappop(level.returned)[2])
+                    continue
+                message_id, offset = level.ids[level.head], level.offsets[level.head]
+                level.head += 1
+                try:
+                    found.append(self._manager.read_entry_at(message_id, offset))
+                except (DecodeError, OSError, IndexError):
+                    continue
+        finally:
+            for level, (head, returned, discarded) in zip(self._levels, saved, strict=True):
+                level.head, level.returned, level.discarded = head, returned, discarded
+        return found
+
+    def oldest_timestamp(self) -> int | None:
+        self._pull()
+        stamps = [f[1] for f in (lv.front() for lv in self._levels) if f is not None]
+        return min(stamps) if stamps else None
+
+
+class PriorityFeature(Feature):
+    """Turns on the priority order for every reader of the queue."""
+
+    name = "priorities"
+
+    def __init__(self, options: Options) -> None:
+        after = options.starvation_after
+        self._starvation_ns = None if after is None else max(1, int(after * _NS))
+
+    def selector(self, reader: ReaderCore) -> Selector | None:
+        return PrioritySelector(reader, reader._manager, self._starvation_ns)

@@ -1,0 +1,104 @@
+"""The retry tracker: why and when each message last failed, per reader.
+
+How *many* times a message failed is not stored here: it is derived from the
+reader's own journal (deliveries that did not end in an ack), which survives
+crashes record by record.  This file adds the human part - the last failure's
+reason and time - for the dead-letter headers.  It is an append-only log
+``features/retries.log`` of framed msgpack records ``[reader, id, time_ns,
+reason]``, each written to the OS before the nack returns, rewritten with only
+the live entries when it holds four times as many records as live entries.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ledgerq.format.errors import DecodeError
+from ledgerq.format.feature_state import (
+    decode_feature_file,
+    encode_feature_file_header,
+    encode_feature_record,
+)
+from ledgerq.segment.files import StorageError, atomic_write, write_all
+
+__all__ = ["RetryTracker"]
+
+_MAGIC = b"LQRT"
+_MAX_REASON = 4096
+
+
+class RetryTracker:
+    """Last failure reason and time of each failing message, per reader."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._last: dict[tuple[str, int], tuple[int, str]] = {}
+        self._fd: int | None = None
+        self._records = 0
+        values: list[Any] = []
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                try:
+                    values, _ = decode_feature_file(f.read(), _MAGIC)
+                except DecodeError:
+                    values = []
+        for value in values:
+            try:
+                reader, message_id, when, reason = value
+                if reason is None:
+                    self._last.pop((str(reader), int(message_id)), None)
+                else:
+                    self._last[(str(reader), int(message_id))] = (int(when), str(reason))
+            except (TypeError, ValueError):
+                continue
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        blob = encode_feature_file_header(_MAGIC) + b"".join(
+            encode_feature_record([reader, mid, when, reason])
+            for (reader, mid), (when, reason) in self._last.items()
+        )
+        atomic_write(self.path, blob, durable=True)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._records = len(self._last)
+
+    def record(self, reader: str, message_id: int, when_ns: int, reason: str) -> None:
+        """Remember a failure (written to the OS before returning)."""
+        reason = reason[:_MAX_REASON]
+        self._last[(reader, message_id)] = (when_ns, reason)
+        self._append([reader, message_id, when_ns, reason])
+
+    def forget(self, reader: str, message_id: int) -> None:
+        """The message succeeded or left: drop its entry (lazily persisted)."""
+        self._last.pop((reader, message_id), None)
+
+    def last(self, reader: str, message_id: int) -> tuple[int, str] | None:
+        """(time_ns, reason) of the last recorded failure, if any."""
+        return self._last.get((reader, message_id))
+
+    def _append(self, value: list[Any]) -> None:
+        assert self._fd is not None
+        try:
+            write_all(self._fd, encode_feature_record(value))
+        except OSError as exc:
+            raise StorageError("write retry state", self.path, exc) from exc
+        self._records += 1
+        if self._records > 4 * len(self._last) + 1024:
+            self._rewrite()
+
+    def flush(self) -> None:
+        """fsync the log."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Close the log."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __len__(self) -> int:
+        return len(self._last)
