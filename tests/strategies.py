@@ -108,7 +108,9 @@ def entry_specs(
 
 
 @st.composite
-def index_entry_lists(draw: st.DrawFn, *, min_size: int = 0, max_size: int = 12) -> list[IndexEntry]:
+def index_entry_lists(
+    draw: st.DrawFn, *, min_size: int = 0, max_size: int = 12
+) -> list[IndexEntry]:
     """Valid index contents: ids and offsets strictly increasing, the first at offset 0."""
     n = draw(st.integers(min_value=min_size, max_value=max_size))
     if n == 0:

@@ -83,7 +83,15 @@ class ReaderJournal:
                 ) from None
             if kind is StateRecordType.CHECKPOINT:
                 assert isinstance(body, bytes)
-                cp = decode_checkpoint(body, pos)
+                try:
+                    cp = decode_checkpoint(body, pos)
+                except CorruptRecord as exc:
+                    raise CorruptionError(
+                        f"reader checkpoint is damaged ({exc}); restore the file or delete it "
+                        "to restart this reader from the oldest message",
+                        self.path,
+                        pos,
+                    ) from None
                 state.head = cp.head
                 state.done = set(cp.done)
                 state.deliveries = dict(cp.deliveries)

@@ -29,7 +29,7 @@ from ledgerq._errors import UnknownMessageError
 from ledgerq._types import ReaderStats
 from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
 from ledgerq.core.journal import ReaderJournal
-from ledgerq.format.entry import Entry
+from ledgerq.format.entry import Entry, RecordType
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
 from ledgerq.segment.cursor import LogCursor
 
@@ -43,6 +43,7 @@ _ACK = StateRecordType.ACK
 _NACK = StateRecordType.NACK
 _DEAD = StateRecordType.DEAD_LETTER
 _EXPIRE = StateRecordType.EXPIRE
+_DATA = int(RecordType.DATA)
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
 
@@ -110,7 +111,11 @@ class ReaderCore:
         cursor = self._cursor
         while True:
             entry = cursor.next()
-            if entry is None or not skip or entry.id not in skip:
+            if entry is None:
+                return None
+            if entry.type != _DATA:
+                continue  # reserved record types carry no message
+            if not skip or entry.id not in skip:
                 return entry
             skip.discard(entry.id)
             self._done.add(entry.id)

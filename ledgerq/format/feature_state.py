@@ -53,8 +53,8 @@ def encode_feature_record(value: Any) -> bytes:
 def decode_feature_file(buf: bytes, magic: bytes, version: int = 1) -> tuple[list[Any], int]:
     """Decode a whole feature file; return its record values and the end of the last whole one.
 
-    Raises :class:`CorruptRecord` for a bad header or a damaged record that is
-    followed by more data; a damaged or incomplete *last* record ends the list.
+    Raises :class:`CorruptRecord` for a bad header.  Reading stops at the first
+    record that is incomplete or damaged (a torn append); what follows it is ignored.
     """
     if len(buf) < FEATURE_FILE_HEADER.size:
         raise IncompleteRecord("feature file header cut short", 0, FEATURE_FILE_HEADER.size)

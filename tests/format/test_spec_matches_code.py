@@ -1,0 +1,454 @@
+"""docs/format.md against ledgerq.format: the spec's tables must describe the code.
+
+Each table in the spec follows a ``<!-- table: NAME -->`` marker.  Besides comparing
+the tables with the ``struct`` layouts, enums and constants, these tests decode
+encoded records *using only the tables* (a small table-driven reader) and compare the
+result with what was encoded: if the document and the bytes disagree, they fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import re
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ledgerq
+from ledgerq.format import entry as entry_mod
+from ledgerq.format import index as index_mod
+from ledgerq.format import reader_state as state_mod
+from ledgerq.format.entry import EntryFlags, RecordType, encode_entry
+from ledgerq.format.reader_state import Checkpoint, StateRecordType
+from tests.strategies import EntrySpec, checkpoints, entry_specs, id_batches, index_entry_lists
+
+SPEC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
+
+Row = dict[str, str]
+
+# Every table of the spec, each checked by a test below.
+CHECKED_TABLES = {
+    "types",
+    "files",
+    "entry",
+    "entry-flags",
+    "entry-types",
+    "priorities",
+    "index-header",
+    "index-entry",
+    "state-header",
+    "state-record",
+    "state-types",
+    "checkpoint",
+    "meta",
+    "constants",
+}
+
+_MARKER = re.compile(r"<!--\s*table:\s*([\w-]+)\s*-->")
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip().strip("`").strip() for cell in line.strip().strip("|").split("|")]
+
+
+def parse_tables(text: str) -> dict[str, list[Row]]:
+    """Return each marked table as a list of rows keyed by lower-cased column name."""
+    tables: dict[str, list[Row]] = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        marker = _MARKER.search(line)
+        if not marker:
+            continue
+        name = marker.group(1)
+        assert name not in tables, f"table {name!r} appears twice"
+        body: list[str] = []
+        for follow in lines[i + 1 :]:
+            if not follow.strip():
+                if body:
+                    break
+                continue
+            if not follow.lstrip().startswith("|"):
+                break
+            body.append(follow)
+        assert len(body) >= 3, f"table {name!r} has no rows"
+        header = [h.lower() for h in _cells(body[0])]
+        assert set(_cells(body[1])) <= {"---", ":---", "---:", ":---:"}, name
+        rows = []
+        for raw in body[2:]:
+            cells = _cells(raw)
+            assert len(cells) == len(header), f"table {name!r}: row {raw!r} has wrong width"
+            rows.append(dict(zip(header, cells, strict=True)))
+        tables[name] = rows
+    return tables
+
+
+TABLES = parse_tables(SPEC.read_text(encoding="utf-8"))
+
+
+def table(name: str) -> list[Row]:
+    return TABLES[name]
+
+
+def row(name: str, field: str, key: str = "field") -> Row:
+    matches = [r for r in table(name) if r[key] == field]
+    assert len(matches) == 1, f"{name}: {len(matches)} rows for {field!r}"
+    return matches[0]
+
+
+def type_codes() -> dict[str, str]:
+    """struct codes of the fixed-size types of the spec's type table."""
+    codes = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i64": "q", "bytes[4]": "4s"}
+    return {r["type"]: codes[r["type"]] for r in table("types") if r["type"] in codes}
+
+
+def struct_fields(layout: struct.Struct) -> list[tuple[int, int, str]]:
+    """(offset, size, code) of each field of a little-endian struct."""
+    assert layout.format.startswith("<"), "on-disk structs must be little-endian"
+    fields = []
+    offset = 0
+    for count, code in re.findall(r"(\d*)([a-zA-Z?])", layout.format[1:]):
+        one = f"{count}{code}" if code == "s" else code
+        repeat = 1 if code == "s" else int(count or 1)
+        for _ in range(repeat):
+            size = struct.calcsize("<" + one)
+            fields.append((offset, size, one))
+            offset += size
+    assert offset == layout.size
+    return fields
+
+
+def assert_rows_match_struct(rows: list[Row], layout: struct.Struct, start: int = 0) -> None:
+    codes = type_codes()
+    expected = struct_fields(layout)
+    assert len(rows) == len(expected), [r["field"] for r in rows]
+    for r, (offset, size, code) in zip(rows, expected, strict=True):
+        assert int(r["offset"]) == start + offset, r
+        assert int(r["size"]) == size, r
+        assert codes[r["type"]] == code, r
+
+
+# ---------------------------------------------------------------- a reader made of the tables
+
+
+def _evaluate(expr: str, values: dict[str, Any]) -> int:
+    """Evaluate an offset or size cell: ``12``, ``headers_length`` or ``length - 4``."""
+    if expr.isdigit():
+        return int(expr)
+    match = re.fullmatch(r"(\w+)(?: - (\d+))?", expr)
+    assert match, f"cannot evaluate {expr!r}"
+    name, minus = match.groups()
+    value = values[name]
+    assert isinstance(value, int)
+    return value - int(minus or 0)
+
+
+def _is_present(r: Row, values: dict[str, Any]) -> bool:
+    present = r.get("present", "always")
+    if present == "always":
+        return True
+    return bool(values["flags"] & int(row("entry-flags", present, "name")["value"], 0))
+
+
+def walk(rows: list[Row], raw: bytes, start: int = 0) -> tuple[dict[str, Any], int]:
+    """Decode one record from ``raw`` by following a layout table; return fields and end."""
+    codes = type_codes()
+    values: dict[str, Any] = {}
+    pos = start
+    for i, r in enumerate(rows):
+        if not _is_present(r, values):
+            continue
+        if r["offset"] != "*":
+            assert pos - start == _evaluate(r["offset"], values), r
+        if r["size"] == "*":
+            after = next(x for x in rows[i + 1 :] if _is_present(x, values))
+            size = _evaluate(after["offset"], values) - (pos - start)
+        else:
+            size = _evaluate(r["size"], values)
+        assert 0 <= size <= len(raw) - pos, r
+        kind = r["type"]
+        if kind in codes:
+            assert struct.calcsize("<" + codes[kind]) == size, r
+            (values[r["field"]],) = struct.unpack_from("<" + codes[kind], raw, pos)
+        elif kind == "bytes":
+            values[r["field"]] = raw[pos : pos + size]
+        elif kind == "msgpack":
+            values[r["field"]] = msgpack.unpackb(raw[pos : pos + size], raw=False)
+        else:
+            raise AssertionError(f"type {kind!r} is not in the spec's type table")
+        pos += size
+    return values, pos
+
+
+def doc_flag(name: str) -> int:
+    return int(row("entry-flags", name, "name")["value"], 0)
+
+
+def doc_default_priority() -> int:
+    (default,) = [r for r in table("priorities") if "absent" in r["stored"]]
+    return int(default["value"])
+
+
+# ---------------------------------------------------------------- the tables themselves
+
+
+def test_every_table_is_checked() -> None:
+    assert set(TABLES) == CHECKED_TABLES
+
+
+def test_types() -> None:
+    for r in table("types"):
+        if r["type"] in type_codes():
+            assert struct.calcsize("<" + type_codes()[r["type"]]) == int(r["size"]), r
+    used = {
+        r["type"]
+        for name in ("entry", "index-header", "index-entry", "state-header", "state-record")
+        for r in table(name)
+    }
+    assert used <= {r["type"] for r in table("types")}
+
+
+def test_entry_fixed_fields_match_the_struct() -> None:
+    rows = table("entry")
+    assert [r["field"] for r in rows[:5]] == ["length", "type", "flags", "id", "timestamp"]
+    assert_rows_match_struct(rows[:5], entry_mod.ENTRY_HEADER)
+    assert all(r["present"] == "always" for r in rows[:5])
+
+
+def test_entry_optional_fields_match_their_structs() -> None:
+    codes = type_codes()
+    for field, layout in (
+        ("expires_at", entry_mod.EXPIRES_AT),
+        ("priority", entry_mod.PRIORITY),
+        ("headers_length", entry_mod.HEADERS_LENGTH),
+        ("crc32", entry_mod.CRC),
+    ):
+        r = row("entry", field)
+        ((_, size, code),) = struct_fields(layout)
+        assert (int(r["size"]), codes[r["type"]]) == (size, code), r
+    assert int(row("entry", "expires_at")["offset"]) == entry_mod.ENTRY_HEADER.size
+    assert row("entry", "crc32")["offset"] == f"length - {entry_mod.CRC.size}"
+    assert row("entry", "crc32") is table("entry")[-1]
+
+
+def test_entry_presence_column_names_flags() -> None:
+    names = {r["name"] for r in table("entry-flags")}
+    for r in table("entry"):
+        assert r["present"] == "always" or r["present"] in names, r
+    always = [r for r in table("entry") if r["present"] == "always" and r["size"].isdigit()]
+    assert sum(int(r["size"]) for r in always) == entry_mod.MIN_ENTRY_SIZE
+
+
+def test_entry_flags() -> None:
+    rows = table("entry-flags")
+    for r in rows:
+        assert int(r["value"], 0) == 1 << int(r["bit"]) == EntryFlags[r["name"]], r
+    assert {r["name"] for r in rows} == {f.name for f in EntryFlags if f.value}
+    known = 0
+    for r in rows:
+        known |= int(r["value"], 0)
+    assert known == entry_mod.KNOWN_FLAGS
+
+
+def test_entry_types() -> None:
+    assert {r["name"]: int(r["value"]) for r in table("entry-types")} == {
+        t.name: t.value for t in RecordType
+    }
+
+
+def test_priorities() -> None:
+    rows = table("priorities")
+    assert {r["name"]: int(r["value"]) for r in rows} == {p.name: p.value for p in ledgerq.Priority}
+    for r in rows:
+        flags = encode_entry(1, 0, b"", priority=int(r["value"]))[5]
+        stored = bool(flags & doc_flag("HAS_PRIORITY"))
+        assert stored == ("absent" not in r["stored"]), r
+
+
+def test_index_tables_match_the_structs() -> None:
+    assert_rows_match_struct(table("index-header"), index_mod.INDEX_HEADER)
+    assert_rows_match_struct(table("index-entry"), index_mod.INDEX_ENTRY)
+    assert [r["field"] for r in table("index-header")] == ["magic", "version", "count"]
+    assert [r["field"] for r in table("index-entry")] == ["id", "timestamp", "offset"]
+
+
+def test_state_tables_match_the_structs() -> None:
+    assert_rows_match_struct(table("state-header"), state_mod.STATE_FILE_HEADER)
+    rows = table("state-record")
+    assert [r["field"] for r in rows] == ["length", "type", "body", "crc32"]
+    assert_rows_match_struct(rows[:2], state_mod.STATE_RECORD_HEADER)
+    minimum = state_mod.STATE_RECORD_HEADER.size + 4
+    assert rows[2]["size"] == f"length - {minimum}"
+    assert rows[3]["offset"] == "length - 4"
+    assert minimum == state_mod._MIN_RECORD
+
+
+def test_state_types() -> None:
+    rows = table("state-types")
+    assert {r["name"]: int(r["value"]) for r in rows} == {t.name: t.value for t in StateRecordType}
+    for r in rows:
+        kind = StateRecordType[r["name"]]
+        assert r["body"] in ("ids", "checkpoint"), r
+        if r["body"] == "ids":
+            encode_state_ids = state_mod.encode_ids_record(kind, [1])
+            assert encode_state_ids[4] == kind
+        else:
+            with pytest.raises(ValueError, match="does not carry ids"):
+                state_mod.encode_ids_record(kind, [1])
+
+
+def test_constants() -> None:
+    required = {
+        "format.entry.MIN_ENTRY_SIZE",
+        "format.entry.MAX_ENTRY_SIZE",
+        "format.entry.KNOWN_FLAGS",
+        "format.checksum.CHECKSUM_NAME",
+        "format.index.INDEX_MAGIC",
+        "format.index.INDEX_VERSION",
+        "format.index.OPEN_COUNT",
+        "format.reader_state.STATE_MAGIC",
+        "format.reader_state.STATE_VERSION",
+        "core.meta.FORMAT_VERSION",
+    }
+    rows = table("constants")
+    assert required <= {r["constant"] for r in rows}
+    for r in rows:
+        module, _, name = r["constant"].rpartition(".")
+        actual = getattr(importlib.import_module(f"ledgerq.{module}"), name)
+        text = r["value"]
+        if text.startswith('"'):
+            expected: object = json.loads(text)
+            if isinstance(actual, bytes):
+                expected = str(expected).encode("ascii")
+        else:
+            expected = int(text, 0)
+        assert actual == expected, r
+
+
+def test_files() -> None:
+    from ledgerq.core import meta, queue
+    from ledgerq.segment import naming
+
+    paths = {r["path"] for r in table("files")}
+    segments = naming.SEGMENTS_DIR
+    for suffix, make in ((".log", naming.log_path), (".idx", naming.idx_path)):
+        (pattern,) = [p for p in paths if p.endswith(suffix)]
+        for first_id in (1, 123, (1 << 64) - 1):
+            assert pattern.format(first_id=first_id) == make(segments, first_id)
+    assert meta.META_NAME in paths
+    (state,) = [p for p in paths if p.endswith(".state")]
+    assert state.format(name="r") == os.path.join(queue.READERS_DIR, "r.state")
+
+
+def test_meta_fields() -> None:
+    from ledgerq.core.meta import Meta
+
+    rows = table("meta")
+    assert [r["field"] for r in rows] == [f.name for f in dataclasses.fields(Meta)]
+    json_types = {"string": str, "integer": int, "boolean": bool, "object": dict}
+    saved = json.loads(json.dumps(dataclasses.asdict(Meta())))
+    for r in rows:
+        assert type(saved[r["field"]]) is json_types[r["json type"]], r
+    assert f"`{saved['format']}`" in row("meta", "format")["meaning"]
+    assert f", {saved['version']};" in row("meta", "version")["meaning"]
+
+
+def test_checkpoint_table() -> None:
+    rows = table("checkpoint")
+    assert [int(r["index"]) for r in rows] == list(range(len(Checkpoint._fields)))
+    assert [r["field"] for r in rows] == ["head", "done_ids", "deliveries", "counters"]
+
+
+# ---------------------------------------------------------------- decoding by the tables
+
+
+@settings(max_examples=100)
+@given(entry_specs())
+def test_tables_decode_entries(spec: EntrySpec) -> None:
+    raw = spec.encode()
+    values, end = walk(table("entry"), raw)
+    assert end == len(raw) == values["length"]
+    assert values["crc32"] == zlib.crc32(raw[: values["length"] - 4])
+    assert values["type"] == int(row("entry-types", "DATA", "name")["value"])
+    assert values["id"] == spec.id
+    assert values["timestamp"] == spec.timestamp
+    assert values.get("expires_at") == spec.expires_at
+    assert values.get("priority", doc_default_priority()) == spec.priority
+    assert values.get("headers") == spec.headers
+    assert values["payload"] == spec.payload
+    assert bool(values["flags"] & doc_flag("COMPRESSED")) == spec.compressed
+
+
+@settings(max_examples=40)
+@given(index_entry_lists(), st.booleans())
+def test_tables_decode_index_files(entries: list[index_mod.IndexEntry], sealed: bool) -> None:
+    count = len(entries) if sealed else index_mod.OPEN_COUNT
+    raw = index_mod.encode_index_header(count) + b"".join(
+        index_mod.encode_index_entry(*e) for e in entries
+    )
+    header, pos = walk(table("index-header"), raw)
+    assert header["magic"] == b"LQIX"
+    assert header["version"] == 1
+    open_count = int(row("constants", "format.index.OPEN_COUNT", "constant")["value"], 0)
+    assert (header["count"] != open_count) == sealed
+    decoded = []
+    while pos < len(raw):
+        point, pos = walk(table("index-entry"), raw, pos)
+        decoded.append((point["id"], point["timestamp"], point["offset"]))
+    assert decoded == [tuple(e) for e in entries]
+
+
+def _doc_checkpoint(body: list[Any]) -> dict[str, Any]:
+    """Check a checkpoint body against the table's msgpack types; return it by field."""
+    shapes = {
+        "uint": lambda v: type(v) is int and v >= 0,
+        "array of uint": lambda v: type(v) is list and all(type(i) is int for i in v),
+        "array of [uint, uint]": lambda v: (
+            type(v) is list and all(type(p) is list and len(p) == 2 for p in v)
+        ),
+        "map of str to uint": lambda v: type(v) is dict and all(type(k) is str for k in v),
+    }
+    rows = table("checkpoint")
+    assert len(body) == len(rows)
+    for r in rows:
+        assert shapes[r["msgpack type"]](body[int(r["index"])]), r
+    return {r["field"]: body[int(r["index"])] for r in rows}
+
+
+@settings(max_examples=40)
+@given(checkpoints())
+def test_tables_decode_checkpoints(checkpoint: Checkpoint) -> None:
+    raw = state_mod.encode_state_file_header() + state_mod.encode_checkpoint(checkpoint)
+    header, pos = walk(table("state-header"), raw)
+    assert header == {"magic": b"LQRS", "version": 1}
+    record, end = walk(table("state-record"), raw, pos)
+    assert end == len(raw)
+    assert record["crc32"] == zlib.crc32(raw[pos : end - 4])
+    assert record["type"] == int(row("state-types", "CHECKPOINT", "name")["value"])
+    fields = _doc_checkpoint(msgpack.unpackb(record["body"], raw=False))
+    assert fields["head"] == checkpoint.head
+    assert fields["done_ids"] == checkpoint.done
+    assert [tuple(p) for p in fields["deliveries"]] == checkpoint.deliveries
+    assert fields["counters"] == checkpoint.counters
+
+
+@settings(max_examples=40)
+@given(st.sampled_from([r for r in TABLES["state-types"] if r["body"] == "ids"]), id_batches)
+def test_tables_decode_ids_records(kind: Row, ids: list[int]) -> None:
+    raw = state_mod.encode_ids_record(StateRecordType[kind["name"]], ids)
+    record, end = walk(table("state-record"), raw)
+    assert end == len(raw)
+    assert record["type"] == int(kind["value"])
+    assert record["crc32"] == zlib.crc32(raw[:-4])
+    u64 = "<" + type_codes()["u64"]
+    width = struct.calcsize(u64)
+    body = record["body"]
+    assert [struct.unpack_from(u64, body, i)[0] for i in range(0, len(body), width)] == ids
