@@ -37,6 +37,7 @@ class Meta:
     next_id: int = 1
     reserved_until: int = 1
     counters: dict[str, int] = field(default_factory=dict)
+    corrupt_regions: list[list[int]] = field(default_factory=list)
 
 
 class MetaStore:
@@ -75,6 +76,13 @@ class MetaStore:
         counters = raw.get("counters", {})
         if isinstance(counters, dict):
             meta.counters = {str(k): int(v) for k, v in counters.items() if isinstance(v, int)}
+        regions = raw.get("corrupt_regions", [])
+        if isinstance(regions, list):
+            meta.corrupt_regions = [
+                [int(r[0]), int(r[1])]
+                for r in regions
+                if isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r)
+            ]
         return meta
 
     def save(self, meta: Meta) -> None:

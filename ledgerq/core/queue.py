@@ -175,12 +175,17 @@ class QueueCore:
             index_interval=opts.index_interval,
             on_corrupt=self._on_corrupt,
         )
+        # A corrupt region is counted once, however many times it is met (and reopened).
+        self._manager.remember_reported(
+            [(int(a), int(b)) for a, b in meta.corrupt_regions if isinstance(a, int)]
+        )
         floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
         self._manager.open(min_next_id=floor)
         self._next_id = self._manager.next_id
-        # Entries appended after the last counter save were enqueued too.
+        # Entries appended after the last counter save were enqueued too (counted up to
+        # the last entry in the log, not the reserved ids a crash made us skip).
         self._enqueued = counters.get("enqueued", 0) + max(
-            0, self._next_id - counters.get("enqueued_through", meta.next_id)
+            0, self._manager.log_next_id - counters.get("enqueued_through", meta.next_id)
         )
         self._duplicates = counters.get("duplicates", 0)
         self._dropped = counters.get("dropped", 0)
@@ -245,6 +250,7 @@ class QueueCore:
             "dropped": self._dropped,
             "corrupt_skipped": self._corrupt_skipped,
         }
+        meta.corrupt_regions = [list(key) for key in self._manager.reported_regions][-10_000:]
         self._meta_store.save(meta)
 
     # ------------------------------------------------------------------ durability

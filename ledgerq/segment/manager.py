@@ -60,6 +60,7 @@ class SegmentManager:
         self._idx_fd: int | None = None
         self._last_indexed_offset = -1
         self.truncated_bytes = 0
+        self.log_next_id = 1  # after open: the id after the last entry found in the log
         self._reported: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------ recovery
@@ -76,10 +77,10 @@ class SegmentManager:
         segments = [Segment(self.directory, first_id) for first_id in ids]
         for seg in segments[:-1]:
             if not self._load_sealed(seg):
-                self._recover_tail(seg)
+                self._recover_tail(seg, is_newest=False)
                 self._seal(seg, durable=True)
         if segments:
-            self._recover_tail(segments[-1])
+            self._recover_tail(segments[-1], is_newest=True)
         # An empty segment before the newest one holds nothing; drop it.
         kept = [s for s in segments[:-1] if not s.is_empty] + segments[-1:]
         for seg in segments[:-1]:
@@ -88,11 +89,13 @@ class SegmentManager:
         self.segments = kept
         self._first_ids = [s.first_id for s in kept]
         if not self.segments:
+            self.log_next_id = 1
             self._create(max(1, min_next_id))
         else:
             active = self.segments[-1]
             self._open_writer(active)
             natural = active.last_id + 1 if not active.is_empty else active.first_id
+            self.log_next_id = natural
             if min_next_id > natural:
                 # Ids were handed out before a crash that lost them: keep them unused by
                 # starting a new segment at min_next_id (ids inside a segment are consecutive).
@@ -132,8 +135,13 @@ class SegmentManager:
         seg.sealed = True
         return True
 
-    def _recover_tail(self, seg: Segment) -> None:
-        """Scan a segment from its last trustworthy index point; cut a torn tail."""
+    def _recover_tail(self, seg: Segment, *, is_newest: bool) -> None:
+        """Scan a segment from its last trustworthy index point; cut a torn tail.
+
+        Only the newest segment can have a torn tail (every other one was fsynced
+        before it was sealed): invalid bytes at the end of an older one are
+        corruption - reported and left in place, never cut.
+        """
         seg.size = os.stat(seg.log_path).st_size
         try:
             with open(seg.idx_path, "rb") as f:
@@ -166,7 +174,9 @@ class SegmentManager:
             self._note_appended(seg, entry.id, entry.timestamp, offset)
         for region in scanner.corrupt:
             self.report_corrupt(seg, region)
-        if scanner.pos < seg.size:
+        if scanner.pos < seg.size and not is_newest:
+            self.report_corrupt(seg, CorruptRegion(scanner.pos, seg.size))
+        elif scanner.pos < seg.size:
             cut = seg.size - scanner.pos
             logger.warning(
                 "ledgerq: truncating %d bytes of incomplete data at the end of %s (offset %d)",
@@ -205,6 +215,16 @@ class SegmentManager:
         """A sealed segment ends with bytes that are not a whole entry."""
         if pos < seg.size:
             self.report_corrupt(seg, CorruptRegion(pos, seg.size))
+
+    @property
+    def reported_regions(self) -> list[tuple[int, int]]:
+        """(segment first id, offset) of every corrupt region reported, still on disk."""
+        live = set(self._first_ids)
+        return sorted(key for key in self._reported if key[0] in live)
+
+    def remember_reported(self, regions: list[tuple[int, int]]) -> None:
+        """Regions counted in an earlier run: not to be counted again."""
+        self._reported.update(regions)
 
     def report_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
         """Log and count a skipped region once, however many readers meet it."""

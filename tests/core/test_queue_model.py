@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 from hypothesis import settings
@@ -40,7 +40,7 @@ class Model:
 
 
 class QueueMachine(RuleBasedStateMachine):
-    options: dict[str, Any] = {}
+    options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self) -> None:
         super().__init__()
@@ -215,15 +215,25 @@ _SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None)
 
 
 class FifoMachine(QueueMachine):
-    options = {"segment_size": 600, "index_interval": 128, "sync": "never", "max_retries": 0}
+    options: ClassVar[dict[str, Any]] = {
+        "segment_size": 600,
+        "index_interval": 128,
+        "sync": "never",
+        "max_retries": 0,
+    }
 
 
 class RetryMachine(QueueMachine):
-    options = {"segment_size": 600, "index_interval": 128, "sync": "never", "max_retries": 2}
+    options: ClassVar[dict[str, Any]] = {
+        "segment_size": 600,
+        "index_interval": 128,
+        "sync": "never",
+        "max_retries": 2,
+    }
 
 
 class PriorityMachine(QueueMachine):
-    options = {
+    options: ClassVar[dict[str, Any]] = {
         "segment_size": 800,
         "index_interval": 128,
         "sync": "never",
