@@ -353,7 +353,7 @@ def test_meta_fields() -> None:
 
     rows = table("meta")
     assert [r["field"] for r in rows] == [f.name for f in dataclasses.fields(Meta)]
-    json_types = {"string": str, "integer": int, "boolean": bool, "object": dict}
+    json_types = {"string": str, "integer": int, "boolean": bool, "object": dict, "array": list}
     saved = json.loads(json.dumps(dataclasses.asdict(Meta())))
     for r in rows:
         assert type(saved[r["field"]]) is json_types[r["json type"]], r
