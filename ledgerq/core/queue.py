@@ -286,8 +286,10 @@ class QueueCore:
             commit = reader._core.journal.commit
             if commit.is_dirty:
                 commit.sync_now()
-        for feature in self._flushers:
-            feature.flush()
+        if self._flushers:
+            with self._lock:  # a feature may swap its files under the lock
+                for feature in self._flushers:
+                    feature.flush()
         elapsed = time.monotonic() - started
         if elapsed > 1.0:
             logger.warning("ledgerq: slow fsync of %s: %.2f s", self.path, elapsed)
@@ -298,8 +300,10 @@ class QueueCore:
         self._log_commit.sync_now()
         for reader in list(self._readers.values()):
             reader._core.journal.commit.sync_now()
-        for feature in self._flushers:
-            feature.flush()
+        if self._flushers:
+            with self._lock:
+                for feature in self._flushers:
+                    feature.flush()
 
     # ------------------------------------------------------------------ enqueue
 
@@ -393,22 +397,24 @@ class QueueCore:
                 to_write = drafts
             first = self._next_id
             count = len(to_write)
-            if first + count > self._reserved_until:
-                self._reserved_until = first + count + ID_BLOCK
-                self._save_meta(clean=False)
-            records = [
-                encode_entry(
-                    first + i,
-                    now,
-                    draft.payload,
-                    expires_at=None if draft.expires_in_ns is None else now + draft.expires_in_ns,
-                    priority=draft.priority,
-                    headers_blob=draft.headers_blob,
-                    compressed=draft.compressed,
-                )
-                for i, draft in enumerate(to_write)
-            ]
             try:
+                records = [
+                    encode_entry(
+                        first + i,
+                        now,
+                        draft.payload,
+                        expires_at=None
+                        if draft.expires_in_ns is None
+                        else now + draft.expires_in_ns,
+                        priority=draft.priority,
+                        headers_blob=draft.headers_blob,
+                        compressed=draft.compressed,
+                    )
+                    for i, draft in enumerate(to_write)
+                ]
+                if first + count > self._reserved_until:
+                    self._reserved_until = first + count + ID_BLOCK
+                    self._save_meta(clean=False)
                 if count == 1:
                     self._manager.append(records[0], (len(records[0]),), first, now)
                 else:

@@ -179,7 +179,12 @@ class ReaderCore:
         if not chosen:
             return []
         ids = [e.id for e in chosen]
-        self.journal.append(_LEASE, ids)
+        try:
+            self.journal.append(_LEASE, ids)
+        except BaseException:
+            for entry in chosen:  # nothing was leased: keep them available
+                selector.give_back(entry)
+            raise
         deliveries = self._deliveries
         leased = self._leased
         visibility = self._visibility
@@ -208,9 +213,10 @@ class ReaderCore:
 
     def _finish(self, message_id: int, kind: StateRecordType, counter: str) -> int:
         """Settle an id that is not leased (expired, dead-lettered)."""
+        ticket = self.journal.append(kind, [message_id])
         self._forget(message_id)
         self.counters[counter] += 1
-        return self.journal.append(kind, [message_id])
+        return ticket
 
     def _forget(self, message_id: int) -> None:
         self._deliveries.pop(message_id, None)
@@ -250,6 +256,7 @@ class ReaderCore:
 
     def ack(self, ids: list[int]) -> int:
         """Ack leased ids (checked by the caller); return the journal ticket."""
+        ticket = self.journal.append(_ACK, ids)  # first: if it fails, nothing changed
         for message_id in ids:
             del self._leased[message_id]
             self._forget(message_id)
@@ -257,7 +264,6 @@ class ReaderCore:
         if self._hooks.settled:
             for feature in self._hooks.settled:
                 feature.settled(self, ids)
-        ticket = self.journal.append(_ACK, ids)
         if len(self._done) > 65536:
             self._prune_done()
         return ticket
@@ -278,17 +284,21 @@ class ReaderCore:
         Used by tooling that removes messages by id (DLQ requeue and purge).
         Returns False if the id is not pending here.
         """
-        if message_id in self._leased:
-            del self._leased[message_id]
-        elif not self._selector.discard(message_id):
+        leased = message_id in self._leased
+        unread = False
+        if not leased and not self._selector.discard(message_id):
             if message_id < self._cursor.next_id or message_id in self._skip:
                 return False
             if not self._exists_unread(message_id):
                 return False
+            unread = True
+        self.journal.append(_ACK, [message_id])
+        if leased:
+            del self._leased[message_id]
+        if unread:
             self._skip.add(message_id)
         self._forget(message_id)
         self.counters["acked"] += 1
-        self.journal.append(_ACK, [message_id])
         return True
 
     def leased_entries(self) -> list[Entry]:
