@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 
 from ledgerq._errors import (
@@ -163,6 +163,8 @@ class QueueCore:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._waiting = 0
+        self._listeners: dict[int, Callable[[], None]] = {}
+        self._next_listener = 0
         self._closed = False
         self._meta_store = MetaStore(self.path)
         meta = self._meta_store.load() if self._meta_store.exists() else Meta()
@@ -428,8 +430,8 @@ class QueueCore:
             for feature in self._recorders:
                 feature.appended(to_write, first, now)
             ticket = self._log_commit.note_write()
-            if self._waiting:
-                self._cond.notify_all()
+            if self._waiting or self._listeners:
+                self._wake()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
         if not existing:
@@ -520,6 +522,32 @@ class QueueCore:
             self._ensure_open()
             return self._default._core.pending()
 
+    # ------------------------------------------------------------------ waking
+
+    def _wake(self) -> None:
+        """Messages may have become available (or the queue closed): wake every waiter."""
+        self._cond.notify_all()
+        for callback in list(self._listeners.values()):
+            callback()
+
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` whenever messages may have become available; return a remover.
+
+        The callback runs with the queue lock held, in whichever thread enqueued,
+        nacked or closed: it must be quick and must not call the queue (e.g.
+        ``loop.call_soon_threadsafe``).  Used by ``ledgerq.aio`` to wait without threads.
+        """
+        with self._lock:
+            key = self._next_listener
+            self._next_listener += 1
+            self._listeners[key] = callback
+
+        def remove() -> None:
+            with self._lock:
+                self._listeners.pop(key, None)
+
+        return remove
+
     # ------------------------------------------------------------------ tooling
 
     def _pending_entries(self, wanted: set[int] | None) -> list[tuple[Entry, bytes]]:
@@ -609,7 +637,7 @@ class QueueCore:
             if self._closed:
                 return
             self._closed = True
-            self._cond.notify_all()
+            self._wake()
         self._stop_flusher.set()
         if self._flusher is not None:
             self._flusher.join()
@@ -743,8 +771,8 @@ class Reader:
             queue._ensure_open()
             core.check_leased(message_id)
             ticket = core.nack([message_id], reason, time.time_ns())
-            if queue._waiting:
-                queue._cond.notify_all()
+            if queue._waiting or queue._listeners:
+                queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
@@ -771,6 +799,16 @@ class Reader:
         with self._queue._lock:
             self._queue._ensure_open()
             return self._core.stats(time.time_ns())
+
+    def seconds_to_next_expiry(self) -> float | None:
+        """Seconds until the next lease's visibility timeout expires (None: no such lease).
+
+        A waiter that is not blocked in :meth:`dequeue` (e.g. ``ledgerq.aio``) uses
+        this to retry when an expired lease makes a message available again.
+        """
+        with self._queue._lock:
+            deadline = self._core.next_deadline()
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def __len__(self) -> int:
         with self._queue._lock:
