@@ -201,6 +201,11 @@ class QueueCore:
         for feature in self._features:
             feature.attach(self)
         self._default = self._open_reader(DEFAULT_READER, start_latest=False)
+        # Every reader on disk holds back retention, opened or not in this run.
+        for name in sorted(os.listdir(os.path.join(self.path, READERS_DIR))):
+            stem, dot, ext = name.rpartition(".")
+            if ext == "state" and dot and stem != DEFAULT_READER and _READER_NAME.match(stem):
+                self._open_reader(stem, start_latest=False)
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         if opts.sync == "interval":
@@ -399,6 +404,7 @@ class QueueCore:
                 to_write = drafts
             first = self._next_id
             count = len(to_write)
+            segments_before = len(self._manager.segments)
             try:
                 records = [
                     encode_entry(
@@ -427,6 +433,8 @@ class QueueCore:
                 raise
             self._next_id = first + count
             self._enqueued += count
+            if len(self._manager.segments) != segments_before:
+                self._retire_consumed()  # a segment was sealed: retention may apply
             for feature in self._recorders:
                 feature.appended(to_write, first, now)
             ticket = self._log_commit.note_write()
@@ -496,6 +504,24 @@ class QueueCore:
             if existing is not None:
                 return existing
             return self._open_reader(name, start_latest=start == "latest")
+
+    def remove_reader(self, name: str) -> bool:
+        """Forget the named reader and its state, so it no longer holds back retention.
+
+        Returns False if there is no such reader.  The default reader cannot be removed.
+        """
+        if name == DEFAULT_READER:
+            raise ValueError("the default reader cannot be removed")
+        with self._lock:
+            self._ensure_open()
+            reader = self._readers.pop(name, None)
+            if reader is None:
+                return False
+            reader._removed = True
+            reader._core.journal.close()
+            os.unlink(reader._core.journal.path)
+            self._retire_consumed()
+            return True
 
     def dequeue(self, timeout: float | None = 0) -> Message | None:
         """Lease the next message (see :meth:`Reader.dequeue`)."""
@@ -578,13 +604,43 @@ class QueueCore:
     # ------------------------------------------------------------------ retention
 
     def _retire_consumed(self) -> None:
-        """Delete sealed segments every reader has finished with (lock held)."""
+        """Apply retention (lock held); cheap when there is nothing to delete.
+
+        A sealed segment every reader has consumed is deleted at once, or - with
+        ``retention_max_age`` - once its newest message is older than that.
+        Unconsumed data is never deleted by age; only ``retention_max_bytes`` drops
+        the oldest segments even if unconsumed, counting their unconsumed messages
+        in ``stats().dropped``.  The active segment is never deleted.
+        """
         manager = self._manager
-        if self.options.retention_max_age is not None or len(manager.segments) < 2:
+        segments = manager.segments
+        max_bytes = self.options.retention_max_bytes
+        if len(segments) < 2:
             return
         head = min(r._core.head for r in self._readers.values())
-        while len(manager.segments) > 1 and manager.segments[0].last_id < head:
-            manager.delete_first()
+        if segments[0].last_id < head:
+            max_age = self.options.retention_max_age
+            cutoff = None if max_age is None else time.time_ns() - int(max_age * _NS)
+            while len(segments) > 1 and segments[0].last_id < head:
+                if cutoff is not None and segments[0].last_timestamp >= cutoff:
+                    break
+                manager.delete_first()
+        if max_bytes is not None:
+            while len(segments) > 1 and manager.disk_bytes > max_bytes:
+                seg = segments[0]
+                lost = max(0, seg.last_id - max(seg.first_id, head) + 1) if seg.count else 0
+                manager.delete_first()
+                if lost:
+                    self._dropped += lost
+                    logger.warning(
+                        "ledgerq: retention_max_bytes=%d dropped %d unconsumed messages "
+                        "(ids %d-%d) of %s",
+                        max_bytes,
+                        lost,
+                        max(seg.first_id, head),
+                        seg.last_id,
+                        self.path,
+                    )
 
     def compact(self) -> None:
         """Apply retention now: delete segments that every reader has consumed."""
@@ -684,7 +740,42 @@ class Reader:
     def __init__(self, queue: QueueCore, core: ReaderCore) -> None:
         self._queue = queue
         self._core = core
+        self._removed = False
         self.name = core.name
+
+    def _ensure_usable(self) -> None:
+        self._queue._ensure_open()
+        if self._removed:
+            raise QueueClosedError(f"reader {self.name!r} of {self._queue.path} was removed")
+
+    def seek(self, message_id: int) -> None:
+        """Deliver from the first message with id >= ``message_id`` next (inclusive).
+
+        For replay (seek back over acked messages: they are delivered again) or to
+        skip ahead.  Current leases of this reader are dropped and attempts start
+        again.  A position before the oldest retained message means the oldest one.
+        """
+        message_id = _check_id(message_id)
+        queue = self._queue
+        with queue._lock:
+            self._ensure_usable()
+            self._core.seek(message_id)
+            queue._wake()
+
+    def seek_time(self, timestamp_ns: int) -> None:
+        """Deliver from the first message enqueued at or after ``timestamp_ns`` next.
+
+        Found through the sparse indexes (no full scan).  A time after the newest
+        message means the tail: only messages enqueued later are delivered.
+        """
+        if isinstance(timestamp_ns, bool) or not isinstance(timestamp_ns, int):
+            raise TypeError(f"timestamp_ns must be an int, got {type(timestamp_ns).__name__}")
+        queue = self._queue
+        with queue._lock:
+            self._ensure_usable()
+            found = queue._manager.first_id_at_or_after(timestamp_ns)
+            self._core.seek(found if found is not None else queue._manager.next_id)
+            queue._wake()
 
     def dequeue(self, timeout: float | None = 0) -> Message | None:
         """Lease the next message, or return None if none arrives in time.
@@ -710,7 +801,7 @@ class Reader:
         while True:
             with queue._cond:
                 while True:
-                    queue._ensure_open()
+                    self._ensure_usable()
                     now = time.monotonic()
                     taken = core.take(n, now, time.time_ns())
                     if taken:
@@ -747,7 +838,7 @@ class Reader:
         queue = self._queue
         core = self._core
         with queue._lock:
-            queue._ensure_open()
+            self._ensure_usable()
             core.check_leased(message_id)
             ticket = core.ack([message_id])
             core.maybe_compact()
@@ -768,7 +859,7 @@ class Reader:
         queue = self._queue
         core = self._core
         with queue._lock:
-            queue._ensure_open()
+            self._ensure_usable()
             core.check_leased(message_id)
             ticket = core.nack([message_id], reason, time.time_ns())
             if queue._waiting or queue._listeners:
@@ -782,7 +873,7 @@ class Reader:
             raise ValueError(f"n must be a positive int, got {n!r}")
         queue = self._queue
         with queue._lock:
-            queue._ensure_open()
+            self._ensure_usable()
             entries = self._core.peek(n, time.time_ns())
             attempts = [self._core.deliveries(e.id) + 1 for e in entries]
         messages = []
@@ -797,7 +888,7 @@ class Reader:
     def stats(self) -> ReaderStats:
         """This reader's figures."""
         with self._queue._lock:
-            self._queue._ensure_open()
+            self._ensure_usable()
             return self._core.stats(time.time_ns())
 
     def seconds_to_next_expiry(self) -> float | None:

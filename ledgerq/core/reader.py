@@ -94,14 +94,16 @@ class ReaderCore:
         self._leased_heap: list[int] = []
         self._reported: dict[int, int] = {}  # id -> failures already passed to `failed`
         self._deadlines: list[tuple[float, int, int]] = []  # (monotonic deadline, id, delivery)
-        selector: Selector | None = None
-        for feature in hooks.selector:
-            selector = feature.selector(self)
-            if selector is not None:
-                break
-        self._selector: Selector = selector if selector is not None else FifoSelector(self)
+        self._selector: Selector = self._make_selector()
         if is_new:
             self.checkpoint()
+
+    def _make_selector(self) -> Selector:
+        for feature in self._hooks.selector:
+            selector = feature.selector(self)
+            if selector is not None:
+                return selector
+        return FifoSelector(self)
 
     # ------------------------------------------------------------------ the log
 
@@ -309,6 +311,24 @@ class ReaderCore:
         manager = self._manager
         seg = manager.segments[manager.find(message_id)]
         return seg.first_id <= message_id <= seg.last_id
+
+    def seek(self, target: int) -> None:
+        """Deliver from the first message with id >= ``target`` next (replay or skip).
+
+        Current leases are dropped (their acks become unknown), attempts start
+        again, and the new position is checkpointed durably.
+        """
+        target = max(target, self._manager.segments[0].first_id, 1)
+        self._leased.clear()
+        self._leased_heap.clear()
+        self._deadlines.clear()
+        self._deliveries.clear()
+        self._reported.clear()
+        self._skip = set()
+        self._done = set()
+        self._cursor.seek(target)
+        self._selector = self._make_selector()
+        self.checkpoint()
 
     # ------------------------------------------------------------------ reading ahead
 

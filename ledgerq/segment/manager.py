@@ -404,6 +404,29 @@ class SegmentManager:
             raise CorruptRecord(f"expected entry {message_id}, found {entry.id}", offset)
         return entry
 
+    def first_id_at_or_after(self, timestamp_ns: int) -> int | None:
+        """Id of the first entry whose timestamp is >= ``timestamp_ns``, or None.
+
+        Uses each segment's last timestamp and its sparse index, so it reads at most
+        one index interval of log.  Enqueue times are assumed not to go backwards
+        (the wall clock stepping back can make it return a slightly later entry).
+        """
+        for seg in self.segments:
+            if seg.is_empty or seg.last_timestamp < timestamp_ns:
+                continue
+            start, after_id = 0, seg.first_id - 1
+            for point in seg.index:
+                if point.timestamp >= timestamp_ns:
+                    break
+                start, after_id = point.offset, point.id - 1
+            scanner = EntryScanner(
+                seg.read_fd(), start, seg.size, after_id=after_id, boundaries=seg.boundaries()
+            )
+            while (entry := scanner.next()) is not None:
+                if entry.timestamp >= timestamp_ns:
+                    return entry.id
+        return None
+
     # ------------------------------------------------------------------ deletion
 
     def delete_first(self) -> Segment:
