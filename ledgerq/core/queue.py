@@ -286,7 +286,6 @@ class QueueCore:
                 logger.exception("ledgerq: background sync of %s failed", self.path)
 
     def _flush_once(self) -> None:
-        started = time.monotonic()
         if self._log_commit.is_dirty:
             self._log_commit.sync_now()
         for reader in list(self._readers.values()):
@@ -297,9 +296,6 @@ class QueueCore:
             with self._lock:  # a feature may swap its files under the lock
                 for feature in self._flushers:
                     feature.flush()
-        elapsed = time.monotonic() - started
-        if elapsed > 1.0:
-            logger.warning("ledgerq: slow fsync of %s: %.2f s", self.path, elapsed)
 
     def sync(self) -> None:
         """Make everything enqueued, acked and nacked so far durable (fsync)."""

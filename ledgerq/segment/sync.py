@@ -12,10 +12,15 @@ shared by up to N appends.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 
 __all__ = ["GroupCommit"]
+
+logger = logging.getLogger("ledgerq")
+SLOW_SYNC_SECONDS = 1.0
 
 
 class GroupCommit:
@@ -51,8 +56,12 @@ class GroupCommit:
                 self._syncing = True
                 target = self._written
                 self._cond.release()
+                started = time.monotonic()
                 try:
                     self._sync()
+                    elapsed = time.monotonic() - started
+                    if elapsed > SLOW_SYNC_SECONDS:
+                        logger.warning("ledgerq: slow fsync: %.2f s", elapsed)
                 except BaseException:
                     self._cond.acquire()
                     self._syncing = False
