@@ -30,7 +30,13 @@ from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.meta import ID_BLOCK, META_NAME, Meta, MetaStore
 from ledgerq.core.reader import ReaderCore, ReaderHooks
-from ledgerq.format.entry import Entry, EntryFlags, encode_entry, encode_headers
+from ledgerq.format.entry import (
+    Entry,
+    EntryFlags,
+    encode_entry,
+    encode_headers,
+    encode_plain_entry,
+)
 from ledgerq.segment.files import StorageError, datasync
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
@@ -46,6 +52,7 @@ DEFAULT_READER = "default"
 READERS_DIR = "readers"
 _READER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 _PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
+_MEDIUM = Priority.MEDIUM
 _BYTES_TYPES = (bytes, bytearray, memoryview)
 _NS = 1_000_000_000
 
@@ -223,6 +230,8 @@ class QueueCore:
 
         self._transformers = overriding("transform")
         self._admitters = overriding("admit")
+        # No hook looks at a plain enqueue (bytes, no option): it may skip Draft building.
+        self._plain_path = not (self._transformers or self._admitters or overriding("appended"))
         self._recorders = overriding("appended")
         self._restorers = overriding("restore")
         self._flushers = overriding("flush")
@@ -353,8 +362,41 @@ class QueueCore:
         ``TypeError``/``ValueError`` for bad arguments and
         :class:`MessageTooLargeError` before anything is written.
         """
+        if (
+            type(payload) is bytes
+            and headers is None
+            and priority is _MEDIUM
+            and ttl is None
+            and dedup_id is None
+            and self._plain_path
+            and len(payload) <= self.options.max_message_size
+        ):
+            return self._append_plain(payload)
         draft = self._prepare(payload, headers, priority, ttl, dedup_id)
         return self._append([draft])[0]
+
+    def _append_plain(self, payload: bytes) -> int:
+        """:meth:`_append` for one bytes payload with no option and no feature hook."""
+        with self._lock:
+            if self._closed:
+                raise QueueClosedError(f"queue {self.path} is closed")
+            message_id = self._next_id
+            if message_id >= self._reserved_until:
+                self._reserved_until = message_id + 1 + ID_BLOCK
+                self._save_meta(clean=False)
+            now = time.time_ns()
+            if self._manager.append_one(
+                encode_plain_entry(message_id, now, payload), message_id, now
+            ):
+                self._retire_consumed()  # a segment was sealed: retention may apply
+            self._next_id = message_id + 1
+            self._enqueued += 1
+            ticket = self._log_commit.note_write()
+            if self._waiting or self._listeners:
+                self._wake()
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return message_id
 
     def enqueue_batch(self, items: Iterable[bytes | bytearray | memoryview | Item]) -> list[int]:
         """Append several messages with one write and at most one fsync; return their ids.

@@ -122,8 +122,16 @@ def _frame(record_type: int, body: bytes) -> bytes:
     return framed + _CRC.pack(checksum(framed))
 
 
+_ONE_ID = struct.Struct("<IBQ")  # length, type, id: a record naming one id
+assert _ONE_ID.size == 13
+_ONE_ID_LENGTH = _ONE_ID.size + _CRC.size
+
+
 def encode_ids_record(record_type: StateRecordType, ids: list[int] | tuple[int, ...]) -> bytes:
     """Return a LEASE, ACK, NACK, DEAD_LETTER or EXPIRE record naming ``ids``."""
+    if len(ids) == 1 and record_type in _ID_TYPES and 0 <= ids[0] < 1 << 64:
+        framed = _ONE_ID.pack(_ONE_ID_LENGTH, record_type, ids[0])
+        return framed + _CRC.pack(checksum(framed))
     if record_type not in _ID_TYPES:
         raise ValueError(f"{record_type!r} does not carry ids")
     if not ids:

@@ -297,6 +297,39 @@ class SegmentManager:
             return True
         return False
 
+    def append_one(self, record: bytes, message_id: int, timestamp: int) -> bool:
+        """Append one encoded entry (the hot path of :meth:`append`); True if it rotated."""
+        seg = self.segments[-1]
+        fd = self._log_fd
+        assert fd is not None, "segment manager is closed"
+        before = seg.size
+        size = len(record)
+        try:
+            if os.write(fd, record) != size:
+                self._undo(fd, before)  # a short write: cut it back, retry whole
+                write_all(fd, record)
+        except OSError as exc:
+            self._undo(fd, before)
+            raise StorageError("append to", seg.log_path, exc) from exc
+        seg.last_id = message_id
+        seg.last_offset = before
+        seg.last_timestamp = timestamp
+        seg.size = before + size
+        if before - self._last_indexed_offset >= self.index_interval or (
+            self._last_indexed_offset < 0
+        ):
+            seg.add_index_entry(IndexEntry(message_id, timestamp, before))
+            self._last_indexed_offset = before
+            assert self._idx_fd is not None
+            try:
+                write_all(self._idx_fd, encode_index_entry(message_id, timestamp, before))
+            except OSError:
+                pass  # the index is advisory until sealed; recovery rebuilds it
+        if seg.size >= self.segment_size:
+            self.rotate(message_id + 1)
+            return True
+        return False
+
     def append(self, data: bytes, sizes: Sequence[int], first_id: int, timestamp: int) -> None:
         """Append encoded entries (ids ``first_id``… consecutive, sizes as given) in one write.
 

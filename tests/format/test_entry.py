@@ -490,3 +490,18 @@ def test_encode_entry_refuses_what_decode_would_reject(kwargs: dict[str, int], m
     timestamp = args.pop("timestamp")
     with pytest.raises(ValueError, match=match):
         encode_entry(message_id, timestamp, b"", **args)  # type: ignore[arg-type]
+
+
+@given(
+    message_id=st.integers(min_value=1, max_value=(1 << 64) - 1),
+    timestamp=st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+    payload=st.binary(max_size=200),
+)
+def test_plain_fast_path_encodes_exactly_like_encode_entry(
+    message_id: int, timestamp: int, payload: bytes
+) -> None:
+    from ledgerq.format.entry import encode_plain_entry
+
+    assert encode_plain_entry(message_id, timestamp, payload) == encode_entry(
+        message_id, timestamp, payload
+    )

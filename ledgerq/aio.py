@@ -1,0 +1,420 @@
+"""The asyncio face of a queue: ``ledgerq.aio.open``.
+
+>>> async with ledgerq.aio.open("data/jobs") as q:      # doctest: +SKIP
+...     await q.enqueue(b"hello")
+...     msg = await q.dequeue(timeout=5)
+...     await q.ack(msg.id)
+
+Where each call runs (see docs/asyncio.md for the measurements):
+
+* Calls that may fsync or do real file I/O - ``enqueue``, ``enqueue_batch``,
+  ``ack``, ``nack`` (an fsync with ``sync="always"``, a segment rotation or a
+  journal checkpoint in any mode), ``stats``, ``peek``, ``close``, opening -
+  run in the default executor through :func:`asyncio.to_thread`.  Cancelling
+  such a call while it runs does not stop it: it completes in its thread (a
+  cancelled ``ack`` may have acked).  Cancelled before a thread picked it up,
+  it does not happen at all.
+* The *non-blocking* dequeue attempt runs inline on the event loop's thread.
+  It takes the queue lock, leases in memory and appends one small LEASE record
+  to the reader's journal (a ``write()``, no fsync), and reads the entry (a
+  ``pread`` when it is not cached): ~10 microseconds.  Because it runs between
+  two ``await`` points, a cancellation cannot land between "leased" and
+  "handed to the caller", so a cancelled ``dequeue`` never strands a leased
+  message.  Run in a thread, a cancellation arriving while the thread leases
+  would leave a message leased by nobody until its visibility timeout, or
+  until the queue is reopened - and count that as a failed delivery.
+* Waiting never blocks the loop and never polls: an empty ``dequeue`` with a
+  timeout registers a listener on the queue (:meth:`ledgerq.Queue.add_listener`),
+  which wakes the coroutine through ``loop.call_soon_threadsafe`` when an
+  enqueue, a nack or ``close`` happens in any thread; the wait is also bounded
+  by the reader's next visibility-timeout expiry, so an expired lease is picked
+  up on time.  Nothing is leased while waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Generator, Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import ledgerq
+from ledgerq._errors import QueueClosedError
+from ledgerq._queue import Queue
+from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
+
+__all__ = ["AsyncQueue", "AsyncReader", "open"]
+
+_DEFAULT_READER = "default"  # the reader ``Queue.dequeue`` uses (docs/usage.md)
+
+
+def _check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
+        )
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+class _Waker:
+    """Wakes one waiting coroutine from whichever thread changed the queue.
+
+    ``wake`` runs under the queue lock in the thread that enqueued, nacked or
+    closed; it only schedules ``event.set`` on the loop.  ``armed`` makes a
+    burst of enqueues schedule one wake-up, not one per message: the waiter
+    re-arms (on the loop) *before* it looks at the queue, so a change made
+    after that look always finds it armed - no wake-up is lost.
+    """
+
+    __slots__ = ("armed", "event", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.event = asyncio.Event()
+        self.armed = True
+
+    def wake(self) -> None:
+        if not self.armed:
+            return
+        self.armed = False
+        try:
+            self.loop.call_soon_threadsafe(self.event.set)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+
+class AsyncReader:
+    """The asyncio face of a :class:`ledgerq.Reader` (an independent consumer)."""
+
+    def __init__(self, queue: Queue, reader: ledgerq.Reader) -> None:
+        self._queue = queue
+        self._reader = reader
+
+    @property
+    def name(self) -> str:
+        """The reader's name (``"default"`` for the queue's own dequeue)."""
+        return self._reader.name
+
+    @property
+    def sync_reader(self) -> ledgerq.Reader:
+        """The underlying synchronous :class:`ledgerq.Reader`."""
+        return self._reader
+
+    async def dequeue(self, timeout: float | None = 0) -> Message | None:
+        """Lease the next message, or return None if none arrives in time.
+
+        ``timeout=0`` returns at once, ``> 0`` waits up to that many seconds,
+        ``None`` waits forever - without blocking the event loop.  Raises
+        :class:`ledgerq.QueueClosedError` if the queue is (or gets) closed.
+        Cancelling a waiting dequeue leases nothing.
+        """
+        messages = await self.dequeue_batch(1, timeout)
+        return messages[0] if messages else None
+
+    async def dequeue_batch(self, n: int, timeout: float | None = 0) -> list[Message]:
+        """Lease up to ``n`` messages; wait (as :meth:`dequeue`) only while there are none."""
+        wait = _check_timeout(timeout)
+        reader = self._reader
+        # Inline, not in a thread: see the module docstring (cancellation safety).
+        messages = reader.dequeue_batch(n, 0)
+        if messages or wait == 0:
+            return messages
+        loop = asyncio.get_running_loop()
+        deadline = None if wait is None else loop.time() + wait
+        waker = _Waker(loop)
+        remove = self._queue.add_listener(waker.wake)
+        try:
+            while True:
+                # Re-arm and clear *before* looking, so a change after the look wakes us.
+                waker.armed = True
+                waker.event.clear()
+                messages = reader.dequeue_batch(n, 0)
+                if messages:
+                    return messages
+                pause = None if deadline is None else deadline - loop.time()
+                if pause is not None and pause <= 0:
+                    return []
+                # An expiring visibility timeout makes a message available without
+                # any enqueue or nack to wake us: wake up for it too.
+                expiry = reader.seconds_to_next_expiry()
+                if expiry is not None:
+                    pause = expiry if pause is None else min(pause, expiry)
+                try:
+                    async with asyncio.timeout(pause):
+                        await waker.event.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            remove()
+
+    async def ack(self, message_id: int) -> None:
+        """Mark a leased message done (see :meth:`ledgerq.Reader.ack`); runs in a thread."""
+        await asyncio.to_thread(self._reader.ack, message_id)
+
+    async def nack(self, message_id: int, reason: str = "") -> None:
+        """Give a leased message back as failed (see :meth:`ledgerq.Reader.nack`)."""
+        await asyncio.to_thread(self._reader.nack, message_id, reason)
+
+    async def peek(self, n: int = 1) -> list[Message]:
+        """The next ``n`` messages this reader would get, without leasing them."""
+        return await asyncio.to_thread(self._reader.peek, n)
+
+    async def seek(self, message_id: int) -> None:
+        """Deliver from the first message with id >= ``message_id`` next (durable)."""
+        await asyncio.to_thread(self._reader.seek, message_id)
+
+    async def seek_time(self, timestamp_ns: int) -> None:
+        """Deliver from the first message enqueued at or after ``timestamp_ns`` next."""
+        await asyncio.to_thread(self._reader.seek_time, timestamp_ns)
+
+    async def stats(self) -> ReaderStats:
+        """This reader's figures."""
+        return await asyncio.to_thread(self._reader.stats)
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    def __aiter__(self) -> AsyncReader:
+        return self
+
+    async def __anext__(self) -> Message:
+        """Lease the next message, waiting as long as it takes; stop when the queue closes."""
+        try:
+            messages = await self.dequeue_batch(1, None)
+        except QueueClosedError:
+            raise StopAsyncIteration from None
+        return messages[0]
+
+    def __repr__(self) -> str:
+        return f"<ledgerq.aio.AsyncReader {self.name!r} of {self._queue.path!r}>"
+
+
+class AsyncQueue:
+    """The asyncio face of a :class:`ledgerq.Queue`; get one from :func:`ledgerq.aio.open`.
+
+    Wrapping an already open queue works too: ``AsyncQueue(ledgerq.open(path))``.
+    Every method has the meaning and the errors of the synchronous one.
+    """
+
+    def __init__(self, queue: Queue) -> None:
+        if not isinstance(queue, Queue):
+            raise TypeError(f"AsyncQueue wraps a ledgerq.Queue, got {type(queue).__name__}")
+        self._queue = queue
+        self._default = AsyncReader(queue, queue.reader(_DEFAULT_READER))
+
+    @property
+    def sync_queue(self) -> Queue:
+        """The underlying synchronous :class:`ledgerq.Queue`."""
+        return self._queue
+
+    @property
+    def path(self) -> str:
+        """The queue directory (absolute)."""
+        return self._queue.path
+
+    @property
+    def closed(self) -> bool:
+        """Whether the queue has been closed."""
+        return self._queue.closed
+
+    async def enqueue(
+        self,
+        payload: bytes | bytearray | memoryview,
+        *,
+        headers: Mapping[str, str] | None = None,
+        priority: Priority | int = Priority.MEDIUM,
+        ttl: float | None = None,
+        dedup_id: str | bytes | None = None,
+    ) -> int:
+        """Append one message in a thread; return its id (see :meth:`ledgerq.Queue.enqueue`).
+
+        Returns when the message has reached the OS, and with ``sync="always"``
+        after it is on disk.
+        """
+        return await asyncio.to_thread(
+            self._queue.enqueue,
+            payload,
+            headers=headers,
+            priority=priority,
+            ttl=ttl,
+            dedup_id=dedup_id,
+        )
+
+    async def enqueue_batch(
+        self, items: Iterable[bytes | bytearray | memoryview | Item]
+    ) -> list[int]:
+        """Append several messages with one write and at most one fsync; return their ids."""
+        return await asyncio.to_thread(self._queue.enqueue_batch, list(items))
+
+    async def dequeue(self, timeout: float | None = 0) -> Message | None:
+        """Lease the next message (see :meth:`AsyncReader.dequeue`)."""
+        return await self._default.dequeue(timeout)
+
+    async def dequeue_batch(self, n: int, timeout: float | None = 0) -> list[Message]:
+        """Lease up to ``n`` messages (see :meth:`AsyncReader.dequeue_batch`)."""
+        return await self._default.dequeue_batch(n, timeout)
+
+    async def ack(self, message_id: int) -> None:
+        """Mark a leased message done; with ``sync="always"`` returns after fsync."""
+        await self._default.ack(message_id)
+
+    async def nack(self, message_id: int, reason: str = "") -> None:
+        """Give a leased message back as failed: delivered again, or dead-lettered."""
+        await self._default.nack(message_id, reason)
+
+    async def peek(self, n: int = 1) -> list[Message]:
+        """The next ``n`` pending messages, without leasing them."""
+        return await self._default.peek(n)
+
+    async def stats(self) -> Stats:
+        """A snapshot of the queue's figures (see :class:`ledgerq.Stats`)."""
+        return await asyncio.to_thread(self._queue.stats)
+
+    async def reader(self, name: str, start: str = "earliest") -> AsyncReader:
+        """The named reader (created on first use, which writes its state file durably)."""
+        reader = await asyncio.to_thread(self._queue.reader, name, start)
+        return AsyncReader(self._queue, reader)
+
+    async def remove_reader(self, name: str) -> bool:
+        """Forget the named reader and its state (see :meth:`ledgerq.Queue.remove_reader`)."""
+        return await asyncio.to_thread(self._queue.remove_reader, name)
+
+    async def requeue_dlq(self, ids: Iterable[int] | None = None) -> int:
+        """Move dead-lettered messages back (see :meth:`ledgerq.Queue.requeue_dlq`)."""
+        wanted = None if ids is None else list(ids)
+        return await asyncio.to_thread(self._queue.requeue_dlq, wanted)
+
+    async def sync(self) -> None:
+        """Make everything enqueued, acked and nacked so far durable (fsync)."""
+        await asyncio.to_thread(self._queue.sync)
+
+    async def compact(self) -> None:
+        """Apply retention now."""
+        await asyncio.to_thread(self._queue.compact)
+
+    async def close(self) -> None:
+        """Sync, persist state and unlock (in a thread).  Idempotent.
+
+        Coroutines waiting in ``dequeue`` raise :class:`ledgerq.QueueClosedError`;
+        ``async for`` loops end.
+        """
+        await asyncio.to_thread(self._queue.close)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __aiter__(self) -> AsyncReader:
+        """Lease messages forever, until the queue is closed; acking them is yours."""
+        return self._default
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._queue.closed else "open"
+        return f"<ledgerq.aio.AsyncQueue {self._queue.path!r} {state}>"
+
+
+class _OpenJob:
+    """Opens a queue in a worker thread; closes it again if the opener was cancelled.
+
+    A cancelled ``await asyncio.to_thread(...)`` does not stop the thread, so
+    without this a cancelled open would leave a queue open - and its directory
+    locked - with no owner.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], options: ledgerq.Options | None, kwargs: dict[str, Any]
+    ) -> None:
+        self._path = path
+        self._options = options
+        self._kwargs = kwargs
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._queue: Queue | None = None
+
+    def run(self) -> Queue | None:
+        queue = ledgerq.open(self._path, self._options, **self._kwargs)
+        with self._lock:
+            if not self._abandoned:
+                self._queue = queue
+                return queue
+        queue.close()  # the opener went away while we opened: release the lock
+        return None
+
+    def abandon(self) -> Queue | None:
+        """Mark the job unwanted; return the queue if it was already opened."""
+        with self._lock:
+            self._abandoned = True
+            queue, self._queue = self._queue, None
+        return queue
+
+
+async def _open(
+    path: str | os.PathLike[str], options: ledgerq.Options | None, kwargs: dict[str, Any]
+) -> AsyncQueue:
+    job = _OpenJob(path, options, kwargs)
+    try:
+        queue = await asyncio.to_thread(job.run)
+    except asyncio.CancelledError:
+        orphan = job.abandon()
+        if orphan is not None:
+            await asyncio.to_thread(orphan.close)
+        raise
+    assert queue is not None  # only an abandoned job returns None
+    return AsyncQueue(queue)
+
+
+class _Opener:
+    """What :func:`open` returns: await it, or use it with ``async with``."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], options: ledgerq.Options | None, kwargs: dict[str, Any]
+    ) -> None:
+        self._path = path
+        self._options = options
+        self._kwargs = kwargs
+        self._queue: AsyncQueue | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncQueue]:
+        return _open(self._path, self._options, self._kwargs).__await__()
+
+    async def __aenter__(self) -> AsyncQueue:
+        self._queue = await _open(self._path, self._options, self._kwargs)
+        return self._queue
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            await queue.close()
+
+
+def open(  # noqa: A001 - mirrors ledgerq.open
+    path: str | os.PathLike[str], options: ledgerq.Options | None = None, **kwargs: Any
+) -> _Opener:
+    """Open (creating if missing) the queue in ``path`` for asyncio, in a worker thread.
+
+    Use ``q = await ledgerq.aio.open(path, **options)`` or
+    ``async with ledgerq.aio.open(path, **options) as q:`` (closes on exit).
+    Options and errors are those of :func:`ledgerq.open`, raised when awaited.
+    """
+    return _Opener(path, options, kwargs)
