@@ -1,9 +1,10 @@
 """The one place the record checksum is chosen.
 
 CRC-32 (the IEEE 802.3 polynomial, as in zlib, gzip and PNG) over every byte of a
-record before the checksum field.  (``entry.encode_plain_entry`` binds ``zlib.crc32``
-directly for the append hot path; a test checks it agrees with :func:`checksum`.)  ``zlib.crc32`` is implemented in C and runs at
+record before the checksum field.  ``zlib.crc32`` is implemented in C and runs at
 well over 1 GB/s, so it never dominates the cost of an append.
+(``entry.encode_plain_entry`` binds ``zlib.crc32`` directly for the append hot path;
+a test checks that it encodes exactly what the general encoder does.)
 """
 
 from __future__ import annotations
