@@ -1,0 +1,272 @@
+"""A pool of worker processes over a queue: ack/nack retry loops without the boilerplate.
+
+The owner process (the caller of :func:`run`) opens the queue, leases one message
+per idle child and sends it down that child's pipe; the child calls
+``handler(message)`` and answers.  The owner then:
+
+* acks when the handler returned;
+* nacks with ``"<ExceptionType>: <text>"`` when it raised - so ``max_retries`` and the
+  dead-letter queue apply;
+* nacks with a reason and starts a fresh child when the child died (``os._exit``, a
+  segfault, the OOM killer) or ran longer than ``task_timeout`` (it is killed).
+
+Nothing here polls: the owner blocks in ``multiprocessing.connection.wait`` on the
+children's pipes and process sentinels, plus a self-pipe that the queue pokes (via
+``Queue.add_listener``) when messages arrive and the signal handlers poke on
+SIGINT/SIGTERM.  On the first signal the owner stops leasing and lets in-flight tasks
+finish (each is then acked or nacked as usual); a second signal kills the children
+and their messages are returned by the queue (delivered again after a restart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import ledgerq
+from ledgerq._types import Message
+
+__all__ = ["WorkerReport", "run"]
+
+Handler = Callable[[Message], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """What a :func:`run` did: messages acked, failed deliveries, dead letters, time."""
+
+    processed: int
+    failed: int
+    dead_lettered: int
+    crashed: int = 0
+    timed_out: int = 0
+    elapsed: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        """Messages processed per second."""
+        return self.processed / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def _child_main(handler: Handler, conn: Connection) -> None:
+    """Run tasks from ``conn`` until told to stop (None) or the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        try:
+            handler(message)
+        except BaseException as exc:  # report every failure; the owner nacks it
+            reason = f"{type(exc).__name__}: {exc}"
+            conn.send(("err", message.id, reason))
+        else:
+            conn.send(("ok", message.id, ""))
+
+
+class _Child:
+    """One worker process and what it is doing."""
+
+    def __init__(self, ctx: Any, handler: Handler) -> None:
+        owner_end, child_end = ctx.Pipe()
+        self.process = ctx.Process(target=_child_main, args=(handler, child_end), daemon=True)
+        self.process.start()
+        child_end.close()
+        self.conn: Connection = owner_end
+        self.task: Message | None = None
+        self.started = 0.0
+
+    def assign(self, message: Message) -> None:
+        self.task = message
+        self.started = time.monotonic()
+        self.conn.send(message)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self.conn.send(None)
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+class _Wakeup:
+    """A self-pipe: other threads and signal handlers write a byte to wake the owner."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self.write_fd, False)
+
+    def poke(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self.write_fd, b"\0")
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self.read_fd, 4096):
+                pass
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+@contextlib.contextmanager
+def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
+    """Route SIGINT/SIGTERM to ``on_signal`` while running (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        sig: signal.signal(sig, lambda _signum, _frame: on_signal())
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run(
+    path: str | os.PathLike[str],
+    handler: Handler,
+    *,
+    processes: int = 4,
+    task_timeout: float | None = None,
+    until_empty: bool = False,
+    **options: Any,
+) -> WorkerReport:
+    """Process the queue at ``path`` with ``handler`` in ``processes`` child processes.
+
+    ``handler(message)`` returning means ack, raising means nack with the exception's
+    text, and a crash or a run past ``task_timeout`` seconds is a failed delivery like
+    a nack.  Queue options (``max_retries``, ``visibility_timeout``, ...) pass through
+    ``options``.  Runs until SIGINT/SIGTERM (graceful: in-flight tasks finish) or, with
+    ``until_empty``, until no message is pending or in flight.
+    """
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes must be a positive int, got {processes!r}")
+    if task_timeout is not None and not task_timeout > 0:
+        raise ValueError(f"task_timeout must be a positive number of seconds, got {task_timeout!r}")
+    if not callable(handler):
+        raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+    methods = multiprocessing.get_all_start_methods()
+    # fork lets handlers be any callable (closures too) and starts children fast.
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    wakeup = _Wakeup()
+    stop_requests = 0
+
+    def request_stop() -> None:
+        nonlocal stop_requests
+        stop_requests += 1
+        wakeup.poke()
+
+    processed = failed = crashed = timed_out = 0
+    started = time.monotonic()
+    with ledgerq.open(path, **options) as queue:
+        dead_before = queue.stats().dead_lettered
+        remove_listener = queue.add_listener(wakeup.poke)
+        children = [_Child(ctx, handler) for _ in range(processes)]
+        try:
+            with _signals(request_stop):
+                while True:
+                    if stop_requests >= 2:
+                        break  # impatient: kill below; leases come back on reopen
+                    if not stop_requests:
+                        for child in children:
+                            if child.task is None:
+                                message = queue.dequeue()
+                                if message is None:
+                                    break
+                                child.assign(message)
+                    busy = [c for c in children if c.task is not None]
+                    if not busy and (stop_requests or (until_empty and len(queue) == 0)):
+                        break
+                    timeout = None
+                    if task_timeout is not None and busy:
+                        now = time.monotonic()
+                        timeout = max(0.0, min(c.started for c in busy) + task_timeout - now)
+                    hint = queue.reader("default").seconds_to_next_expiry()
+                    if hint is not None:
+                        timeout = hint if timeout is None else min(timeout, hint)
+                    ready = wait(
+                        [c.conn for c in busy]
+                        + [c.process.sentinel for c in children]
+                        + [wakeup.read_fd],
+                        timeout,
+                    )
+                    wakeup.drain()
+                    for i, child in enumerate(children):
+                        if child.task is not None and child.conn in ready:
+                            try:
+                                kind, message_id, reason = child.conn.recv()
+                            except (EOFError, OSError):
+                                ready.append(child.process.sentinel)
+                            else:
+                                child.task = None
+                                if kind == "ok":
+                                    queue.ack(message_id)
+                                    processed += 1
+                                else:
+                                    queue.nack(message_id, reason)
+                                    failed += 1
+                        if child.process.sentinel in ready or (
+                            child.task is not None
+                            and task_timeout is not None
+                            and time.monotonic() - child.started >= task_timeout
+                        ):
+                            task = child.task
+                            if task is not None:
+                                if child.process.is_alive():
+                                    reason = f"task timeout: ran longer than {task_timeout} s"
+                                    timed_out += 1
+                                else:
+                                    child.process.join()
+                                    code = child.process.exitcode
+                                    reason = f"worker process crashed (exit code {code})"
+                                    crashed += 1
+                                queue.nack(task.id, reason)
+                                failed += 1
+                            child.kill()
+                            children[i] = _Child(ctx, handler)
+        finally:
+            remove_listener()
+            for child in children:
+                if stop_requests >= 2 or child.task is not None:
+                    child.kill()
+                else:
+                    child.stop()
+                    child.close()
+            wakeup.close()
+        dead_lettered = queue.stats().dead_lettered - dead_before
+    return WorkerReport(
+        processed=processed,
+        failed=failed,
+        dead_lettered=dead_lettered,
+        crashed=crashed,
+        timed_out=timed_out,
+        elapsed=time.monotonic() - started,
+    )

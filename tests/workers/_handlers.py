@@ -1,0 +1,44 @@
+"""Handlers for the worker-pool tests (importable by child processes)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import ledgerq
+
+DONE_LOG = "LEDGERQ_TEST_DONE_LOG"
+
+
+def _record(message: ledgerq.Message) -> None:
+    # O_APPEND writes of one short line are atomic: children can share the file.
+    fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"%d %s\n" % (message.id, message.payload))
+    finally:
+        os.close(fd)
+
+
+def mixed(message: ledgerq.Message) -> None:
+    """Fail for multiples of 10, crash once for job 13, succeed otherwise."""
+    n = int(message.payload)
+    if n == 13 and message.attempts == 1:
+        os._exit(7)  # a crash, not an exception
+    if n % 10 == 0:
+        raise ValueError(f"job {n} is invalid")
+    _record(message)
+
+
+def slow_once(message: ledgerq.Message) -> None:
+    """Hang on the first attempt of job 3 (past any task timeout), succeed otherwise."""
+    if int(message.payload) == 3 and message.attempts == 1:
+        time.sleep(3600)
+    _record(message)
+
+
+def announce(message: ledgerq.Message) -> None:
+    """Succeed and tell the test on stdout (its synchronisation point)."""
+    _record(message)
+    sys.stdout.write(f"done {message.id}\n")
+    sys.stdout.flush()

@@ -1,0 +1,108 @@
+"""The worker-process pool: acks, nacks, crashes, timeouts, graceful stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import ledgerq
+from ledgerq.workers import WorkerReport, run
+from tests.workers import _handlers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def done_ids(log: Path) -> Counter[int]:
+    if not log.exists():
+        return Counter()
+    return Counter(int(line.split()[0]) for line in log.read_text().splitlines())
+
+
+def test_every_job_is_acked_or_dead_lettered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "done.log"
+    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        ids = q.enqueue_batch([str(n).encode() for n in range(200)])
+    report = run(path, _handlers.mixed, processes=3, until_empty=True, max_retries=2)
+    assert isinstance(report, WorkerReport)
+    failing = {ids[n] for n in range(200) if n % 10 == 0}
+    succeeded = done_ids(log)
+    assert set(succeeded) == set(ids) - failing
+    assert all(count == 1 for count in succeeded.values()), "a job done twice after success"
+    assert report.processed == 180
+    assert report.dead_lettered == 20
+    assert report.crashed == 1
+    assert report.failed == 20 * 2 + 1
+    with ledgerq.open(path, max_retries=2) as q:
+        assert len(q) == 0 and q.stats().in_flight == 0
+        dead = [int(m.headers["dlq.original_id"]) for m in q.dlq.peek(100)]
+        assert sorted(dead) == sorted(failing)
+        reasons = {m.headers["dlq.failure_reason"] for m in q.dlq.peek(100)}
+        assert all(r.startswith("ValueError: job") for r in reasons)
+
+
+def test_task_timeout_kills_and_retries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "done.log"
+    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        q.enqueue_batch([str(n).encode() for n in range(6)])
+    report = run(path, _handlers.slow_once, processes=2, task_timeout=0.5, until_empty=True)
+    assert report.timed_out == 1
+    assert report.processed == 6
+    assert sorted(done_ids(log).values()) == [1] * 6
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="processes"):
+        run(tmp_path / "q", _handlers.mixed, processes=0)
+    with pytest.raises(TypeError, match="handler"):
+        run(tmp_path / "q", "not callable")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="task_timeout"):
+        run(tmp_path / "q", _handlers.mixed, task_timeout=-1)
+
+
+def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "done.log"
+    path = tmp_path / "q"
+    total = 400
+    with ledgerq.open(path) as q:
+        q.enqueue_batch([str(n).encode() for n in range(total)])
+    code = (
+        "import sys, ledgerq.workers as w; from tests.workers import _handlers as h;"
+        f"r = w.run({str(path)!r}, h.announce, processes=2);"
+        "print('report', r.processed, flush=True)"
+    )
+    env = dict(os.environ, **{_handlers.DONE_LOG: str(log)})
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert owner.stdout is not None
+    seen = 0
+    for line in owner.stdout:
+        if line.startswith("done"):
+            seen += 1
+            if seen == 50:
+                owner.send_signal(signal.SIGTERM)
+                break
+    rest = owner.stdout.read()
+    owner.stdout.close()
+    assert owner.wait(timeout=60) == 0
+    assert "report" in rest
+    done = done_ids(log)
+    assert all(count == 1 for count in done.values())
+    with ledgerq.open(path) as q:
+        stats = q.stats()
+        assert stats.acked == len(done)
+        # Everything not done is still pending - nothing lost, nothing leased forever.
+        assert stats.pending + stats.acked == total
+        assert len(q.dlq) == 0
