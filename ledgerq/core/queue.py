@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
+from typing import Self
 
 from ledgerq._errors import (
     CorruptionError,
@@ -559,6 +560,7 @@ class QueueCore:
             reader._core.journal.close()
             os.unlink(reader._core.journal.path)
             self._retire_consumed()
+            self._wake()  # its waiters must see that it is gone
             return True
 
     def dequeue(self, timeout: float | None = 0) -> Message | None:
@@ -748,7 +750,7 @@ class QueueCore:
         finally:
             self._dirlock.release()
 
-    def __enter__(self) -> QueueCore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
