@@ -21,6 +21,7 @@ from ledgerq._errors import (
     QueueLockedError,
     UnknownMessageError,
 )
+from ledgerq._follow import follow
 from ledgerq._options import Options
 from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
@@ -28,6 +29,19 @@ from ledgerq.core.queue import Reader
 from ledgerq.segment.files import StorageError
 
 __version__ = "0.1.0"
+
+_LAZY_MODULES = ("aio", "metrics", "workers")
+
+
+def __getattr__(name: str) -> object:
+    # ledgerq.aio / .metrics / .workers load on first use: importing ledgerq stays cheap
+    # and never imports optional dependencies (prometheus_client) by itself.
+    if name in _LAZY_MODULES:
+        import importlib
+
+        return importlib.import_module(f"ledgerq.{name}")
+    raise AttributeError(f"module 'ledgerq' has no attribute {name!r}")
+
 
 __all__ = [
     "ConfigError",
@@ -49,5 +63,6 @@ __all__ = [
     "StorageError",
     "UnknownMessageError",
     "__version__",
+    "follow",
     "open",
 ]
