@@ -1,0 +1,773 @@
+"""Operator tools over the files of a queue: ``verify``, ``repair`` and a log walk.
+
+:func:`verify` reads every byte a queue keeps - the CRC of every entry in every
+segment, every sparse index against its log, every reader's state journal and
+``meta.json`` - and reports each problem with its file and byte offset.  It takes no
+lock and writes nothing, so it can run beside the process that owns the queue (then a
+torn tail at the very end of the newest segment or of a journal may be a write still in
+flight; verify a closed queue for an exact answer).  The dead-letter queue in ``dlq/``
+is a queue of the same format and is checked the same way.
+
+:func:`repair` is the only function here that writes.  It takes the queue's lock by
+opening it with :func:`ledgerq.open` - whose recovery cuts a torn tail of the newest
+segment and of reader journals, and rebuilds the index of a sealed segment that fails
+its check - then rebuilds, under the lock, any index that is still wrong, and verifies
+again.  It never deletes a valid entry: a corrupt entry in the middle of a log stays
+(and stays reported); readers skip it.
+
+:func:`iter_messages` walks the retained log read-only (``ledgerq dump``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from ledgerq._errors import CorruptionError, LedgerQError, QueueLockedError
+from ledgerq._options import Options
+from ledgerq._queue import open_queue
+from ledgerq._types import Message, Priority
+from ledgerq.core.meta import FORMAT_VERSION, META_NAME
+from ledgerq.core.queue import READERS_DIR
+from ledgerq.features.compression import ZstdDecompression
+from ledgerq.features.dlq import DLQ_DIR
+from ledgerq.format.entry import EntryFlags
+from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
+from ledgerq.format.index import (
+    OPEN_COUNT,
+    IndexEntry,
+    decode_index,
+    encode_index_entry,
+    encode_index_header,
+    find_by_id,
+)
+from ledgerq.format.reader_state import (
+    StateRecordType,
+    decode_checkpoint,
+    decode_state_file_header,
+    decode_state_record,
+)
+from ledgerq.segment.files import atomic_write
+from ledgerq.segment.lock import DirLock
+from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, list_segment_ids, log_path
+from ledgerq.segment.scanner import CorruptRegion, EntryScanner
+
+__all__ = [
+    "CORRUPT_ENTRY",
+    "CORRUPT_TAIL",
+    "ID_ORDER",
+    "INDEX",
+    "META",
+    "READER_STATE",
+    "READER_STATE_TAIL",
+    "TORN_TAIL",
+    "Problem",
+    "RepairReport",
+    "VerifyReport",
+    "has_dlq",
+    "iter_messages",
+    "not_a_queue",
+    "repair",
+    "verify",
+]
+
+logger = logging.getLogger("ledgerq")
+
+# Problem kinds: stable strings (they appear in ``ledgerq verify --json``).
+META = "meta"  # meta.json missing, unreadable, invalid or inconsistent with the log
+CORRUPT_ENTRY = "corrupt-entry"  # bytes in a log that are not a valid entry, valid ones after
+TORN_TAIL = "torn-tail"  # incomplete bytes at the end of the newest segment
+CORRUPT_TAIL = "corrupt-tail"  # invalid bytes at the end of a sealed segment
+ID_ORDER = "id-order"  # ids not consecutive inside a segment, or segments overlapping
+INDEX = "index"  # a sparse index missing, unreadable or not matching its log
+READER_STATE = "reader-state"  # a reader journal the queue refuses to open
+READER_STATE_TAIL = "reader-state-tail"  # a torn last record, cut when the queue opens
+
+ProgressCallback = Callable[[int, int], None]
+_PROGRESS_STEP = 1 << 20  # report progress about once per MiB of log
+_U64_MAX = (1 << 64) - 1
+_PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One problem found in a queue's files: where (file, byte offset) and what."""
+
+    file: str
+    offset: int | None
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file if self.offset is None else f"{self.file}:{self.offset}"
+        return f"{where}: {self.kind}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What :func:`verify` checked and found.  ``ok`` when no problem was found."""
+
+    path: str
+    problems: tuple[Problem, ...]
+    segments: int
+    entries: int
+    bytes_checked: int
+    index_files: int
+    reader_files: int
+    queues: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every file checked out."""
+        return not self.problems
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport:
+    """What :func:`repair` found before, did, and found after."""
+
+    before: VerifyReport
+    after: VerifyReport
+    actions: tuple[str, ...]
+
+    @property
+    def fixed(self) -> tuple[Problem, ...]:
+        """Problems found before the repair and not after it."""
+        remaining = set(self.after.problems)
+        return tuple(p for p in self.before.problems if p not in remaining)
+
+
+@dataclass
+class _Rebuild:
+    """An index that a repair should rebuild from its log."""
+
+    queue_dir: str
+    first_id: int
+    sealed: bool
+
+
+@dataclass
+class _Tally:
+    problems: list[Problem] = field(default_factory=list)
+    rebuilds: list[_Rebuild] = field(default_factory=list)
+    segments: int = 0
+    entries: int = 0
+    bytes_checked: int = 0
+    index_files: int = 0
+    reader_files: int = 0
+    queues: list[str] = field(default_factory=list)
+    done: int = 0
+    total: int = 0
+    on_progress: ProgressCallback | None = None
+
+    def add(self, file: str, offset: int | None, kind: str, message: str) -> None:
+        self.problems.append(Problem(file, offset, kind, message))
+
+    def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.on_progress is not None:
+            self.on_progress(min(self.done, self.total), self.total)
+
+
+# ---------------------------------------------------------------------- looking
+
+
+def not_a_queue(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` is not an existing queue directory, or None when it is one.
+
+    Looks only; creates nothing (``ledgerq.open`` would create a missing queue).
+    """
+    root = os.fspath(path)
+    if not os.path.exists(root):
+        return f"no queue at {root!r}: the directory does not exist"
+    if not os.path.isdir(root):
+        return f"{root!r} is not a directory, so not a queue"
+    if not os.path.exists(os.path.join(root, META_NAME)):
+        return f"{root!r} is not a ledgerq queue (it has no {META_NAME})"
+    return None
+
+
+def has_dlq(path: str | os.PathLike[str]) -> bool:
+    """Whether the queue at ``path`` has a dead-letter queue (``q.dlq`` would create one)."""
+    return os.path.isdir(os.path.join(os.fspath(path), DLQ_DIR))
+
+
+# ---------------------------------------------------------------------- verify
+
+
+def verify(
+    path: str | os.PathLike[str], *, on_progress: ProgressCallback | None = None
+) -> VerifyReport:
+    """Check every file of the queue at ``path`` (and of its DLQ); write nothing.
+
+    ``on_progress(done_bytes, total_bytes)`` is called as the logs are read.  Raises
+    ``FileNotFoundError`` if ``path`` is not a directory; a directory that is not a
+    queue is reported as a ``meta`` problem.
+    """
+    root = os.fspath(path)
+    if not os.path.isdir(root):
+        raise FileNotFoundError(2, "no queue directory", root)
+    tally = _Tally(on_progress=on_progress)
+    queues = _queue_dirs(root)
+    tally.total = sum(_planned_bytes(q) for q in queues)
+    for queue_dir in queues:
+        _check_queue(queue_dir, tally)
+    if on_progress is not None:
+        on_progress(tally.total, tally.total)
+    return _report(root, tally)
+
+
+def _report(root: str, tally: _Tally) -> VerifyReport:
+    return VerifyReport(
+        path=root,
+        problems=tuple(tally.problems),
+        segments=tally.segments,
+        entries=tally.entries,
+        bytes_checked=tally.bytes_checked,
+        index_files=tally.index_files,
+        reader_files=tally.reader_files,
+        queues=tuple(tally.queues),
+    )
+
+
+def _queue_dirs(root: str) -> list[str]:
+    """The queue and, when present, its dead-letter queue."""
+    dirs = [root]
+    dlq = os.path.join(root, DLQ_DIR)
+    if os.path.isdir(dlq):
+        dirs.append(dlq)
+    return dirs
+
+
+def _planned_bytes(queue_dir: str) -> int:
+    seg_dir = os.path.join(queue_dir, SEGMENTS_DIR)
+    total = 0
+    try:
+        for first_id in list_segment_ids(seg_dir):
+            try:
+                total += os.stat(log_path(seg_dir, first_id)).st_size
+            except FileNotFoundError:
+                pass
+    except FileNotFoundError:
+        pass
+    return total
+
+
+def _check_queue(queue_dir: str, tally: _Tally) -> None:
+    tally.queues.append(queue_dir)
+    meta = _check_meta(queue_dir, tally)
+    last_id = _check_segments(queue_dir, tally)
+    if meta is not None and last_id:
+        clean, next_id, reserved_until = meta
+        floor = next_id if clean else max(next_id, reserved_until)
+        if clean and floor <= last_id:
+            tally.add(
+                os.path.join(queue_dir, META_NAME),
+                None,
+                META,
+                f"next_id {next_id} is not above the last id in the log ({last_id}) although "
+                "the queue was closed cleanly; meta.json is stale or belongs to another queue",
+            )
+    _check_readers(queue_dir, tally)
+
+
+def _check_meta(queue_dir: str, tally: _Tally) -> tuple[bool, int, int] | None:
+    """Check meta.json; return (clean, next_id, reserved_until) when usable."""
+    path = os.path.join(queue_dir, META_NAME)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        tally.add(path, None, META, "missing: this directory is not a ledgerq queue")
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        tally.add(path, None, META, f"not valid JSON ({exc})")
+        return None
+    if not isinstance(value, dict):
+        tally.add(path, None, META, "not a JSON object")
+        return None
+    if value.get("format") != "ledgerq":
+        tally.add(path, None, META, f"format is {value.get('format')!r}, not 'ledgerq'")
+        return None
+    version = value.get("version")
+    if type(version) is not int or version < 1:
+        tally.add(path, None, META, f"version {version!r} is not a positive integer")
+        return None
+    if version > FORMAT_VERSION:
+        tally.add(
+            path,
+            None,
+            META,
+            f"format version {version} is newer than this ledgerq reads ({FORMAT_VERSION})",
+        )
+        return None
+    usable = True
+    for key in ("created_ns", "next_id", "reserved_until"):
+        if key in value and type(value[key]) is not int:
+            tally.add(path, None, META, f"{key} is {value[key]!r}, not an integer")
+            usable = False
+    if "clean" in value and type(value["clean"]) is not bool:
+        tally.add(path, None, META, f"clean is {value['clean']!r}, not a boolean")
+    counters = value.get("counters", {})
+    if not isinstance(counters, dict) or not all(type(v) is int for v in counters.values()):
+        tally.add(path, None, META, "counters is not an object of integers")
+    regions = value.get("corrupt_regions", [])
+    if not isinstance(regions, list) or not all(
+        isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r) for r in regions
+    ):
+        tally.add(path, None, META, "corrupt_regions is not an array of [id, offset] pairs")
+    if not usable:
+        return None
+    next_id = int(value.get("next_id", 1))
+    return value.get("clean") is True, next_id, int(value.get("reserved_until", next_id))
+
+
+def _read_index(path: str) -> tuple[list[IndexEntry], bool] | DecodeError | None:
+    """The decoded index, the decoding error, or None when the file is missing."""
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return decode_index(blob)
+    except DecodeError as exc:
+        return exc
+
+
+def _in_regions(offset: int, regions: list[CorruptRegion]) -> bool:
+    return any(r.start <= offset < r.stop for r in regions)
+
+
+def _check_segments(queue_dir: str, tally: _Tally) -> int:
+    """Check every segment log and index; return the last valid id found (0: none)."""
+    seg_dir = os.path.join(queue_dir, SEGMENTS_DIR)
+    if not os.path.isdir(seg_dir):
+        tally.add(seg_dir, None, META, "the segments directory is missing")
+        return 0
+    ids = list_segment_ids(seg_dir)
+    prev_last = 0
+    for position, first_id in enumerate(ids):
+        newest = position == len(ids) - 1
+        lpath = log_path(seg_dir, first_id)
+        ipath = idx_path(seg_dir, first_id)
+        # Read the index before the log's size: an owner appends to the log before the
+        # index, so every point read refers to bytes that exist when the size is taken.
+        index = _read_index(ipath)
+        try:
+            fd = os.open(lpath, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # deleted by retention while we looked
+        try:
+            last = _check_log(fd, lpath, first_id, prev_last, newest, index, tally, queue_dir)
+        finally:
+            os.close(fd)
+        tally.segments += 1
+        if last:
+            prev_last = last
+    return prev_last
+
+
+def _check_log(
+    fd: int,
+    lpath: str,
+    first_id: int,
+    prev_last: int,
+    newest: bool,
+    index: tuple[list[IndexEntry], bool] | DecodeError | None,
+    tally: _Tally,
+    queue_dir: str,
+) -> int:
+    size = os.fstat(fd).st_size
+    if first_id <= prev_last:
+        tally.add(
+            lpath,
+            None,
+            ID_ORDER,
+            f"the segment starts at id {first_id} but the previous one ends at id {prev_last}",
+        )
+    points: list[IndexEntry] = index[0] if isinstance(index, tuple) else []
+    wanted = {p.offset for p in points}
+    matched: dict[int, tuple[int, int]] = {}
+    scanner = EntryScanner(fd, 0, size, after_id=first_id - 1)
+    regions_seen = 0
+    prev_id = first_id - 1
+    last_offset = -1
+    reported_at = 0
+    count = 0
+    while (entry := scanner.next()) is not None:
+        offset = scanner.pos - entry.size
+        if len(scanner.corrupt) > regions_seen:
+            for region in scanner.corrupt[regions_seen:]:
+                lost = entry.id - prev_id - 1
+                ids = (
+                    f"id {prev_id + 1}"
+                    if lost == 1
+                    else f"ids {prev_id + 1}-{entry.id - 1}"
+                    if lost > 1
+                    else "no id"
+                )
+                tally.add(
+                    lpath,
+                    region.start,
+                    CORRUPT_ENTRY,
+                    f"{region.stop - region.start} bytes hold no valid entry ({ids} lost); "
+                    "readers skip them",
+                )
+            regions_seen = len(scanner.corrupt)
+        elif entry.id != prev_id + 1:
+            tally.add(
+                lpath,
+                offset,
+                ID_ORDER,
+                f"expected id {prev_id + 1}, found id {entry.id} (ids inside a segment are "
+                "consecutive from the one in its file name)",
+            )
+        if offset in wanted:
+            matched[offset] = (entry.id, entry.timestamp)
+        prev_id = entry.id
+        last_offset = offset
+        count += 1
+        if scanner.pos - reported_at >= _PROGRESS_STEP:
+            tally.advance(scanner.pos - reported_at)
+            reported_at = scanner.pos
+    tally.advance(size - reported_at)
+    tally.bytes_checked += size
+    tally.entries += count
+    regions = list(scanner.corrupt)
+    if scanner.pos < size:
+        regions.append(CorruptRegion(scanner.pos, size))
+        if newest:
+            tally.add(
+                lpath,
+                scanner.pos,
+                TORN_TAIL,
+                f"{size - scanner.pos} bytes of incomplete or invalid data end the newest "
+                "segment (a torn write; cut when the queue is next opened, or by --repair)",
+            )
+        else:
+            tally.add(
+                lpath,
+                scanner.pos,
+                CORRUPT_TAIL,
+                f"{size - scanner.pos} bytes at the end of a sealed segment hold no valid entry; "
+                "readers skip them",
+            )
+    _check_index(
+        idx_path(os.path.dirname(lpath), first_id),
+        index,
+        matched,
+        regions,
+        count,
+        last_offset,
+        newest,
+        tally,
+        _Rebuild(queue_dir, first_id, sealed=not newest),
+    )
+    return prev_id if count else 0
+
+
+def _check_index(
+    ipath: str,
+    index: tuple[list[IndexEntry], bool] | DecodeError | None,
+    matched: dict[int, tuple[int, int]],
+    regions: list[CorruptRegion],
+    count: int,
+    last_offset: int,
+    newest: bool,
+    tally: _Tally,
+    rebuild: _Rebuild,
+) -> None:
+    if index is None:
+        tally.add(ipath, None, INDEX, "missing (rebuilt from the log by --repair)")
+        tally.rebuilds.append(rebuild)
+        return
+    tally.index_files += 1
+    if isinstance(index, DecodeError):
+        tally.add(ipath, index.pos, INDEX, f"unreadable: {index}")
+        tally.rebuilds.append(rebuild)
+        return
+    points, sealed = index
+    found: list[Problem] = []
+
+    def bad(offset: int | None, message: str) -> None:
+        found.append(Problem(ipath, offset, INDEX, message))
+
+    if not newest and not sealed and count:
+        # (an empty older segment, left by a crash mid-rotation, is dropped on open)
+        bad(None, "not sealed, although a newer segment exists")
+    wrong = []
+    for i, point in enumerate(points):
+        entry = matched.get(point.offset)
+        if entry == (point.id, point.timestamp) or _in_regions(point.offset, regions):
+            continue  # a point at a damaged entry: the log is to blame, reported there
+        wrong.append((i, point, entry))
+    if wrong:
+        i, point, entry = wrong[0]
+        what = (
+            "no entry starts there"
+            if entry is None
+            else f"the entry there is id {entry[0]} at time {entry[1]}"
+        )
+        more = f" ({len(wrong) - 1} more points are wrong too)" if len(wrong) > 1 else ""
+        bad(
+            12 + 24 * i,
+            f"point {i} says id {point.id} starts at log offset {point.offset}, but {what}{more}",
+        )
+    if count and not _in_regions(0, regions) and (not points or points[0].offset != 0):
+        bad(None, "does not start with a point for the segment's first entry (offset 0)")
+    if sealed and count and points:
+        last = points[-1]
+        if last.offset != last_offset and not _in_regions(last.offset, regions):
+            bad(
+                12 + 24 * (len(points) - 1),
+                f"a sealed index must end with the segment's last entry (offset {last_offset}), "
+                f"but its last point is at offset {last.offset}",
+            )
+    if found:
+        tally.problems.extend(found)
+        tally.rebuilds.append(rebuild)
+
+
+def _check_readers(queue_dir: str, tally: _Tally) -> None:
+    readers_dir = os.path.join(queue_dir, READERS_DIR)
+    try:
+        names = sorted(os.listdir(readers_dir))
+    except FileNotFoundError:
+        return
+    for name in names:
+        if not name.endswith(".state"):
+            continue  # a leftover .tmp is an unfinished replacement, ignored by the queue
+        path = os.path.join(readers_dir, name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            continue
+        tally.reader_files += 1
+        _check_journal(path, data, tally)
+
+
+def _check_journal(path: str, data: bytes, tally: _Tally) -> None:
+    try:
+        pos = decode_state_file_header(data)
+    except DecodeError as exc:
+        tally.add(path, 0, READER_STATE, f"bad file header ({exc}); the queue refuses to open")
+        return
+    first = True
+    while pos < len(data):
+        try:
+            kind, body, nxt = decode_state_record(data, pos)
+        except IncompleteRecord:
+            _torn_journal(path, pos, len(data), tally)
+            return
+        except CorruptRecord as exc:
+            resume = _next_state_record(data, pos)
+            if resume is None:
+                _torn_journal(path, pos, len(data), tally)
+                return
+            tally.add(
+                path,
+                pos,
+                READER_STATE,
+                f"damaged record ({exc}) with valid records after it: the queue refuses to "
+                "open; restore the file, or delete it to restart this reader from the oldest "
+                "message",
+            )
+            pos = resume
+            first = False
+            continue
+        if kind is StateRecordType.CHECKPOINT:
+            assert isinstance(body, bytes)
+            try:
+                decode_checkpoint(body, pos)
+            except CorruptRecord as exc:
+                tally.add(path, pos, READER_STATE, f"damaged checkpoint ({exc})")
+        elif first:
+            tally.add(path, pos, READER_STATE, "the journal does not start with a CHECKPOINT")
+        first = False
+        pos = nxt
+
+
+def _torn_journal(path: str, pos: int, end: int, tally: _Tally) -> None:
+    tally.add(
+        path,
+        pos,
+        READER_STATE_TAIL,
+        f"{end - pos} bytes of a torn last record (cut when the queue is next opened, "
+        "or by --repair)",
+    )
+
+
+def _next_state_record(data: bytes, pos: int) -> int | None:
+    for at in range(pos + 1, len(data)):
+        try:
+            decode_state_record(data, at)
+        except (CorruptRecord, IncompleteRecord):
+            continue
+        return at
+    return None
+
+
+# ---------------------------------------------------------------------- repair
+
+
+class _Collect(logging.Handler):
+    """Keeps the ``ledgerq`` logger's warnings during a repair (what recovery did)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.messages.append(message.removeprefix("ledgerq: "))
+
+
+def repair(
+    path: str | os.PathLike[str], *, on_progress: ProgressCallback | None = None
+) -> RepairReport:
+    """Repair what can be repaired without losing a valid entry; verify before and after.
+
+    Takes the queue's lock (raises :class:`QueueLockedError` when it is open
+    elsewhere).  Opening the queue runs its recovery: the torn tail of the newest
+    segment and of reader journals is cut, the index of a sealed segment that fails
+    its check is rebuilt.  Indexes still wrong after that are rebuilt from their logs
+    (atomically, durably).  Corrupt entries inside a log are left in place: readers
+    skip them, and the report after the repair still lists them.
+    """
+    root = os.fspath(path)
+    before = verify(root, on_progress=on_progress)
+    actions: list[str] = []
+    collect = _Collect()
+    logger.addHandler(collect)
+    try:
+        queue = open_queue(root, Options())
+        queue.close()
+        actions.append("opened and closed the queue (its recovery ran)")
+    except QueueLockedError:
+        raise
+    except (LedgerQError, OSError) as exc:
+        actions.append(f"could not open the queue, so its recovery did not run: {exc}")
+    finally:
+        logger.removeHandler(collect)
+    actions.extend(f"recovery: {message}" for message in collect.messages)
+    tally = _Tally()
+    for queue_dir in _queue_dirs(root):
+        _check_queue(queue_dir, tally)
+    for rebuild in tally.rebuilds:
+        lock = DirLock(rebuild.queue_dir)
+        try:
+            points = _rebuild_index(rebuild)
+        finally:
+            lock.release()
+        where = idx_path(os.path.join(rebuild.queue_dir, SEGMENTS_DIR), rebuild.first_id)
+        actions.append(f"rebuilt {where} from its log ({points} points)")
+    after = verify(root)
+    return RepairReport(before, after, tuple(actions))
+
+
+def _rebuild_index(rebuild: _Rebuild) -> int:
+    """Write the index of one segment from a scan of its log; return its number of points."""
+    seg_dir = os.path.join(rebuild.queue_dir, SEGMENTS_DIR)
+    interval = Options().index_interval  # the interval the queue used is not recorded
+    fd = os.open(log_path(seg_dir, rebuild.first_id), os.O_RDONLY)
+    try:
+        scanner = EntryScanner(fd, 0, os.fstat(fd).st_size, after_id=rebuild.first_id - 1)
+        points: list[IndexEntry] = []
+        last: IndexEntry | None = None
+        while (entry := scanner.next()) is not None:
+            last = IndexEntry(entry.id, entry.timestamp, scanner.pos - entry.size)
+            if not points or last.offset - points[-1].offset >= interval:
+                points.append(last)
+    finally:
+        os.close(fd)
+    if rebuild.sealed and last is not None and points[-1] != last:
+        points.append(last)  # a sealed index ends with the segment's last entry
+    header = encode_index_header(len(points) if rebuild.sealed else OPEN_COUNT)
+    blob = header + b"".join(encode_index_entry(*p) for p in points)
+    atomic_write(idx_path(seg_dir, rebuild.first_id), blob, durable=True)
+    return len(points)
+
+
+# ---------------------------------------------------------------------- the log walk
+
+
+def iter_messages(path: str | os.PathLike[str], from_id: int = 1) -> Iterator[Message]:
+    """Yield every message retained in the segments of ``path`` with id >= ``from_id``.
+
+    A log view, read without the lock: acked and expired messages that are still in a
+    segment are included, ``attempts`` is 0.  Corrupt entries are skipped and logged;
+    the walk ends at the end of the newest segment (an append in flight is not read).
+    """
+    seg_dir = os.path.join(os.fspath(path), SEGMENTS_DIR)
+    ids = list_segment_ids(seg_dir)
+    restorer = ZstdDecompression(Options(max_message_size=1 << 30))
+    compressed = int(EntryFlags.COMPRESSED)
+    for position, first_id in enumerate(ids):
+        if position + 1 < len(ids) and ids[position + 1] <= from_id:
+            continue  # every id of this segment is below from_id
+        lpath = log_path(seg_dir, first_id)
+        try:
+            fd = os.open(lpath, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # deleted by retention while we walked
+        try:
+            index = _read_index(idx_path(seg_dir, first_id))
+            points = index[0] if isinstance(index, tuple) else []
+            size = os.fstat(fd).st_size
+            start, after = _start_point(fd, points, first_id, from_id, size)
+            scanner = EntryScanner(
+                fd, start, size, after_id=after, boundaries=[p.offset for p in points]
+            )
+            while (entry := scanner.next()) is not None:
+                if entry.id < from_id:
+                    continue
+                payload = entry.payload
+                if entry.flags & compressed:
+                    try:
+                        payload = restorer.restore(entry, payload)
+                    except CorruptionError as exc:
+                        logger.warning(
+                            "ledgerq: skipping message %d in %s: %s", entry.id, lpath, exc
+                        )
+                        continue
+                yield Message(
+                    entry.id,
+                    payload,
+                    dict(entry.headers or {}),
+                    _PRIORITIES[entry.priority],
+                    entry.timestamp,
+                    entry.expires_at,
+                    0,
+                )
+            for region in scanner.corrupt:
+                logger.warning(
+                    "ledgerq: skipped %d corrupt bytes in %s at offset %d",
+                    region.stop - region.start,
+                    lpath,
+                    region.start,
+                )
+        finally:
+            os.close(fd)
+
+
+def _start_point(
+    fd: int, points: list[IndexEntry], first_id: int, from_id: int, size: int
+) -> tuple[int, int]:
+    """Where to start scanning a segment for ``from_id``: a checked index point, or 0."""
+    if from_id <= first_id or not points:
+        return 0, first_id - 1
+    point = find_by_id(points, [p.id for p in points], min(from_id, _U64_MAX))
+    if point is None or point.offset >= size:
+        return 0, first_id - 1
+    probe = EntryScanner(fd, point.offset, size, after_id=point.id - 1)
+    entry = probe.next()
+    if entry is None or entry.id != point.id or probe.corrupt:
+        return 0, first_id - 1  # the index is wrong here: scan the whole segment
+    return point.offset, point.id - 1

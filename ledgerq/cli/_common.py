@@ -1,0 +1,341 @@
+"""What the commands share: errors, opening queues, option parsing, output, progress."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+import ledgerq
+from ledgerq import _verify
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+__all__ = [
+    "PAYLOAD_MODES",
+    "CliError",
+    "NotImplementedYetError",
+    "age_of",
+    "encode_payload",
+    "format_age",
+    "format_bytes",
+    "json_option",
+    "message_json",
+    "open_existing",
+    "open_queue",
+    "option_overrides",
+    "options_option",
+    "parse_duration",
+    "payload_option",
+    "plural",
+    "progress",
+    "queue_argument",
+    "require_queue",
+    "stderr_console",
+    "stdout_console",
+    "write_bytes",
+    "write_json",
+    "write_line",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PAYLOAD_MODES = ("auto", "utf8", "base64")
+EXIT_ERROR = 1
+
+
+class CliError(click.ClickException):
+    """A failure to report as one ``ledgerq: error: ...`` line; exits 1."""
+
+    exit_code = EXIT_ERROR
+
+
+class NotImplementedYetError(CliError):
+    """A command that exists in ``--help`` but comes with a later issue; exits 2."""
+
+    exit_code = 2
+
+
+# ---------------------------------------------------------------------- arguments
+
+
+def queue_argument(func: F) -> F:
+    """The QUEUE argument every queue command takes first."""
+    return click.argument("queue", metavar="QUEUE", type=click.Path(path_type=str))(func)
+
+
+def json_option(func: F) -> F:
+    """``--json``: machine-readable output."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON instead of a human-readable form."
+    )(func)
+
+
+def payload_option(func: F) -> F:
+    """``--payload auto|utf8|base64``: how JSON output carries payload bytes."""
+    return click.option(
+        "--payload",
+        "payload_mode",
+        type=click.Choice(PAYLOAD_MODES, case_sensitive=False),
+        default="auto",
+        show_default=True,
+        help="How JSON carries payloads: UTF-8 text, base64, or auto (text when valid "
+        "UTF-8, else base64); the payload_encoding field says which.",
+    )(func)
+
+
+def options_option(func: F) -> F:
+    """``-o NAME=VALUE``: a queue option for ``ledgerq.open`` (repeatable)."""
+    return click.option(
+        "-o",
+        "--option",
+        "option_pairs",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="A queue option passed to ledgerq.open, e.g. -o priorities=true "
+        "-o max_retries=5 (repeatable; see docs/usage.md).",
+    )(func)
+
+
+_OPTION_FIELDS = {f.name: str(f.type) for f in dataclasses.fields(ledgerq.Options)}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _option_value(name: str, text: str, annotation: str) -> Any:
+    kinds = [part.strip() for part in annotation.split("|")]
+    if "None" in kinds and text.strip().lower() in ("none", "null"):
+        return None
+    value = text.strip()
+    if "bool" in kinds:
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        raise click.BadParameter(f"{name} takes true or false, got {text!r}", param_hint="-o")
+    try:
+        if "int" in kinds:
+            return int(value.replace("_", ""))
+        if "float" in kinds:
+            return float(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{name} takes {' or '.join(kinds)}, got {text!r}", param_hint="-o"
+        ) from None
+    return value
+
+
+def option_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """Parse ``-o NAME=VALUE`` pairs into keyword arguments of ``ledgerq.open``."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not name:
+            raise click.BadParameter(f"expected NAME=VALUE, got {pair!r}", param_hint="-o")
+        annotation = _OPTION_FIELDS.get(name)
+        if annotation is None:
+            valid = ", ".join(sorted(_OPTION_FIELDS))
+            raise click.BadParameter(
+                f"unknown queue option {name!r} (valid: {valid})", param_hint="-o"
+            )
+        options[name] = _option_value(name, text, annotation)
+    return options
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``30s``, ``10m``, ``2h``, ``7d``, ``1w`` or a plain number of seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise click.BadParameter(
+            f"{text!r} is not a duration; use a number with s, m, h, d or w (e.g. 30s, 7d)"
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+
+
+# ---------------------------------------------------------------------- queues
+
+
+def require_queue(path: str) -> None:
+    """Fail unless ``path`` is an existing queue directory (reading never creates one)."""
+    problem = _verify.not_a_queue(path)
+    if problem is not None:
+        raise CliError(problem)
+
+
+@contextmanager
+def open_queue(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue]:
+    """Open (creating if missing) the queue; closed (and synced) on exit."""
+    try:
+        queue = ledgerq.open(path, **options)
+    except TypeError as exc:  # an option of the wrong type
+        raise CliError(str(exc)) from None
+    try:
+        yield queue
+    finally:
+        queue.close()
+
+
+@contextmanager
+def open_existing(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue]:
+    """Open an existing queue (see :func:`require_queue`); closed on exit."""
+    require_queue(path)
+    with open_queue(path, options) as queue:
+        yield queue
+
+
+# ---------------------------------------------------------------------- output
+
+
+def write_line(text: str) -> None:
+    """Write one line of text to stdout as UTF-8, whatever the locale."""
+    write_bytes(text.encode("utf-8", "surrogateescape") + b"\n")
+
+
+def write_bytes(data: bytes) -> None:
+    """Write raw bytes to stdout (after anything already written as text)."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def write_json(value: Any) -> None:
+    """Write one JSON document on one line."""
+    write_line(json.dumps(value, ensure_ascii=False))
+
+
+def encode_payload(payload: bytes, mode: str, message_id: int) -> tuple[str, str]:
+    """Return the payload as JSON text and its encoding ("utf8" or "base64")."""
+    if mode != "base64":
+        try:
+            return payload.decode("utf-8"), "utf8"
+        except UnicodeDecodeError:
+            if mode == "utf8":
+                raise CliError(
+                    f"message {message_id} is not valid UTF-8; use --payload base64 or auto"
+                ) from None
+    return base64.b64encode(payload).decode("ascii"), "base64"
+
+
+def message_json(message: ledgerq.Message, mode: str, *, attempts: bool = True) -> dict[str, Any]:
+    """A message as a JSON object (the shape of dequeue, peek, dump and dlq output)."""
+    payload, encoding = encode_payload(message.payload, mode, message.id)
+    value: dict[str, Any] = {
+        "id": message.id,
+        "timestamp": message.timestamp,
+        "expires_at": message.expires_at,
+        "priority": int(message.priority),
+    }
+    if attempts:
+        value["attempts"] = message.attempts
+    value["headers"] = message.headers
+    value["payload"] = payload
+    value["payload_encoding"] = encoding
+    return value
+
+
+def plural(n: int, noun: str) -> str:
+    """``plural(1, "segment")`` -> ``1 segment``; ``plural(2, "entry")`` -> ``2 entries``."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun[:-1]}ies" if noun.endswith("y") else f"{n} {noun}s"
+
+
+def format_bytes(size: int) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def format_age(seconds: float) -> str:
+    """``3725`` -> ``1h 2m``: two units at most."""
+    if seconds < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+    total = int(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if total >= size:
+            parts.append(f"{total // size}{unit}")
+            total %= size
+    return " ".join(parts[:2])
+
+
+def age_of(timestamp_ns: int) -> float:
+    """Seconds since ``timestamp_ns`` (never negative)."""
+    return max(0.0, (time.time_ns() - timestamp_ns) / 1e9)
+
+
+def stdout_console() -> Console:
+    """A rich console on stdout (colour only on a terminal)."""
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def stderr_console() -> Console:
+    """A rich console on stderr."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def progress(description: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr when it is a terminal; yields ``update(done, total)``.
+
+    When stderr is not a terminal (piped, captured, CI) nothing is drawn and the
+    callback does nothing.
+    """
+    console = stderr_console()
+    if not console.is_terminal:
+        yield _no_progress
+        return
+    bar = _make_progress(console)
+    task = bar.add_task(description, total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total or None)
+
+    with bar:
+        yield update
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
+
+
+def _make_progress(console: Console) -> Progress:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )

@@ -1,0 +1,372 @@
+"""Commands that move and show messages: enqueue, dequeue, peek, stats."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from typing import IO
+
+import click
+
+import ledgerq
+from ledgerq import _verify
+from ledgerq.cli._common import (
+    age_of,
+    format_age,
+    format_bytes,
+    json_option,
+    message_json,
+    open_existing,
+    open_queue,
+    option_overrides,
+    options_option,
+    payload_option,
+    plural,
+    queue_argument,
+    stdout_console,
+    write_bytes,
+    write_json,
+    write_line,
+)
+
+__all__ = ["dequeue", "enqueue", "peek", "stats"]
+
+EXIT_EMPTY = 3  # dequeue found no message in time (1 is taken by errors, 2 by usage errors)
+_BATCH = 1000  # lines enqueued per write when the input is a regular file
+_PRIORITY_NAMES = {p.name.lower(): p for p in ledgerq.Priority}
+
+
+def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str] | None:
+    headers: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--header")
+        headers[key] = value
+    return headers or None
+
+
+def _strip_eol(line: bytes) -> bytes:
+    if line.endswith(b"\n"):
+        line = line[:-1]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+    return line
+
+
+def _is_regular(stream: IO[bytes]) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _line_batches(stream: IO[bytes]) -> Iterator[list[bytes]]:
+    """Lines of ``stream``; batched from a regular file, one at a time from a pipe or tty.
+
+    From a pipe each line is enqueued as soon as it arrives (``tail -f log |
+    ledgerq enqueue q --lines`` works); from a file, a thousand lines go in one write.
+    """
+    size = _BATCH if _is_regular(stream) else 1
+    batch: list[bytes] = []
+    for line in stream:
+        batch.append(_strip_eol(line))
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _split_lines(data: bytes) -> Iterator[list[bytes]]:
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the final newline ends the last line; it does not start a new one
+    for start in range(0, len(lines), _BATCH):
+        yield [line.removesuffix(b"\r") for line in lines[start : start + _BATCH]]
+
+
+@click.command()
+@queue_argument
+@click.argument("data", required=False)
+@click.option(
+    "--file",
+    "file_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=str),
+    help="Read the payload from this file instead of DATA or stdin.",
+)
+@click.option("--lines", is_flag=True, help="One message per input line (the newline removed).")
+@click.option(
+    "--header",
+    "header_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A message header (repeatable).",
+)
+@click.option(
+    "--priority",
+    type=click.Choice(list(_PRIORITY_NAMES), case_sensitive=False),
+    default="medium",
+    show_default=True,
+    help="Delivery priority (used when the queue has priorities on).",
+)
+@click.option(
+    "--ttl",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Drop the message if it is not delivered within this time.",
+)
+@options_option
+def enqueue(
+    queue: str,
+    data: str | None,
+    file_path: str | None,
+    lines: bool,
+    header_pairs: tuple[str, ...],
+    priority: str,
+    ttl: float | None,
+    option_pairs: tuple[str, ...],
+) -> None:
+    """Add messages to QUEUE (created if missing); print their ids.
+
+    The payload is DATA, the content of --file, or stdin when DATA is omitted or
+    '-'.  With --lines every line is a message of its own.
+    """
+    if file_path is not None and data not in (None, "-"):
+        raise click.UsageError("give DATA or --file, not both")
+    headers = _parse_headers(header_pairs)
+    level = _PRIORITY_NAMES[priority.lower()]
+    options = option_overrides(option_pairs)
+    with open_queue(queue, options) as q:
+        for batch in _batches(data, file_path, lines):
+            if len(batch) == 1:
+                ids = [q.enqueue(batch[0], headers=headers, priority=level, ttl=ttl)]
+            else:
+                items = [ledgerq.Item(p, headers=headers, priority=level, ttl=ttl) for p in batch]
+                ids = q.enqueue_batch(items)
+            write_bytes(b"".join(b"%d\n" % i for i in ids))
+
+
+def _batches(data: str | None, file_path: str | None, lines: bool) -> Iterator[list[bytes]]:
+    """The payloads to enqueue, in batches that each go in one write."""
+    if data not in (None, "-"):
+        assert data is not None
+        payload = os.fsencode(data)  # the argument's bytes, even when not valid UTF-8
+        yield from _split_lines(payload) if lines else [[payload]]
+    elif file_path is not None:
+        with open(file_path, "rb") as stream:
+            yield from _stream_batches(stream, lines)
+    else:
+        yield from _stream_batches(sys.stdin.buffer, lines)
+
+
+def _stream_batches(stream: IO[bytes], lines: bool) -> Iterator[list[bytes]]:
+    if lines:
+        yield from _line_batches(stream)
+    else:
+        yield [stream.read()]
+
+
+def _reader(q: ledgerq.Queue, name: str | None) -> ledgerq.Queue | ledgerq.Reader:
+    if name is None:
+        return q
+    try:
+        return q.reader(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--reader") from None
+
+
+@click.command()
+@queue_argument
+@click.option(
+    "--no-ack",
+    is_flag=True,
+    help="Do not ack: the message stays leased until the command exits, then comes back "
+    "(attempts + 1; a lost lease counts as a failed delivery).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait up to this long for a message ('inf' waits forever).",
+)
+@click.option("--reader", "reader_name", metavar="NAME", help="Consume as this named reader.")
+@click.option(
+    "-n",
+    "--count",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Take up to this many messages.",
+)
+@json_option
+@payload_option
+@options_option
+def dequeue(
+    queue: str,
+    no_ack: bool,
+    timeout: float,
+    reader_name: str | None,
+    count: int,
+    as_json: bool,
+    payload_mode: str,
+    option_pairs: tuple[str, ...],
+) -> int:
+    """Take the next message of QUEUE, print its payload and ack it.
+
+    Prints each payload followed by a newline (--json: one JSON object per line with
+    id, timestamp, expires_at, priority, attempts, headers, payload, payload_encoding).
+    The ack comes only after the output was written.  Exits 3 when no message
+    came within --timeout.
+    """
+    options = option_overrides(option_pairs)
+    with open_existing(queue, options) as q:
+        source = _reader(q, reader_name)
+        messages = source.dequeue_batch(count, None if math.isinf(timeout) else timeout)
+        if not messages:
+            click.echo(f"ledgerq: no message in {queue}", err=True)
+            return EXIT_EMPTY
+        for message in messages:
+            if as_json:
+                write_json(message_json(message, payload_mode.lower()))
+            else:
+                write_bytes(message.payload + b"\n")
+        if not no_ack:
+            for message in messages:
+                source.ack(message.id)
+    return 0
+
+
+def _preview(payload: bytes, width: int = 48) -> str:
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"<{len(payload)} bytes, binary>"
+    text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@click.command()
+@queue_argument
+@click.option(
+    "-n",
+    "count",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="How many messages to show.",
+)
+@json_option
+@payload_option
+@options_option
+def peek(
+    queue: str, count: int, as_json: bool, payload_mode: str, option_pairs: tuple[str, ...]
+) -> None:
+    """Show the next messages of QUEUE without leasing them.
+
+    --json prints one JSON object per line (as dequeue --json).
+    """
+    with open_existing(queue, option_overrides(option_pairs)) as q:
+        messages = q.peek(count)
+    if as_json:
+        for message in messages:
+            write_json(message_json(message, payload_mode.lower()))
+        return
+    if not messages:
+        write_line(f"{queue}: no pending message")
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"next {len(messages)} of {queue}", title_justify="left")
+    for name in ("id", "age", "priority", "attempt", "size"):
+        table.add_column(name, justify="right" if name != "priority" else "left")
+    table.add_column("headers")
+    table.add_column("payload")
+    for message in messages:
+        table.add_row(
+            str(message.id),
+            format_age(age_of(message.timestamp)),
+            message.priority.name.lower(),
+            str(message.attempts),
+            format_bytes(len(message.payload)),
+            Text(", ".join(f"{k}={v}" for k, v in message.headers.items())),
+            Text(_preview(message.payload)),
+        )
+    stdout_console().print(table)
+
+
+def _dlq_pending(q: ledgerq.Queue) -> int:
+    if not _verify.has_dlq(q.path):
+        return 0  # never look through q.dlq here: it would create the DLQ
+    return len(q.dlq)
+
+
+@click.command()
+@queue_argument
+@json_option
+@options_option
+def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
+    """Show the figures of QUEUE and of each of its readers.
+
+    --json prints one object: pending, in_flight, enqueued, acked, nacked,
+    dead_lettered, expired, duplicates, dropped, corrupt_skipped, segments,
+    disk_bytes (integers), oldest_pending_age (seconds), next_id, readers (an object
+    per reader) and dlq (messages waiting in the dead-letter queue).
+    """
+    with open_existing(queue, option_overrides(option_pairs)) as q:
+        figures = q.stats()
+        dlq = _dlq_pending(q)
+    if as_json:
+        value = dataclasses.asdict(figures)
+        for reader in value["readers"].values():
+            reader.pop("name", None)
+        value["dlq"] = dlq
+        write_json({"queue": queue, **value})
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column()
+    summary.add_column(justify="right")
+    rows: list[tuple[str, str | Text]] = [
+        ("queue", Text(queue)),
+        ("pending", str(figures.pending)),
+        ("in flight", str(figures.in_flight)),
+        ("dead-letter queue", str(dlq)),
+        ("oldest pending", format_age(figures.oldest_pending_age)),
+        ("enqueued", str(figures.enqueued)),
+        ("expired", str(figures.expired)),
+        ("duplicates", str(figures.duplicates)),
+        ("dropped", str(figures.dropped)),
+        ("corrupt skipped", str(figures.corrupt_skipped)),
+        ("disk", f"{format_bytes(figures.disk_bytes)} in {plural(figures.segments, 'segment')}"),
+        ("next id", str(figures.next_id)),
+    ]
+    for name, value_text in rows:
+        summary.add_row(name, value_text)
+    readers = Table(title="readers", title_justify="left")
+    readers.add_column("reader")
+    for name in ("pending", "in flight", "acked", "nacked", "to DLQ", "expired", "oldest"):
+        readers.add_column(name, justify="right")
+    for name, reader in sorted(figures.readers.items()):
+        readers.add_row(
+            Text(name),
+            str(reader.pending),
+            str(reader.in_flight),
+            str(reader.acked),
+            str(reader.nacked),
+            str(reader.dead_lettered),
+            str(reader.expired),
+            format_age(reader.oldest_pending_age),
+        )
+    console = stdout_console()
+    console.print(summary)
+    console.print(readers)

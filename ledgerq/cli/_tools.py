@@ -1,0 +1,197 @@
+"""Operator commands over a queue's files: dump, verify, compact."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import click
+
+from ledgerq import _verify
+from ledgerq.cli._common import (
+    format_bytes,
+    json_option,
+    message_json,
+    open_existing,
+    option_overrides,
+    options_option,
+    payload_option,
+    plural,
+    progress,
+    queue_argument,
+    require_queue,
+    write_bytes,
+    write_json,
+    write_line,
+)
+
+__all__ = ["compact", "dump", "verify"]
+
+_FLUSH_BYTES = 1 << 16
+
+
+@click.command()
+@queue_argument
+@click.option(
+    "--from-id",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Start at this message id.",
+)
+@click.option("-n", "--limit", type=click.IntRange(min=1), help="Stop after this many messages.")
+@payload_option
+@json_option
+def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json: bool) -> None:
+    """Print every message retained in QUEUE's segments as JSON lines.
+
+    A log view, read without the queue's lock (it runs beside the process that owns
+    the queue): acked and expired messages still on disk are included.  Each line
+    holds id, timestamp, expires_at (ns since the epoch), priority (0 low, 1 medium,
+    2 high), headers, payload and payload_encoding.  The output is always JSON;
+    --json is accepted for uniformity.
+    """
+    require_queue(queue)
+    mode = payload_mode.lower()
+    pending: list[bytes] = []
+    size = 0
+    for count, message in enumerate(_verify.iter_messages(queue, from_id), 1):
+        line = json.dumps(message_json(message, mode, attempts=False), ensure_ascii=False)
+        data = line.encode("utf-8") + b"\n"
+        pending.append(data)
+        size += len(data)
+        if size >= _FLUSH_BYTES:
+            write_bytes(b"".join(pending))
+            pending, size = [], 0
+        if limit is not None and count >= limit:
+            break
+    if pending:
+        write_bytes(b"".join(pending))
+
+
+def _problem_json(problem: _verify.Problem) -> dict[str, Any]:
+    return {
+        "file": problem.file,
+        "offset": problem.offset,
+        "kind": problem.kind,
+        "message": problem.message,
+    }
+
+
+def _report_json(report: _verify.VerifyReport) -> dict[str, Any]:
+    return {
+        "queue": report.path,
+        "ok": report.ok,
+        "segments": report.segments,
+        "entries": report.entries,
+        "bytes_checked": report.bytes_checked,
+        "index_files": report.index_files,
+        "reader_files": report.reader_files,
+        "queues": list(report.queues),
+        "problems": [_problem_json(p) for p in report.problems],
+    }
+
+
+def _summary(report: _verify.VerifyReport) -> str:
+    checked = (
+        f"{plural(report.segments, 'segment')}, {plural(report.entries, 'entry')}, "
+        f"{format_bytes(report.bytes_checked)}, {plural(report.index_files, 'index file')}, "
+        f"{plural(report.reader_files, 'reader state file')}"
+    )
+    if report.ok:
+        return f"ok: {report.path} ({checked} checked)"
+    return f"{plural(len(report.problems), 'problem')} in {report.path} ({checked} checked)"
+
+
+@click.command()
+@queue_argument
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Take the lock and repair: cut torn tails, rebuild bad indexes; never deletes a "
+    "valid entry.  Verifies again afterwards.",
+)
+@json_option
+def verify(queue: str, repair: bool, as_json: bool) -> int:
+    """Check every entry CRC, index, reader state file and meta.json of QUEUE.
+
+    Reports each problem as FILE:OFFSET: KIND: MESSAGE and exits 1 when there is
+    one, 0 when everything checks out.  Without --repair nothing is written and the
+    lock is not taken, so it can run beside the process that owns the queue (a torn
+    tail at the end of the newest segment may then be a write in flight).  The
+    dead-letter queue in QUEUE/dlq is checked too.
+    """
+    require_queue(queue)
+    with progress("verifying") as update:
+        if repair:
+            result = _verify.repair(queue, on_progress=update)
+            report = result.after
+        else:
+            report = _verify.verify(queue, on_progress=update)
+    if as_json:
+        value = _report_json(report)
+        if repair:
+            value["repairs"] = list(result.actions)
+            value["fixed"] = [_problem_json(p) for p in result.fixed]
+            value["found_before_repair"] = [_problem_json(p) for p in result.before.problems]
+        write_json(value)
+    else:
+        if repair:
+            for problem in result.fixed:
+                write_line(f"fixed: {problem}")
+            for action in result.actions:
+                write_line(f"repair: {action}")
+        for problem in report.problems:
+            write_line(str(problem))
+        write_line(_summary(report) + (" after repair" if repair else ""))
+    return 0 if report.ok else 1
+
+
+@click.command()
+@queue_argument
+@json_option
+@options_option
+def compact(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
+    """Apply retention to QUEUE (and its dead-letter queue) now.
+
+    Deletes the segments every reader has consumed - honouring the retention
+    options given with -o (retention_max_age, retention_max_bytes), which the queue
+    does not store - and rewrites each reader's journal as a checkpoint.
+    """
+    with open_existing(queue, option_overrides(option_pairs)) as q:
+        has_dlq = _verify.has_dlq(q.path)
+        before = q.stats()
+        dlq_before = q.dlq.stats() if has_dlq else None
+        with progress("compacting") as update:
+            update(0, 0)
+            q.compact()
+            if has_dlq:
+                q.dlq.compact()
+        after = q.stats()
+        dlq_after = q.dlq.stats() if has_dlq else None
+    value: dict[str, Any] = {
+        "queue": queue,
+        "segments_before": before.segments,
+        "segments_after": after.segments,
+        "disk_bytes_before": before.disk_bytes,
+        "disk_bytes_after": after.disk_bytes,
+    }
+    if dlq_before is not None and dlq_after is not None:
+        value["dlq_segments_before"] = dlq_before.segments
+        value["dlq_segments_after"] = dlq_after.segments
+        value["dlq_disk_bytes_before"] = dlq_before.disk_bytes
+        value["dlq_disk_bytes_after"] = dlq_after.disk_bytes
+    if as_json:
+        write_json(value)
+        return
+    write_line(
+        f"{queue}: {before.segments} -> {plural(after.segments, 'segment')}, "
+        f"{format_bytes(before.disk_bytes)} -> {format_bytes(after.disk_bytes)}"
+    )
+    if dlq_before is not None and dlq_after is not None:
+        write_line(
+            f"{os.path.join(queue, 'dlq')}: {dlq_before.segments} -> "
+            f"{plural(dlq_after.segments, 'segment')}, {format_bytes(dlq_before.disk_bytes)} -> "
+            f"{format_bytes(dlq_after.disk_bytes)}"
+        )

@@ -1,0 +1,82 @@
+"""Run the ``ledgerq`` command line in a real subprocess (as a user would)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+COMMAND = [sys.executable, "-m", "ledgerq.cli"]
+
+
+class Result:
+    """Exit code, stdout and stderr of one run."""
+
+    def __init__(self, proc: subprocess.CompletedProcess[bytes]) -> None:
+        self.code = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.out = proc.stdout.decode("utf-8")
+        self.err = proc.stderr.decode("utf-8")
+
+    def json(self) -> Any:
+        """stdout as one JSON document."""
+        return json.loads(self.out)
+
+    def json_lines(self) -> list[Any]:
+        """stdout as JSON Lines."""
+        return [json.loads(line) for line in self.out.splitlines()]
+
+    def __repr__(self) -> str:
+        return f"<Result code={self.code} stdout={self.stdout[:300]!r} stderr={self.err!r}>"
+
+
+def run(
+    *args: str | Path, stdin: bytes | None = None, cwd: Path | None = None, timeout: float = 60
+) -> Result:
+    """Run ``ledgerq ARGS``; stdin is empty (not a terminal) unless given."""
+    proc = subprocess.run(
+        [*COMMAND, *(str(a) for a in args)],
+        input=stdin if stdin is not None else b"",
+        capture_output=True,
+        cwd=cwd,
+        env=environment(),
+        timeout=timeout,
+        check=False,
+    )
+    return Result(proc)
+
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def environment() -> dict[str, str]:
+    """The environment of a run: this checkout first on the path, no debug tracebacks."""
+    env = dict(os.environ)
+    env.pop("LEDGERQ_DEBUG", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH", "")]))
+    return env
+
+
+def ok(*args: str | Path, **kwargs: Any) -> Result:
+    """Run and assert success with nothing on stderr."""
+    result = run(*args, **kwargs)
+    assert result.code == 0, result
+    assert "Traceback" not in result.err, result
+    return result
+
+
+def fails(*args: str | Path, code: int | None = None, **kwargs: Any) -> Result:
+    """Run and assert a failure reported as one ``ledgerq: error:`` line on stderr."""
+    result = run(*args, **kwargs)
+    assert result.code != 0, result
+    if code is not None:
+        assert result.code == code, result
+    assert "Traceback" not in result.err, result
+    lines = result.err.splitlines()
+    assert len(lines) == 1, result
+    assert lines[0].startswith("ledgerq: error: "), result
+    return result
