@@ -7,6 +7,7 @@ from typing import Any
 
 from ledgerq._options import Options
 from ledgerq._queue import Queue, open_queue
+from ledgerq.core.meta import stored_options
 
 __all__ = ["open"]
 
@@ -17,11 +18,14 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     """Open (creating if missing) the queue in directory ``path``.
 
     Options come as an :class:`Options` object, as keyword arguments, or both
-    (keywords override).  Raises ``TypeError`` for an unknown option,
+    (keywords override).  A queue remembers the options it was opened with: options
+    not given as keywords (and no ``Options`` object) keep their stored values, so
+    ``ledgerq.open(path)`` reopens a queue as it was configured.  Raises ``TypeError`` for an unknown option,
     :class:`ConfigError` for an invalid value, :class:`QueueLockedError` if the
     queue is already open (in this or another process), :class:`NotAQueueError`
     if ``path`` holds something else.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    return open_queue(path, Options.from_kwargs(options, kwargs))
+    stored = stored_options(os.fspath(path)) if os.path.isdir(path) else {}
+    return open_queue(path, Options.from_kwargs(options, kwargs, stored))

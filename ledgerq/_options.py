@@ -89,8 +89,17 @@ class Options:
         _integer("retention_max_bytes", self.retention_max_bytes, minimum=1, allow_none=True)
 
     @classmethod
-    def from_kwargs(cls, options: Options | None, kwargs: dict[str, Any]) -> Options:
-        """Merge an ``Options`` object with keyword overrides; unknown names raise TypeError."""
+    def from_kwargs(
+        cls,
+        options: Options | None,
+        kwargs: dict[str, Any],
+        stored: dict[str, Any] | None = None,
+    ) -> Options:
+        """Merge an ``Options`` object with keyword overrides; unknown names raise TypeError.
+
+        Without an ``Options`` object, options not given as keywords take the values
+        ``stored`` with the queue (what it was last opened with), then the defaults.
+        """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
@@ -99,6 +108,12 @@ class Options:
                 f"valid options are {', '.join(sorted(names))}"
             )
         if options is None:
+            if stored:
+                remembered = {k: v for k, v in stored.items() if k in names and k not in kwargs}
+                try:
+                    return cls(**remembered, **kwargs)
+                except ConfigError:
+                    pass  # stored values no longer valid: fall back to the defaults
             return cls(**kwargs)
         if not isinstance(options, Options):
             raise TypeError(f"options must be ledgerq.Options, got {type(options).__name__}")

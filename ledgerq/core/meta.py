@@ -19,7 +19,7 @@ from typing import Any
 from ledgerq._errors import IncompatibleFormatError, NotAQueueError
 from ledgerq.segment.files import atomic_write
 
-__all__ = ["FORMAT_VERSION", "ID_BLOCK", "META_NAME", "Meta", "MetaStore"]
+__all__ = ["FORMAT_VERSION", "ID_BLOCK", "META_NAME", "Meta", "MetaStore", "stored_options"]
 
 META_NAME = "meta.json"
 FORMAT_VERSION = 1
@@ -38,6 +38,18 @@ class Meta:
     reserved_until: int = 1
     counters: dict[str, int] = field(default_factory=dict)
     corrupt_regions: list[list[int]] = field(default_factory=list)
+    options: dict[str, object] = field(default_factory=dict)
+
+
+def stored_options(directory: str) -> dict[str, object]:
+    """The options a queue was last opened with ({} for a new or unreadable queue)."""
+    store = MetaStore(directory)
+    if not store.exists():
+        return {}
+    try:
+        return store.load().options
+    except (NotAQueueError, IncompatibleFormatError):
+        return {}  # open() itself reports these
 
 
 class MetaStore:
@@ -76,6 +88,9 @@ class MetaStore:
         counters = raw.get("counters", {})
         if isinstance(counters, dict):
             meta.counters = {str(k): int(v) for k, v in counters.items() if isinstance(v, int)}
+        stored = raw.get("options", {})
+        if isinstance(stored, dict):
+            meta.options = {str(k): v for k, v in stored.items()}
         regions = raw.get("corrupt_regions", [])
         if isinstance(regions, list):
             meta.corrupt_regions = [

@@ -10,6 +10,7 @@ callers share fsyncs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -268,6 +269,7 @@ class QueueCore:
             "corrupt_skipped": self._corrupt_skipped,
         }
         meta.corrupt_regions = [list(key) for key in self._manager.reported_regions][-10_000:]
+        meta.options = dataclasses.asdict(self.options)
         self._meta_store.save(meta)
 
     # ------------------------------------------------------------------ durability

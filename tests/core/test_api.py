@@ -340,3 +340,18 @@ def test_public_exports_are_pinned() -> None:
     assert expected <= set(ledgerq.__all__)
     for name in ledgerq.__all__:
         assert hasattr(ledgerq, name), name
+
+
+def test_options_are_remembered_on_reopen(qpath: Path) -> None:
+    with ledgerq.open(qpath, priorities=True, max_retries=7, segment_size=4096) as q:
+        q.enqueue(b"low", priority=Priority.LOW)
+        q.enqueue(b"high", priority=Priority.HIGH)
+    with ledgerq.open(qpath) as q:
+        assert q.options.priorities and q.options.max_retries == 7
+        assert q.options.segment_size == 4096
+        msg = q.dequeue()
+        assert msg is not None and msg.payload == b"high"
+    with ledgerq.open(qpath, max_retries=2) as q:  # keywords override, the rest stays
+        assert q.options.max_retries == 2 and q.options.priorities
+    with ledgerq.open(qpath, options=ledgerq.Options()) as q:  # an object is taken whole
+        assert not q.options.priorities
