@@ -33,5 +33,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format ledgerq tests examples benchmarks
 	$(VENV)/bin/ruff check --fix ledgerq tests examples benchmarks
 
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) benchmarks/run.py --write docs/benchmarks.md
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -20,10 +20,11 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     Options come as an :class:`Options` object, as keyword arguments, or both
     (keywords override).  A queue remembers the options it was opened with: options
     not given as keywords (and no ``Options`` object) keep their stored values, so
-    ``ledgerq.open(path)`` reopens a queue as it was configured.  Raises ``TypeError`` for an unknown option,
-    :class:`ConfigError` for an invalid value, :class:`QueueLockedError` if the
-    queue is already open (in this or another process), :class:`NotAQueueError`
-    if ``path`` holds something else.
+    ``ledgerq.open(path)`` reopens a queue as it was configured.
+
+    Raises ``TypeError`` for an unknown option, :class:`ConfigError` for an invalid
+    value, :class:`QueueLockedError` if the queue is already open (in this or another
+    process), :class:`NotAQueueError` if ``path`` holds something else.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
