@@ -1,0 +1,1 @@
+"""Benchmarks of ledgerq against its peers; run ``python benchmarks/run.py --help``."""
