@@ -33,13 +33,14 @@ from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.meta import ID_BLOCK, META_NAME, Meta, MetaStore
 from ledgerq.core.reader import ReaderCore, ReaderHooks
 from ledgerq.format.entry import (
+    MIN_ENTRY_SIZE,
     Entry,
     EntryFlags,
     encode_entry,
     encode_headers,
     encode_plain_entry,
+    encode_plain_entry_parts,
 )
-from ledgerq.segment.files import StorageError, datasync
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.scanner import CorruptRegion
@@ -185,6 +186,7 @@ class QueueCore:
             segment_size=opts.segment_size,
             index_interval=opts.index_interval,
             on_corrupt=self._on_corrupt,
+            sync_on_rotate=opts.sync == "always",
         )
         # A corrupt region is counted once, however many times it is met (and reopened).
         self._manager.remember_reported(
@@ -202,7 +204,7 @@ class QueueCore:
         self._dropped = counters.get("dropped", 0)
         self._reserved_until = self._next_id + ID_BLOCK
         self._save_meta(clean=False)
-        self._log_commit = GroupCommit(self._sync_log)
+        self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
         self._register_hooks()
         os.makedirs(os.path.join(self.path, READERS_DIR), exist_ok=True)
@@ -273,21 +275,6 @@ class QueueCore:
         self._meta_store.save(meta)
 
     # ------------------------------------------------------------------ durability
-
-    def _sync_log(self) -> None:
-        # Duplicate the descriptor under the lock so a rotation cannot close it mid-fsync;
-        # rotation itself fsyncs the segment it seals, so syncing the newest one suffices.
-        with self._lock:
-            fd = self._manager._log_fd
-            fd = os.dup(fd) if fd is not None else None
-        if fd is None:
-            return
-        try:
-            datasync(fd)
-        except OSError as exc:
-            raise StorageError("sync", self._manager.active.log_path, exc) from exc
-        finally:
-            os.close(fd)
 
     def _flush_loop(self) -> None:
         interval = max(self.options.sync_interval, 0.001)
@@ -378,6 +365,43 @@ class QueueCore:
         draft = self._prepare(payload, headers, priority, ttl, dedup_id)
         return self._append([draft])[0]
 
+    def _append_plain_batch(self, payloads: list[bytes]) -> list[int]:
+        """:meth:`_append` for bytes payloads with no option and no feature hook.
+
+        Each entry is three buffers (header, the payload itself, CRC) handed to one
+        ``writev``: payloads are never copied.
+        """
+        count = len(payloads)
+        with self._lock:
+            if self._closed:
+                raise QueueClosedError(f"queue {self.path} is closed")
+            first = self._next_id
+            if first + count > self._reserved_until:
+                self._reserved_until = first + count + ID_BLOCK
+                self._save_meta(clean=False)
+            now = time.time_ns()
+            parts: list[bytes] = []
+            sizes: list[int] = []
+            add = parts.extend
+            message_id = first
+            for payload in payloads:
+                head, crc = encode_plain_entry_parts(message_id, now, payload)
+                add((head, payload, crc))
+                sizes.append(len(payload) + MIN_ENTRY_SIZE)
+                message_id += 1
+            segments_before = len(self._manager.segments)
+            self._manager.append(parts, sizes, first, now)
+            self._next_id = first + count
+            self._enqueued += count
+            if len(self._manager.segments) != segments_before:
+                self._retire_consumed()
+            ticket = self._log_commit.note_write()
+            if self._waiting or self._listeners:
+                self._wake()
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return list(range(first, first + count))
+
     def _append_plain(self, payload: bytes) -> int:
         """:meth:`_append` for one bytes payload with no option and no feature hook."""
         with self._lock:
@@ -406,6 +430,12 @@ class QueueCore:
 
         Every item is validated first: if any is invalid, nothing is written.
         """
+        if self._plain_path:
+            limit = self.options.max_message_size
+            payloads = items if isinstance(items, list) else list(items)
+            if payloads and all(type(p) is bytes and len(p) <= limit for p in payloads):
+                return self._append_plain_batch(payloads)  # type: ignore[arg-type]
+            items = payloads
         prepared: list[Draft] = []
         for item in items:
             if isinstance(item, Item):
@@ -464,10 +494,7 @@ class QueueCore:
                 if first + count > self._reserved_until:
                     self._reserved_until = first + count + ID_BLOCK
                     self._save_meta(clean=False)
-                if count == 1:
-                    self._manager.append(records[0], (len(records[0]),), first, now)
-                else:
-                    self._manager.append(b"".join(records), [len(r) for r in records], first, now)
+                self._manager.append(records, [len(r) for r in records], first, now)
             except BaseException:
                 for feature in self._admitters:
                     feature.rollback()

@@ -48,6 +48,7 @@ __all__ = [
     "encode_entry",
     "encode_headers",
     "encode_plain_entry",
+    "encode_plain_entry_parts",
     "peek_length",
 ]
 
@@ -220,6 +221,17 @@ def encode_plain_entry(message_id: int, timestamp: int, payload: bytes) -> bytes
     """
     body = _pack_header(MIN_ENTRY_SIZE + len(payload), 1, 0, message_id, timestamp) + payload
     return body + _pack_crc(_crc32(body))
+
+
+def encode_plain_entry_parts(
+    message_id: int, timestamp: int, payload: bytes
+) -> tuple[bytes, bytes]:
+    """:func:`encode_plain_entry` as (header, CRC): the entry is header + payload + CRC.
+
+    For writers that hand the payload to ``writev`` without copying it.
+    """
+    head = _pack_header(MIN_ENTRY_SIZE + len(payload), 1, 0, message_id, timestamp)
+    return head, _pack_crc(_crc32(payload, _crc32(head)))
 
 
 def peek_length(buf: bytes | bytearray | memoryview, pos: int) -> int:

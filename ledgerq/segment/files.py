@@ -12,7 +12,15 @@ import os
 
 from ledgerq._errors import LedgerQError
 
-__all__ = ["StorageError", "atomic_write", "datasync", "fsync_dir", "pread_exact", "write_all"]
+__all__ = [
+    "StorageError",
+    "atomic_write",
+    "datasync",
+    "fsync_dir",
+    "pread_exact",
+    "write_all",
+    "write_parts",
+]
 
 _HINTS = {
     errno.ENOSPC: "the disk is full; free some space and retry",
@@ -48,6 +56,21 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     view = memoryview(data)
     while written < len(view):
         written += os.write(fd, view[written:])
+
+
+_IOV_MAX = min(getattr(os, "sysconf", lambda _: 1024)("SC_IOV_MAX") or 1024, 1024)
+
+
+def write_parts(fd: int, parts: list[bytes]) -> None:
+    """Write the concatenation of ``parts`` with ``writev`` (no copy into one buffer)."""
+    start = 0
+    while start < len(parts):
+        chunk = parts[start : start + _IOV_MAX]
+        expected = sum(len(p) for p in chunk)
+        written = os.writev(fd, chunk)
+        if written != expected:  # a short write: finish this chunk the simple way
+            write_all(fd, memoryview(b"".join(chunk))[written:])
+        start += _IOV_MAX
 
 
 def datasync(fd: int) -> None:

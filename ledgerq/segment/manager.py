@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 from ledgerq.format.entry import Entry, decode_entry
@@ -29,6 +30,7 @@ from ledgerq.segment.files import (
     fsync_dir,
     pread_exact,
     write_all,
+    write_parts,
 )
 from ledgerq.segment.naming import SEGMENTS_DIR, list_segment_ids
 from ledgerq.segment.scanner import CorruptRegion, EntryScanner
@@ -49,6 +51,7 @@ class SegmentManager:
         segment_size: int,
         index_interval: int,
         on_corrupt: Callable[[Segment, CorruptRegion], None] | None = None,
+        sync_on_rotate: bool = True,
     ) -> None:
         self.directory = os.path.join(directory, SEGMENTS_DIR)
         self.segment_size = segment_size
@@ -57,6 +60,15 @@ class SegmentManager:
         self._first_ids: list[int] = []
         self._on_corrupt = on_corrupt
         self._log_fd: int | None = None
+        self._fd_lock = threading.Lock()
+        # With sync_on_rotate False (sync modes other than "always"), the fsyncs of a
+        # rotation - the sealed log, its index, the directory - are left to the next
+        # sync_active() (the interval flusher, sync(), close()) instead of stalling the
+        # append that crossed segment_size.  Power loss before then is handled by
+        # recovery: a sealed segment whose index or tail did not survive is rescanned.
+        self._sync_on_rotate = sync_on_rotate
+        self._unsynced_sealed: list[int] = []  # duplicated fds of sealed logs to fsync
+        self._dir_dirty = False
         self._idx_fd: int | None = None
         self._last_indexed_offset = -1
         self.truncated_bytes = 0
@@ -260,8 +272,12 @@ class SegmentManager:
             fd = os.open(seg.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
             os.close(fd)
             atomic_write(seg.idx_path, encode_index_header(OPEN_COUNT), durable=False)
-            # The new file's name must survive a power cut before entries in it are acknowledged.
-            fsync_dir(self.directory)
+            # The new file's name must survive a power cut before entries in it are
+            # acknowledged as durable: now, or at the next sync_active().
+            if self._sync_on_rotate:
+                fsync_dir(self.directory)
+            else:
+                self._dir_dirty = True
         except OSError as exc:
             raise StorageError("create segment", seg.log_path, exc) from exc
         self.segments.append(seg)
@@ -271,17 +287,20 @@ class SegmentManager:
 
     def _open_writer(self, seg: Segment) -> None:
         self._close_writer()
-        self._log_fd = os.open(seg.log_path, os.O_WRONLY | os.O_APPEND)
+        log_fd = os.open(seg.log_path, os.O_WRONLY | os.O_APPEND)
+        with self._fd_lock:
+            self._log_fd = log_fd
         self._idx_fd = os.open(seg.idx_path, os.O_WRONLY | os.O_APPEND)
         if seg.index:
             self._last_indexed_offset = seg.index[-1].offset
 
     def _close_writer(self) -> None:
-        for name in ("_log_fd", "_idx_fd"):
-            fd = getattr(self, name)
-            if fd is not None:
-                setattr(self, name, None)
-                os.close(fd)
+        with self._fd_lock:  # sync_active() must never fsync a closed (or reused) fd
+            for name in ("_log_fd", "_idx_fd"):
+                fd = getattr(self, name)
+                if fd is not None:
+                    setattr(self, name, None)
+                    os.close(fd)
 
     def _note_appended(self, seg: Segment, message_id: int, timestamp: int, offset: int) -> bool:
         """Update what we know after an entry landed at ``offset``; True if indexed."""
@@ -330,36 +349,47 @@ class SegmentManager:
             return True
         return False
 
-    def append(self, data: bytes, sizes: Sequence[int], first_id: int, timestamp: int) -> None:
-        """Append encoded entries (ids ``first_id``… consecutive, sizes as given) in one write.
+    def append(
+        self, parts: list[bytes], sizes: Sequence[int], first_id: int, timestamp: int
+    ) -> None:
+        """Append encoded entries (ids ``first_id``... consecutive) in one ``writev``.
 
-        The write reaches the OS before this returns (a killed process loses
-        nothing); durability against power loss is the caller's sync policy.
-        On an OS error the file is cut back to where it was and
-        :class:`StorageError` is raised: nothing of this call was appended.
+        ``parts`` concatenated are the entries, ``sizes`` their lengths.  The write
+        reaches the OS before this returns (a killed process loses nothing);
+        durability against power loss is the caller's sync policy.  On an OS error
+        the file is cut back to where it was and :class:`StorageError` is raised:
+        nothing of this call was appended.
         """
         seg = self.segments[-1]
         fd = self._log_fd
         assert fd is not None, "segment manager is closed"
         before = seg.size
         try:
-            write_all(fd, data)
+            write_parts(fd, parts)
         except OSError as exc:
             self._undo(fd, before)
             raise StorageError("append to", seg.log_path, exc) from exc
         offset = before
-        index_blob = b""
+        interval = self.index_interval
+        last_indexed = self._last_indexed_offset
+        index_blob = []
         message_id = first_id
         for size in sizes:
-            if self._note_appended(seg, message_id, timestamp, offset):
-                index_blob += encode_index_entry(message_id, timestamp, offset)
+            if last_indexed < 0 or offset - last_indexed >= interval:
+                seg.add_index_entry(IndexEntry(message_id, timestamp, offset))
+                index_blob.append(encode_index_entry(message_id, timestamp, offset))
+                last_indexed = offset
             offset += size
             message_id += 1
+        self._last_indexed_offset = last_indexed
+        seg.last_id = message_id - 1
+        seg.last_offset = offset - sizes[-1]
+        seg.last_timestamp = timestamp
         seg.size = offset
         if index_blob:
             assert self._idx_fd is not None
             try:
-                write_all(self._idx_fd, index_blob)
+                write_all(self._idx_fd, b"".join(index_blob))
             except OSError:
                 pass  # the index is advisory until sealed; recovery rebuilds it
         if seg.size >= self.segment_size:
@@ -383,12 +413,16 @@ class SegmentManager:
             self._create(next_first_id)
             return
         assert self._log_fd is not None
-        try:
-            datasync(self._log_fd)  # a sealed segment is never rescanned: it must be whole
-        except OSError as exc:
-            raise StorageError("sync", seg.log_path, exc) from exc
+        if self._sync_on_rotate:
+            try:
+                datasync(self._log_fd)  # a sealed segment is never rescanned: it must be whole
+            except OSError as exc:
+                raise StorageError("sync", seg.log_path, exc) from exc
+        else:
+            with self._fd_lock:
+                self._unsynced_sealed.append(os.dup(self._log_fd))
         self._close_writer()
-        self._seal(seg, durable=True)
+        self._seal(seg, durable=self._sync_on_rotate)
         self._create(next_first_id)
 
     def _seal(self, seg: Segment, *, durable: bool) -> None:
@@ -402,10 +436,35 @@ class SegmentManager:
         seg.sealed = True
 
     def sync(self) -> None:
-        """fsync the active log (fdatasync: data and size, not timestamps)."""
-        fd = self._log_fd
-        if fd is not None:
+        """fsync everything appended so far (see :meth:`sync_active`)."""
+        self.sync_active()
+
+    def sync_active(self) -> None:
+        """:meth:`sync` callable from any thread without the queue lock (group commit).
+
+        The descriptor is duplicated under a small lock of its own, so a rotation in
+        another thread cannot close it mid-fsync; rotation fsyncs the segment it seals
+        itself, so syncing the newest segment covers every write made before the call.
+        """
+        with self._fd_lock:
+            fd = os.dup(self._log_fd) if self._log_fd is not None else None
+            sealed, self._unsynced_sealed = self._unsynced_sealed, []
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+        for old in sealed:  # segments sealed since the last sync come first
+            try:
+                datasync(old)
+            finally:
+                os.close(old)
+        if dir_dirty:
+            fsync_dir(self.directory)
+        if fd is None:
+            return
+        try:
             datasync(fd)
+        except OSError as exc:
+            raise StorageError("sync", self.segments[-1].log_path, exc) from exc
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ reading
 
@@ -493,6 +552,10 @@ class SegmentManager:
     def close(self) -> None:
         """Close every file (does not sync; the queue decides that)."""
         self._close_writer()
+        with self._fd_lock:
+            sealed, self._unsynced_sealed = self._unsynced_sealed, []
+        for fd in sealed:
+            os.close(fd)
         for seg in self.segments:
             seg.close_read_fd()
 
