@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	  $(PY) examples/quickstart.py "$$tmp/jobs"
+	  echo "== examples/quickstart.py" && $(PY) examples/quickstart.py "$$tmp/jobs" && \
+	  echo "== examples/worker_pipeline.py" && $(PY) examples/worker_pipeline.py "$$tmp/images"
 
 test: $(STAMP)
 	@command -v java >/dev/null 2>&1 || echo "note: Java 17+ was not found; the Spark tests will be skipped (install a JDK 17 to run them)"
