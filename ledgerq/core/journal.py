@@ -15,6 +15,7 @@ from ledgerq.format.reader_state import (
     decode_state_file_header,
     decode_state_record,
     encode_checkpoint,
+    encode_id_record,
     encode_ids_record,
     encode_state_file_header,
 )
@@ -150,7 +151,7 @@ class ReaderJournal:
 
     def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
         """Append a LEASE/ACK/NACK record; return the durability ticket."""
-        record = encode_ids_record(kind, ids)
+        record = encode_id_record(kind, ids[0]) if len(ids) == 1 else encode_ids_record(kind, ids)
         fd = self._fd
         assert fd is not None, "journal is closed"
         try:

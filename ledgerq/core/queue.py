@@ -854,6 +854,20 @@ class Reader:
         if it is nacked, its visibility timeout passes, or the queue is
         reopened before it is acked.  Expired (TTL) messages are skipped.
         """
+        if timeout == 0:  # the common polling call: no wait, no list
+            queue = self._queue
+            with queue._lock:
+                self._ensure_usable()
+                taken = self._core.take(1, time.monotonic(), time.time_ns())
+                if taken:
+                    self._core.maybe_compact()
+            if not taken:
+                return None
+            entry, attempt = taken[0]
+            if not entry.flags & _COMPRESSED:
+                return _entry_to_message(entry, attempt, entry.payload)
+            messages = queue._messages(self, taken)
+            return messages[0] if messages else self.dequeue(0)
         messages = self.dequeue_batch(1, timeout)
         return messages[0] if messages else None
 

@@ -167,14 +167,19 @@ class ReaderCore:
             entry = selector.take(now_ns)
             if entry is None:
                 break
-            if hooks.deliverable and not all(
-                f.deliverable(self, entry, now_ns) for f in hooks.deliverable
-            ):
+            refused = False
+            for feature in hooks.deliverable:
+                if not feature.deliverable(self, entry, now_ns):
+                    refused = True
+                    break
+            if refused:
                 self._finish(entry.id, _EXPIRE, "expired")
                 continue
             failures = self._deliveries.get(entry.id, 0)
-            if failures > self._reported.get(entry.id, 0) and self._report_failure(
-                entry, failures, _LOST_LEASE, now_ns
+            if (
+                failures
+                and failures > self._reported.get(entry.id, 0)
+                and self._report_failure(entry, failures, _LOST_LEASE, now_ns)
             ):
                 continue
             chosen.append(entry)
