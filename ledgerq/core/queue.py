@@ -33,13 +33,12 @@ from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.meta import ID_BLOCK, META_NAME, Meta, MetaStore
 from ledgerq.core.reader import ReaderCore, ReaderHooks
 from ledgerq.format.entry import (
-    MIN_ENTRY_SIZE,
     Entry,
     EntryFlags,
     encode_entry,
     encode_headers,
+    encode_plain_batch_parts,
     encode_plain_entry,
-    encode_plain_entry_parts,
 )
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
@@ -380,15 +379,7 @@ class QueueCore:
                 self._reserved_until = first + count + ID_BLOCK
                 self._save_meta(clean=False)
             now = time.time_ns()
-            parts: list[bytes] = []
-            sizes: list[int] = []
-            add = parts.extend
-            message_id = first
-            for payload in payloads:
-                head, crc = encode_plain_entry_parts(message_id, now, payload)
-                add((head, payload, crc))
-                sizes.append(len(payload) + MIN_ENTRY_SIZE)
-                message_id += 1
+            parts, sizes = encode_plain_batch_parts(first, now, payloads)
             segments_before = len(self._manager.segments)
             self._manager.append(parts, sizes, first, now)
             self._next_id = first + count

@@ -47,8 +47,8 @@ __all__ = [
     "decode_headers",
     "encode_entry",
     "encode_headers",
+    "encode_plain_batch_parts",
     "encode_plain_entry",
-    "encode_plain_entry_parts",
     "peek_length",
 ]
 
@@ -223,15 +223,29 @@ def encode_plain_entry(message_id: int, timestamp: int, payload: bytes) -> bytes
     return body + _pack_crc(_crc32(body))
 
 
-def encode_plain_entry_parts(
-    message_id: int, timestamp: int, payload: bytes
-) -> tuple[bytes, bytes]:
-    """:func:`encode_plain_entry` as (header, CRC): the entry is header + payload + CRC.
+def encode_plain_batch_parts(
+    first_id: int, timestamp: int, payloads: list[bytes]
+) -> tuple[list[bytes], list[int]]:
+    """Encode DATA entries with ids ``first_id``, ``first_id + 1``, ... for ``writev``.
 
-    For writers that hand the payload to ``writev`` without copying it.
+    Returns the buffers (header, payload, CRC per entry; payloads are not copied) and
+    each entry's size.  Same preconditions and bytes as :func:`encode_plain_entry`.
     """
-    head = _pack_header(MIN_ENTRY_SIZE + len(payload), 1, 0, message_id, timestamp)
-    return head, _pack_crc(_crc32(payload, _crc32(head)))
+    parts: list[bytes] = []
+    sizes: list[int] = []
+    add = parts.extend
+    add_size = sizes.append
+    pack_header = _pack_header
+    pack_crc = _pack_crc
+    crc32 = _crc32
+    message_id = first_id
+    for payload in payloads:
+        size = MIN_ENTRY_SIZE + len(payload)
+        head = pack_header(size, 1, 0, message_id, timestamp)
+        add((head, payload, pack_crc(crc32(payload, crc32(head)))))
+        add_size(size)
+        message_id += 1
+    return parts, sizes
 
 
 def peek_length(buf: bytes | bytearray | memoryview, pos: int) -> int:

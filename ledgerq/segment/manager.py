@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 from ledgerq.format.entry import Entry, decode_entry
 from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
@@ -369,23 +370,31 @@ class SegmentManager:
         except OSError as exc:
             self._undo(fd, before)
             raise StorageError("append to", seg.log_path, exc) from exc
-        offset = before
+        # offsets[i] is where entry i starts; offsets[-1] the new end of the segment.
+        offsets = list(accumulate(sizes, initial=before))
         interval = self.index_interval
         last_indexed = self._last_indexed_offset
         index_blob = []
-        message_id = first_id
-        for size in sizes:
-            if last_indexed < 0 or offset - last_indexed >= interval:
-                seg.add_index_entry(IndexEntry(message_id, timestamp, offset))
-                index_blob.append(encode_index_entry(message_id, timestamp, offset))
-                last_indexed = offset
-            offset += size
-            message_id += 1
+        count = len(sizes)
+        # Jump from index point to index point (bisect) instead of visiting every entry.
+        i = (
+            0
+            if last_indexed < 0
+            else bisect.bisect_left(offsets, last_indexed + interval, 0, count)
+        )
+        while i < count:
+            offset = offsets[i]
+            message_id = first_id + i
+            seg.add_index_entry(IndexEntry(message_id, timestamp, offset))
+            index_blob.append(encode_index_entry(message_id, timestamp, offset))
+            last_indexed = offset
+            i = bisect.bisect_left(offsets, offset + interval, i + 1, count)
         self._last_indexed_offset = last_indexed
+        message_id = first_id + count
         seg.last_id = message_id - 1
-        seg.last_offset = offset - sizes[-1]
+        seg.last_offset = offsets[-2]
         seg.last_timestamp = timestamp
-        seg.size = offset
+        seg.size = offsets[-1]
         if index_blob:
             assert self._idx_fd is not None
             try:

@@ -505,3 +505,16 @@ def test_plain_fast_path_encodes_exactly_like_encode_entry(
     assert encode_plain_entry(message_id, timestamp, payload) == encode_entry(
         message_id, timestamp, payload
     )
+
+
+@given(
+    first_id=st.integers(min_value=1, max_value=1 << 40),
+    payloads=st.lists(st.binary(max_size=100), min_size=1, max_size=20),
+)
+def test_plain_batch_parts_are_the_entries(first_id: int, payloads: list[bytes]) -> None:
+    from ledgerq.format.entry import encode_plain_batch_parts
+
+    parts, sizes = encode_plain_batch_parts(first_id, 7, payloads)
+    expected = [encode_entry(first_id + i, 7, p) for i, p in enumerate(payloads)]
+    assert b"".join(parts) == b"".join(expected)
+    assert sizes == [len(e) for e in expected]
