@@ -424,7 +424,12 @@ class QueueCore:
         if self._plain_path:
             limit = self.options.max_message_size
             payloads = items if isinstance(items, list) else list(items)
-            if payloads and all(type(p) is bytes and len(p) <= limit for p in payloads):
+            # set/map/max run in C: no Python-level loop over the batch for the check.
+            if (
+                payloads
+                and set(map(type, payloads)) == {bytes}
+                and max(map(len, payloads)) <= limit
+            ):
                 return self._append_plain_batch(payloads)  # type: ignore[arg-type]
             items = payloads
         prepared: list[Draft] = []

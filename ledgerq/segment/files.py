@@ -61,12 +61,16 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
 _IOV_MAX = min(getattr(os, "sysconf", lambda _: 1024)("SC_IOV_MAX") or 1024, 1024)
 
 
-def write_parts(fd: int, parts: list[bytes]) -> None:
-    """Write the concatenation of ``parts`` with ``writev`` (no copy into one buffer)."""
+def write_parts(fd: int, parts: list[bytes], total: int | None = None) -> None:
+    """Write the concatenation of ``parts`` with ``writev`` (no copy into one buffer).
+
+    ``total`` is their summed length when the caller knows it already.
+    """
     start = 0
     while start < len(parts):
         chunk = parts[start : start + _IOV_MAX]
-        expected = sum(len(p) for p in chunk)
+        known = total is not None and len(parts) <= _IOV_MAX
+        expected = total if known and total is not None else sum(map(len, chunk))
         written = os.writev(fd, chunk)
         if written != expected:  # a short write: finish this chunk the simple way
             write_all(fd, memoryview(b"".join(chunk))[written:])

@@ -365,13 +365,13 @@ class SegmentManager:
         fd = self._log_fd
         assert fd is not None, "segment manager is closed"
         before = seg.size
+        offsets = list(accumulate(sizes, initial=before))
         try:
-            write_parts(fd, parts)
+            write_parts(fd, parts, offsets[-1] - before)
         except OSError as exc:
             self._undo(fd, before)
             raise StorageError("append to", seg.log_path, exc) from exc
         # offsets[i] is where entry i starts; offsets[-1] the new end of the segment.
-        offsets = list(accumulate(sizes, initial=before))
         interval = self.index_interval
         last_indexed = self._last_indexed_offset
         index_blob = []
