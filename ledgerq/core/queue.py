@@ -234,6 +234,7 @@ class QueueCore:
         self._transformers = overriding("transform")
         self._admitters = overriding("admit")
         # No hook looks at a plain enqueue (bytes, no option): it may skip Draft building.
+        self._max_size = self.options.max_message_size
         self._plain_path = not (self._transformers or self._admitters or overriding("appended"))
         self._recorders = overriding("appended")
         self._restorers = overriding("restore")
@@ -358,7 +359,7 @@ class QueueCore:
             and ttl is None
             and dedup_id is None
             and self._plain_path
-            and len(payload) <= self.options.max_message_size
+            and len(payload) <= self._max_size
         ):
             return self._append_plain(payload)
         draft = self._prepare(payload, headers, priority, ttl, dedup_id)
