@@ -133,20 +133,228 @@ def worker(
 @click.argument("data_dir", metavar="DATA_DIR", type=click.Path(path_type=str))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
-    "--port", type=click.IntRange(0, 65535), default=22133, show_default=True, help="TCP port."
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=22133,
+    show_default=True,
+    help="TCP port; 0 picks a free one (the bound address is printed on stdout).",
 )
-def serve(data_dir: str, host: str, port: int) -> None:
-    """Serve the queues in DATA_DIR over the memcache (Kestrel) text protocol."""
-    _not_yet(7)
+@click.option(
+    "--max-item-size",
+    type=click.IntRange(min=1),
+    default=16 << 20,
+    show_default=True,
+    metavar="BYTES",
+    help="Largest item a set may store; a larger one is refused with "
+    "'SERVER_ERROR object too large for cache' and its data skipped unread.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=4096,
+    show_default=True,
+    help="Connections served at once; one more is answered "
+    "'SERVER_ERROR too many open connections' and closed.",
+)
+@click.option(
+    "--max-open-reads",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Open reads (get q/open) one connection may hold per queue; one more is a "
+    "CLIENT_ERROR that leaves the open reads as they were.",
+)
+@click.option(
+    "--bare-keys",
+    is_flag=True,
+    help="Put the bare queue name on VALUE lines, as Kestrel does (default: the key as "
+    "requested, options included, which memcache clients need to match replies).",
+)
+@click.option(
+    "--allow-shutdown",
+    is_flag=True,
+    help="Let a client stop the server with the 'shutdown' command (refused otherwise).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Threads doing blocking queue work (writes, fsyncs, acks) off the event loop.",
+)
+@options_option
+def serve(
+    data_dir: str,
+    host: str,
+    port: int,
+    max_item_size: int,
+    max_connections: int,
+    max_open_reads: int,
+    bare_keys: bool,
+    allow_shutdown: bool,
+    threads: int,
+    option_pairs: tuple[str, ...],
+) -> None:
+    """Serve the queues in DATA_DIR over the memcache (Kestrel) text protocol.
+
+    One queue per name, stored in DATA_DIR/<name>/ (created on first set); any
+    memcache client is a producer (set) or a worker (get, with /t=<ms> to wait and
+    /open, /close, /abort for reliable reads).  Prints 'listening on HOST:PORT' once
+    it accepts connections.  SIGTERM or Ctrl-C stops it cleanly: open reads go back
+    to their queues and every queue is synced and closed.  See docs/server.md.
+    """
+    from ledgerq.server import ServerConfig, run
+
+    config = ServerConfig(
+        data_dir,
+        host=host,
+        port=port,
+        max_item_size=max_item_size,
+        max_connections=max_connections,
+        max_open_reads=max_open_reads,
+        bare_keys=bare_keys,
+        allow_shutdown=allow_shutdown,
+        threads=threads,
+        queue_options=option_overrides(option_pairs),
+    )
+
+    def ready(bound_host: str, bound_port: int) -> None:
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        write_line(f"listening on {shown}:{bound_port} (serving {os.path.abspath(data_dir)})")
+
+    run(config, on_ready=ready)
 
 
 @click.command("import-kestrel")
 @click.argument("src", metavar="SRC", type=click.Path(path_type=str))
 @click.argument("dest_queue", metavar="DEST_QUEUE", type=click.Path(path_type=str))
-@click.option("--queue", "queue_name", metavar="NAME", help="The Kestrel queue to import.")
-def import_kestrel(src: str, dest_queue: str, queue_name: str | None) -> None:
-    """Import a Kestrel journal SRC into the queue DEST_QUEUE."""
-    _not_yet(9)
+@click.option(
+    "--queue",
+    "queue_name",
+    metavar="NAME",
+    help="The Kestrel queue to import (SRC may hold several).",
+)
+@click.option(
+    "--reader",
+    "reader_name",
+    metavar="NAME",
+    help="Kestrel 3: import what this reader has not read (default: the only reader there is).",
+)
+@click.option(
+    "--keep-expired", is_flag=True, help="Also import items whose expiry has passed (with no TTL)."
+)
+@click.option(
+    "--children-as-queues",
+    is_flag=True,
+    help="Import fan-out children q+x into the queues DEST_QUEUE+x instead of readers x.",
+)
+@json_option
+@options_option
+def import_kestrel(
+    src: str,
+    dest_queue: str,
+    queue_name: str | None,
+    reader_name: str | None,
+    keep_expired: bool,
+    children_as_queues: bool,
+    as_json: bool,
+    option_pairs: tuple[str, ...],
+) -> None:
+    """Import what a Kestrel queue still holds (journal dir or file SRC) into DEST_QUEUE.
+
+    Reads Kestrel 1.x/2.x journals (replayed op by op; open transactions come first)
+    and Kestrel 3 writer and reader files (only what the reader has not read).
+    Running it again imports nothing twice.  Prints what was imported and skipped;
+    exits 1 when a journal is truncated or damaged (what came before the damage is
+    imported).  See docs/kestrel.md.
+    """
+    from ledgerq.cli._common import progress
+    from ledgerq.kestrel import ImportReport
+    from ledgerq.kestrel import import_kestrel as run_import
+
+    options = option_overrides(option_pairs)
+    with progress("importing") as update:
+        report = run_import(
+            src,
+            dest_queue,
+            queue=queue_name,
+            reader=reader_name,
+            keep_expired=keep_expired,
+            children_as_queues=children_as_queues,
+            on_progress=update,
+            **options,
+        )
+
+    def as_dict(r: ImportReport) -> dict[str, Any]:
+        return {
+            "source": r.source,
+            "dest": r.dest,
+            "queue": r.queue,
+            "format": r.format,
+            "reader": r.reader,
+            "found": r.found,
+            "imported": r.imported,
+            "already_imported": r.already_imported,
+            "expired_dropped": r.expired_dropped,
+            "expired_kept": r.expired_kept,
+            "read_by_reader": r.read_by_reader,
+            "open_transactions": r.open_transactions,
+            "files": list(r.files),
+            "ignored": [{"file": f, "reason": why} for f, why in r.ignored],
+            "quirks": list(r.quirks),
+            "damage": [
+                {"file": d.file, "offset": d.offset, "message": d.message} for d in r.damage
+            ],
+            "readers": [{"reader": n, "result": what} for n, what in r.readers],
+            "children": [as_dict(c) for c in r.children],
+            "ok": r.ok,
+        }
+
+    def describe(r: ImportReport) -> None:
+        reader = f", reader {r.reader!r}" if r.reader else ""
+        write_line(
+            f"imported {r.imported} of {r.found} items of {r.format} queue {r.queue!r}{reader} "
+            f"into {r.dest}"
+        )
+        skipped = [
+            f"{n} {why}"
+            for n, why in (
+                (r.already_imported, "already imported"),
+                (r.expired_dropped, "expired (--keep-expired imports them)"),
+                (r.read_by_reader, "already read by the reader"),
+            )
+            if n
+        ]
+        if skipped:
+            write_line("skipped: " + ", ".join(skipped))
+        if r.expired_kept:
+            write_line(f"kept {r.expired_kept} expired items (no TTL)")
+        if r.open_transactions:
+            write_line(f"restored {r.open_transactions} open transactions as pending messages")
+        if r.files:
+            write_line("replayed: " + " ".join(r.files))
+        for name, why in r.ignored:
+            write_line(f"ignored {name}: {why}")
+        for name, what in r.readers:
+            write_line(f"fan-out child {r.queue}+{name}: {what}")
+        for quirk in r.quirks:
+            write_line(f"quirk: {quirk}")
+        for damage in r.damage:
+            write_line(f"damaged: {damage}")
+        for child in r.children:
+            describe(child)
+
+    if as_json:
+        write_json(as_dict(report))
+    else:
+        describe(report)
+    if not report.ok:
+        damaged = [report, *report.children]
+        where = "; ".join(str(d) for r in damaged for d in r.damage)
+        raise CliError(
+            f"the journal is damaged ({where}); what came before the damage was imported "
+            f"({report.imported} messages)"
+        )
 
 
 @click.command()
@@ -154,12 +362,90 @@ def import_kestrel(src: str, dest_queue: str, queue_name: str | None) -> None:
 @click.argument("dest_root", metavar="DEST_ROOT", type=click.Path(path_type=str))
 @click.option("--client-id", required=True, metavar="ID", help="Names the copy at the hub.")
 @click.option("--follow", is_flag=True, help="Keep shipping new messages as they arrive.")
-@click.option("--delete-shipped", is_flag=True, help="Delete source segments once shipped.")
+@click.option(
+    "--delete-shipped",
+    is_flag=True,
+    help="Delete source segments once shipped, fsynced and consumed by every reader.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="With --follow: stop after this many seconds without new data (default: never).",
+)
+@json_option
 def ship(
-    src_queue: str, dest_root: str, client_id: str, follow: bool, delete_shipped: bool
+    src_queue: str,
+    dest_root: str,
+    client_id: str,
+    follow: bool,
+    delete_shipped: bool,
+    timeout: float | None,
+    as_json: bool,
 ) -> None:
-    """Copy SRC_QUEUE into DEST_ROOT/<client-id>.<queue-dir-name>/ (read without its lock)."""
-    _not_yet(9)
+    """Copy SRC_QUEUE into DEST_ROOT/<client-id>.<queue-dir-name>/ (read without its lock).
+
+    Sealed segments are copied once, the active one up to its last complete message;
+    every message's CRC is checked; an interrupted run resumes where it stopped.
+    The copy is a queue directory (ledgerq.follow, Spark, ledgerq.open).  With
+    --follow, prints one line (or JSON object) per pass.  See docs/ship.md.
+    """
+    from ledgerq.cli._common import format_bytes, progress
+    from ledgerq.ship import ShipReport, ship_queue
+
+    require_queue(src_queue)
+
+    def as_dict(r: ShipReport) -> dict[str, Any]:
+        return {
+            "source": r.source,
+            "dest": r.dest,
+            "client_id": r.client_id,
+            "passes": r.passes,
+            "messages": r.messages,
+            "bytes": r.bytes,
+            "segments": r.segments,
+            "last_id": r.last_id,
+            "deleted_segments": r.deleted_segments,
+            "deleted_bytes": r.deleted_bytes,
+            "corrupt": [{"file": f, "offset": o, "length": n} for f, o, n in r.corrupt],
+            "notes": list(r.notes),
+        }
+
+    def describe(r: ShipReport) -> None:
+        if as_json:
+            write_json(as_dict(r))
+            return
+        line = (
+            f"shipped {r.messages} messages ({format_bytes(r.bytes)}) to {r.dest}, "
+            f"last id {r.last_id}"
+        )
+        if r.deleted_segments:
+            line += (
+                f"; deleted {r.deleted_segments} shipped source segments "
+                f"({format_bytes(r.deleted_bytes)})"
+            )
+        write_line(line)
+
+    def on_pass(r: ShipReport) -> None:
+        describe(r)
+
+    with progress("shipping") as update:
+        report = ship_queue(
+            src_queue,
+            dest_root,
+            client_id,
+            follow=follow,
+            delete_shipped=delete_shipped,
+            timeout=timeout,
+            on_progress=update,
+            on_pass=on_pass if follow else None,
+        )
+    describe(report)
+    if not as_json:
+        for name, offset, length in report.corrupt:
+            write_line(f"damaged: {name}:{offset}: {length} bytes copied as they are")
+        for note in report.notes:
+            write_line(f"note: {note}")
 
 
 @click.command(
@@ -171,4 +457,7 @@ def bench(args: tuple[str, ...]) -> int:
     script = os.path.join("benchmarks", "run.py")
     if os.path.isfile(script):
         return subprocess.call([sys.executable, script, *args])
-    _not_yet(5)
+    raise NotImplementedYetError(
+        "the benchmarks live in a ledgerq checkout: run `ledgerq bench` (or `make bench`) "
+        "from its top directory"
+    )

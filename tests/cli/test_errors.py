@@ -89,14 +89,8 @@ def test_help_version_and_commands_not_built_yet(tmp_path: Path) -> None:
     if script.exists():  # the console script of an installed ledgerq
         proc = subprocess.run([script, "--version"], capture_output=True, text=True, check=False)
         assert (proc.returncode, proc.stdout) == (0, f"ledgerq {ledgerq.__version__}\n")
-    for args, issue in (
-        (["serve", tmp_path, "--port", "22199"], 7),
-        (["import-kestrel", tmp_path / "src", tmp_path / "dest", "--queue", "jobs"], 9),
-        (["ship", tmp_path / "q", tmp_path / "hub", "--client-id", "edge1", "--follow"], 9),
-        (["bench"], 5),
-    ):
-        result = fails(*args, code=2, cwd=tmp_path)
-        assert f"not implemented yet: comes with issue {issue}" in result.err
+    # bench runs benchmarks/run.py from a checkout; elsewhere it says where to find it.
+    assert fails("bench", code=2, cwd=tmp_path).err.startswith("ledgerq: error:")
     assert "--client-id" in fails("ship", tmp_path / "q", tmp_path / "hub", code=2).err
     assert not (tmp_path / "q").exists()
 
@@ -106,5 +100,6 @@ def test_main_is_callable_and_returns_the_exit_code(capsys: pytest.CaptureFixtur
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"ledgerq {ledgerq.__version__}\n"
-    assert main(["serve", "somewhere"]) == 2
-    assert capsys.readouterr().err == "ledgerq: error: not implemented yet: comes with issue 7\n"
+    assert main(["stats", "/nonexistent/ledgerq-queue"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ledgerq: error:") and err.count("\n") == 1
