@@ -24,6 +24,7 @@ from ledgerq._errors import (
 from ledgerq._follow import follow
 from ledgerq._options import Options
 from ledgerq._queue import Queue
+from ledgerq._shard import open_sharded
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
 from ledgerq.core.queue import Reader
 from ledgerq.segment.files import StorageError
@@ -65,4 +66,5 @@ __all__ = [
     "__version__",
     "follow",
     "open",
+    "open_sharded",
 ]

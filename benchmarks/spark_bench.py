@@ -1,0 +1,227 @@
+"""Spark read/write throughput of the ``ledgerq`` data source, against Parquet.
+
+    python benchmarks/spark_bench.py                    # 1,000,000 x 100 B, local[2]
+    python benchmarks/spark_bench.py --rows 200000 --repeats 3 --queues 2
+
+Run by hand (it is not part of the test suite).  Method:
+
+* one queue directory tree is built with ``ledgerq.open(..., sync="never")`` and
+  ``enqueue_batch``: ``--rows`` messages of ``--size`` random bytes spread over
+  ``--queues`` queues with the default ``segment_size`` (64 MiB), so one input
+  partition per segment file;
+* the very same rows (every column of the read schema) are written once to Parquet
+  by Spark (``spark.read.format("ledgerq").load(...).write.parquet(...)``);
+* one Spark session (``--master``, default ``local[2]``) then reads, repeatedly and
+  interleaved (ledgerq with Arrow batches, ledgerq with tuples, Parquet), each into
+  the ``noop`` sink, which materialises every column of every row;
+* each variant first runs once untimed (Python worker start-up, JIT); the table shows
+  the median and the min-max of ``--repeats`` timed runs (no means), as rows/s;
+* also measured: the same scan without Spark, in this process (the Python cost per row
+  that Spark's workers pay), a pushed-down id range against the same filter applied by
+  Spark after a full scan, and a write of the rows back into sharded queues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _build(root: Path, rows: int, size: int, queues: int) -> None:
+    import ledgerq
+
+    per_queue = [rows // queues + (1 if i < rows % queues else 0) for i in range(queues)]
+    for i, count in enumerate(per_queue):
+        with ledgerq.open(root / f"q{i}", sync="never") as q:
+            for start in range(0, count, 10_000):
+                q.enqueue_batch([os.urandom(size) for _ in range(min(10_000, count - start))])
+
+
+def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
+    fn()  # warm-up: worker start-up, JIT, page cache
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _rate(rows: int, times: list[float]) -> str:
+    rates = sorted(rows / t for t in times)
+    return (
+        f"{statistics.median(rates) / 1e3:,.0f}k ({rates[0] / 1e3:,.0f}k-{rates[-1] / 1e3:,.0f}k)"
+    )
+
+
+def _machine() -> list[tuple[str, str]]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if "model name" in ln), "?")
+    except OSError:
+        model = platform.processor() or "?"
+    return [
+        ("cpu", f"{model}, {os.cpu_count()} cores"),
+        ("python", platform.python_version()),
+        ("pyspark", metadata.version("pyspark")),
+        ("pyarrow", metadata.version("pyarrow")),
+        ("java", os.environ.get("JAVA_HOME") or shutil.which("java") or "?"),
+        ("os", platform.platform()),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100, help="payload bytes")
+    parser.add_argument("--queues", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--dir", help="work directory (default: a new temporary one)")
+    parser.add_argument("--skip-write", action="store_true", help="do not time the write")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from ledgerq.spark import register
+    from ledgerq.spark._layout import find_queues, list_segments
+    from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks
+    from ledgerq.spark._scan import scan_segment
+
+    work = Path(args.dir or tempfile.mkdtemp(prefix="ledgerq-spark-bench-"))
+    root, parquet, written = work / "queues", work / "parquet", work / "written"
+    for p in (root, parquet, written):
+        shutil.rmtree(p, ignore_errors=True)
+    started = time.perf_counter()
+    _build(root, args.rows, args.size, args.queues)
+    segments = sum(len(list_segments(q.path)) for q in find_queues(str(root), include_dlq=False))
+    print(
+        f"built {args.rows:,} x {args.size} B messages in {args.queues} queue(s), {segments} "
+        f"segments, in {time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+    )
+
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("ledgerq-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    try:
+        source = str(root)
+        spark.read.format("ledgerq").load(source).write.parquet(str(parquet))
+
+        def noop(df: object) -> None:
+            df.write.format("noop").mode("overwrite").save()  # type: ignore[attr-defined]
+
+        variants: dict[str, Callable[[], object]] = {
+            "ledgerq, read() yields Arrow record batches": lambda: noop(
+                spark.read.format("ledgerq").load(source)
+            ),
+            "ledgerq, read() yields tuples": lambda: noop(
+                spark.read.format("ledgerq").option("arrow", "false").load(source)
+            ),
+            "Parquet (the same rows, written by Spark)": lambda: noop(
+                spark.read.parquet(str(parquet))
+            ),
+        }
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for fn in variants.values():
+            fn()  # warm-up
+        for _ in range(args.repeats):  # interleaved, so drift hits every variant alike
+            for name, fn in variants.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+
+        tasks = plan_tasks(ReadOptions(paths=(source,)), Pushed())
+
+        def local_scan() -> None:
+            for task in tasks:
+                for _ in scan_segment(task):
+                    pass
+
+        local = _timed(local_scan, args.repeats)
+        lo, hi = args.rows // 3, args.rows // 3 + 1999
+        pushed = _timed(
+            lambda: (
+                spark.read.format("ledgerq").load(source).where(f"id between {lo} and {hi}").count()
+            ),
+            args.repeats,
+        )
+        unpushed = _timed(
+            lambda: (
+                spark.read.format("ledgerq")
+                .option("pushdown", "false")
+                .load(source)
+                .where(f"id between {lo} and {hi}")
+                .count()
+            ),
+            args.repeats,
+        )
+
+        def write() -> None:
+            shutil.rmtree(written, ignore_errors=True)
+            spark.read.parquet(str(parquet)).select("payload").write.format("ledgerq").mode(
+                "append"
+            ).option("shards", "2").save(str(written))
+
+        writes = [] if args.skip_write else _timed(write, max(1, args.repeats // 2))
+    finally:
+        spark.stop()
+
+    arrow_rate = statistics.median(args.rows / t for t in times[next(iter(variants))])
+    parquet_rate = statistics.median(args.rows / t for t in times[list(variants)[2]])
+    print(f"## Spark throughput: {args.rows:,} messages of {args.size} B, {args.master}\n")
+    print("| what | rows/s, median (min-max) |")
+    print("|---|---|")
+    for name, values in times.items():
+        print(f"| {name}, noop sink | {_rate(args.rows, values)} |")
+    print(f"| the same scan without Spark, one Python process | {_rate(args.rows, local)} |")
+    if writes:
+        print(
+            '| Spark write into 2 sharded queues (`mode("append")`, payload only) | '
+            f"{_rate(args.rows, writes)} |"
+        )
+    print(
+        f"\nledgerq (Arrow) reads at **{arrow_rate / parquet_rate:.0%}** of Parquet's rate "
+        "in this run."
+    )
+    print(
+        f"\nA pushed-down id range (2,000 of {args.rows:,} rows, `where id between ...`): "
+        f"median {statistics.median(pushed):.2f} s, against {statistics.median(unpushed):.2f} s "
+        "with `pushdown=false` (Spark filters after a full scan)."
+    )
+    print("\n| machine | |\n|---|---|")
+    for key, value in _machine():
+        print(f"| {key} | {value} |")
+    print(f"| segments | {segments} ({args.queues} queue(s), default segment_size) |")
+    print(f"\nCommand: `python benchmarks/spark_bench.py {' '.join(argv or sys.argv[1:])}`")
+    if not args.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

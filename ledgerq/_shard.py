@@ -1,0 +1,634 @@
+"""``ledgerq.open_sharded``: one queue-like object over N ordinary queues.
+
+Sharding is a layer over whole queues (python-diskcache's ``FanoutCache``, SEJ's
+``shard`` package): each shard is an ordinary queue directory, opened with
+:func:`ledgerq.open`, named as SEJ names its shard directories::
+
+    root/[prefix.]<bits>.<index>        bits = log2(shards) as one hex digit (1..a)
+                                        index = the shard number as 3 hex digits (000..3ff)
+    root/[prefix.]ledgerq-shards.json   {"format": "ledgerq-shards", "version": 1,
+                                         "prefix": ..., "shards": N}
+
+Routing: a message with a key goes to shard ``xxh3_64(key as UTF-8) % shards``
+(:func:`shard_index`), so the same key always lands in the same shard - in this
+process, in another one, and in the Spark writer that fills shard directories with
+the helpers of this module.  A message without a key goes round-robin (or, when it
+has a ``dedup_id``, to the shard of its dedup id, so a duplicate meets the original).
+
+Ids: shard ``i`` hands out its own ids; the sharded queue gives the caller
+``local_id * shards + i``, unique across shards and positive.  :func:`split_id`
+undoes it.  Ids increase inside a shard, not across shards.
+
+Concurrency: every shard is thread-safe on its own.  Blocked ``dequeue`` calls wait
+on a condition of the sharded queue that each shard's listener notifies; the listener
+runs under the shard's lock and only takes the condition's lock, and no code here
+calls into a shard while holding that condition - so the lock order is always
+shard -> sharded queue and there is no deadlock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, Self
+
+import xxhash
+
+from ledgerq._api import open as open_queue
+from ledgerq._errors import ConfigError, QueueClosedError, UnknownMessageError
+from ledgerq._queue import Queue
+from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
+from ledgerq.segment.files import atomic_write
+
+__all__ = [
+    "MAX_SHARDS",
+    "MIN_SHARDS",
+    "SHARD_FILE_FORMAT",
+    "ShardedQueue",
+    "global_id",
+    "open_sharded",
+    "parse_shard_dir_name",
+    "read_shard_count",
+    "shard_dir_name",
+    "shard_file_path",
+    "shard_index",
+    "split_id",
+    "write_shard_count",
+]
+
+MIN_SHARDS = 2
+MAX_SHARDS = 1024  # SEJ: shard-bit 1..a, shard-index 000..3ff
+SHARD_FILE_FORMAT = "ledgerq-shards"
+SHARD_FILE_VERSION = 1
+_SHARD_FILE_SUFFIX = "ledgerq-shards.json"
+# SEJ's prefix rule [a-zA-Z0-9_-]*, anchored (SEJ's own regex is not, so it validates nothing).
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]*\Z")
+_SHARD_NAME = re.compile(
+    r"^(?:(?P<prefix>[A-Za-z0-9_-]+)\.)?(?P<bits>[1-9a])\.(?P<index>[0-9a-f]{3})\Z"
+)
+
+
+# ---------------------------------------------------------------------- naming
+
+
+def _check_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    if not _PREFIX.match(prefix):
+        raise ConfigError(
+            f"invalid shard prefix {prefix!r}: use only letters, digits, '_' and '-' "
+            "(SEJ's [a-zA-Z0-9_-]*), or '' for none"
+        )
+    return prefix
+
+
+def _check_shards(shards: object) -> int:
+    if isinstance(shards, bool) or not isinstance(shards, int):
+        raise TypeError(f"shards must be an int, got {type(shards).__name__}")
+    if not MIN_SHARDS <= shards <= MAX_SHARDS or shards & (shards - 1):
+        raise ConfigError(
+            f"shards must be a power of two from {MIN_SHARDS} to {MAX_SHARDS}, got {shards}"
+        )
+    return shards
+
+
+def shard_dir_name(prefix: str, shards: int, index: int) -> str:
+    """The directory name of shard ``index`` of ``shards``: ``[prefix.]<bits>.<index:03x>``.
+
+    ``bits`` is log2(shards) as one hex digit (SEJ's shard-bit, 1..a); the prefix and
+    its dot are omitted when ``prefix`` is empty.  Raises :class:`ConfigError` for an
+    invalid prefix, shard count or index.
+    """
+    _check_prefix(prefix)
+    _check_shards(shards)
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise TypeError(f"shard index must be an int, got {type(index).__name__}")
+    if not 0 <= index < shards:
+        raise ConfigError(f"shard index must be in 0..{shards - 1}, got {index}")
+    name = f"{shards.bit_length() - 1:x}.{index:03x}"
+    return f"{prefix}.{name}" if prefix else name
+
+
+def parse_shard_dir_name(name: str) -> tuple[str, int, int] | None:
+    """``(prefix, shards, index)`` of a shard directory name, or None if it is not one."""
+    match = _SHARD_NAME.match(name)
+    if match is None:
+        return None
+    shards = 1 << int(match.group("bits"), 16)
+    index = int(match.group("index"), 16)
+    if index >= shards:
+        return None
+    return match.group("prefix") or "", shards, index
+
+
+def shard_index(key: bytes | str, shards: int) -> int:
+    """The shard a key routes to: xxh3_64 of its UTF-8 bytes, modulo ``shards``.
+
+    Stable across processes, machines and versions (xxh3_64 with seed 0).
+    """
+    if isinstance(key, str):
+        data = key.encode("utf-8")
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        data = bytes(key)
+    else:
+        raise TypeError(f"shard key must be str or bytes, got {type(key).__name__}")
+    return int(xxhash.xxh3_64_intdigest(data) % shards)
+
+
+def global_id(local_id: int, index: int, shards: int) -> int:
+    """The id a sharded queue hands out for ``local_id`` of shard ``index``."""
+    return local_id * shards + index
+
+
+def split_id(message_id: int, shards: int) -> tuple[int, int]:
+    """``(shard index, local id)`` of an id handed out by a sharded queue of ``shards``."""
+    return message_id % shards, message_id // shards
+
+
+# ---------------------------------------------------------------------- the count file
+
+
+def shard_file_path(root: str | os.PathLike[str], prefix: str) -> str:
+    """Where the shard count of ``prefix`` under ``root`` is recorded."""
+    _check_prefix(prefix)
+    name = f"{prefix}.{_SHARD_FILE_SUFFIX}" if prefix else _SHARD_FILE_SUFFIX
+    return os.path.join(os.fspath(root), name)
+
+
+def read_shard_count(root: str | os.PathLike[str], prefix: str) -> int | None:
+    """The shard count recorded for ``prefix`` under ``root``, or None if none is.
+
+    Raises :class:`ConfigError` if the file exists but is not a valid shard file.
+    """
+    path = shard_file_path(root, prefix)
+    try:
+        with open(path, "rb") as f:
+            raw: Any = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"shard count file {path} is unreadable ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("format") != SHARD_FILE_FORMAT:
+        raise ConfigError(f"{path} is not a ledgerq shard count file")
+    version = raw.get("version")
+    if not isinstance(version, int) or version > SHARD_FILE_VERSION:
+        raise ConfigError(f"{path} has version {version!r}; this ledgerq reads version 1")
+    shards = raw.get("shards")
+    if isinstance(shards, bool) or not isinstance(shards, int):
+        raise ConfigError(f"{path} holds no valid shard count")
+    try:
+        return _check_shards(shards)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def write_shard_count(root: str | os.PathLike[str], prefix: str, shards: int) -> None:
+    """Record that ``prefix`` under ``root`` has ``shards`` shards (durably, atomically).
+
+    Creates ``root`` if missing.  A no-op when the same count is recorded; raises
+    :class:`ConfigError` when another count is (resharding means moving messages).
+    """
+    _check_shards(shards)
+    recorded = read_shard_count(root, prefix)
+    if recorded == shards:
+        return
+    if recorded is not None:
+        raise ConfigError(
+            f"{os.fspath(root)!r} (prefix {prefix!r}) has {recorded} shards, not {shards}; "
+            "a sharded queue cannot be reopened with another shard count"
+        )
+    os.makedirs(os.fspath(root), exist_ok=True)
+    body = {
+        "format": SHARD_FILE_FORMAT,
+        "version": SHARD_FILE_VERSION,
+        "prefix": prefix,
+        "shards": shards,
+    }
+    atomic_write(shard_file_path(root, prefix), json.dumps(body, indent=1).encode() + b"\n")
+
+
+def _existing_shard_counts(root: str, prefix: str) -> set[int]:
+    """Shard counts implied by the shard directories of ``prefix`` already under ``root``."""
+    counts: set[int] = set()
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return counts
+    for name in names:
+        parsed = parse_shard_dir_name(name)
+        if parsed is not None and parsed[0] == prefix and os.path.isdir(os.path.join(root, name)):
+            counts.add(parsed[1])
+    return counts
+
+
+# ---------------------------------------------------------------------- the queue
+
+
+def _sum_stats(parts: list[Stats], shards: int) -> Stats:
+    readers: dict[str, ReaderStats] = {}
+    for part in parts:
+        for name, rs in part.readers.items():
+            seen = readers.get(name)
+            if seen is None:
+                readers[name] = dataclasses.replace(rs, head=0)
+            else:
+                readers[name] = ReaderStats(
+                    name=name,
+                    pending=seen.pending + rs.pending,
+                    in_flight=seen.in_flight + rs.in_flight,
+                    acked=seen.acked + rs.acked,
+                    nacked=seen.nacked + rs.nacked,
+                    expired=seen.expired + rs.expired,
+                    dead_lettered=seen.dead_lettered + rs.dead_lettered,
+                    head=0,
+                    oldest_pending_age=max(seen.oldest_pending_age, rs.oldest_pending_age),
+                )
+    return Stats(
+        pending=sum(p.pending for p in parts),
+        in_flight=sum(p.in_flight for p in parts),
+        enqueued=sum(p.enqueued for p in parts),
+        acked=sum(p.acked for p in parts),
+        nacked=sum(p.nacked for p in parts),
+        dead_lettered=sum(p.dead_lettered for p in parts),
+        expired=sum(p.expired for p in parts),
+        duplicates=sum(p.duplicates for p in parts),
+        dropped=sum(p.dropped for p in parts),
+        corrupt_skipped=sum(p.corrupt_skipped for p in parts),
+        segments=sum(p.segments for p in parts),
+        disk_bytes=sum(p.disk_bytes for p in parts),
+        oldest_pending_age=max((p.oldest_pending_age for p in parts), default=0.0),
+        next_id=max(global_id(p.next_id, i, shards) for i, p in enumerate(parts)),
+        readers=readers,
+    )
+
+
+class ShardedQueue:
+    """A queue over ``shards`` ordinary queues; use :func:`ledgerq.open_sharded` to get one.
+
+    ``queues`` holds the shard queues (``queues[i]`` is shard ``i``).  Thread-safe.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Any
+    ) -> None:
+        if not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"root must be a str or os.PathLike, got {type(root).__name__}")
+        self.shards = _check_shards(shards)
+        self.prefix = _check_prefix(prefix)
+        self.root = os.path.abspath(os.fspath(root))
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise ConfigError(f"{self.root} exists and is not a directory")
+        recorded = read_shard_count(self.root, prefix)
+        if recorded is not None and recorded != shards:
+            raise ConfigError(
+                f"{self.root} (prefix {prefix!r}) was created with {recorded} shards; "
+                f"cannot open it with {shards} (resharding would move messages between "
+                "shards - drain it and create a new one)"
+            )
+        others = _existing_shard_counts(self.root, prefix) - {shards}
+        if others:
+            raise ConfigError(
+                f"{self.root} already holds shard directories of prefix {prefix!r} for "
+                f"{', '.join(str(n) for n in sorted(others))} shards; cannot open it with "
+                f"{shards}"
+            )
+        write_shard_count(self.root, prefix, shards)
+        self.paths = [
+            os.path.join(self.root, shard_dir_name(prefix, shards, i)) for i in range(shards)
+        ]
+        self.queues: list[Queue] = []
+        self._cond = threading.Condition(threading.Lock())
+        self._generation = 0
+        self._removers: list[Callable[[], None]] = []
+        self._rr_lock = threading.Lock()
+        self._round_robin = itertools.count()
+        self._next_reader = 0
+        self._closed = False
+        try:
+            for path in self.paths:
+                queue = open_queue(path, **options)
+                self.queues.append(queue)
+                self._removers.append(queue.add_listener(self._on_change))
+        except BaseException:
+            self._close_all()
+            raise
+
+    # ------------------------------------------------------------------ routing
+
+    def _on_change(self) -> None:
+        # Runs in a shard's thread with that shard's lock held: only touch our condition.
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def shard_for(self, key: bytes | str | None = None) -> int:
+        """The shard a message with ``key`` goes to (the next round-robin one without a key)."""
+        if key is not None:
+            return shard_index(key, self.shards)
+        with self._rr_lock:
+            return next(self._round_robin) % self.shards
+
+    def shard_of(self, message_id: int) -> int:
+        """The shard holding the message ``message_id`` handed out by this queue."""
+        return split_id(self._check_id(message_id), self.shards)[0]
+
+    def _check_id(self, message_id: object) -> int:
+        if isinstance(message_id, bool) or not isinstance(message_id, int):
+            raise TypeError(f"message id must be an int, got {type(message_id).__name__}")
+        if message_id < self.shards:
+            raise UnknownMessageError(f"message {message_id} was not handed out by {self.root}")
+        return message_id
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise QueueClosedError(f"sharded queue {self.root} is closed")
+
+    def _globalize(self, index: int, message: Message) -> Message:
+        return dataclasses.replace(message, id=global_id(message.id, index, self.shards))
+
+    # ------------------------------------------------------------------ producing
+
+    def enqueue(
+        self,
+        payload: bytes | bytearray | memoryview,
+        *,
+        key: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+        priority: Priority | int = Priority.MEDIUM,
+        ttl: float | None = None,
+        dedup_id: str | bytes | None = None,
+    ) -> int:
+        """Append one message to the shard of ``key``; return its (global) id.
+
+        Without a key the shard is the next round-robin one - or the shard of
+        ``dedup_id`` when one is given, so that dedup works across the whole queue.
+        Durability is the shard's (see :meth:`ledgerq.Queue.enqueue`).
+        """
+        self._ensure_open()
+        if key is None and dedup_id is not None:
+            index = shard_index(dedup_id, self.shards)
+        else:
+            index = self.shard_for(key)
+        local = self.queues[index].enqueue(
+            payload, headers=headers, priority=priority, ttl=ttl, dedup_id=dedup_id
+        )
+        return global_id(local, index, self.shards)
+
+    def enqueue_batch(
+        self,
+        items: Iterable[bytes | bytearray | memoryview | Item],
+        *,
+        keys: Iterable[bytes | str | None] | None = None,
+    ) -> list[int]:
+        """Append several messages; return their global ids in the order given.
+
+        ``keys`` (one per item, None for round-robin) route them.  Each shard's part
+        of the batch is written all-or-nothing with one write; the batch as a whole
+        is not atomic across shards (a crash can keep some shards' parts).
+        """
+        self._ensure_open()
+        batch = list(items)
+        key_list = [None] * len(batch) if keys is None else list(keys)
+        if len(key_list) != len(batch):
+            raise ValueError(f"got {len(key_list)} keys for {len(batch)} items")
+        parts: dict[int, list[int]] = {}
+        for position, (item, key) in enumerate(zip(batch, key_list, strict=True)):
+            if key is None and isinstance(item, Item) and item.dedup_id is not None:
+                index = shard_index(item.dedup_id, self.shards)
+            else:
+                index = self.shard_for(key)
+            parts.setdefault(index, []).append(position)
+        ids = [0] * len(batch)
+        for index, positions in sorted(parts.items()):
+            local = self.queues[index].enqueue_batch([batch[p] for p in positions])
+            for position, local_id in zip(positions, local, strict=True):
+                ids[position] = global_id(local_id, index, self.shards)
+        return ids
+
+    # ------------------------------------------------------------------ consuming
+
+    def _start(self) -> int:
+        """The shard to look at first: moves on by one at every call (fairness)."""
+        with self._rr_lock:
+            start = self._next_reader
+            self._next_reader = (start + 1) % self.shards
+        return start
+
+    def _take(self, n: int) -> list[Message]:
+        """Lease up to ``n`` messages now, spread over the shards that have some."""
+        taken: list[Message] = []
+        start = self._start()
+        order = [(start + i) % self.shards for i in range(self.shards)]
+        while len(taken) < n and order:
+            still: list[int] = []
+            for position, index in enumerate(order):
+                left = n - len(taken)
+                if left <= 0:
+                    break
+                # An equal share of what is left for each shard still in this pass.
+                share = math.ceil(left / (len(order) - position))
+                got = self.queues[index].dequeue_batch(share, 0)
+                taken.extend(self._globalize(index, m) for m in got)
+                if len(got) == share:
+                    still.append(index)  # it may have more
+            order = still
+        return taken
+
+    def _seconds_to_next_expiry(self) -> float | None:
+        """Seconds until some shard's lease times out (a message may come back then)."""
+        found: float | None = None
+        for queue in self.queues:
+            left = queue.reader("default").seconds_to_next_expiry()
+            if left is not None and (found is None or left < found):
+                found = left
+        return found
+
+    def dequeue_batch(self, n: int, timeout: float | None = 0) -> list[Message]:
+        """Lease up to ``n`` messages from the shards, fairly; wait only while there are none.
+
+        Shards are visited round-robin from a starting shard that moves on at every
+        call, each asked for an equal share, so no shard starves another.  ``timeout``
+        as for :meth:`ledgerq.Queue.dequeue`.  Message ids are global ids.
+        """
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(f"timeout must be a number or None, got {type(timeout).__name__}")
+            if timeout < 0:
+                raise ValueError(f"timeout must be >= 0, got {timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._ensure_open()
+            with self._cond:
+                seen = self._generation
+            taken = self._take(n)
+            if taken:
+                return taken
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return []
+            expiry = self._seconds_to_next_expiry()
+            if expiry is not None:
+                remaining = expiry if remaining is None else min(remaining, expiry)
+            with self._cond:
+                if self._generation == seen and not self._closed:
+                    self._cond.wait(remaining)
+
+    def dequeue(self, timeout: float | None = 0) -> Message | None:
+        """Lease the next message of any shard (see :meth:`dequeue_batch`), or None."""
+        messages = self.dequeue_batch(1, timeout)
+        return messages[0] if messages else None
+
+    def ack(self, message_id: int) -> None:
+        """Mark a leased message (a global id) done; durability as the shard's ``ack``.
+
+        Raises :class:`UnknownMessageError` if the id is not leased.
+        """
+        self._ensure_open()
+        index, local = split_id(self._check_id(message_id), self.shards)
+        try:
+            self.queues[index].ack(local)
+        except UnknownMessageError:
+            raise UnknownMessageError(
+                f"message {message_id} is not leased (shard {index}, local id {local})"
+            ) from None
+
+    def nack(self, message_id: int, reason: str = "") -> None:
+        """Give a leased message (a global id) back as failed (see ``Queue.nack``)."""
+        self._ensure_open()
+        index, local = split_id(self._check_id(message_id), self.shards)
+        try:
+            self.queues[index].nack(local, reason)
+        except UnknownMessageError:
+            raise UnknownMessageError(
+                f"message {message_id} is not leased (shard {index}, local id {local})"
+            ) from None
+
+    def peek(self, n: int = 1) -> list[Message]:
+        """Up to ``n`` pending messages (round-robin over the shards), without leasing them."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        self._ensure_open()
+        per_shard = [[self._globalize(i, m) for m in q.peek(n)] for i, q in enumerate(self.queues)]
+        found: list[Message] = []
+        for row in itertools.zip_longest(*per_shard):
+            found.extend(m for m in row if m is not None)
+        return found[:n]
+
+    # ------------------------------------------------------------------ observing
+
+    def stats(self) -> Stats:
+        """Every shard's figures summed into one :class:`ledgerq.Stats`.
+
+        ``oldest_pending_age`` is the oldest of the shards'; ``next_id`` is above every
+        id handed out; ``readers`` sums each reader's figures over the shards (with
+        ``head`` 0: heads are per shard - see :meth:`shard_stats`).
+        """
+        return _sum_stats(self.shard_stats(), self.shards)
+
+    def shard_stats(self) -> list[Stats]:
+        """Each shard's own :class:`ledgerq.Stats` (local ids), by shard index."""
+        self._ensure_open()
+        return [queue.stats() for queue in self.queues]
+
+    def __len__(self) -> int:
+        self._ensure_open()
+        return sum(len(queue) for queue in self.queues)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
+
+    # ------------------------------------------------------------------ maintenance
+
+    def sync(self) -> None:
+        """fsync every shard (see :meth:`ledgerq.Queue.sync`)."""
+        self._ensure_open()
+        for queue in self.queues:
+            queue.sync()
+
+    def compact(self) -> None:
+        """Apply retention in every shard now."""
+        self._ensure_open()
+        for queue in self.queues:
+            queue.compact()
+
+    def close(self) -> None:
+        """Close every shard (sync, persist state, unlock); idempotent.
+
+        Blocked ``dequeue`` calls raise :class:`QueueClosedError`.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._close_all()
+
+    def _close_all(self) -> None:
+        removers, self._removers = self._removers, []
+        for remove in removers:
+            try:
+                remove()
+            except QueueClosedError:  # pragma: no cover - the shard is closing anyway
+                pass
+        first: BaseException | None = None
+        for queue in self.queues:
+            try:
+                queue.close()
+            except BaseException as exc:  # close every shard, then report the first failure
+                if first is None:
+                    first = exc
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self.shards} shards"
+        prefix = f" prefix={self.prefix!r}" if self.prefix else ""
+        return f"<ledgerq.ShardedQueue {self.root!r}{prefix} {state}>"
+
+    def _check(self) -> None:
+        """Assert every shard's invariants (tests call this after every step)."""
+        for queue in self.queues:
+            queue._check()
+
+
+def open_sharded(
+    root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Any
+) -> ShardedQueue:
+    """Open (creating if missing) a queue of ``shards`` ordinary queues under ``root``.
+
+    ``shards`` is a power of two from 2 to 1024; shard ``i`` lives in
+    ``root/[prefix.]<log2(shards) in hex>.<i:03x>`` (SEJ naming) and the count is
+    recorded in ``root/[prefix.]ledgerq-shards.json``.  ``**options`` are passed to
+    :func:`ledgerq.open` for every shard.
+
+    Raises :class:`ConfigError` for an invalid prefix or shard count, or when the
+    directory was created with another shard count; ``TypeError``/``ConfigError``
+    for bad options and :class:`QueueLockedError` if a shard is open elsewhere
+    (like ``ledgerq.open``).
+    """
+    return ShardedQueue(root, shards, prefix, **options)

@@ -1,0 +1,49 @@
+"""Spark integration: the ``ledgerq`` data source for PySpark's Python Data Source API.
+
+>>> from ledgerq.spark import register          # doctest: +SKIP
+>>> register(spark)
+>>> df = spark.read.format("ledgerq").load("/data/queues")
+
+Needs the ``spark`` extra (``pip install 'ledgerq[spark]'``: pyspark 4.3 and pyarrow) and
+Java 17 or 21.  ``import ledgerq`` never imports pyspark; importing this module without
+it raises ``ImportError`` saying what to install.  See ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+try:
+    import pyarrow  # noqa: F401
+    import pyspark.sql.datasource  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised without the extra installed
+    raise ImportError(
+        f"ledgerq.spark needs pyspark (>= 4.3) and pyarrow, which are not installed ({exc}); "
+        "install them with: pip install 'ledgerq[spark]'"
+    ) from exc
+
+from typing import TYPE_CHECKING
+
+from ledgerq.spark._source import READ_SCHEMA, READ_SCHEMA_WITH_STATE, LedgerqDataSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "PUSHDOWN_CONF",
+    "READ_SCHEMA",
+    "READ_SCHEMA_WITH_STATE",
+    "LedgerqDataSource",
+    "register",
+]
+
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``ledgerq`` format with ``spark`` and turn on Python filter pushdown.
+
+    Pushdown (off by default in Spark) lets reads skip segments by id, time and queue.
+    Sessions that find the statically registered source (the ``pyspark_ledgerq``
+    module) need no call, and use pushdown when the session enables it.
+    """
+    spark.conf.set(PUSHDOWN_CONF, "true")
+    spark.dataSource.register(LedgerqDataSource)

@@ -1,0 +1,802 @@
+"""Reading one segment file into Arrow record batches (or tuples) for a Spark task.
+
+The hot path is written for the common case - a run of valid entries without optional
+fields - and hands everything else to the code the rest of ledgerq reads with:
+
+1. **Plain runs, vectorised.**  A chunk of the file (4 MiB, one ``pread``) is cut into
+   entries by stepping from length field to length field (a Python loop, or none at all
+   for a run of same-size entries, found column-wise); the entries become a
+   ``BinaryArray`` over the file bytes (offsets only, no copy), from which ids,
+   timestamps and payloads are sliced by Arrow kernels.  The CRCs of the whole run are
+   checked with one ``zlib.crc32`` call (see :func:`_first_bad`).  The first entry whose
+   CRC does not match, or whose id does not increase, ends the run.
+2. **Entries with optional fields** (TTL, priority, headers, compression) in a run
+   whose CRCs check out are decoded one by one with :func:`decode_entry`.
+3. **Anything else** - a bad CRC, a bad length, ids out of order, a torn or damaged
+   tail - switches the rest of the segment to :class:`EntryScanner`, ledgerq's own
+   resynchronising scanner: corrupt regions are skipped, logged through the
+   ``ledgerq`` logger and counted, or raise :class:`CorruptionError` in FAILFAST mode.
+   What a task returns is exactly what that scanner alone would (a test flips every
+   bit of a segment and compares).
+
+Segments are read with ``pread`` and never locked, so a live queue can be read beside
+its owner: sealed segments are final, and the newest one is read up to its last
+complete entry (an append in flight is not an error).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import sys
+import zlib
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ledgerq._errors import CorruptionError
+from ledgerq._options import Options
+from ledgerq.features.compression import ZstdDecompression
+from ledgerq.format.entry import (
+    ENTRY_HEADER,
+    MAX_ENTRY_SIZE,
+    MIN_ENTRY_SIZE,
+    Entry,
+    EntryFlags,
+    RecordType,
+    decode_entry,
+)
+from ledgerq.format.errors import DecodeError
+from ledgerq.format.index import IndexEntry
+from ledgerq.segment.naming import SEGMENTS_DIR, log_path
+from ledgerq.segment.scanner import EntryScanner
+from ledgerq.spark._layout import ReaderSnapshot, TailScanner, checked_start, read_index_points
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "ARROW_SCHEMA_WITH_STATE",
+    "ScanStats",
+    "SegmentTask",
+    "scan_segment",
+]
+
+logger = logging.getLogger("ledgerq")
+
+_TS = pa.timestamp("us", tz="UTC")
+_TS_NS = pa.timestamp("ns", tz="UTC")
+_HEADERS = pa.map_(pa.string(), pa.string())
+# What pyspark's to_arrow_schema(schema, timezone="UTC") gives for the read schema; the
+# first batch a task yields is compared with it exactly (a test checks the two agree).
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("queue", pa.string()),
+        pa.field("id", pa.int64()),
+        pa.field("timestamp", _TS),
+        pa.field("expires_at", _TS),
+        pa.field("priority", pa.int32()),
+        pa.field("headers", _HEADERS),
+        pa.field("payload", pa.binary()),
+    ]
+)
+ARROW_SCHEMA_WITH_STATE = ARROW_SCHEMA.append(pa.field("state", pa.string()))
+
+PENDING, LEASED, ACKED = "pending", "leased", "acked"
+
+_CHUNK_BYTES = 4 << 20  # one pread, and at most one record batch, per 4 MiB of log
+_SLOW_BATCH_ROWS = 8192  # rows per batch on the entry-by-entry paths
+_LENGTH = struct.Struct("<I")
+_unpack_length = _LENGTH.unpack_from
+_CRC = struct.Struct("<I")
+_ID_TS = struct.Struct("<Qq")
+_unpack_id_ts = _ID_TS.unpack_from
+_HEADER_SIZE = ENTRY_HEADER.size  # 22: length, type, flags, id, timestamp
+_ID_AT, _TS_AT = 6, 14
+_CRC_SIZE = 4
+_PLAIN = int(RecordType.DATA)  # type byte DATA with flags byte 0, read as a little-endian u16
+_DATA = int(RecordType.DATA)
+_COMPRESSED = int(EntryFlags.COMPRESSED)
+_LITTLE_ENDIAN = sys.byteorder == "little"  # the vectorised path views LE bytes as ints
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MAX_PAYLOAD = 1 << 30  # bounds what a damaged zstd frame may inflate to
+_EMPTY_STRINGS = pa.array([], pa.string())
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentTask:
+    """One Spark input partition: a segment file and the rows wanted from it.
+
+    Bounds are inclusive; timestamps are microseconds since the epoch (what Spark
+    compares).  ``size_limit`` bounds the bytes read (the newest segment's size when it
+    was planned, so all tasks of a query read one snapshot); ``live_tail`` says the
+    segment was the newest one then, so an incomplete entry at its end is an append in
+    flight rather than damage.
+    """
+
+    queue: str
+    path: str
+    first_id: int
+    next_first_id: int | None
+    size_limit: int | None = None
+    live_tail: bool = False
+    id_lo: int = 1
+    id_hi: int | None = None
+    ids: frozenset[int] | None = None
+    ts_lo: int | None = None
+    ts_hi: int | None = None
+    seek_by_time: bool = False
+    state: ReaderSnapshot | None = None
+    failfast: bool = False
+
+    @property
+    def log_path(self) -> str:
+        """Path of the segment's log file."""
+        return log_path(os.path.join(self.path, SEGMENTS_DIR), self.first_id)
+
+
+class ScanStats:
+    """What one task's scan met, for its summary log line and for tests."""
+
+    __slots__ = ("corrupt_bytes", "corrupt_regions", "lost_messages", "rows")
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.corrupt_regions = 0
+        self.corrupt_bytes = 0
+        self.lost_messages = 0
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def scan_segment(
+    task: SegmentTask, *, arrow: bool = True, stats: ScanStats | None = None
+) -> Iterator[pa.RecordBatch] | Iterator[tuple[Any, ...]]:
+    """Yield the rows of ``task`` as Arrow record batches (``arrow``) or as tuples."""
+    if arrow:
+        return _ArrowSink(task, stats or ScanStats()).run()
+    return _TupleSink(task, stats or ScanStats()).run()
+
+
+# ---------------------------------------------------------------------- the scan
+
+
+class _Plain:
+    """A run of valid entries without optional fields: ``offsets`` are its entry
+    boundaries in ``buf`` (one more than there are entries); ``run`` holds the columns
+    already sliced from it while checking it."""
+
+    __slots__ = ("buf", "offsets", "run")
+
+    def __init__(self, buf: bytes, offsets: list[int], run: _Run) -> None:
+        self.buf = buf
+        self.offsets = offsets
+        self.run = run
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+
+class _Decoded:
+    """Entries decoded one by one, as columns (payloads already decompressed)."""
+
+    __slots__ = ("expires", "headers", "ids", "payloads", "priorities", "timestamps")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.timestamps: list[int] = []
+        self.expires: list[int | None] = []
+        self.priorities: list[int] = []
+        self.headers: list[dict[str, str]] = []
+        self.payloads: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+_Piece = _Plain | _Decoded
+
+
+class _SegmentScan:
+    """Walks one segment and yields :class:`_Plain` and :class:`_Decoded` pieces."""
+
+    def __init__(self, task: SegmentTask, stats: ScanStats) -> None:
+        self.task = task
+        self.stats = stats
+        self.path = task.log_path
+        self._restorer: ZstdDecompression | None = None
+        self.done = False  # past the highest wanted id: nothing more is wanted
+        id_hi = task.id_hi
+        if task.ids:
+            id_hi = max(task.ids) if id_hi is None else min(id_hi, max(task.ids))
+        self.id_hi = id_hi
+        self._index: list[IndexEntry] | None = None
+
+    def pieces(self) -> Iterator[_Piece]:
+        task = self.task
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._missing()
+            return
+        try:
+            size = os.fstat(fd).st_size
+            end = size if task.size_limit is None else min(size, task.size_limit)
+            pos, last_id = self._start(fd, end)
+            yield from self._scan(fd, pos, end, last_id)
+        finally:
+            os.close(fd)
+
+    def _points(self) -> list[IndexEntry]:
+        """The segment's sparse index, read when first needed (to seek, or to resync)."""
+        if self._index is None:
+            self._index, _ = read_index_points(self.task.path, self.task.first_id)
+        return self._index
+
+    def _missing(self) -> None:
+        message = (
+            f"segment {self.path} was deleted before it could be read (retention, or the "
+            "queue was removed); its messages are not in the result"
+        )
+        if self.task.failfast:
+            raise CorruptionError(message)
+        logger.warning("ledgerq: %s", message)
+
+    def _start(self, fd: int, end: int) -> tuple[int, int]:
+        """Where to start: the latest checked index point that no wanted row precedes."""
+        task = self.task
+        accept = task.id_lo
+        if task.ids:
+            accept = max(accept, min(task.ids))
+        if task.seek_by_time and task.ts_lo is not None:
+            # The last point of the leading run of points older than ts_lo (docs/format.md,
+            # "Lookups"): entries before it are older still, if the clock did not step back.
+            lo_ns = task.ts_lo * 1000
+            run_end = 0
+            for point in self._points():
+                if point.timestamp >= lo_ns:
+                    break
+                run_end = point.id
+            accept = max(accept, run_end)
+        if accept <= task.first_id:
+            return 0, task.first_id - 1
+        start = checked_start(fd, self._points(), end, accept)
+        if start is None:
+            return 0, task.first_id - 1
+        return start[0], start[1] - 1
+
+    # -- the three tiers -------------------------------------------------------------
+
+    def _scan(self, fd: int, pos: int, end: int, last_id: int) -> Iterator[_Piece]:
+        id_hi = self.id_hi
+        while pos < end and not self.done:
+            buf = _pread(fd, min(_CHUNK_BYTES, end - pos), pos)
+            offsets = _walk(buf)
+            if len(offsets) == 1 and len(buf) < end - pos and len(buf) >= 4:
+                # one entry larger than the chunk: read it whole (if its length is sane)
+                length = _unpack_length(buf, 0)[0]
+                if MIN_ENTRY_SIZE <= length <= min(MAX_ENTRY_SIZE, end - pos):
+                    buf = _pread(fd, length, pos)
+                    offsets = _walk(buf)
+            walked = len(offsets) - 1
+            if not walked:
+                break  # a bad length, or an incomplete tail: tier 3 decides which
+            run = _check_run(buf, offsets, last_id)
+            good = run.good
+            if good:
+                piece: _Piece
+                if run.plain:
+                    piece = _Plain(buf, offsets[: good + 1], run.head(good))
+                    last_id = _u64_at(buf, offsets[good - 1] + _ID_AT)
+                else:
+                    piece, good, last_id = self._decode_run(buf, offsets[: good + 1], last_id)
+                if len(piece):
+                    yield piece
+                pos += offsets[good]
+                if id_hi is not None and last_id >= id_hi:
+                    self.done = True
+            if good < walked:
+                break  # an anomaly inside the run: tier 3 from its first entry
+        if pos < end and not self.done:
+            yield from self._slow(fd, pos, end, last_id)
+
+    def _decode_run(
+        self, buf: bytes, offsets: list[int], last_id: int
+    ) -> tuple[_Decoded, int, int]:
+        """Tier 2: decode entries whose CRCs checked out; stop at the first invalid one."""
+        out = _Decoded()
+        taken = 0
+        for taken in range(len(offsets) - 1):
+            try:
+                entry, _ = decode_entry(buf, offsets[taken])
+            except DecodeError:
+                return out, taken, last_id
+            last_id = entry.id
+            if entry.type == _DATA:
+                self._add(out, entry)
+        return out, len(offsets) - 1, last_id
+
+    def _slow(self, fd: int, pos: int, end: int, last_id: int) -> Iterator[_Decoded]:
+        """Tier 3: ledgerq's resynchronising scanner for the rest of the segment."""
+        task = self.task
+        kind = TailScanner if task.live_tail else EntryScanner
+        boundaries = [p.offset for p in self._points()]
+        scanner = kind(fd, pos, end, after_id=last_id, boundaries=boundaries)
+        out = _Decoded()
+        reported = 0
+        previous = last_id
+        while (entry := scanner.next()) is not None:
+            if len(scanner.corrupt) > reported:
+                for region in scanner.corrupt[reported:]:
+                    self._corrupt(region.start, region.stop, entry.id - previous - 1)
+                reported = len(scanner.corrupt)
+            previous = entry.id
+            if self.id_hi is not None and entry.id > self.id_hi:
+                self.done = True
+                break
+            if entry.type == _DATA:
+                self._add(out, entry)
+                if len(out) >= _SLOW_BATCH_ROWS:
+                    yield out
+                    out = _Decoded()
+        else:
+            if scanner.pos < end and not task.live_tail:
+                # a sealed segment ends in bytes that hold no valid entry
+                self._corrupt(scanner.pos, end, -1)
+        if len(out):
+            yield out
+
+    def _add(self, out: _Decoded, entry: Entry) -> None:
+        payload = entry.payload
+        if entry.flags & _COMPRESSED:
+            if self._restorer is None:
+                self._restorer = ZstdDecompression(Options(max_message_size=_MAX_PAYLOAD))
+            try:
+                payload = self._restorer.restore(entry, payload)
+            except CorruptionError as exc:
+                if self.task.failfast:
+                    raise CorruptionError(str(exc), self.path) from exc
+                logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, self.path, exc)
+                self.stats.corrupt_regions += 1
+                self.stats.lost_messages += 1
+                return
+        out.ids.append(entry.id)
+        out.timestamps.append(entry.timestamp)
+        out.expires.append(entry.expires_at)
+        out.priorities.append(entry.priority)
+        out.headers.append(entry.headers or {})
+        out.payloads.append(payload)
+
+    def _corrupt(self, start: int, stop: int, lost: int) -> None:
+        what = f"{lost} message{'s' if lost != 1 else ''} lost" if lost >= 0 else "at the end"
+        if self.task.failfast:
+            raise CorruptionError(
+                f"{stop - start} corrupt bytes ({what}); mode=FAILFAST stops the read",
+                self.path,
+                start,
+            )
+        logger.warning(
+            "ledgerq: skipped %d corrupt bytes in %s at offset %d (%s)",
+            stop - start,
+            self.path,
+            start,
+            what,
+        )
+        self.stats.corrupt_regions += 1
+        self.stats.corrupt_bytes += stop - start
+        self.stats.lost_messages += max(lost, 0)
+
+
+def _pread(fd: int, size: int, pos: int) -> bytes:
+    data = os.pread(fd, size, pos)
+    while len(data) < size:  # short reads are legal; loop until the file really ends
+        more = os.pread(fd, size - len(data), pos + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def _walk(buf: bytes) -> list[int]:
+    """The boundaries of the whole entries at the start of ``buf`` (one more than entries).
+
+    Steps from length field to length field; stops at a length that is impossible or
+    runs past the buffer.  A leading run of entries that all have the first entry's
+    length is found column-wise (fixed-size messages are common); the rest is walked in
+    Python.  Whether the entries are valid is checked afterwards, by :func:`_check_run`.
+    """
+    size = len(buf)
+    smallest = MIN_ENTRY_SIZE
+    if size < smallest:
+        return [0]
+    (first,) = _unpack_length(buf, 0)
+    if first < smallest or first > size:
+        return [0]
+    pos = 0
+    offsets: list[int] = []
+    count = size // first
+    if count > 8:
+        entries = _entries(buf, range(0, count * first + 1, first), count)
+        same = pc.equal(_field(entries, 0, 4, pa.uint32(), first), first)
+        leading = count if pc.all(same).as_py() else pc.index(same, False).as_py()
+        offsets = list(range(0, leading * first, first))
+        pos = leading * first
+    unpack = _unpack_length
+    add_offset = offsets.append
+    limit = size - smallest
+    while pos <= limit:
+        (length,) = unpack(buf, pos)
+        stop = pos + length
+        if length < smallest or stop > size:
+            break
+        add_offset(pos)
+        pos = stop
+    add_offset(pos)
+    return offsets
+
+
+# The CRC-32 of an entry *including* its stored CRC is this constant when the entry is
+# valid (the residue of CRC-32: crc32(m + crc32(m) as u32 LE) == 0x2144DF1C for every m).
+_RESIDUE = 0x2144DF1C
+_MODEL_CACHE_LIMIT = 4096  # distinct entry lengths remembered
+_MODEL_MAX_BYTES = 1 << 16  # longer entries are checked one by one (CRC cost dominates)
+_models: dict[int, bytes] = {}
+
+
+def _model(length: int) -> bytes:
+    """A valid entry-sized byte string of ``length`` bytes: zeros and their CRC."""
+    model = _models.get(length)
+    if model is None:
+        body = bytes(length - _CRC_SIZE)
+        model = body + _CRC.pack(zlib.crc32(body))
+        if length <= _MODEL_MAX_BYTES:
+            if len(_models) >= _MODEL_CACHE_LIMIT:
+                _models.clear()
+            _models[length] = model
+    return model
+
+
+def _first_bad(buf: bytes, offsets: list[int] | range, size: int | None) -> int:
+    """How many entries at the start of the run pass their CRC.
+
+    First the whole run in one ``zlib.crc32`` call: CRC-32 is affine over GF(2), so
+    the CRC of a concatenation of entries depends only on their lengths when every
+    entry is valid, and equals the CRC of the same lengths of model entries.  A corrupt
+    entry changes it whatever the others hold (its error is shifted by a power of x,
+    which the polynomial does not divide); several corrupt entries could cancel out
+    with a chance of 2**-32, the chance that one corrupt entry passes its own CRC.
+    When the sums differ, each entry is checked on its own to find the first bad one.
+    """
+    count = len(offsets) - 1
+    start, stop = offsets[0], offsets[-1]
+    crc32 = zlib.crc32
+    if size is not None:
+        expected = crc32(_model(size) * count)
+    else:
+        lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]  # noqa: RUF007
+        if max(lengths) > _MODEL_MAX_BYTES:
+            expected = -1  # not worth it: check one by one
+        else:
+            for length in set(lengths).difference(_models):
+                _model(length)
+            expected = crc32(b"".join(map(_models.__getitem__, lengths)))
+    if crc32(memoryview(buf)[start:stop]) == expected:
+        return count
+    for i in range(count):
+        if crc32(buf[offsets[i] : offsets[i + 1]]) != _RESIDUE:
+            return i
+    return count
+
+
+def _u64_at(buf: bytes, at: int) -> int:
+    return int.from_bytes(buf[at : at + 8], "little")
+
+
+def _entries(buf: bytes, offsets: list[int] | range, count: int) -> pa.BinaryArray:
+    """``count`` entries as one binary value each, over ``buf`` without a copy."""
+    bounds = array("i", offsets)  # a C loop; pa.array() would go through Python ints
+    return pa.BinaryArray.from_buffers(
+        pa.binary(), count, [None, pa.py_buffer(bounds), pa.py_buffer(buf)]
+    )
+
+
+def _slice(entries: pa.BinaryArray, start: int, stop: int | None, size: int | None) -> pa.Array:
+    """``entry[start:stop]`` of every entry (``stop`` <= 0 counts from the entry's end).
+
+    With ``size``, the length every entry has, the stop is made absolute: Arrow's
+    kernel is several times faster with a non-negative stop.
+    """
+    if stop is not None and stop <= 0 and size is not None:
+        stop += size
+    if stop == 0:
+        stop = None
+    return pc.binary_slice(entries, start, stop)
+
+
+def _field(
+    entries: pa.BinaryArray, start: int, width: int, kind: pa.DataType, size: int | None
+) -> pa.Array:
+    """A fixed-width little-endian field of every entry, as an array of ``kind``."""
+    stop = start + width
+    sliced = _slice(entries, start, stop if stop or start >= 0 else 0, size).cast(pa.binary(width))
+    return pa.Array.from_buffers(kind, len(sliced), [None, sliced.buffers()[1]])
+
+
+class _Run:
+    """A walked run checked column-wise: how many entries at its start are sound
+    (stored CRC matches, id above the previous one) and whether those are all plain
+    (a DATA entry with no flag: the vectorised path; the others go to tier 2)."""
+
+    __slots__ = ("entries", "good", "ids", "plain", "size")
+
+    def __init__(
+        self, entries: pa.BinaryArray, ids: pa.Array, good: int, plain: bool, size: int | None
+    ) -> None:
+        self.entries = entries
+        self.ids = ids
+        self.good = good
+        self.plain = plain
+        self.size = size  # the length of every entry, when they all have the same
+
+    def head(self, count: int) -> _Run:
+        """The first ``count`` entries."""
+        if count == len(self.ids):
+            return self
+        return _Run(self.entries.slice(0, count), self.ids.slice(0, count), count, self.plain,
+                    self.size)  # fmt: skip
+
+
+def _check_run(buf: bytes, offsets: list[int], last_id: int) -> _Run:
+    count = len(offsets) - 1
+    entries = _entries(buf, offsets, count)
+    if not _LITTLE_ENDIAN:
+        return _Run(entries, pa.array([], pa.uint64()), 0, False, None)  # tier 3: slow, right
+    first_length = offsets[1] - offsets[0]
+    size = first_length if offsets[-1] - offsets[0] == first_length * count else None
+    if size is not None and count > 1:
+        lengths = _field(entries, 0, 4, pa.uint32(), size)
+        if not pc.all(pc.equal(lengths, size)).as_py():
+            size = None
+    good = _first_bad(buf, offsets, size)
+    ids = _field(entries, _ID_AT, 8, pa.uint64(), size)
+    if good and ids[0].as_py() <= last_id:
+        good = 0
+    if good > 1:
+        rising = pc.greater(ids.slice(1, good - 1), ids.slice(0, good - 1))
+        if not pc.all(rising).as_py():
+            good = pc.index(rising, False).as_py() + 1
+    if good == 0:
+        return _Run(entries, ids, 0, False, size)
+    kinds = _field(entries.slice(0, good), 4, 2, pa.uint16(), size)
+    plain = bool(pc.all(pc.equal(kinds, _PLAIN)).as_py())
+    return _Run(entries, ids, good, plain, size)
+
+
+# ---------------------------------------------------------------------- row filters
+
+
+class _Filter:
+    """The exact row filter a task applies (what was pushed down), id and time."""
+
+    def __init__(self, task: SegmentTask) -> None:
+        self.id_lo = task.id_lo if task.id_lo > 1 else None
+        self.id_hi = task.id_hi
+        self.ids = task.ids
+        self.ts_lo = task.ts_lo
+        self.ts_hi = task.ts_hi
+        self.active = any(
+            v is not None for v in (self.id_lo, self.id_hi, self.ids, self.ts_lo, self.ts_hi)
+        )
+
+    def mask(self, ids: pa.Array, ts_us: pa.Array) -> pa.Array | None:
+        """A boolean mask of the rows to keep, or None when every row is kept."""
+        if not self.active:
+            return None
+        conditions = []
+        if self.id_lo is not None:
+            conditions.append(pc.greater_equal(ids, self.id_lo))
+        if self.id_hi is not None:
+            conditions.append(pc.less_equal(ids, self.id_hi))
+        if self.ids is not None:
+            conditions.append(pc.is_in(ids, value_set=pa.array(sorted(self.ids), pa.int64())))
+        ts_int = ts_us.cast(pa.int64())
+        if self.ts_lo is not None:
+            conditions.append(pc.greater_equal(ts_int, self.ts_lo))
+        if self.ts_hi is not None:
+            conditions.append(pc.less_equal(ts_int, self.ts_hi))
+        mask = conditions[0]
+        for condition in conditions[1:]:
+            mask = pc.and_(mask, condition)
+        return None if pc.all(mask).as_py() else mask
+
+    def keep(self, message_id: int, ts_us: int) -> bool:
+        """The same test for one row."""
+        return (
+            (self.id_lo is None or message_id >= self.id_lo)
+            and (self.id_hi is None or message_id <= self.id_hi)
+            and (self.ids is None or message_id in self.ids)
+            and (self.ts_lo is None or ts_us >= self.ts_lo)
+            and (self.ts_hi is None or ts_us <= self.ts_hi)
+        )
+
+
+def _ns_to_us(ns: pa.Array) -> pa.Array:
+    return ns.view(_TS_NS).cast(_TS, safe=False)
+
+
+def _state_of(state: ReaderSnapshot, message_id: int) -> str:
+    if message_id < state.head or message_id in state.done:
+        return ACKED
+    return LEASED if message_id in state.leased else PENDING
+
+
+# ---------------------------------------------------------------------- Arrow output
+
+
+class _ArrowSink:
+    def __init__(self, task: SegmentTask, stats: ScanStats) -> None:
+        self.task = task
+        self.stats = stats
+        self.filter = _Filter(task)
+        self.schema = ARROW_SCHEMA if task.state is None else ARROW_SCHEMA_WITH_STATE
+
+    def run(self) -> Iterator[pa.RecordBatch]:
+        scan = _SegmentScan(self.task, self.stats)
+        for piece in scan.pieces():
+            batch = self._plain(piece) if isinstance(piece, _Plain) else self._decoded(piece)
+            if batch is not None and batch.num_rows:
+                self.stats.rows += batch.num_rows
+                yield batch
+        _summary(self.task, self.stats)
+
+    def _plain(self, piece: _Plain) -> pa.RecordBatch | None:
+        run = piece.run
+        entries, size = run.entries, run.size
+        ids = run.ids.cast(pa.int64())
+        ts = _ns_to_us(_field(entries, _TS_AT, 8, pa.int64(), size))
+        mask = self.filter.mask(ids, ts)
+        if mask is not None:
+            entries, ids, ts = entries.filter(mask), ids.filter(mask), ts.filter(mask)
+        rows = len(ids)
+        if not rows:
+            return None
+        columns = [
+            pa.repeat(pa.scalar(self.task.queue, pa.string()), rows),
+            ids,
+            ts,
+            pa.nulls(rows, _TS),
+            pa.repeat(pa.scalar(1, pa.int32()), rows),
+            _empty_maps(rows),
+            _slice(entries, _HEADER_SIZE, -_CRC_SIZE, size),
+        ]
+        return self._batch(columns, ids)
+
+    def _decoded(self, piece: _Decoded) -> pa.RecordBatch | None:
+        ids = pa.array(piece.ids, pa.int64())
+        ts = _ns_to_us(pa.array(piece.timestamps, pa.int64()))
+        columns = [
+            pa.repeat(pa.scalar(self.task.queue, pa.string()), len(ids)),
+            ids,
+            ts,
+            _ns_to_us(pa.array(piece.expires, pa.int64())),
+            pa.array(piece.priorities, pa.int32()),
+            pa.array([list(h.items()) for h in piece.headers], _HEADERS),
+            pa.array(piece.payloads, pa.binary()),
+        ]
+        mask = self.filter.mask(ids, ts)
+        if mask is not None:
+            columns = [c.filter(mask) for c in columns]
+            ids = columns[1]
+        if not len(ids):
+            return None
+        return self._batch(columns, ids)
+
+    def _batch(self, columns: list[pa.Array], ids: pa.Array) -> pa.RecordBatch:
+        state = self.task.state
+        if state is not None:
+            acked = pc.less(ids, state.head)
+            if state.done:
+                acked = pc.or_(acked, pc.is_in(ids, value_set=pa.array(sorted(state.done))))
+            other = pa.repeat(pa.scalar(PENDING), len(ids))
+            if state.leased:
+                leased = pc.is_in(ids, value_set=pa.array(sorted(state.leased)))
+                other = pc.if_else(leased, LEASED, other)
+            columns.append(pc.if_else(acked, ACKED, other))
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+def _empty_maps(rows: int) -> pa.MapArray:
+    return pa.MapArray.from_arrays(
+        pa.repeat(pa.scalar(0, pa.int32()), rows + 1), _EMPTY_STRINGS, _EMPTY_STRINGS
+    )
+
+
+# ---------------------------------------------------------------------- tuple output
+
+
+def _datetime(ns: int) -> datetime:
+    # aware UTC datetimes: a naive one would be taken as the worker's local time
+    return _EPOCH + timedelta(microseconds=int(ns / 1000) if ns < 0 else ns // 1000)
+
+
+class _TupleSink:
+    def __init__(self, task: SegmentTask, stats: ScanStats) -> None:
+        self.task = task
+        self.stats = stats
+        self.filter = _Filter(task)
+
+    def run(self) -> Iterator[tuple[Any, ...]]:
+        scan = _SegmentScan(self.task, self.stats)
+        for piece in scan.pieces():
+            rows = self._plain(piece) if isinstance(piece, _Plain) else self._decoded(piece)
+            for row in rows:
+                self.stats.rows += 1
+                yield row
+        _summary(self.task, self.stats)
+
+    def _row(
+        self,
+        message_id: int,
+        ts_ns: int,
+        expires: int | None,
+        priority: int,
+        headers: dict[str, str],
+        payload: bytes,
+    ) -> tuple[Any, ...] | None:
+        ts_us = int(ts_ns / 1000) if ts_ns < 0 else ts_ns // 1000
+        if self.filter.active and not self.filter.keep(message_id, ts_us):
+            return None
+        row: tuple[Any, ...] = (
+            self.task.queue,
+            message_id,
+            _datetime(ts_ns),
+            None if expires is None else _datetime(expires),
+            priority,
+            headers,
+            payload,
+        )
+        state = self.task.state
+        return row if state is None else (*row, _state_of(state, message_id))
+
+    def _plain(self, piece: _Plain) -> Iterator[tuple[Any, ...]]:
+        buf, offsets = piece.buf, piece.offsets
+        for i in range(len(offsets) - 1):
+            start, stop = offsets[i], offsets[i + 1]
+            message_id, ts_ns = _unpack_id_ts(buf, start + _ID_AT)
+            row = self._row(
+                message_id, ts_ns, None, 1, {}, buf[start + _HEADER_SIZE : stop - _CRC_SIZE]
+            )
+            if row is not None:
+                yield row
+
+    def _decoded(self, piece: _Decoded) -> Iterator[tuple[Any, ...]]:
+        for i in range(len(piece)):
+            row = self._row(
+                piece.ids[i],
+                piece.timestamps[i],
+                piece.expires[i],
+                piece.priorities[i],
+                piece.headers[i],
+                piece.payloads[i],
+            )
+            if row is not None:
+                yield row
+
+
+def _summary(task: SegmentTask, stats: ScanStats) -> None:
+    if stats.corrupt_regions:
+        logger.warning(
+            "ledgerq: read %d rows of queue %s from %s; %d corrupt regions skipped "
+            "(%d bytes, %d messages lost)",
+            stats.rows,
+            task.queue,
+            task.log_path,
+            stats.corrupt_regions,
+            stats.corrupt_bytes,
+            stats.lost_messages,
+        )

@@ -1,0 +1,409 @@
+"""Injecting ENOSPC and EIO at a chosen file-system call of a workload, and judging it.
+
+A *site* is the ``nth`` call of one *family* of calls (``write``: write/writev/pwrite,
+``fsync``: fsync/fdatasync, ``rename``: replace/rename, ``open``, ``truncate``,
+``unlink``, ``mkdir``) made on the queue's files.  The workload is deterministic (a
+seeded ``tests.torture._child.Workload`` with ``sync="always"`` or ``"never"``: no
+background thread), so a dry run lists every site and a run with a fault at site *k*
+meets exactly that call.  Three kinds of fault:
+
+* ``once``: that one call fails; the disk is fine afterwards (a transient EIO);
+* ``sticky``: that call and every later write-like call (write, fsync, creating open,
+  mkdir, rename) fail until the fault is *cleared* (a full disk, a dying device);
+* ``short``: a write writes half its bytes and returns the short count, and the next
+  write-like call fails (how a disk that fills up mid-write behaves).
+
+The fault never performs the failed call, except ``short`` (the half it wrote stays).
+
+Judging a run: every operation either returns or raises a :class:`ledgerq.LedgerQError`
+(a ``StorageError`` naming a file under the queue and carrying the injected errno when
+it is an OS error); after the fault clears, a few more operations run (they may succeed
+or refuse clearly); ``close()`` releases the lock even if it fails; the queue reopens;
+and then nothing that was acknowledged is missing - every message whose enqueue
+returned and whose ack did not return is in the main queue or the DLQ - no acked
+message is pending again, every message carries exactly the bytes it was enqueued with,
+and a new enqueue gets an id above every id returned before.
+"""
+
+from __future__ import annotations
+
+import errno as errno_codes
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ledgerq
+from tests.faults._shim import FAMILIES, Interposer
+from tests.torture._child import Workload
+from tests.torture._payload import matches, mismatch, token_of
+
+__all__ = [
+    "ERRNOS",
+    "KNOWN_BUGS",
+    "MODES",
+    "Fault",
+    "FaultInjector",
+    "FaultRun",
+    "all_faults",
+    "classify",
+    "list_sites",
+    "run_with_fault",
+]
+
+ERRNOS = {"ENOSPC": errno_codes.ENOSPC, "EIO": errno_codes.EIO}
+MODES = ("once", "sticky", "short")
+_STICKY = frozenset(("write", "fsync", "open", "mkdir", "rename"))
+_EVERYTHING = 1_000_000
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Fail the ``nth`` call of ``family`` with ``errno`` (see the module docstring)."""
+
+    family: str
+    nth: int
+    errno: int
+    mode: str = "once"
+    match: str = ""  # count only calls on paths ending with this
+
+    def __str__(self) -> str:
+        where = f"{self.family}#{self.nth}" + (f"[{self.match}]" if self.match else "")
+        return f"{errno_codes.errorcode[self.errno]}@{where}/{self.mode}"
+
+
+class FaultInjector(Interposer):
+    """Count the calls of each family under ``root``; fail the one a :class:`Fault` names."""
+
+    def __init__(self, root: str | os.PathLike[str], fault: Fault | None = None) -> None:
+        super().__init__(root)
+        self.fault = fault
+        self.counts: Counter[str] = Counter()
+        # family, nth, function, path, whether it can need space (ENOSPC applies)
+        self.sites: list[tuple[str, int, str, str, bool]] = []
+        self.sites_in_phase_a = 0
+        self.fired = 0
+        self.fired_paths: list[str] = []
+        self.matched = 0
+        self.cleared = False
+        self._failing = False  # a sticky or short fault is in force
+
+    def arm(self, fault: Fault) -> None:
+        """Start counting calls for ``fault`` now (install first, before the queue opens)."""
+        self.fault = fault
+        self.counts.clear()
+        self.matched = 0
+        self.cleared = False
+
+    def clear(self) -> None:
+        """The disk is fine again."""
+        self.cleared = True
+        self._failing = False
+
+    def _raise(self, path: str) -> None:
+        assert self.fault is not None
+        self.fired += 1
+        self.fired_paths.append(path)
+        code = self.fault.errno
+        raise OSError(code, os.strerror(code), path)
+
+    def around(self, name: str, path: str, call: Callable[[], Any], args: tuple[Any, ...]) -> Any:
+        family = FAMILIES[name]  # opens for reading are sites too (EIO)
+        self.counts[family] += 1
+        nth = self.counts[family]
+        creating = family != "open" or bool(args[1] & os.O_CREAT)
+        self.sites.append((family, nth, name, path, creating))
+        fault = self.fault
+        if fault is None or self.cleared:
+            return call()
+        if self._failing and family in _STICKY and creating:
+            self._raise(path)
+        if family != fault.family:
+            return call()
+        if fault.match:
+            if not path.endswith(fault.match):
+                return call()
+            self.matched += 1
+            nth = self.matched
+        if nth != fault.nth:
+            return call()
+        if fault.errno == errno_codes.ENOSPC and not creating:
+            return call()  # opening an existing file needs no space
+        if fault.mode == "short" and family == "write":
+            return self._short_write(name, args)
+        if fault.mode in ("sticky", "short"):
+            self._failing = True
+        self._raise(path)
+        return None  # pragma: no cover - _raise always raises
+
+    def _short_write(self, name: str, args: tuple[Any, ...]) -> int:
+        fd = args[0]
+        data = b"".join(bytes(b) for b in args[1]) if name == "writev" else bytes(args[1])
+        half = len(data) // 2
+        self._failing = True
+        self.fired += 1
+        self.fired_paths.append(self.fds.get(fd, "?"))
+        if half == 0:
+            code = self.fault.errno if self.fault else errno_codes.ENOSPC
+            raise OSError(code, os.strerror(code))
+        if name == "pwrite":
+            written: int = self.real["pwrite"](fd, data[:half], args[2])
+        else:
+            written = self.real["write"](fd, data[:half])
+        return written
+
+
+@dataclass
+class FaultRun:
+    """What happened in one run; ``problems`` lists every broken promise."""
+
+    fault: Fault | None
+    fired: int = 0
+    errors: Counter[str] = field(default_factory=Counter)  # exception type -> count
+    usable_after: bool = True  # every operation after the fault cleared succeeded
+    corrupt_skipped: int = 0
+    problems: list[str] = field(default_factory=list)
+    failed_in: set[str] = field(default_factory=set)  # ledgerq functions errors came from
+    fired_paths: list[str] = field(default_factory=list)
+
+
+class _Ledger:
+    """The side log of the workload, reduced to what the checks need."""
+
+    def __init__(self) -> None:
+        self.returned: dict[int, int] = {}  # id -> token of every enqueue that returned
+        self.acked: set[int] = set()
+        self.acked_tokens: set[int] = set()
+        self.dlq: dict[int, int] = {}
+        self.tried: set[int] = set()  # tokens the workload tried to enqueue
+        self.highest = 0
+        self.problems: list[str] = []
+        self.requeued: set[int] = set()
+        self._op = ""
+
+    def feed(self, text: str) -> None:
+        for line in text.splitlines():
+            kind, *rest = line.split(" ")
+            if kind == "B":
+                self._op = rest[0]
+                if rest[0] == "ack":
+                    # An ack that raised may still have been written: its message may be
+                    # gone (the worker did finish it; at-least-once allows either).
+                    self.acked_tokens.add(self.returned.get(int(rest[1]), -1))
+                if rest[0] == "enq":
+                    self.tried.add(int(rest[1]))
+                elif rest[0] == "batch":
+                    first, n = int(rest[1]), int(rest[2])
+                    self.tried.update(range(first, first + n))
+            elif kind == "E" and rest[2] == "fresh":
+                message_id, token = int(rest[0]), int(rest[1])
+                if message_id <= self.highest:
+                    self.problems.append(f"id {message_id} returned after {self.highest}")
+                self.highest = max(self.highest, message_id)
+                self.returned[message_id] = token
+                if self._op == "requeue":
+                    self.requeued.add(message_id)
+            elif kind == "A":
+                self.acked.add(int(rest[0]))
+                self.acked_tokens.add(self.returned.get(int(rest[0]), -1))
+            elif kind == "D":
+                self.dlq[int(rest[0])] = int(rest[2])
+
+
+def _workload_config(
+    path: Path, options: dict[str, Any], seed: int, token_base: int
+) -> dict[str, Any]:
+    return {"path": str(path), "options": options, "seed": seed, "token_base": token_base}
+
+
+def _judge_error(run: FaultRun, what: str, exc: BaseException, path: Path) -> None:
+    run.errors[type(exc).__name__] += 1
+    tb = exc.__traceback__
+    while tb is not None:
+        if "/ledgerq/" in tb.tb_frame.f_code.co_filename:
+            run.failed_in.add(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    if not isinstance(exc, ledgerq.LedgerQError):
+        run.problems.append(f"{what} raised {type(exc).__name__} (not a LedgerQError): {exc}")
+        return
+    if isinstance(exc, OSError) and run.fault is not None:
+        if exc.errno != run.fault.errno:
+            run.problems.append(f"{what}: {type(exc).__name__} has errno {exc.errno}: {exc}")
+        if str(path) not in str(exc):
+            run.problems.append(f"{what}: {type(exc).__name__} names no queue file: {exc}")
+
+
+def run_with_fault(
+    root: Path,
+    fault: Fault | None,
+    *,
+    options: dict[str, Any],
+    seed: int = 7,
+    steps: int = 30,
+    after: int = 6,
+) -> tuple[FaultRun, FaultInjector]:
+    """Run the workload with ``fault``, clear it, go on, reopen, check (module docstring).
+
+    Phase A (the sites): open, ``steps`` operations, close.  Three operations after the
+    fault fired it is cleared, and the rest of phase A runs on the same queue object.
+    Phase B: reopen, ``after`` operations, close - all must succeed.  Then the checks.
+    """
+    path = root / "q"
+    run = FaultRun(fault)
+    ledger = _Ledger()
+    injector = FaultInjector(path, fault)
+    work: Workload | None = None
+    fired_at: int | None = None
+    with injector.installed():
+        try:
+            work = Workload(_workload_config(path, options, seed, 1_000_000), ledger.feed)
+        except Exception as exc:
+            _judge_error(run, "open", exc, path)
+        for step in range(steps if work is not None else 0):
+            if injector.fired and fired_at is None:
+                fired_at = step
+            if fired_at is not None and step >= fired_at + 3 and not injector.cleared:
+                injector.clear()
+            try:
+                assert work is not None
+                work.step()
+            except Exception as exc:
+                if injector.cleared:
+                    run.usable_after = False
+                _judge_error(run, f"step {step}", exc, path)
+        if work is not None:
+            try:
+                work.q.close()
+            except Exception as exc:
+                _judge_error(run, "close", exc, path)
+        injector.sites_in_phase_a = len(injector.sites)
+        injector.clear()
+    run.fired = injector.fired
+    run.fired_paths = list(injector.fired_paths)
+    try:
+        work = Workload(_workload_config(path, options, seed + 1, 2_000_000), ledger.feed)
+        for _ in range(after):
+            work.step()
+        work.q.close()
+    except Exception as exc:
+        run.problems.append(f"after the fault cleared, reopen and work failed: {exc!r}")
+    run.problems.extend(ledger.problems)
+    _check_reopened(path, options, ledger, run)
+    return run, injector
+
+
+def _check_reopened(path: Path, options: dict[str, Any], ledger: _Ledger, run: FaultRun) -> None:
+    try:
+        q = ledgerq.open(path, **options)
+    except Exception as exc:
+        run.problems.append(f"the queue does not reopen: {type(exc).__name__}: {exc}")
+        return
+    try:
+        with q:
+            _check_contents(q, ledger, run)
+    except Exception as exc:
+        run.problems.append(f"the reopened queue fails: {type(exc).__name__}: {exc}")
+
+
+def _check_contents(q: ledgerq.Queue, ledger: _Ledger, run: FaultRun) -> None:
+    if True:
+        q._check()
+        run.corrupt_skipped = q.stats().corrupt_skipped
+        main = q.peek(_EVERYTHING)
+        dlq = q.dlq.peek(_EVERYTHING)
+        present: set[int] = set()
+        for msg in main:
+            token = token_of(msg.payload)
+            present.add(token)
+            if token not in ledger.tried:
+                run.problems.append(f"message {msg.id} carries {token}, never enqueued")
+            elif not matches(msg, token, moved=msg.expires_at is None):
+                run.problems.append(f"message {msg.id} is served damaged: {mismatch(msg, token)}")
+            if msg.id in ledger.acked:
+                run.problems.append(f"acked message {msg.id} is pending again")
+            if msg.id in ledger.returned and ledger.returned[msg.id] != token:
+                run.problems.append(f"message {msg.id} carries {token}, returned with another")
+        for msg in dlq:
+            token = token_of(msg.payload)
+            present.add(token)
+            if not matches(msg, token, moved=True):
+                run.problems.append(f"DLQ message {msg.id} is damaged: {mismatch(msg, token)}")
+        lost = sorted(set(ledger.returned.values()) - ledger.acked_tokens - present)
+        if lost:
+            run.problems.append(f"acknowledged messages LOST (tokens): {lost[:8]}")
+        new_id = q.enqueue(b"after the fault")
+        highest = max([ledger.highest, *(m.id for m in main)])
+        if new_id <= highest:
+            run.problems.append(f"new id {new_id} is not above {highest} (reused)")
+
+
+def list_sites(
+    root: Path, *, options: dict[str, Any], seed: int = 7, steps: int = 30
+) -> list[tuple[str, int, bool]]:
+    """Every (family, nth, needs_space) site of the workload, from a dry run."""
+    run, injector = run_with_fault(root, None, options=options, seed=seed, steps=steps)
+    if run.problems or run.errors:
+        raise AssertionError(f"the workload fails without a fault: {run.problems} {run.errors}")
+    return [
+        (family, nth, space)
+        for family, nth, _, _, space in injector.sites[: injector.sites_in_phase_a]
+    ]
+
+
+# ---------------------------------------------------------------------- known bugs
+#
+# Each class below is a bug found by this sweep, shown by its own xfail test in
+# test_faults.py.  The sweep fails on any problem that is not one of them.
+
+KNOWN_BUGS = {
+    "raw-oserror": "an OS error escapes as a bare OSError, not a StorageError "
+    "(ledgerq.open's makedirs/DirLock/journal and feature opens, ReaderJournal._sync and "
+    "rewrite, SegmentManager._open_writer, DedupFeature/RetryTracker flush)",
+    "lock-leak": "a failed open() or close() leaves the queue's (or its DLQ's) directory "
+    "locked for the rest of the process (DirLock.__init__, QueueCore.close)",
+    "broken-after-rotation": "a failed segment rotation leaves the queue without a writer: "
+    "every later enqueue raises AssertionError('segment manager is closed') or tries to "
+    "re-create the same file (FileExistsError), even after the disk recovers",
+    "id-reuse-after-rotation": "an enqueue whose rotation fails after its write raises but "
+    "keeps the entry; the next enqueue reuses its id and is lost on reopen",
+    "nack-drops-message": "a nack whose retry-tracker write or DLQ move fails drops the "
+    "message from the reader; the next checkpoint moves the head past it and it is lost",
+}
+
+_ROTATION = frozenset(("rotate", "_create", "_seal", "_open_writer"))
+
+
+def classify(problem: str, run: FaultRun) -> str | None:
+    """The known bug a problem of ``run`` is an instance of, or None if it is new."""
+    if "(not a LedgerQError)" in problem and "raised OSError" in problem:
+        return "raw-oserror"
+    if "QueueLockedError" in problem:
+        return "lock-leak"
+    rotation_failed = bool(run.failed_in & _ROTATION)
+    if rotation_failed and (
+        "raised AssertionError" in problem or "could not create segment" in problem
+    ):
+        return "broken-after-rotation"
+    if rotation_failed and any(
+        text in problem for text in ("returned with another", "overlaps", "LOST")
+    ):
+        return "id-reuse-after-rotation"
+    if "LOST" in problem and "_report_failure" in run.failed_in:
+        return "nack-drops-message"
+    return None
+
+
+def all_faults(sites: list[tuple[str, int, bool]]) -> list[Fault]:
+    """Every fault of every site: both errnos (ENOSPC where space is needed), each mode."""
+    faults = []
+    for family, nth, needs_space in sites:
+        for code in ERRNOS.values():
+            if code == errno_codes.ENOSPC and not needs_space:
+                continue
+            for mode in MODES:
+                if mode == "short" and family != "write":
+                    continue
+                faults.append(Fault(family, nth, code, mode))
+    return faults

@@ -1,0 +1,361 @@
+"""Fuzz targets: one function per decoder, taking arbitrary bytes.
+
+Each target feeds the bytes to a decoder (or writes them as a file the library then
+loads) and fails - raises something other than :class:`Allowed` - when the decoder
+raises anything but the library's own errors, returns something inconsistent, or
+allocates memory out of proportion to its input (a length field taken at its word).
+:func:`run_target` adds the memory check (tracemalloc peak) and a watchdog against
+hangs; hypothesis (``test_fuzz.py``) and atheris (``python -m tests.fuzz --engine
+atheris``) both drive it.
+
+Targets whose module does not exist yet (the memcache protocol and the Kestrel journal
+readers are being written) are skipped with a message; see :data:`UNAVAILABLE`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import os
+import signal
+import tempfile
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ledgerq._errors import LedgerQError
+from ledgerq._options import Options
+from ledgerq.core.journal import ReaderJournal
+from ledgerq.core.meta import MetaStore
+from ledgerq.features.dedup import DedupFeature
+from ledgerq.features.retry import RetryTracker
+from ledgerq.format.entry import MIN_ENTRY_SIZE, decode_entry, decode_headers, peek_length
+from ledgerq.format.errors import CorruptRecord, DecodeError
+from ledgerq.format.feature_state import decode_feature_file
+from ledgerq.format.index import OPEN_COUNT, decode_index
+from ledgerq.format.reader_state import (
+    StateRecordType,
+    decode_checkpoint,
+    decode_state_file_header,
+    decode_state_record,
+)
+
+__all__ = ["TARGETS", "UNAVAILABLE", "Target", "executions", "run_target"]
+
+WATCHDOG_SECONDS = 30  # a decode of a few KiB taking this long is a hang
+_counter = {"executions": 0}
+
+
+def executions() -> int:
+    """How many inputs :func:`run_target` has run in this process."""
+    return _counter["executions"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A decoder under fuzzing: ``run(data)`` and its memory allowance."""
+
+    name: str
+    run: Callable[[bytes], None]
+    description: str
+    fixed_bytes: int = 1 << 20  # allowed peak allocation on top of per_byte * len(data)
+    per_byte: int = 128
+
+
+# ---------------------------------------------------------------------- pure decoders
+
+
+def _entry(data: bytes) -> None:
+    for pos in (0, 1, 5):
+        if pos > len(data):
+            break
+        try:
+            entry, stop = decode_entry(data, pos)
+        except DecodeError:
+            continue
+        assert entry.size == stop - pos and MIN_ENTRY_SIZE <= entry.size <= len(data) - pos
+        assert entry.id >= 1 and 0 <= entry.priority <= 2
+        assert entry.headers is None or all(
+            type(k) is str and type(v) is str for k, v in entry.headers.items()
+        )
+    try:
+        assert peek_length(data, 0) >= MIN_ENTRY_SIZE
+    except DecodeError:
+        pass
+    try:
+        decode_headers(data)
+    except CorruptRecord:
+        pass
+
+
+def _index(data: bytes) -> None:
+    try:
+        entries, sealed = decode_index(data)
+    except DecodeError:
+        return
+    for a, b in itertools.pairwise(entries):
+        assert a.id < b.id and a.offset < b.offset
+    if sealed:
+        count = int.from_bytes(data[8:12], "little")
+        assert count != OPEN_COUNT and len(entries) == count
+
+
+def _reader_state(data: bytes) -> None:
+    try:
+        pos = decode_state_file_header(data)
+    except DecodeError:
+        pos = 0  # walk the records anyway
+    while pos < len(data):
+        try:
+            kind, body, nxt = decode_state_record(data, pos)
+        except DecodeError:
+            pos += 1
+            continue
+        assert nxt > pos
+        if kind is StateRecordType.CHECKPOINT:
+            assert isinstance(body, bytes)
+            _checkpoint(body)
+        else:
+            assert isinstance(body, tuple) and body
+        pos = nxt
+
+
+def _checkpoint(data: bytes) -> None:
+    try:
+        cp = decode_checkpoint(data)
+    except CorruptRecord:
+        return
+    assert type(cp.head) is int and all(type(i) is int for i in cp.done)
+    assert all(type(i) is int and type(n) is int for i, n in cp.deliveries)
+
+
+def _feature_state(data: bytes) -> None:
+    for magic in (b"LQDD", b"LQRT"):
+        try:
+            values, end = decode_feature_file(data, magic)
+        except DecodeError:
+            continue
+        assert 8 <= end <= len(data)
+        assert isinstance(values, list)
+
+
+# ---------------------------------------------------------------------- file loaders
+
+
+class _Scratch:
+    """One directory per process for the loaders' files (rewritten for every input)."""
+
+    def __init__(self) -> None:
+        self._path: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        if self._path is None or not self._path.is_dir():
+            self._path = Path(tempfile.mkdtemp(prefix="ledgerq-fuzz-"))
+        return self._path
+
+
+_scratch = _Scratch()
+
+
+def _meta(data: bytes) -> None:
+    directory = _scratch.path / "meta"
+    directory.mkdir(exist_ok=True)
+    (directory / "meta.json").write_bytes(data)
+    try:
+        meta = MetaStore(str(directory)).load()
+    except LedgerQError:
+        return
+    assert isinstance(meta.next_id, int) and isinstance(meta.reserved_until, int)
+    assert isinstance(meta.counters, dict) and isinstance(meta.options, dict)
+    json.dumps(meta.counters)
+
+
+def _journal(data: bytes) -> None:
+    path = _scratch.path / "reader.state"
+    path.write_bytes(data)
+    journal = ReaderJournal(str(path))
+    try:
+        state = journal.load()
+    except LedgerQError:
+        return
+    finally:
+        journal.close()
+    assert all(type(i) is int for i in state.done)
+
+
+class _QueueStub:
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+
+def _dedup_file(data: bytes) -> None:
+    root = _scratch.path / "dedup"
+    (root / "features").mkdir(parents=True, exist_ok=True)
+    (root / "features" / "dedup.log").write_bytes(data)
+    feature = DedupFeature(Options(dedup_window=60.0))
+    try:
+        feature.attach(_QueueStub(root))  # type: ignore[arg-type]
+    except LedgerQError:
+        return
+    finally:
+        feature.close()
+
+
+def _retry_file(data: bytes) -> None:
+    path = _scratch.path / "retries.log"
+    path.write_bytes(data)
+    try:
+        tracker = RetryTracker(str(path))
+    except LedgerQError:
+        return
+    tracker.close()
+
+
+# ---------------------------------------------------------------------- other decoders
+
+
+def _memcache(data: bytes) -> None:
+    protocol = importlib.import_module("ledgerq.server.protocol")
+    parser = protocol.Parser(max_item_size=4096, max_line_bytes=512)
+    # Feed in pieces (as a socket would), asking for commands after each.
+    step = max(1, (data[0] if data else 1) % 17)
+    for at in range(0, len(data), step):
+        parser.feed(data[at : at + step])
+        for _ in range(len(data) + 2):
+            if parser.next_command() is None:
+                break
+    assert parser.buffered <= 512 + 4096 + len(data)
+
+
+def _kestrel3(data: bytes) -> None:
+    journal3 = importlib.import_module("ledgerq.kestrel.journal3")
+    allowed = (journal3.TruncatedRecord, journal3.BadRecord)
+    pos = 0
+    while pos < len(data):
+        try:
+            record = journal3.decode_record3(data, pos)
+        except allowed:
+            break
+        if record is None:
+            break
+        assert record.size > 0
+        pos += record.size
+
+
+def _kestrel_old(data: bytes) -> None:
+    old = importlib.import_module("ledgerq.kestrel.oldjournal")
+    allowed = (old.TruncatedRecord, old.BadRecord)
+    pos = 0
+    while pos < len(data):
+        try:
+            record = old.decode_record(data, pos)
+        except allowed:
+            break
+        assert record.size > 0
+        pos += record.size
+
+
+# ---------------------------------------------------------------------- registry
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("entry", _entry, "format.entry: decode_entry, peek_length, decode_headers"),
+        Target("index", _index, "format.index: decode_index"),
+        Target("reader_state", _reader_state, "format.reader_state: header and records"),
+        Target("checkpoint", _checkpoint, "format.reader_state: decode_checkpoint"),
+        Target("feature_state", _feature_state, "format.feature_state: decode_feature_file"),
+        Target("meta", _meta, "core.meta: MetaStore.load of meta.json"),
+        Target("journal", _journal, "core.journal: ReaderJournal.load of a state file"),
+        Target("dedup_file", _dedup_file, "features.dedup: loading features/dedup.log"),
+        Target("retry_file", _retry_file, "features.retry: loading features/retries.log"),
+        Target("memcache", _memcache, "server.protocol: Parser.feed/next_command"),
+        Target("kestrel3", _kestrel3, "kestrel.journal3: decode_record3"),
+        Target("kestrel_old", _kestrel_old, "kestrel.oldjournal: decode_record"),
+    )
+}
+
+_MODULES = {
+    "memcache": "ledgerq.server.protocol",
+    "kestrel3": "ledgerq.kestrel.journal3",
+    "kestrel_old": "ledgerq.kestrel.oldjournal",
+}
+
+
+def _unavailable() -> dict[str, str]:
+    missing = {}
+    for name, module in _MODULES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            missing[name] = f"{module} cannot be imported ({exc})"
+    return missing
+
+
+UNAVAILABLE = _unavailable()
+
+
+# ---------------------------------------------------------------------- running
+
+
+class Hang(AssertionError):
+    """An input kept a decoder busy past the watchdog."""
+
+
+@contextmanager
+def _watchdog(seconds: int) -> Iterator[None]:
+    def expire(signum: int, frame: Any) -> None:
+        raise Hang(f"no result after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_target(name: str, data: bytes, *, measure: bool = True) -> None:
+    """Run one input through a target, with the memory check and the hang watchdog."""
+    target = TARGETS[name]
+    _counter["executions"] += 1
+    if not measure:
+        with _watchdog(WATCHDOG_SECONDS):
+            target.run(data)
+        return
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base, _ = tracemalloc.get_traced_memory()
+    try:
+        with _watchdog(WATCHDOG_SECONDS):
+            target.run(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if started:
+            tracemalloc.stop()
+    allowed = target.fixed_bytes + target.per_byte * len(data)
+    assert peak - base <= allowed, (
+        f"{name}: {peak - base} bytes allocated for a {len(data)}-byte input "
+        f"(allowed {allowed}): a length field was trusted"
+    )
+
+
+def scratch_cleanup() -> None:
+    """Remove the loaders' scratch directory."""
+    path = _scratch._path
+    if path is not None and path.is_dir():
+        for top, dirs, files in os.walk(path, topdown=False):
+            for name in files:
+                os.unlink(os.path.join(top, name))
+            for name in dirs:
+                os.rmdir(os.path.join(top, name))
+        os.rmdir(path)
+        _scratch._path = None

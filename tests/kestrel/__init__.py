@@ -1,0 +1,1 @@
+"""Kestrel journal readers and the importer."""

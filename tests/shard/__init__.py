@@ -1,0 +1,1 @@
+"""Sharded queues (ledgerq.open_sharded)."""

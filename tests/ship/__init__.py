@@ -1,0 +1,1 @@
+"""Shipping a queue to a hub directory (ledgerq.ship)."""

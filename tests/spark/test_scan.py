@@ -1,0 +1,268 @@
+"""The segment scan behind every Spark read task, without Spark.
+
+Its fast paths must return exactly what ledgerq's own log walk
+(``ledgerq._verify.iter_messages``, built on ``EntryScanner``) returns - on clean
+segments, and on segments with a flipped bit or a cut anywhere - whatever the chunk
+size, with the Arrow and the tuple output alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.spark import require_spark
+
+require_spark()
+
+import ledgerq  # noqa: E402
+from ledgerq._verify import iter_messages  # noqa: E402
+from ledgerq.spark import _scan  # noqa: E402
+from ledgerq.spark._layout import find_queues, list_segments, read_reader_state  # noqa: E402
+from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks  # noqa: E402
+from ledgerq.spark._scan import ScanStats, SegmentTask, _state_of, scan_segment  # noqa: E402
+from tests.spark.helpers import segment_files  # noqa: E402
+
+Row = tuple[int, bytes, dict[str, str], int, int, int | None]
+
+
+def _us(ns: int | None) -> int | None:
+    return None if ns is None else ns // 1000
+
+
+def _expected(queue: Path) -> list[Row]:
+    return [
+        (m.id, m.payload, m.headers, int(m.priority), _us(m.timestamp), _us(m.expires_at))
+        for m in iter_messages(queue)
+    ]
+
+
+def _scanned(queue: Path, *, arrow: bool = True, **task: Any) -> list[Row]:
+    rows: list[Row] = []
+    for seg in list_segments(str(queue)):
+        spec = SegmentTask(queue.name, str(queue), seg.first_id, seg.next_first_id, **task)
+        for out in scan_segment(spec, arrow=arrow):
+            if arrow:
+                for r in out.to_pylist():
+                    rows.append(_arrow_row(r))
+            else:
+                rows.append(_tuple_row(out))
+    return rows
+
+
+def _arrow_row(r: dict[str, Any]) -> Row:
+    def us(t: Any) -> int | None:
+        return None if t is None else round(t.timestamp() * 1_000_000)
+
+    return (r["id"], r["payload"], dict(r["headers"]), r["priority"], us(r["timestamp"]),
+            us(r["expires_at"]))  # fmt: skip
+
+
+def _tuple_row(r: tuple[Any, ...]) -> Row:
+    def us(t: Any) -> int | None:
+        return None if t is None else round(t.timestamp() * 1_000_000)
+
+    return (r[1], r[6], dict(r[5]), r[4], us(r[2]), us(r[3]))
+
+
+def _fixed_queue(path: Path, n: int = 40) -> Path:
+    """Plain entries of one size (the column-wise walk), then a few of other sizes."""
+    with ledgerq.open(path, index_interval=200) as q:
+        q.enqueue_batch([b"%06d-fixed-size-payload" % i for i in range(n)])
+        q.enqueue_batch([b"tail" * i for i in range(1, 4)])
+    return path
+
+
+def _queue(path: Path, n: int = 60) -> Path:
+    with ledgerq.open(path, compression="zstd", compression_min_size=32, index_interval=200) as q:
+        for i in range(n):
+            payload = f"message {i} ".encode() * (1 + i % 4)
+            if i % 4 == 0:
+                q.enqueue(payload)
+            elif i % 4 == 1:
+                q.enqueue_batch([payload, payload + b"!"])
+            else:
+                q.enqueue(payload, headers={"i": str(i)}, priority=i % 3, ttl=60.0 * (i % 2 + 1))
+    return path
+
+
+@pytest.fixture(params=[4 << 20, 97], ids=["4MiB-chunks", "97-byte-chunks"])
+def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(_scan, "_CHUNK_BYTES", request.param)
+    return int(request.param)
+
+
+def test_clean_segments_read_like_the_log_walk(tmp_path: Path, chunk: int) -> None:
+    queue = _queue(tmp_path / "q")
+    expected = _expected(queue)
+    assert len(expected) == 75
+    assert _scanned(queue) == expected
+    assert _scanned(queue, arrow=False) == expected
+
+
+def test_plain_segments_take_the_vectorised_path(tmp_path: Path) -> None:
+    with ledgerq.open(tmp_path / "plain") as q:
+        q.enqueue_batch([b"x" * i for i in range(500)])
+    expected = _expected(tmp_path / "plain")
+    assert _scanned(tmp_path / "plain") == expected
+    assert _scanned(tmp_path / "plain", arrow=False) == expected
+    _fixed_queue(tmp_path / "fixed", n=300)
+    assert _scanned(tmp_path / "fixed") == _expected(tmp_path / "fixed")
+
+
+def test_run_checks_find_the_first_bad_entry(tmp_path: Path) -> None:
+    _fixed_queue(tmp_path / "q", n=50)
+    data = segment_files(tmp_path / "q")[0].read_bytes()
+    offsets = _scan._walk(data)
+    assert len(offsets) == 54
+    size = offsets[1] - offsets[0]
+    assert _scan._first_bad(data, offsets[:51], size) == 50
+    assert _scan._first_bad(data, offsets, None) == 53
+    for victim in (0, 7, 49, 52):
+        for where in (0, 5, 17, -1):
+            damaged = bytearray(data)
+            damaged[offsets[victim + 1] + where if where < 0 else offsets[victim] + where] ^= 0x10
+            assert _scan._first_bad(bytes(damaged), offsets, None) == victim
+            if victim < 50:
+                assert _scan._first_bad(bytes(damaged), offsets[:51], size) == victim
+
+
+@pytest.mark.parametrize("kind", ["mixed", "fixed"])
+@pytest.mark.parametrize("step", [1, 5, 7])
+def test_a_flipped_bit_anywhere_reads_like_the_log_walk(
+    tmp_path: Path, chunk: int, step: int, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean = _queue(tmp_path / "clean", n=12) if kind == "mixed" else _fixed_queue(tmp_path / "c")
+    log = segment_files(clean)[0]
+    size = log.stat().st_size
+    caplog.set_level(logging.ERROR, logger="ledgerq")  # the skips are logged; not checked here
+    for offset in range(step - 1, size, 11 * step):
+        damaged = tmp_path / f"d{offset}"
+        shutil.copytree(clean, damaged)
+        target = segment_files(damaged)[0]
+        data = bytearray(target.read_bytes())
+        data[offset] ^= 1 << (offset % 8)
+        target.write_bytes(bytes(data))
+        assert _scanned(damaged) == _expected(damaged), f"bit flipped at offset {offset}"
+        shutil.rmtree(damaged)
+
+
+def test_corruption_is_counted_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    queue = _queue(tmp_path / "q", n=20)
+    log = segment_files(queue)[0]
+    data = bytearray(log.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    log.write_bytes(bytes(data))
+    seg = list_segments(str(queue))[0]
+    stats = ScanStats()
+    with caplog.at_level(logging.WARNING, logger="ledgerq"):
+        rows = sum(b.num_rows for b in scan_segment(
+            SegmentTask("q", str(queue), seg.first_id, None), stats=stats))  # fmt: skip
+    assert rows == len(_expected(queue)) == 24
+    assert stats.corrupt_regions == 1 and stats.lost_messages == 1
+    assert any("corrupt bytes" in r.getMessage() and str(log) in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    failfast = SegmentTask("q", str(queue), seg.first_id, None, failfast=True)
+    with pytest.raises(ledgerq.CorruptionError, match="FAILFAST"):
+        list(scan_segment(failfast))
+
+
+def test_a_cut_tail_reads_like_the_log_walk(tmp_path: Path, chunk: int) -> None:
+    clean = _queue(tmp_path / "clean", n=10)
+    size = segment_files(clean)[0].stat().st_size
+    for cut in range(size - 60, size, 3):
+        queue = tmp_path / f"cut{cut}"
+        shutil.copytree(clean, queue)
+        log = segment_files(queue)[0]
+        log.write_bytes(log.read_bytes()[:cut])
+        # The newest segment: an incomplete end is an append in flight, never an error.
+        assert _scanned(queue, live_tail=True, failfast=True) == _expected(queue)
+        shutil.rmtree(queue)
+
+
+def test_pushed_bounds_seek_and_filter_exactly(tmp_path: Path) -> None:
+    with ledgerq.open(tmp_path / "q", segment_size=4096, index_interval=300) as q:
+        for _ in range(10):
+            q.enqueue_batch([b"p" * 50] * 30)
+    every = _expected(tmp_path / "q")
+    segments = list_segments(str(tmp_path / "q"))
+    assert len(segments) > 3
+    options = ReadOptions(paths=(str(tmp_path / "q"),))
+    cases = [
+        Pushed(id_lo=40, id_hi=95),
+        Pushed(ids=frozenset({3, 150, 299, 1000})),
+        Pushed(id_lo=290),
+        Pushed(id_hi=5),
+        Pushed(id_lo=10, id_hi=9),
+    ]
+    for pushed in cases:
+        tasks = plan_tasks(options, pushed)
+        got = [r for t in tasks for b in scan_segment(t) for r in map(_arrow_row, b.to_pylist())]
+        want = [
+            r
+            for r in every
+            if r[0] >= pushed.id_lo
+            and (pushed.id_hi is None or r[0] <= pushed.id_hi)
+            and (pushed.ids is None or r[0] in pushed.ids)
+        ]
+        assert got == want, pushed
+        assert len(tasks) < len(segments) or not want
+
+
+def test_reader_state_replay(tmp_path: Path) -> None:
+    with ledgerq.open(tmp_path / "q") as q:
+        q.enqueue_batch([b"m"] * 10)
+        reader = q.reader("billing")
+        got = reader.dequeue_batch(6)
+        reader.ack(got[0].id)
+        reader.ack(got[3].id)
+        reader.nack(got[4].id)
+        live = read_reader_state(str(tmp_path / "q"), "billing")
+        assert [_state_of(live, i) for i in range(1, 11)] == [
+            "acked", "leased", "leased", "acked", "pending", "leased",
+            "pending", "pending", "pending", "pending",
+        ]  # fmt: skip
+    closed = read_reader_state(str(tmp_path / "q"), "billing")
+    assert closed.leased == frozenset()  # leases do not survive a close
+    assert [_state_of(closed, i) for i in (1, 2, 4, 5)] == ["acked", "pending", "acked", "pending"]
+    nobody = read_reader_state(str(tmp_path / "q"), "nobody")
+    assert {_state_of(nobody, i) for i in range(1, 11)} == {"pending"}
+
+
+def test_find_queues_walks_a_tree(tmp_path: Path) -> None:
+    for name in ("a/x", "a/y", "b", "_hidden/z", ".dot/z"):
+        ledgerq.open(tmp_path / name).close()
+    with ledgerq.open(tmp_path / "b", max_retries=1) as q:
+        q.enqueue(b"poison")
+        q.nack(q.dequeue().id)  # type: ignore[union-attr]
+    names = [q.name for q in find_queues(str(tmp_path), include_dlq=False)]
+    assert names == ["a/x", "a/y", "b"]
+    assert [q.name for q in find_queues(str(tmp_path), include_dlq=True)] == [
+        "a/x",
+        "a/y",
+        "b",
+        "b/dlq",
+    ]
+    assert [q.name for q in find_queues(str(tmp_path / "b"), include_dlq=True)] == ["b", "b/dlq"]
+    with pytest.raises(ledgerq.NotAQueueError):
+        find_queues(str(tmp_path / "missing"), include_dlq=False)
+
+
+def test_last_complete_id_ignores_an_append_in_flight(tmp_path: Path) -> None:
+    from ledgerq.format.entry import encode_entry
+    from ledgerq.spark._layout import last_complete_id
+
+    with ledgerq.open(tmp_path / "q", segment_size=2000, index_interval=100) as q:
+        for _ in range(5):
+            q.enqueue_batch([b"e" * 90] * 7)
+    assert last_complete_id(str(tmp_path / "q")) == 35
+    with open(segment_files(tmp_path / "q")[-1], "ab") as f:
+        f.write(encode_entry(36, 1, b"x" * 500)[:300])
+    assert last_complete_id(str(tmp_path / "q")) == 35
+    assert last_complete_id(str(_queue(tmp_path / "other", n=4))) == 5
+    ledgerq.open(tmp_path / "empty").close()
+    assert last_complete_id(str(tmp_path / "empty")) == 0

@@ -1,0 +1,308 @@
+"""Crash torture: campaigns of child processes killed with SIGKILL, checked after each kill.
+
+A *campaign* is one queue with options drawn from the seed (sync mode, segment size,
+priorities, dedup, compression, max_retries).  Each *round* starts a child on it
+(``_child.py``) that runs a random workload and is killed:
+
+* ``random``: by the parent, after it has read a random number of report lines;
+* ``anywhere``: by itself, just before its ``nth`` file-changing system call;
+* ``rotation``, ``compaction``, ``checkpoint``, ``dlq_move``, ``requeue``, ``open``: by
+  itself, just before the ``nth`` file-changing call made *inside* that operation (a
+  segment rotation, ``compact()``, a reader-journal checkpoint, a move to the DLQ,
+  ``requeue_dlq()``, ``ledgerq.open``); the count runs on across calls of the
+  operation, so every crash point inside it is reachable;
+* ``after_open``: by itself, as soon as ``ledgerq.open`` returned.
+
+After the kill the parent reopens the queue, compares it with the model (``_model.py``)
+and closes it - except before an ``open`` or ``after_open`` round, whose child then
+opens the queue the killed one left.  At the end of a campaign the parent drains the
+queue and its DLQ and checks that every message is accounted for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ledgerq
+from tests.torture._model import Model, ModelError
+
+__all__ = ["TARGETS", "CampaignResult", "Totals", "run_campaign", "run_rounds"]
+
+REPO = Path(__file__).resolve().parents[2]
+WATCHDOG_SECONDS = 120.0
+LINE_CAP = 4000  # a self-kill that has not happened after this many reports: kill anyway
+TOKEN_STRIDE = 1_000_000
+SELF_KILL = ("anywhere", "rotation", "compaction", "checkpoint", "dlq_move", "requeue", "open")
+TARGETS = ("random", *SELF_KILL, "after_open")
+_NTH = {"anywhere": 300, "open": 60, "requeue": 30}  # upper bound of nth; 14 otherwise
+_EVERYTHING = 1_000_000
+
+
+class Child:
+    """One torture child; its stderr goes to a file shown when it fails."""
+
+    def __init__(self, config: dict[str, Any], stderr_path: Path) -> None:
+        self.stderr_path = stderr_path
+        with open(stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.torture._child", json.dumps(config)],
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
+        self.timed_out = False
+        self._watchdog = threading.Timer(WATCHDOG_SECONDS, self._expire)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        with contextlib.suppress(OSError):
+            self.proc.send_signal(signal.SIGKILL)
+
+    def read_line(self) -> str | None:
+        """The next whole report line, or None at the end of the output."""
+        assert self.proc.stdout is not None
+        raw = self.proc.stdout.readline()
+        if not raw.endswith(b"\n"):
+            return None
+        return raw.decode().rstrip("\n")
+
+    def kill(self) -> None:
+        """SIGKILL the child (if it still runs)."""
+        with contextlib.suppress(OSError):
+            self.proc.send_signal(signal.SIGKILL)
+
+    def finish(self) -> int:
+        """Reap the child, release its pipe and watchdog; return its exit status."""
+        code = self.proc.wait()
+        self._watchdog.cancel()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code
+
+    def stderr(self) -> str:
+        late = " (killed by the watchdog)" if self.timed_out else ""
+        return late + "\n" + self.stderr_path.read_text(errors="replace")
+
+
+@dataclass
+class CampaignResult:
+    """What one campaign did."""
+
+    seed: int
+    options: dict[str, Any]
+    rounds: int = 0
+    kills: Counter[str] = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
+    checks: int = 0
+    lines: int = 0
+
+
+@dataclass
+class Totals:
+    """Sums over campaigns, for the CLI and docs/reliability.md."""
+
+    campaigns: int = 0
+    rounds: int = 0
+    checks: int = 0
+    lines: int = 0
+    kills: Counter[str] = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def add(self, result: CampaignResult) -> None:
+        self.campaigns += 1
+        self.rounds += result.rounds
+        self.checks += result.checks
+        self.lines += result.lines
+        self.kills.update(result.kills)
+        self.counts.update(result.counts)
+
+
+def campaign_options(rng: random.Random, sync: str | None = None) -> dict[str, Any]:
+    """Queue options of a campaign, drawn from ``rng``."""
+    mode = sync or rng.choice(("always", "interval", "never"))
+    options: dict[str, Any] = {
+        "sync": mode,
+        "segment_size": rng.choice((512, 1024, 2048, 8192)),
+        "index_interval": rng.choice((64, 512, 4096)),
+        "max_retries": rng.randint(1, 3),
+        "priorities": rng.random() < 0.5,
+        "dedup_window": 3600.0 if rng.random() < 0.6 else None,
+        "compression": "zstd" if rng.random() < 0.4 else "none",
+        "compression_min_size": 64,
+    }
+    if mode == "interval":
+        options["sync_interval"] = 0.005  # let the background fsync run during the rounds
+    return options
+
+
+def _observe(path: Path, options: dict[str, Any], model: Model) -> None:
+    """Reopen the queue, check it against the model, close it."""
+    with ledgerq.open(path, **options) as q:
+        q._check()
+        stats = q.stats()
+        model.require(stats.in_flight == 0, f"in_flight={stats.in_flight} after a reopen")
+        model.require(stats.corrupt_skipped == 0, "kill -9 left corrupt entries")
+        main = q.peek(_EVERYTHING)
+        model.require(len(q) == len(main), f"len()={len(q)} but peek() shows {len(main)}")
+        dlq = q.dlq.peek(_EVERYTHING)
+        model.require(len(q.dlq) == len(dlq), "DLQ len() disagrees with its peek()")
+    model.reconcile(main, dlq)
+
+
+def _drain(path: Path, options: dict[str, Any], model: Model) -> None:
+    """Dequeue and ack everything (main queue, then DLQ) and check it against the model."""
+    delivered: list[ledgerq.Message] = []
+    with ledgerq.open(path, **options) as q:
+        while batch := q.dequeue_batch(64):
+            for msg in batch:
+                q.ack(msg.id)
+            delivered.extend(batch)
+        dlq = q.dlq.peek(_EVERYTHING)
+        q._check()
+    model.check_drain(delivered, dlq)
+    with ledgerq.open(path, **options) as q:
+        model.require(q.dequeue() is None and len(q) == 0, "messages left after the drain")
+
+
+def _plan(rng: random.Random, target: str | None) -> tuple[str, int]:
+    kind = target or rng.choice((*TARGETS, "random", "random", "anywhere"))
+    if kind == "random":
+        return kind, rng.randint(1, 400)
+    if kind in SELF_KILL:
+        return kind, rng.randint(1, _NTH.get(kind, 14))
+    return kind, 0
+
+
+def run_campaign(
+    workdir: Path,
+    seed: int,
+    rounds: int,
+    *,
+    target: str | None = None,
+    sync: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CampaignResult:
+    """Run one campaign of ``rounds`` kills; raise :class:`ModelError` on a broken promise."""
+    rng = random.Random(seed)
+    options = campaign_options(rng, sync)
+    result = CampaignResult(seed, options)
+    path = workdir / f"q-{seed}"
+    where = f"campaign seed={seed} options={options}"
+    model = Model(options["max_retries"], where=where)
+    plans = [_plan(rng, target) for _ in range(rounds)]
+    # Create the queue and its DLQ first: a kill inside the very first open of a queue
+    # leaves meta.json.tmp behind and the directory can no longer be opened (a known
+    # bug, tests/torture/test_first_open.py), which would end the campaign at once.
+    with ledgerq.open(path, **options) as q:
+        q.dlq.stats()
+    for round_no, (kind, nth) in enumerate(plans):
+        # A third of the self-kills die in the middle of a write, as SIGKILL can on
+        # Linux: the write keeps its bytes up to the next page boundary of the file.
+        torn = kind in SELF_KILL and rng.random() < 0.3
+        model.where = f"{where} round {round_no} kill={kind}:{nth}{'/torn' if torn else ''}"
+        config = {
+            "path": str(path),
+            "options": options,
+            "seed": rng.randrange(1 << 32),
+            "token_base": (round_no + 1) * TOKEN_STRIDE,
+            "kill": {"target": kind, "nth": nth, "torn": torn} if kind != "random" else {},
+        }
+        child = Child(config, workdir / f"child-{seed}-{round_no}.stderr")
+        model.start_child()
+        lines = 0
+        opened = False
+        try:
+            while (line := child.read_line()) is not None:
+                if line.startswith("X "):
+                    raise model.fail(f"the child raised: {line[2:]}")
+                model.feed(line)
+                opened = opened or line == "P"
+                lines += 1
+                if (kind == "random" and lines >= nth) or lines >= LINE_CAP:
+                    child.kill()
+            code = child.finish()
+        except BaseException:
+            child.kill()
+            child.finish()
+            raise
+        if code != -signal.SIGKILL:
+            raise model.fail(
+                f"the child exited with {code} instead of being killed:{child.stderr()}"
+            )
+        model.killed()
+        if kind in SELF_KILL and lines >= LINE_CAP:
+            result.kills[f"{kind}:not_reached"] += 1
+        elif kind == "open" and opened:
+            result.kills["open:after_open"] += 1
+        else:
+            result.kills[kind + ("/torn" if torn else "")] += 1
+        result.lines += lines
+        result.rounds += 1
+        following = plans[round_no + 1][0] if round_no + 1 < len(plans) else None
+        if following not in ("open", "after_open"):
+            _observe(path, options, model)
+            result.checks += 1
+        if progress is not None:
+            progress(f"seed {seed} round {round_no}: kill {kind}:{nth} after {lines} reports")
+    model.where = f"{where} final drain"
+    _drain(path, options, model)
+    result.checks += 1
+    result.counts.update(model.counts)
+    return result
+
+
+def run_rounds(
+    workdir: Path,
+    rounds: int,
+    *,
+    seed: int = 0,
+    per_campaign: int = 10,
+    target: str | None = None,
+    sync: str | None = None,
+    keep: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Totals:
+    """Run ``rounds`` rounds in campaigns of ``per_campaign``; return the totals."""
+    totals = Totals()
+    done = 0
+    campaign = 0
+    while done < rounds:
+        n = min(per_campaign, rounds - done)
+        campaign_seed = seed * 100_003 + campaign
+        started = time.monotonic()
+        result = run_campaign(
+            workdir, campaign_seed, n, target=target, sync=sync, progress=progress
+        )
+        totals.add(result)
+        if progress is not None:
+            progress(
+                f"campaign {campaign_seed} ({result.options['sync']}): {n} rounds, "
+                f"kills {dict(result.kills)}, {time.monotonic() - started:.1f} s"
+            )
+        if not keep:
+            shutil.rmtree(workdir / f"q-{campaign_seed}", ignore_errors=True)
+            for stale in workdir.glob(f"child-{campaign_seed}-*.stderr"):
+                os.unlink(stale)
+        done += n
+        campaign += 1
+    return totals
+
+
+__all__ += ["ModelError"]
