@@ -159,7 +159,8 @@ class QueueCore:
             raise NotAQueueError(f"{path} exists and is not a directory")
         os.makedirs(path, exist_ok=True)
         if not os.path.exists(os.path.join(path, META_NAME)):
-            known = ("LOCK", "segments", "readers", "features", "dlq")
+            known = ("LOCK", "segments", "readers", "features", "dlq", META_NAME + ".tmp")
+            # meta.json.tmp: a first open killed before its rename - still our directory.
             foreign = [n for n in os.listdir(path) if n not in known]
             if foreign:
                 raise NotAQueueError(

@@ -412,6 +412,12 @@ def _import_old(
     _write_reader_states(dest, plans)
 
 
+def _ids_from(dest: str, first: int) -> list[int]:
+    """Ids of the messages in the log of ``dest`` from ``first`` on."""
+    with follow(dest, from_id=first, timeout=0) as found:
+        return [message.id for message in found]
+
+
 def _reader_plans(
     dest: str,
     merged: list[_Merged],
@@ -422,7 +428,6 @@ def _reader_plans(
 ) -> dict[str, Checkpoint]:
     """The starting state of each fan-out child's reader that does not exist yet."""
     plans = {}
-    imported = sorted(mid for mid in ids if mid)
     for child in sorted(children):
         path = os.path.join(dest, _READERS_DIR, f"{child}.state")
         if child == "default" or not _READER_NAME.match(child):
@@ -433,7 +438,9 @@ def _reader_plans(
             continue
         wanted = {mid for m, mid in zip(merged, ids, strict=True) if mid and child in m.members}
         head = min(wanted) if wanted else next_id
-        done = [mid for mid in imported if mid > head and mid not in wanted]
+        # Everything else from the head on - other children's items, and messages that
+        # were in the queue before - is done for this reader: it sees exactly q+x's items.
+        done = [mid for mid in _ids_from(dest, head) if mid > head and mid not in wanted]
         plans[child] = Checkpoint(head, done, [], {})
         tally.readers.append((child, f"reader created with {len(wanted)} pending messages"))
     return plans

@@ -244,6 +244,20 @@ def test_fan_out_children_become_readers(src: Path, tmp_path: Path) -> None:
     assert all("exists" in what for _, what in again.readers)
 
 
+def test_a_child_reader_sees_only_its_items_in_a_queue_that_had_messages(
+    src: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "dest"
+    with ledgerq.open(dest) as q:
+        q.enqueue(b"was there before")
+    OldJournal().addx(b"a", 1).addx(b"b", 2).write(src / "q")
+    OldJournal().addx(b"b", 2).write(src / "q+late")
+    import_kestrel(src, dest)
+    with ledgerq.open(dest) as q:
+        assert [m.payload for m in q.dequeue_batch(10)] == [b"was there before", b"a", b"b"]
+        assert [m.payload for m in q.reader("late").dequeue_batch(10)] == [b"b"]
+
+
 def test_fan_out_children_as_separate_queues(src: Path, tmp_path: Path) -> None:
     OldJournal().addx(b"a", 1).addx(b"b", 2).remove().write(src / "q")
     OldJournal().addx(b"a", 1).addx(b"b", 2).write(src / "q+audit")

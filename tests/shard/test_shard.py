@@ -233,6 +233,16 @@ def test_a_blocked_dequeue_wakes_when_any_shard_gets_a_message(tmp_path: Path) -
         assert got[0] is not None and got[0].payload == b"wake up"
 
 
+def test_a_blocked_dequeue_wakes_when_a_lease_times_out(tmp_path: Path) -> None:
+    with ledgerq.open_sharded(tmp_path / "r", 2, visibility_timeout=0.05) as q:
+        q.enqueue(b"slow work", key="k")
+        first = q.dequeue()
+        assert first is not None
+        again = q.dequeue(timeout=60)  # no enqueue wakes it: the lease deadline must
+        assert again is not None
+        assert (again.id, again.attempts) == (first.id, 2)
+
+
 def test_close_wakes_a_blocked_dequeue(tmp_path: Path) -> None:
     q = ledgerq.open_sharded(tmp_path / "r", 2)
     errors: list[BaseException] = []

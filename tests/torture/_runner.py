@@ -48,7 +48,7 @@ LINE_CAP = 4000  # a self-kill that has not happened after this many reports: ki
 TOKEN_STRIDE = 1_000_000
 SELF_KILL = ("anywhere", "rotation", "compaction", "checkpoint", "dlq_move", "requeue", "open")
 TARGETS = ("random", *SELF_KILL, "after_open")
-_NTH = {"anywhere": 300, "open": 60, "requeue": 30}  # upper bound of nth; 14 otherwise
+_NTH = {"anywhere": 300, "open": 36, "requeue": 30}  # upper bound of nth; 14 otherwise
 _EVERYTHING = 1_000_000
 
 

@@ -62,11 +62,6 @@ def _first_open_calls(path: Path) -> list[tuple[str, str]]:
     return calls
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a kill inside the first open of a queue (or the first use of its DLQ) "
-    "leaves meta.json.tmp behind, and open() then raises NotAQueueError for good",
-)
 @pytest.mark.parametrize("which", ["queue", "dlq"])
 def test_kill_inside_first_open(tmp_path: Path, which: str) -> None:
     meta = "meta.json" if which == "queue" else "dlq/meta.json"
