@@ -31,7 +31,7 @@ from ledgerq.segment.files import StorageError
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("aio", "metrics", "workers")
+_LAZY_MODULES = ("aio", "kestrel", "metrics", "ship", "workers")
 
 
 def __getattr__(name: str) -> object:

@@ -359,8 +359,8 @@ class ShardedQueue:
     def enqueue(
         self,
         payload: bytes | bytearray | memoryview,
-        *,
         key: bytes | str | None = None,
+        *,
         headers: Mapping[str, str] | None = None,
         priority: Priority | int = Priority.MEDIUM,
         ttl: float | None = None,

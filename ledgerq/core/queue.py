@@ -52,7 +52,7 @@ logger = logging.getLogger("ledgerq")
 
 DEFAULT_READER = "default"
 READERS_DIR = "readers"
-_READER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+_READER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
 _PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
 _MEDIUM = Priority.MEDIUM
 _BYTES_TYPES = (bytes, bytearray, memoryview)
