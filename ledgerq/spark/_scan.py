@@ -521,9 +521,8 @@ def _slice(entries: pa.BinaryArray, start: int, stop: int | None, size: int | No
 def _field(
     entries: pa.BinaryArray, start: int, width: int, kind: pa.DataType, size: int | None
 ) -> pa.Array:
-    """A fixed-width little-endian field of every entry, as an array of ``kind``."""
-    stop = start + width
-    sliced = _slice(entries, start, stop if stop or start >= 0 else 0, size).cast(pa.binary(width))
+    """A fixed-width little-endian field at ``start`` of every entry, as an array of ``kind``."""
+    sliced = _slice(entries, start, start + width, size).cast(pa.binary(width))
     return pa.Array.from_buffers(kind, len(sliced), [None, sliced.buffers()[1]])
 
 
