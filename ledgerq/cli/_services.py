@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
@@ -24,10 +24,6 @@ from ledgerq.cli._common import (
 )
 
 __all__ = ["bench", "import_kestrel", "serve", "ship", "worker"]
-
-
-def _not_yet(issue: int) -> NoReturn:
-    raise NotImplementedYetError(f"not implemented yet: comes with issue {issue}")
 
 
 def load_handler(spec: str) -> Callable[..., Any]:
