@@ -1,4 +1,4 @@
-"""Long-running and not-yet-built commands: worker, serve, import-kestrel, ship, bench."""
+"""Long-running and tool commands: worker, serve, import-kestrel, ship, bench."""
 
 from __future__ import annotations
 
