@@ -16,7 +16,8 @@ peer that is run at a level it does not really survive says so in ``Level.surviv
 "crash-safe peer" in the targets.  ``semantics`` says what a get does: a *lease + ack*
 queue redelivers a message whose consumer died before the ack (at-least-once); a
 *delete on get* queue removes it when it is handed out (a consumer that dies with it
-loses it), which is one write per message instead of two.
+loses it), which is one write per message instead of two; ``Adapter.keeps_unacked`` is
+False for those, and they do not count as crash-safe peers for dequeue + ack.
 
 Imports of the peers are lazy (inside ``open``), so a missing peer only disables itself.
 """
@@ -69,6 +70,10 @@ class Adapter:
     levels: ClassVar[dict[str, Level | None]]
     is_thread_safe: ClassVar[bool] = False
     note: ClassVar[str] = ""  # what a reader of the numbers should know
+    # Whether a message handed out survives its consumer being killed before the ack
+    # (lease + ack, get + task_done in an open transaction, pop + done).  A *delete on
+    # get* queue loses it: such a peer does not count as crash-safe for dequeue + ack.
+    keeps_unacked: ClassVar[bool] = True
 
     def open(self, path: str, level: str) -> None:
         raise NotImplementedError
@@ -337,6 +342,7 @@ class DiskcacheDeque(Adapter):
     distribution = "diskcache"
     module = "diskcache"
     semantics = "delete on get (popleft; no ack)"
+    keeps_unacked = False
     batch_note = "`with deque.transact():` around 100 appends / 100 poplefts (one commit)"
     note = "Deque's own Cache settings (eviction_policy='none'); values < 32 KiB live in SQLite"
     is_thread_safe = True
@@ -486,6 +492,7 @@ class QueuelibFifoDisk(Adapter):
     distribution = "queuelib"
     module = "queuelib"
     semantics = "delete on get (pop)"
+    keeps_unacked = False
     batch_note = "no batch API: a loop of push / pop"
     note = "only head/tail counters in memory until close(): fast because nothing is recorded"
     levels: ClassVar[dict[str, Level | None]] = {
@@ -521,6 +528,7 @@ class QueuelibFifoSQLite(Adapter):
     distribution = "queuelib"
     module = "queuelib"
     semantics = "delete on get (pop: SELECT + DELETE in one transaction)"
+    keeps_unacked = False
     batch_note = "no batch API: a loop of push / pop (one transaction each)"
     levels = _sqlite_levels(
         "journal_mode and synchronous set through the private _db connection; queuelib "
@@ -558,6 +566,7 @@ class PlainSQLite(Adapter):
     distribution = "sqlite3"
     module = "sqlite3"
     semantics = "delete on get (DELETE ... RETURNING)"
+    keeps_unacked = False
     batch_note = "executemany INSERT in one transaction; one DELETE ... LIMIT 100 RETURNING"
     is_thread_safe = True  # one connection, guarded by a lock
     levels = _sqlite_levels("set at open", "set at open")

@@ -177,6 +177,10 @@ class Feature:
         """Return a delivery order for ``reader``, or None to keep the default."""
         return None
 
+    # Entry flags that can make :meth:`deliverable` refuse: an entry with none of
+    # them set is delivered without calling it (TTL: only entries with an expiry).
+    deliverable_flags: ClassVar[int] = 0xFF
+
     def deliverable(self, reader: ReaderCore, entry: Entry, now_ns: int) -> bool:
         """False to settle ``entry`` without delivering it (lock held)."""
         return True

@@ -26,6 +26,8 @@ __all__ = ["ReaderJournal", "ReplayedState"]
 
 logger = logging.getLogger("ledgerq")
 
+_ONE_ID_RECORD_SIZE = len(encode_id_record(StateRecordType.ACK, 1))
+
 # Rewrite the journal once it is this much larger than its last checkpoint.
 _COMPACT_MIN_BYTES = 1 << 20
 
@@ -159,6 +161,20 @@ class ReaderJournal:
         except OSError as exc:
             raise StorageError("write reader state", self.path, exc) from exc
         self.size += len(record)
+        return self.commit.note_write()
+
+    def append_one(self, kind: StateRecordType, message_id: int) -> int:
+        """:meth:`append` for one id (the dequeue/ack hot path)."""
+        record = encode_id_record(kind, message_id)
+        fd = self._fd
+        assert fd is not None, "journal is closed"
+        try:
+            written = os.write(fd, record)
+            if written != _ONE_ID_RECORD_SIZE:
+                write_all(fd, record[written:])  # finish a short write
+        except OSError as exc:
+            raise StorageError("write reader state", self.path, exc) from exc
+        self.size += _ONE_ID_RECORD_SIZE
         return self.commit.note_write()
 
     @property

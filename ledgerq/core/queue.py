@@ -119,16 +119,29 @@ def _check_dedup_id(dedup_id: object) -> str | bytes | None:
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 
 
+# Message is a frozen dataclass: its generated __init__ sets each field through
+# object.__setattr__, which costs more than the rest of a dequeue's bookkeeping.
+# The slot descriptors set the same fields directly (profiled: 1.2 us -> 0.5 us).
+_new_message = Message.__new__
+_MESSAGE_SLOTS = tuple(
+    Message.__dict__[name].__set__
+    for name in ("id", "payload", "headers", "priority", "timestamp", "expires_at", "attempts")
+)
+
+
 def _entry_to_message(entry: Entry, attempts: int, payload: bytes) -> Message:
-    return Message(
-        entry.id,
-        payload,
-        dict(entry.headers) if entry.headers else {},
-        _PRIORITIES[entry.priority],
-        entry.timestamp,
-        entry.expires_at,
-        attempts,
+    message = _new_message(Message)
+    set_id, set_payload, set_headers, set_priority, set_timestamp, set_expiry, set_attempts = (
+        _MESSAGE_SLOTS
     )
+    set_id(message, entry.id)
+    set_payload(message, payload)
+    set_headers(message, dict(entry.headers) if entry.headers else {})
+    set_priority(message, _PRIORITIES[entry.priority])
+    set_timestamp(message, entry.timestamp)
+    set_expiry(message, entry.expires_at)
+    set_attempts(message, attempts)
+    return message
 
 
 class QueueCore:
@@ -854,17 +867,19 @@ class Reader:
         """
         if timeout == 0:  # the common polling call: no wait, no list
             queue = self._queue
+            core = self._core
             with queue._lock:
-                self._ensure_usable()
-                taken = self._core.take(1, time.monotonic(), time.time_ns())
-                if taken:
-                    self._core.maybe_compact()
-            if not taken:
+                if queue._closed or self._removed:
+                    self._ensure_usable()
+                taken = core.take_one(time.monotonic(), time.time_ns())
+                if taken is not None and core.journal.wants_compaction:
+                    core.checkpoint()
+            if taken is None:
                 return None
-            entry, attempt = taken[0]
+            entry, attempt = taken
             if not entry.flags & _COMPRESSED:
                 return _entry_to_message(entry, attempt, entry.payload)
-            messages = queue._messages(self, taken)
+            messages = queue._messages(self, [taken])
             return messages[0] if messages else self.dequeue(0)
         messages = self.dequeue_batch(1, timeout)
         return messages[0] if messages else None
@@ -915,15 +930,18 @@ class Reader:
         crash may deliver the message again (at-least-once), never lose it.
         Raises :class:`UnknownMessageError` if the id is not leased by this reader.
         """
-        message_id = _check_id(message_id)
+        if type(message_id) is not int:  # the common case needs no call
+            message_id = _check_id(message_id)
         queue = self._queue
         core = self._core
         with queue._lock:
-            self._ensure_usable()
-            core.check_leased(message_id)
-            ticket = core.ack([message_id])
-            core.maybe_compact()
-            queue._retire_consumed()
+            if queue._closed or self._removed:
+                self._ensure_usable()
+            ticket = core.ack_one(message_id)
+            if core.journal.wants_compaction:
+                core.checkpoint()
+            if len(queue._manager.segments) > 1:
+                queue._retire_consumed()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 

@@ -58,6 +58,9 @@ class ReaderHooks:
 
         self.selector = overriding("selector")
         self.deliverable = overriding("deliverable")
+        self.deliverable_flags = 0  # the entry flags any of them looks at
+        for feature in self.deliverable:
+            self.deliverable_flags |= feature.deliverable_flags
         self.failed = overriding("failed")
         self.settled = overriding("settled")
 
@@ -158,21 +161,52 @@ class ReaderCore:
 
     def take(self, n: int, now: float, now_ns: int) -> list[tuple[Entry, int]]:
         """Lease up to ``n`` entries; return each with its attempt number."""
+        if n == 1:
+            one = self.take_one(now, now_ns)
+            return [one] if one is not None else []
         if self._deadlines:
             self.expire_leases(now, now_ns)
-        selector = self._selector
-        hooks = self._hooks
         chosen: list[Entry] = []
         while len(chosen) < n:
-            entry = selector.take(now_ns)
+            entry = self._choose(now_ns)
             if entry is None:
                 break
-            refused = False
-            for feature in hooks.deliverable:
-                if not feature.deliverable(self, entry, now_ns):
-                    refused = True
-                    break
-            if refused:
+            chosen.append(entry)
+        if not chosen:
+            return []
+        try:
+            self.journal.append(_LEASE, [e.id for e in chosen])
+        except BaseException:
+            for entry in chosen:  # nothing was leased: keep them available
+                self._selector.give_back(entry)
+            raise
+        return [self._lease(entry, now) for entry in chosen]
+
+    def take_one(self, now: float, now_ns: int) -> tuple[Entry, int] | None:
+        """:meth:`take` for one entry, without the lists (the polling hot path)."""
+        if self._deadlines:
+            self.expire_leases(now, now_ns)
+        entry = self._choose(now_ns)
+        if entry is None:
+            return None
+        try:
+            self.journal.append_one(_LEASE, entry.id)
+        except BaseException:
+            self._selector.give_back(entry)  # nothing was leased: keep it available
+            raise
+        return self._lease(entry, now)
+
+    def _choose(self, now_ns: int) -> Entry | None:
+        """The next entry to deliver (settling expired and dead-lettered ones on the way)."""
+        selector = self._selector
+        hooks = self._hooks
+        while True:
+            entry = selector.take(now_ns)
+            if entry is None:
+                return None
+            if entry.flags & hooks.deliverable_flags and not all(
+                f.deliverable(self, entry, now_ns) for f in hooks.deliverable
+            ):
                 self._finish(entry.id, _EXPIRE, "expired")
                 continue
             failures = self._deliveries.get(entry.id, 0)
@@ -182,30 +216,19 @@ class ReaderCore:
                 and self._report_failure(entry, failures, _LOST_LEASE, now_ns)
             ):
                 continue
-            chosen.append(entry)
-        if not chosen:
-            return []
-        ids = [e.id for e in chosen]
-        try:
-            self.journal.append(_LEASE, ids)
-        except BaseException:
-            for entry in chosen:  # nothing was leased: keep them available
-                selector.give_back(entry)
-            raise
-        deliveries = self._deliveries
-        leased = self._leased
-        visibility = self._visibility
-        taken = []
-        for entry in chosen:
-            message_id = entry.id
-            attempt = deliveries.get(message_id, 0) + 1
-            deliveries[message_id] = attempt
-            leased[message_id] = (entry, attempt)
-            heapq.heappush(self._leased_heap, message_id)
-            if visibility is not None:
-                heapq.heappush(self._deadlines, (now + visibility, message_id, attempt))
-            taken.append((entry, attempt))
-        return taken
+            return entry
+
+    def _lease(self, entry: Entry, now: float) -> tuple[Entry, int]:
+        """Record the lease of ``entry`` (its LEASE record is written); return it, attempt."""
+        message_id = entry.id
+        attempt = self._deliveries.get(message_id, 0) + 1
+        self._deliveries[message_id] = attempt
+        lease = (entry, attempt)
+        self._leased[message_id] = lease
+        heapq.heappush(self._leased_heap, message_id)
+        if self._visibility is not None:
+            heapq.heappush(self._deadlines, (now + self._visibility, message_id, attempt))
+        return lease
 
     def _report_failure(self, entry: Entry, failures: int, reason: str, now_ns: int) -> bool:
         """Tell the features a delivery failed; True (and settled) if one moved it away."""
@@ -263,17 +286,36 @@ class ReaderCore:
 
     def ack(self, ids: list[int]) -> int:
         """Ack leased ids (checked by the caller); return the journal ticket."""
+        if len(ids) == 1:
+            return self.ack_one(ids[0])
         ticket = self.journal.append(_ACK, ids)  # first: if it fails, nothing changed
         for message_id in ids:
             del self._leased[message_id]
             self._forget(message_id)
         self.counters["acked"] += len(ids)
-        if self._hooks.settled:
-            for feature in self._hooks.settled:
-                feature.settled(self, ids)
+        self._after_ack(ids)
+        return ticket
+
+    def ack_one(self, message_id: int) -> int:
+        """:meth:`ack` for one id, checking that it is leased (the hot path)."""
+        if message_id not in self._leased:
+            self.check_leased(message_id)  # raises, saying why
+        ticket = self.journal.append_one(_ACK, message_id)  # first: if it fails, nothing changed
+        del self._leased[message_id]
+        self._deliveries.pop(message_id, None)
+        if self._reported:
+            self._reported.pop(message_id, None)
+        self._done.add(message_id)
+        self.counters["acked"] += 1
+        if self._hooks.settled or len(self._done) > 65536:
+            self._after_ack([message_id])
+        return ticket
+
+    def _after_ack(self, ids: list[int]) -> None:
+        for feature in self._hooks.settled:
+            feature.settled(self, ids)
         if len(self._done) > 65536:
             self._prune_done()
-        return ticket
 
     def nack(self, ids: list[int], reason: str, now_ns: int) -> int:
         """Fail leased ids (checked by the caller); return the journal ticket."""

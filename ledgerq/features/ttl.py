@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ledgerq.core.feature import Feature
-from ledgerq.format.entry import Entry
+from ledgerq.format.entry import Entry, EntryFlags
 
 if TYPE_CHECKING:
     from ledgerq.core.reader import ReaderCore
@@ -24,6 +24,7 @@ class TTLFeature(Feature):
     """Skip (and settle) messages whose time to live has passed."""
 
     name = "ttl"
+    deliverable_flags = int(EntryFlags.HAS_TTL)
 
     def deliverable(self, reader: ReaderCore, entry: Entry, now_ns: int) -> bool:
         expires_at = entry.expires_at
