@@ -940,7 +940,10 @@ class Reader:
             ticket = core.ack_one(message_id)
             if core.journal.wants_compaction:
                 core.checkpoint()
-            if len(queue._manager.segments) > 1:
+            segments = queue._manager.segments
+            # Retention can only apply once this reader has read past the oldest
+            # segment (every reader's head is computed on each ack otherwise).
+            if len(segments) > 1 and core.has_read_past(segments[0].last_id):
                 queue._retire_consumed()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
@@ -961,6 +964,9 @@ class Reader:
             self._ensure_usable()
             core.check_leased(message_id)
             ticket = core.nack([message_id], reason, time.time_ns())
+            segments = queue._manager.segments
+            if len(segments) > 1 and core.has_read_past(segments[0].last_id):
+                queue._retire_consumed()  # a move to the DLQ may finish the oldest segment
             if queue._waiting or queue._listeners:
                 queue._wake()
         if queue._sync_always:

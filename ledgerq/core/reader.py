@@ -137,6 +137,10 @@ class ReaderCore:
                 found.append(entry)
         return found
 
+    def has_read_past(self, message_id: int) -> bool:
+        """Whether the log has been read beyond ``message_id`` (a cheap bound on the head)."""
+        return self._cursor.next_id > message_id
+
     def deliveries(self, message_id: int) -> int:
         """How many times ``message_id`` has been delivered so far."""
         return self._deliveries.get(message_id, 0)
