@@ -206,9 +206,7 @@ def render(results: list[dict[str, object]]) -> str:
         if r["bytes_per_message"]:
             mib = rate * int(r["bytes_per_message"]) / 2**20  # type: ignore[call-overload]
             bandwidth = f" ({mib:,.0f} MiB/s of payload)"
-        lines.append(
-            f"- ledgerq: {rate:,.0f} msg/s{bandwidth} = {per_path:.2f} us per message"
-        )
+        lines.append(f"- ledgerq: {rate:,.0f} msg/s{bandwidth} = {per_path:.2f} us per message")
         lines.append(
             f"- floor ({r['floor_text']}): {floor:,.0f} msg/s = {per_floor:.2f} us; "
             f"the rest, {per_path - per_floor:.2f} us ({100 * (1 - per_floor / per_path):.0f}%), "
