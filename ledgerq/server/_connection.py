@@ -8,7 +8,10 @@ connection run in order, one at a time; replies are written in the same order.
 Flow control, so that a slow or stalled client only ever slows itself: when the
 transport's write buffer is full the connection stops executing (and so stops
 reading new commands) until the client reads; when commands pile up unexecuted
-(pipelining behind a waiting ``get``) reading pauses.
+(pipelining behind a waiting ``get``) reading pauses.  And a busy client does not
+hold up the others: most commands never wait (a take, a peek, a small write run
+inline), so after every few of them - commands, or keys of one ``get`` - the
+connection yields the event loop (:meth:`Connection._take_turns`).
 
 Open reads (``get q/open``) belong to the connection: ``/close`` acks the oldest
 one on that queue, ``/abort`` gives it back, and a connection that ends for any
@@ -45,6 +48,7 @@ T = TypeVar("T")
 FLAGS_HEADER = "memcache.flags"  # the 32-bit flags of a set, when not 0
 _READ_HIGH_WATER = 1 << 20  # unexecuted bytes buffered before reading pauses
 _FLUSH_BYTES = 64 << 10  # replies gathered before a write() regardless
+_STEPS_PER_TURN = 32  # commands (or get keys) run before letting other connections run
 _ALREADY_EXPIRED_TTL = 1e-9  # an exptime in the past: stored, and expired at once
 _ABORTED = "memcache: open read aborted"
 _DISCONNECTED = "memcache: client disconnected with an open read"
@@ -121,6 +125,7 @@ class Connection(asyncio.Protocol):
         self._out_bytes = 0
         self._waiter: tuple[ReaderSlot, Waiter] | None = None
         self._opens: dict[tuple[str, str | None], _OpenReads] = {}
+        self._steps = 0  # commands and get keys run since this connection last yielded
         self.done: asyncio.Future[None] = self._loop.create_future()
 
     # ------------------------------------------------------------------ transport events
@@ -225,6 +230,7 @@ class Connection(asyncio.Protocol):
                 if self._writable is not None:
                     self._flush()
                     await self._writable
+                await self._take_turns()
             self._flush()
         except Exception:
             logger.exception("ledgerq serve: connection failed")
@@ -236,6 +242,20 @@ class Connection(asyncio.Protocol):
         self._resume_reading()
         if self._is_eof:
             self.begin_close()
+
+    async def _take_turns(self) -> None:
+        """Count one step of work; every ``_STEPS_PER_TURN`` steps, let others run.
+
+        A command that finds what it needs at once never suspends, so without this
+        a long pipeline (or a ``get`` of thousands of keys) would run in one go and
+        every other connection would wait for all of it.  The replies so far go out
+        first, so the busy client is not held back either.
+        """
+        self._steps += 1
+        if self._steps >= _STEPS_PER_TURN:
+            self._steps = 0
+            self._flush()
+            await asyncio.sleep(0)
 
     async def _finish(self) -> None:
         try:
@@ -457,6 +477,7 @@ class Connection(asyncio.Protocol):
         ]
         stats = self._stats
         for key, slot in zip(keys, slots, strict=True):
+            await self._take_turns()  # a get of thousands of keys is a pipeline too
             if self._is_closing:
                 break
             if key.close:
@@ -595,6 +616,7 @@ class Connection(asyncio.Protocol):
         deadline = self._loop.time() + command.seconds
         sent = 0
         while slot is not None and not self._is_closing and not slot.is_dead:
+            await self._take_turns()
             if command.max_items is not None and sent >= command.max_items:
                 break
             entry = self._open_reads(queue, reader)

@@ -91,6 +91,11 @@ class ServerProcess:
         assert self._proc is not None
         return self._proc.pid
 
+    @property
+    def is_running(self) -> bool:
+        """True while the server process has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
     def wait(self, timeout: float = GUARD_S) -> int:
         """Wait for the process to exit by itself; return its exit code."""
         assert self._proc is not None
@@ -214,7 +219,7 @@ class Raw:
 
     def stats(self) -> dict[str, str]:
         self.send(b"stats\r\n")
-        found = {}
+        found: dict[str, str] = {}
         while True:
             line = self.line()
             if line == b"END":

@@ -156,3 +156,30 @@ def test_sync_always_queues_write_in_threads(tmp_path: Path) -> None:
         await c.close()
 
     run(serving(tmp_path, body, queue_options={"sync": "always"}))
+
+
+PIPELINED = 20_000
+_PEEK_REPLY = b"VALUE q/peek 0 1\r\nx\r\n"
+
+
+@pytest.mark.parametrize("keys_per_get", [1, 4000])
+def test_a_long_pipeline_does_not_hold_up_other_connections(
+    tmp_path: Path, keys_per_get: int
+) -> None:
+    # Found by the soak (tests/soak): commands that never wait - thousands of pipelined
+    # peeks, or one get of thousands of keys - ran in one turn of the event loop, and
+    # every other client waited for all of them (stalls of 0.5 s).
+    async def body(server: Server, port: int) -> None:
+        busy, other = await Conn.open(port), await Conn.open(port)
+        assert await other.call(b"set q 0 0 1\r\nx\r\n") == b"STORED"
+        line = b"get" + b" q/peek" * keys_per_get + b"\r\n"
+        busy.writer.write(line * (PIPELINED // keys_per_get))
+        assert (await other.call(b"version\r\n")).startswith(b"VERSION")
+        # Answered while the pipeline was being worked through, not after it.
+        assert server.stats.cmd_peek < PIPELINED // 10
+        reply = (_PEEK_REPLY * keys_per_get + b"END\r\n") * (PIPELINED // keys_per_get)
+        assert await busy.reader.readexactly(len(reply)) == reply
+        await busy.close()
+        await other.close()
+
+    run(serving(tmp_path, body))
