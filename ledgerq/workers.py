@@ -38,6 +38,10 @@ __all__ = ["WorkerReport", "run"]
 
 Handler = Callable[[Message], Any]
 
+# How long to wait for a worker that died (its pipe closed) to be reaped, for its
+# exit code; it is already exiting, so this is a bound, not a delay.
+_REAP_SECONDS = 5.0
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
@@ -233,21 +237,24 @@ def run(
                                 else:
                                     queue.nack(message_id, reason)
                                     failed += 1
-                        if child.process.sentinel in ready or (
+                        # Died: its sentinel fired, or its pipe hit EOF (a dying process
+                        # closes the pipe before it can be reaped: it may look alive).
+                        died = child.process.sentinel in ready
+                        if died or (
                             child.task is not None
                             and task_timeout is not None
                             and time.monotonic() - child.started >= task_timeout
                         ):
                             task = child.task
                             if task is not None:
-                                if child.process.is_alive():
-                                    reason = f"task timeout: ran longer than {task_timeout} s"
-                                    timed_out += 1
-                                else:
-                                    child.process.join()
+                                if died:
+                                    child.process.join(_REAP_SECONDS)
                                     code = child.process.exitcode
                                     reason = f"worker process crashed (exit code {code})"
                                     crashed += 1
+                                else:
+                                    reason = f"task timeout: ran longer than {task_timeout} s"
+                                    timed_out += 1
                                 queue.nack(task.id, reason)
                                 failed += 1
                             child.kill()
