@@ -9,7 +9,8 @@ What it can rely on, from the owner's side (see ``docs/format.md``):
 
 * the owner only appends, one ``write()`` per enqueue or batch, so bytes of a log
   below a size the follower has seen never change - except when the owner's
-  recovery cuts a torn tail (an incomplete entry, never a whole one);
+  recovery cuts a torn tail: an incomplete entry, or the whole entries of a batch
+  whose last entry is missing (the follower waits at the start of such a batch);
 * ids inside a segment are consecutive, and between segments they only increase;
 * a segment is sealed (its last write done) before the next segment's file is
   created, so once a newer ``.log`` exists, the older file's size is final;
@@ -34,6 +35,7 @@ import math
 import os
 import struct
 import time
+from collections import deque
 from types import TracebackType
 
 from ledgerq._errors import CorruptionError, NotAQueueError
@@ -74,6 +76,7 @@ _WATCH_MODES = ("auto", "inotify", "poll")
 _PRIORITIES = tuple(Priority)
 _DATA = int(RecordType.DATA)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
+_BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 _KNOWN_TYPES = frozenset(int(t) for t in RecordType)
 _LENGTH = struct.Struct("<I")
 
@@ -274,6 +277,7 @@ class Follower:
         self._next_id = from_id
         self._timeout = timeout
         self._seg: _OpenSegment | None = None
+        self._ready: deque[Entry] = deque()  # the rest of a batch whose end was read
         self._decompressor = ZstdDecompression(Options(max_message_size=_MAX_PAYLOAD))
         # The watcher exists before the first look at the files, so no change between
         # a look and the next wait can be missed (see ledgerq._watch).
@@ -340,6 +344,7 @@ class Follower:
         """Release the open segment and the watcher; idempotent.  Iteration then stops."""
         seg, self._seg = self._seg, None
         watcher, self._watcher = self._watcher, None
+        self._ready.clear()
         try:
             if seg is not None:
                 seg.close()
@@ -371,7 +376,7 @@ class Follower:
                 seg = self._seg = self._open_first()
                 if seg is None:
                     return None
-            entry = self._next_entry(seg)
+            entry = self._next_whole(seg)
             if entry is None:
                 if self._leave_segment(seg):
                     continue
@@ -384,6 +389,30 @@ class Follower:
             message = self._message(seg, entry)
             if message is not None:
                 return message
+
+    def _next_whole(self, seg: _OpenSegment) -> Entry | None:
+        """:meth:`_next_entry`, holding a batch back until its last entry is in the file.
+
+        The owner's recovery cuts a batch whose end never reached the file (a batch
+        is all-or-nothing), so no part of one is yielded before its end is there: the
+        scan goes back to the batch's start and waits (or, in a sealed segment, where
+        nothing will complete it, passes over it as skipped bytes).
+        """
+        if self._ready:
+            return self._ready.popleft()
+        entry = self._next_entry(seg)
+        if entry is None or not entry.flags & _BATCH_CONTINUES:
+            return entry
+        start, after_id = seg.scanner.pos - entry.size, entry.id - 1
+        rest: list[Entry] = []
+        while (more := self._next_entry(seg)) is not None:
+            rest.append(more)
+            if not more.flags & _BATCH_CONTINUES:
+                self._ready.extend(rest)
+                return entry
+        seg.scanner = seg.new_scanner(start, after_id)
+        seg.at_end = True  # look at the file's size again before reading the batch again
+        return None
 
     def _next_entry(self, seg: _OpenSegment) -> Entry | None:
         """The next whole, valid entry of ``seg`` within what the file holds now."""

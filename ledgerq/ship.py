@@ -50,7 +50,7 @@ from typing import Any
 from ledgerq._errors import CorruptionError, LedgerQError, NotAQueueError
 from ledgerq._watch import DirectoryWatcher, WatchMode, open_watcher
 from ledgerq.core.meta import META_NAME, Meta, MetaStore
-from ledgerq.format.entry import decode_entry
+from ledgerq.format.entry import EntryFlags, decode_entry
 from ledgerq.format.errors import DecodeError, IncompleteRecord
 from ledgerq.format.index import (
     OPEN_COUNT,
@@ -91,6 +91,7 @@ _DEFAULT_INDEX_INTERVAL = 4096
 # An entry that looks half-written is waited for while its file was written to less
 # than this long ago and we have not waited this long at it (as ledgerq.follow does).
 _GRACE_S = 1.0
+_BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 _MIN_PASS_INTERVAL_S = 0.05  # in follow mode, at most ~20 passes (and fsyncs) a second
 
 ProgressCallback = Callable[[int, int], None]
@@ -257,17 +258,33 @@ class _Scan:
 
 
 def _scan(
-    fd: int, start: int, end: int, *, after_id: int, boundaries: list[int], patient: bool
+    fd: int,
+    start: int,
+    end: int,
+    *,
+    after_id: int,
+    boundaries: list[int],
+    patient: bool,
+    whole_batches: bool = False,
 ) -> _Scan:
+    """The entries between ``start`` and ``end``; with ``whole_batches``, without a batch
+    whose last entry is not there yet (being written - or cut by the owner's recovery)."""
     scanner = _ShipScanner(
         fd, start, end, after_id=after_id, boundaries=boundaries, patient=patient
     )
-    entries = []
+    entries: list[tuple[int, int, int, int]] = []
+    batch_at = -1  # where in ``entries`` a batch whose last entry is unread begins
     while (entry := scanner.next()) is not None:
+        if not entry.flags & _BATCH_CONTINUES:
+            batch_at = -1
+        elif batch_at < 0:
+            batch_at = len(entries)
         entries.append((scanner.pos - entry.size, entry.id, entry.timestamp, entry.size))
+    if whole_batches and batch_at >= 0:
+        del entries[batch_at:]
     stop = entries[-1][0] + entries[-1][3] if entries else start
     corrupt = [(r.start, r.stop) for r in scanner.corrupt if r.stop <= stop]
-    return _Scan(stop, scanner.last_id if entries else after_id, entries, corrupt)
+    return _Scan(stop, entries[-1][1] if entries else after_id, entries, corrupt)
 
 
 # ---------------------------------------------------------------------- destination segments
@@ -682,6 +699,7 @@ class Shipper:
                 after_id=after_id,
                 boundaries=[b for b in source.boundaries if b > pos],
                 patient=patient if at_end else True,
+                whole_batches=not (sealed and at_end),
             )
             stop = found.stop
             if at_end and sealed and stop < size:

@@ -9,6 +9,7 @@ import threading
 from ledgerq._errors import CorruptionError
 from ledgerq.format.errors import CorruptRecord, IncompleteRecord
 from ledgerq.format.reader_state import (
+    STATE_RECORD_HEADER,
     Checkpoint,
     StateRecordType,
     decode_checkpoint,
@@ -19,7 +20,13 @@ from ledgerq.format.reader_state import (
     encode_ids_record,
     encode_state_file_header,
 )
-from ledgerq.segment.files import StorageError, atomic_write, datasync, write_all
+from ledgerq.segment.files import (
+    StorageError,
+    datasync,
+    replace_and_open,
+    storage_errors,
+    write_all,
+)
 from ledgerq.segment.sync import GroupCommit
 
 __all__ = ["ReaderJournal", "ReplayedState"]
@@ -30,6 +37,37 @@ _ONE_ID_RECORD_SIZE = len(encode_id_record(StateRecordType.ACK, 1))
 
 # Rewrite the journal once it is this much larger than its last checkpoint.
 _COMPACT_MIN_BYTES = 1 << 20
+
+# Telling a torn tail from damage in the middle means making sure that no valid record
+# starts at any offset after the bad one: checksumming each plausible record over the
+# length it claims.  Honest tails - a torn append, zeroed or stale pages - hold few
+# plausible headers, and short ones; a crafted file can hold one claiming the rest of
+# the file at every offset, and checking them all is quadratic (a 1 MiB file: 137 GB of
+# CRC).  So the bytes checksummed in vain are capped at _GARBAGE_CHECK_FACTOR times the
+# bytes after the bad record, plus _GARBAGE_CHECK_FLOOR; a candidate that does not fit
+# in what is left makes the bad record count as damage (CorruptionError), the safe
+# answer: nothing is cut that might have held acks.
+_GARBAGE_CHECK_FACTOR = 16
+_GARBAGE_CHECK_FLOOR = 256 * 1024
+_MIN_RECORD = STATE_RECORD_HEADER.size + 4  # length, type, empty body, CRC
+_IDS_TYPES = frozenset(t for t in StateRecordType if t is not StateRecordType.CHECKPOINT)
+
+
+def _plausible_record_length(data: bytes, at: int) -> int:
+    """The length of the record whose header is at ``at``, or 0 if it cannot be valid.
+
+    The checks :func:`decode_state_record` makes after the CRC (type, size of an ids
+    body) made before it, so that only a plausible record costs a checksum.
+    """
+    length, record_type = STATE_RECORD_HEADER.unpack_from(data, at)
+    if length < _MIN_RECORD or at + length > len(data):
+        return 0
+    if record_type == StateRecordType.CHECKPOINT:
+        return int(length)
+    body = length - _MIN_RECORD
+    if record_type not in _IDS_TYPES or not body or body % 8:
+        return 0
+    return int(length)
 
 
 class ReplayedState:
@@ -73,11 +111,13 @@ class ReaderJournal:
         while pos < len(data):
             try:
                 kind, body, nxt = decode_state_record(data, pos)
-            except IncompleteRecord:
-                break
-            except CorruptRecord as exc:
+            except (CorruptRecord, IncompleteRecord) as exc:
+                # A record cut short, or damaged, with nothing valid after it is a torn
+                # append at the tail (kill or power loss): cut it below.  One followed
+                # by valid records is damage in the middle - even when its (flipped)
+                # length claims to run past the end of the file.
                 if self._only_garbage_follows(data, pos):
-                    break  # a torn append at the tail (power loss): cut it below
+                    break
                 raise CorruptionError(
                     f"reader state record is damaged ({exc}); restore the file or delete it "
                     "to restart this reader from the oldest message",
@@ -134,16 +174,31 @@ class ReaderJournal:
 
     @staticmethod
     def _only_garbage_follows(data: bytes, pos: int) -> bool:
-        for at in range(pos + 1, len(data)):
+        """Whether no valid record starts at any offset after the damaged one at ``pos``.
+
+        Also False - the damage is then reported, nothing is cut - when the bytes hold
+        more plausible records than :data:`_GARBAGE_CHECK_FACTOR` lets it checksum.
+        """
+        budget = _GARBAGE_CHECK_FACTOR * (len(data) - pos) + _GARBAGE_CHECK_FLOOR
+        for at in range(pos + 1, len(data) - _MIN_RECORD + 1):
+            length = _plausible_record_length(data, at)
+            if not length:
+                continue
+            if length > budget:
+                return False  # cannot rule it out within the budget: not provably torn
             try:
                 decode_state_record(data, at)
             except (CorruptRecord, IncompleteRecord):
+                budget -= length
                 continue
             return False
         return True
 
     def _open(self, size: int) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._adopt(os.open(self.path, os.O_WRONLY | os.O_APPEND), size)
+
+    def _adopt(self, fd: int, size: int) -> None:
+        """Append to ``fd`` (holding ``size`` bytes) from now on."""
         with self._fd_lock:
             old, self._fd = self._fd, fd
         if old is not None:
@@ -183,10 +238,14 @@ class ReaderJournal:
         return self.size >= self._compact_at
 
     def rewrite(self, checkpoint: Checkpoint) -> None:
-        """Replace the journal with one holding only ``checkpoint`` (durably)."""
+        """Replace the journal with one holding only ``checkpoint`` (durably).
+
+        Raises :class:`StorageError` if it cannot; the journal then goes on appending to
+        whichever file holds its name (see :func:`replace_and_open`), so no record is
+        written where a reopen would not find it.
+        """
         blob = encode_state_file_header() + encode_checkpoint(checkpoint)
-        atomic_write(self.path, blob, durable=True)
-        self._open(len(blob))
+        replace_and_open(self.path, blob, lambda fd: self._adopt(fd, len(blob)))
         # Everything before the rewrite is now durable (the checkpoint holds it).
         self.commit.note_write()
         self.commit.sync_now()
@@ -197,7 +256,8 @@ class ReaderJournal:
         if fd is None:
             return
         try:
-            datasync(fd)
+            with storage_errors("sync reader state", self.path):
+                datasync(fd)
         finally:
             os.close(fd)
 

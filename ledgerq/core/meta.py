@@ -68,7 +68,9 @@ class MetaStore:
         try:
             with open(self.path, "rb") as f:
                 raw: Any = json.loads(f.read())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
+            # RecursionError: json nests arrays and objects on the C stack, so a damaged
+            # or hostile file of a thousand "[" is bad JSON like any other.
             raise NotAQueueError(
                 f"{self.path} is unreadable ({exc}); this is not a usable ledgerq queue"
             ) from exc

@@ -40,6 +40,7 @@ from ledgerq.format.entry import (
     encode_plain_batch_parts,
     encode_plain_entry,
 )
+from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.scanner import CorruptRegion
@@ -116,6 +117,14 @@ def _check_dedup_id(dedup_id: object) -> str | bytes | None:
     raise TypeError(f"dedup_id must be a str or bytes, got {type(dedup_id).__name__}")
 
 
+def _attempt(errors: list[Exception], step: Callable[[], object]) -> None:
+    """Run one step of a close; note its error in ``errors`` and go on."""
+    try:
+        step()
+    except Exception as exc:
+        errors.append(exc)
+
+
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 
 
@@ -156,12 +165,13 @@ class QueueCore:
         self.path = os.path.abspath(os.fspath(path))
         self.options = options
         self._features = list(features)
+        self._readers: dict[str, Reader] = {}
         self._prepare_directory()
         self._dirlock = DirLock(self.path)
         try:
             self._open_locked()
         except BaseException:
-            self._dirlock.release()
+            self._close_after_failed_open()
             raise
 
     # ------------------------------------------------------------------ opening
@@ -170,11 +180,13 @@ class QueueCore:
         path = self.path
         if os.path.exists(path) and not os.path.isdir(path):
             raise NotAQueueError(f"{path} exists and is not a directory")
-        os.makedirs(path, exist_ok=True)
+        make_durable_dir(path)  # its entry in the parent must survive a power cut too
         if not os.path.exists(os.path.join(path, META_NAME)):
             known = ("LOCK", "segments", "readers", "features", "dlq", META_NAME + ".tmp")
             # meta.json.tmp: a first open killed before its rename - still our directory.
-            foreign = [n for n in os.listdir(path) if n not in known]
+            with storage_errors("list the queue directory", path):
+                names = os.listdir(path)
+            foreign = [n for n in names if n not in known]
             if foreign:
                 raise NotAQueueError(
                     f"{path} is not a ledgerq queue (it holds {sorted(foreign)[:3]} but no "
@@ -206,7 +218,8 @@ class QueueCore:
             [(int(a), int(b)) for a, b in meta.corrupt_regions if isinstance(a, int)]
         )
         floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
-        self._manager.open(min_next_id=floor)
+        with storage_errors("open the segments in", self._manager.directory):
+            self._manager.open(min_next_id=floor)
         self._next_id = self._manager.next_id
         # Entries appended after the last counter save were enqueued too (counted up to
         # the last entry in the log, not the reserved ids a crash made us skip).
@@ -220,13 +233,15 @@ class QueueCore:
         self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
         self._register_hooks()
-        os.makedirs(os.path.join(self.path, READERS_DIR), exist_ok=True)
-        self._readers: dict[str, Reader] = {}
+        make_durable_dir(os.path.join(self.path, READERS_DIR))
         for feature in self._features:
-            feature.attach(self)
+            with storage_errors(f"open the {feature.name} files of", self.path):
+                feature.attach(self)
         self._default = self._open_reader(DEFAULT_READER, start_latest=False)
         # Every reader on disk holds back retention, opened or not in this run.
-        for name in sorted(os.listdir(os.path.join(self.path, READERS_DIR))):
+        with storage_errors("list the readers of", self.path):
+            reader_files = sorted(os.listdir(os.path.join(self.path, READERS_DIR)))
+        for name in reader_files:
             stem, dot, ext = name.rpartition(".")
             if ext == "state" and dot and stem != DEFAULT_READER and _READER_NAME.match(stem):
                 self._open_reader(stem, start_latest=False)
@@ -257,14 +272,19 @@ class QueueCore:
 
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
         journal = ReaderJournal(os.path.join(self.path, READERS_DIR, f"{name}.state"))
-        core = ReaderCore(
-            name,
-            journal,
-            self._manager,
-            self._reader_hooks,
-            visibility_timeout=self.options.visibility_timeout,
-            start_latest=start_latest,
-        )
+        try:
+            with storage_errors("open reader state", journal.path):
+                core = ReaderCore(
+                    name,
+                    journal,
+                    self._manager,
+                    self._reader_hooks,
+                    visibility_timeout=self.options.visibility_timeout,
+                    start_latest=start_latest,
+                )
+        except BaseException:
+            journal.close()
+            raise
         reader = Reader(self, core)
         self._readers[name] = reader
         return reader
@@ -396,7 +416,11 @@ class QueueCore:
             now = time.time_ns()
             parts, sizes = encode_plain_batch_parts(first, now, payloads)
             segments_before = len(self._manager.segments)
-            self._manager.append(parts, sizes, first, now)
+            try:
+                self._manager.append(parts, sizes, first, now)
+            except BaseException:
+                self._count_written(first)
+                raise
             self._next_id = first + count
             self._enqueued += count
             if len(self._manager.segments) != segments_before:
@@ -418,9 +442,14 @@ class QueueCore:
                 self._reserved_until = message_id + 1 + ID_BLOCK
                 self._save_meta(clean=False)
             now = time.time_ns()
-            if self._manager.append_one(
-                encode_plain_entry(message_id, now, payload), message_id, now
-            ):
+            try:
+                rotated = self._manager.append_one(
+                    encode_plain_entry(message_id, now, payload), message_id, now
+                )
+            except BaseException:
+                self._count_written(message_id)
+                raise
+            if rotated:
                 self._retire_consumed()  # a segment was sealed: retention may apply
             self._next_id = message_id + 1
             self._enqueued += 1
@@ -499,6 +528,8 @@ class QueueCore:
                         priority=draft.priority,
                         headers_blob=draft.headers_blob,
                         compressed=draft.compressed,
+                        # Marks the batch's extent, so recovery can cut a partial one.
+                        batch_continues=i < count - 1,
                     )
                     for i, draft in enumerate(to_write)
                 ]
@@ -509,6 +540,7 @@ class QueueCore:
             except BaseException:
                 for feature in self._admitters:
                     feature.rollback()
+                self._count_written(first)
                 raise
             self._next_id = first + count
             self._enqueued += count
@@ -532,6 +564,19 @@ class QueueCore:
                 ids.append(new_id)
                 new_id += 1
         return ids
+
+    def _count_written(self, first: int) -> None:
+        """An append from id ``first`` raised: count what it wrote all the same (lock held).
+
+        A segment rotation that fails after the write leaves the entries in the log;
+        the enqueue raised, so they may or may not be there (the promise), but their
+        ids must never be given again: the next id moves past them.
+        """
+        written = self._manager.next_id - first
+        if written > 0:
+            self._next_id = first + written
+            self._enqueued += written
+            self._log_commit.note_write()
 
     def _restore(self, entry: Entry) -> bytes:
         """The payload as the producer gave it (undoing compression)."""
@@ -767,7 +812,10 @@ class QueueCore:
     def close(self) -> None:
         """Sync, persist every reader's state, and release the directory lock.
 
-        Idempotent.  Blocked ``dequeue`` calls raise :class:`QueueClosedError`.
+        Idempotent.  Blocked ``dequeue`` calls raise :class:`QueueClosedError`.  Every
+        step runs even if an earlier one fails - each file is closed, the DLQ too, and
+        the lock is released - and then the first error is raised (a
+        :class:`StorageError` if the disk refused something); the queue is closed anyway.
         """
         with self._lock:
             if self._closed:
@@ -777,18 +825,39 @@ class QueueCore:
         self._stop_flusher.set()
         if self._flusher is not None:
             self._flusher.join()
+        errors: list[Exception] = []
         try:
             with self._lock:
-                self._manager.sync()
+                _attempt(errors, self._manager.sync)
                 for reader in self._readers.values():
-                    reader._core.close()
+                    _attempt(errors, reader._core.close)
+                    _attempt(errors, reader._core.journal.close)  # if its checkpoint failed
                 for feature in self._features:
-                    feature.flush()
-                    feature.close()
-                self._save_meta(clean=True)
-                self._manager.close()
+                    _attempt(errors, feature.flush)
+                    _attempt(errors, feature.close)
+                # "Clean" lets the next open trust next_id alone; after a failure it
+                # skips the reserved ids as after a crash (ids are never reused).
+                _attempt(errors, lambda: self._save_meta(clean=not errors))
+                _attempt(errors, self._manager.close)
         finally:
             self._dirlock.release()
+        if errors:
+            raise errors[0]
+
+    def _close_after_failed_open(self) -> None:
+        """Close whatever a failed open had opened (its DLQ included) and unlock.
+
+        Errors here are dropped: the open's own error is the one to raise.
+        """
+        ignored: list[Exception] = []
+        for reader in self._readers.values():
+            _attempt(ignored, reader._core.journal.close)
+        for feature in self._features:
+            _attempt(ignored, feature.close)  # each closes only what its attach opened
+        manager: SegmentManager | None = getattr(self, "_manager", None)  # set mid-open
+        if manager is not None:
+            _attempt(ignored, manager.close)
+        self._dirlock.release()
 
     def __enter__(self) -> Self:
         return self

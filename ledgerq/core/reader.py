@@ -90,12 +90,16 @@ class ReaderCore:
         self._deliveries = state.deliveries
         head = manager.next_id if is_new and start_latest else state.head
         head = max(head, manager.segments[0].first_id)
-        self._skip = {i for i in state.done if i >= head}
+        # An ack whose entry is not in the log (sync="never": a power cut kept the ack and
+        # lost the entry, whose id is never used again) must not count in pending().
+        self._skip = {i for i in state.done if i >= head and self._exists_unread(i)}
         self._done: set[int] = set()
         self._cursor = LogCursor(manager, head)
         self._leased: dict[int, tuple[Entry, int]] = {}  # id -> (entry, delivery number)
         self._leased_heap: list[int] = []
         self._reported: dict[int, int] = {}  # id -> failures already passed to `failed`
+        # id -> (failures, reason) of a report whose feature raised: to report again
+        self._unreported: dict[int, tuple[int, str]] = {}
         self._deadlines: list[tuple[float, int, int]] = []  # (monotonic deadline, id, delivery)
         self._selector: Selector = self._make_selector()
         if is_new:
@@ -171,14 +175,14 @@ class ReaderCore:
         if self._deadlines:
             self.expire_leases(now, now_ns)
         chosen: list[Entry] = []
-        while len(chosen) < n:
-            entry = self._choose(now_ns)
-            if entry is None:
-                break
-            chosen.append(entry)
-        if not chosen:
-            return []
         try:
+            while len(chosen) < n:
+                entry = self._choose(now_ns)
+                if entry is None:
+                    break
+                chosen.append(entry)
+            if not chosen:
+                return []
             self.journal.append(_LEASE, [e.id for e in chosen])
         except BaseException:
             for entry in chosen:  # nothing was leased: keep them available
@@ -235,14 +239,31 @@ class ReaderCore:
         return lease
 
     def _report_failure(self, entry: Entry, failures: int, reason: str, now_ns: int) -> bool:
-        """Tell the features a delivery failed; True (and settled) if one moved it away."""
-        self._reported[entry.id] = failures
+        """Tell the features a delivery failed; True (and settled) if one moved it away.
+
+        ``entry`` is neither leased nor held when this is called.  If a feature raises
+        (the retry tracker or the DLQ could not write), the entry is given back - never
+        dropped, so no checkpoint moves the head past it - and this failure is reported
+        again, with its reason, before the entry is delivered again; the error propagates.
+        """
+        message_id = entry.id
+        retried = self._unreported.pop(message_id, None) if self._unreported else None
+        if retried is not None and retried[0] == failures:
+            reason = retried[1]  # the report that raised, not a lost lease
+        before = self._reported.get(message_id, 0)
+        self._reported[message_id] = failures
         if self._hooks.failed:
             delivery = FailedDelivery(self, entry, failures, reason, now_ns)
-            for feature in self._hooks.failed:
-                if feature.failed(delivery):
-                    self._finish(entry.id, _DEAD, "dead_lettered")
-                    return True
+            try:
+                for feature in self._hooks.failed:
+                    if feature.failed(delivery):
+                        self._finish(message_id, _DEAD, "dead_lettered")
+                        return True
+            except BaseException:
+                self._reported[message_id] = before
+                self._unreported[message_id] = (failures, reason)
+                self._selector.give_back(entry)
+                raise
         return False
 
     def _finish(self, message_id: int, kind: StateRecordType, counter: str) -> int:
@@ -255,6 +276,8 @@ class ReaderCore:
     def _forget(self, message_id: int) -> None:
         self._deliveries.pop(message_id, None)
         self._reported.pop(message_id, None)
+        if self._unreported:
+            self._unreported.pop(message_id, None)
         self._done.add(message_id)
 
     def expire_leases(self, now: float, now_ns: int) -> None:
@@ -375,6 +398,7 @@ class ReaderCore:
         self._deadlines.clear()
         self._deliveries.clear()
         self._reported.clear()
+        self._unreported.clear()
         self._skip = set()
         self._done = set()
         self._cursor.seek(target)

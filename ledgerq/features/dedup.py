@@ -29,7 +29,13 @@ from ledgerq.format.feature_state import (
     encode_feature_file_header,
     encode_feature_record,
 )
-from ledgerq.segment.files import StorageError, atomic_write, write_all
+from ledgerq.segment.files import (
+    StorageError,
+    make_durable_dir,
+    replace_and_open,
+    storage_errors,
+    write_all,
+)
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
@@ -38,12 +44,30 @@ __all__ = ["DedupFeature", "dedup_key"]
 
 _MAGIC = b"LQDD"
 _NS = 1_000_000_000
+_KEY_SIZE = 16  # an xxh3-128 digest (dedup_key)
 
 
 def dedup_key(dedup_id: str | bytes) -> bytes:
     """The 16-byte table key of a dedup id (str and bytes ids never collide)."""
     raw = b"s" + dedup_id.encode("utf-8") if isinstance(dedup_id, str) else b"b" + dedup_id
     return xxhash.xxh3_128_digest(raw)
+
+
+def _table_record(value: Any) -> tuple[bytes, int, int] | None:
+    """``(key, id, expires_ns)`` of a decoded ``dedup.log`` record; None if it is not one.
+
+    Exact types only, checked before anything is converted: the file may be damaged
+    or hostile, and coercing its values is how a stray int became ``bytes(n)`` (n
+    zero bytes) and a float infinity an ``OverflowError``.
+    """
+    if type(value) is not list or len(value) != 3:
+        return None
+    key, message_id, expires_ns = value
+    if type(key) is not bytes or len(key) != _KEY_SIZE:
+        return None
+    if type(message_id) is not int or type(expires_ns) is not int:
+        return None
+    return key, message_id, expires_ns
 
 
 class DedupFeature(Feature):
@@ -63,7 +87,7 @@ class DedupFeature(Feature):
 
     def attach(self, queue: QueueCore) -> None:
         directory = os.path.join(queue.path, "features")
-        os.makedirs(directory, exist_ok=True)
+        make_durable_dir(directory)
         self._path = os.path.join(directory, "dedup.log")
         values: list[Any] = []
         if os.path.exists(self._path):
@@ -73,23 +97,26 @@ class DedupFeature(Feature):
                 except DecodeError:
                     values = []  # unreadable: start an empty window (at-least-once holds)
         for value in values:
-            try:
-                key, message_id, expires_ns = value
-                self._table[bytes(key)] = (int(message_id), int(expires_ns))
-                self._table.move_to_end(bytes(key))
-            except (TypeError, ValueError):
-                continue
+            record = _table_record(value)
+            if record is None:
+                continue  # not a record this library writes: corrupt, skip it
+            key, message_id, expires_ns = record
+            self._table[key] = (message_id, expires_ns)
+            self._table.move_to_end(key)
         self._rewrite()
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(
             encode_feature_record([key, mid, exp]) for key, (mid, exp) in self._table.items()
         )
-        atomic_write(self._path, blob, durable=True)
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+        replace_and_open(self._path, blob, self._adopt)
         self._records = len(self._table)
+
+    def _adopt(self, fd: int) -> None:
+        """Append to ``fd``, the rewritten file, from now on."""
+        old, self._fd = self._fd, fd
+        if old is not None:
+            os.close(old)
 
     def _expire(self, now_ns: int) -> None:
         table = self._table
@@ -139,7 +166,8 @@ class DedupFeature(Feature):
 
     def flush(self) -> None:
         if self._fd is not None:
-            os.fsync(self._fd)
+            with storage_errors("sync dedup state", self._path):
+                os.fsync(self._fd)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -8,8 +8,9 @@ priority and headers and gains ``dlq.original_id``, ``dlq.retry_count``,
 ``dlq.failure_reason`` and ``dlq.last_failure`` (ns since the epoch, as text);
 ``dlq.reader`` names the reader when it is not the default one.
 
-The move writes the message to the DLQ first and only then settles it in the
-main queue: a crash in between can leave a copy in both (delivered again, then
+The move writes the message to the DLQ first - durably: with ``sync`` other than
+``"always"`` the DLQ is fsynced - and only then settles it in the main queue: a
+crash or a power cut in between can leave a copy in both (delivered again, then
 dead-lettered again), never in neither.
 """
 
@@ -24,6 +25,7 @@ from ledgerq._errors import CorruptionError, QueueClosedError
 from ledgerq._options import Options
 from ledgerq.core.feature import FailedDelivery, Feature
 from ledgerq.features.retry import RetryTracker
+from ledgerq.segment.files import make_durable_dir
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
@@ -102,10 +104,17 @@ class DeadLetterFeature(DeadLetterStore):
         super().attach(queue)
         self._main = queue
         directory = os.path.join(queue.path, "features")
-        os.makedirs(directory, exist_ok=True)
+        make_durable_dir(directory)
         self._tracker = RetryTracker(os.path.join(directory, "retries.log"))
 
     def failed(self, delivery: FailedDelivery) -> bool:
+        """Record the failure, or move the message to the DLQ after ``max_retries``.
+
+        Raises (a :class:`StorageError`, or :class:`QueueClosedError` for a closed DLQ)
+        if the tracker or the DLQ cannot take it; the reader then keeps the message and
+        reports this failure again before delivering it.  A move that raised after the
+        DLQ got its copy is redone: the DLQ can then hold it twice, never zero times.
+        """
         tracker = self._tracker
         main = self._main
         assert tracker is not None
@@ -126,7 +135,13 @@ class DeadLetterFeature(DeadLetterStore):
         headers["dlq.last_failure"] = str(delivery.now_ns)
         if reader != _DEFAULT_READER:
             headers["dlq.reader"] = reader
-        self.queue().enqueue(payload, headers=headers, priority=entry.priority)
+        dlq = self.queue()
+        dlq.enqueue(payload, headers=headers, priority=entry.priority)
+        if self._options.sync != "always":
+            # The DEAD_LETTER record the main queue writes when this returns could reach
+            # the disk before this copy (writeback keeps no order between files): a power
+            # cut would then lose a message that sync() had made durable.
+            dlq.sync()
         tracker.forget(reader, entry.id)
         return True
 
@@ -143,6 +158,8 @@ class DeadLetterFeature(DeadLetterStore):
             self._tracker.flush()
 
     def close(self) -> None:
-        super().close()
-        if self._tracker is not None:
-            self._tracker.close()
+        try:
+            super().close()
+        finally:
+            if self._tracker is not None:
+                self._tracker.close()

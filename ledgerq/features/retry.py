@@ -20,12 +20,29 @@ from ledgerq.format.feature_state import (
     encode_feature_file_header,
     encode_feature_record,
 )
-from ledgerq.segment.files import StorageError, atomic_write, write_all
+from ledgerq.segment.files import StorageError, replace_and_open, storage_errors, write_all
 
 __all__ = ["RetryTracker"]
 
 _MAGIC = b"LQRT"
 _MAX_REASON = 4096
+
+
+def _failure_record(value: Any) -> tuple[str, int, int, str | None] | None:
+    """``(reader, id, time_ns, reason)`` of a decoded ``retries.log`` record; None if not one.
+
+    Exact types only, checked before anything is converted: the file may be damaged
+    or hostile, and coercing its values is how a float infinity became an
+    ``OverflowError`` out of ``open()``.
+    """
+    if type(value) is not list or len(value) != 4:
+        return None
+    reader, message_id, when, reason = value
+    if type(reader) is not str or type(message_id) is not int or type(when) is not int:
+        return None
+    if reason is not None and type(reason) is not str:
+        return None
+    return reader, message_id, when, reason
 
 
 class RetryTracker:
@@ -44,14 +61,14 @@ class RetryTracker:
                 except DecodeError:
                     values = []
         for value in values:
-            try:
-                reader, message_id, when, reason = value
-                if reason is None:
-                    self._last.pop((str(reader), int(message_id)), None)
-                else:
-                    self._last[(str(reader), int(message_id))] = (int(when), str(reason))
-            except (TypeError, ValueError):
-                continue
+            record = _failure_record(value)
+            if record is None:
+                continue  # not a record this library writes: corrupt, skip it
+            reader, message_id, when, reason = record
+            if reason is None:
+                self._last.pop((reader, message_id), None)
+            else:
+                self._last[(reader, message_id)] = (when, reason)
         self._rewrite()
 
     def _rewrite(self) -> None:
@@ -59,11 +76,14 @@ class RetryTracker:
             encode_feature_record([reader, mid, when, reason])
             for (reader, mid), (when, reason) in self._last.items()
         )
-        atomic_write(self.path, blob, durable=True)
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        replace_and_open(self.path, blob, self._adopt)
         self._records = len(self._last)
+
+    def _adopt(self, fd: int) -> None:
+        """Append to ``fd``, the rewritten file, from now on."""
+        old, self._fd = self._fd, fd
+        if old is not None:
+            os.close(old)
 
     def record(self, reader: str, message_id: int, when_ns: int, reason: str) -> None:
         """Remember a failure (written to the OS before returning)."""
@@ -90,9 +110,10 @@ class RetryTracker:
             self._rewrite()
 
     def flush(self) -> None:
-        """fsync the log."""
+        """fsync the log; raises :class:`StorageError` if the disk refuses."""
         if self._fd is not None:
-            os.fsync(self._fd)
+            with storage_errors("sync retry state", self.path):
+                os.fsync(self._fd)
 
     def close(self) -> None:
         """Close the log."""

@@ -6,7 +6,7 @@ keeps the two in step)::
     offset  size  field
     0       4     length      u32  whole entry, this field and the CRC included
     4       1     type        u8   RecordType
-    5       1     flags       u8   EntryFlags
+    5       1     flags       u8   EntryFlags (optional fields present; BATCH_CONTINUES)
     6       8     id          u64  message id, > 0
     14      8     timestamp   i64  enqueue time, ns since the Unix epoch
     22      8     expires_at  i64  [HAS_TTL] ns since the epoch
@@ -62,17 +62,28 @@ class RecordType(IntEnum):
 
 
 class EntryFlags(IntFlag):
-    """The ``flags`` byte of an entry: which optional fields are present."""
+    """The ``flags`` byte of an entry: which optional fields are present, and batching.
+
+    ``BATCH_CONTINUES`` is set on every entry of an ``enqueue_batch`` but its last:
+    an entry carrying it is followed, in the same segment, by the rest of its batch.
+    A log that *ends* with such an entry ends inside a batch whose last bytes never
+    reached the file; recovery cuts the batch there, so a batch is all-or-nothing.
+    """
 
     NONE = 0
     HAS_TTL = 1 << 0
     HAS_HEADERS = 1 << 1
     COMPRESSED = 1 << 2
     HAS_PRIORITY = 1 << 3
+    BATCH_CONTINUES = 1 << 4
 
 
 KNOWN_FLAGS = int(
-    EntryFlags.HAS_TTL | EntryFlags.HAS_HEADERS | EntryFlags.COMPRESSED | EntryFlags.HAS_PRIORITY
+    EntryFlags.HAS_TTL
+    | EntryFlags.HAS_HEADERS
+    | EntryFlags.COMPRESSED
+    | EntryFlags.HAS_PRIORITY
+    | EntryFlags.BATCH_CONTINUES
 )
 _KNOWN_TYPES = frozenset(int(t) for t in RecordType)
 
@@ -101,6 +112,8 @@ _I64_MAX = (1 << 63) - 1
 _HAS_TTL = int(EntryFlags.HAS_TTL)
 _HAS_HEADERS = int(EntryFlags.HAS_HEADERS)
 _HAS_PRIORITY = int(EntryFlags.HAS_PRIORITY)
+_COMPRESSED = int(EntryFlags.COMPRESSED)
+_BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 
 _crc32 = zlib.crc32  # the same function as ledgerq.format.checksum, without a call layer
 _pack_header = ENTRY_HEADER.pack
@@ -169,9 +182,12 @@ def encode_entry(
     priority: int = _MEDIUM,
     headers_blob: bytes | None = None,
     compressed: bool = False,
+    batch_continues: bool = False,
     record_type: int = RecordType.DATA,
 ) -> bytes:
     """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`.
+
+    ``batch_continues`` sets BATCH_CONTINUES: for every entry of a batch but its last.
 
     Raises ``ValueError`` for any value :func:`decode_entry` would reject as corrupt
     (id 0, priority above HIGH, unknown type) or that does not fit its field: bytes
@@ -204,7 +220,9 @@ def encode_entry(
         parts.append(headers_blob)
         extra += 4 + len(headers_blob)
     if compressed:
-        flags |= EntryFlags.COMPRESSED
+        flags |= _COMPRESSED
+    if batch_continues:
+        flags |= _BATCH_CONTINUES
     length = MIN_ENTRY_SIZE + extra + len(payload)
     if length > MAX_ENTRY_SIZE:
         raise ValueError(f"entry of {length} bytes exceeds the format limit {MAX_ENTRY_SIZE}")
@@ -226,25 +244,34 @@ def encode_plain_entry(message_id: int, timestamp: int, payload: bytes) -> bytes
 def encode_plain_batch_parts(
     first_id: int, timestamp: int, payloads: list[bytes]
 ) -> tuple[list[bytes], list[int]]:
-    """Encode DATA entries with ids ``first_id``, ``first_id + 1``, ... for ``writev``.
+    """Encode one batch of DATA entries, ids ``first_id``, ``first_id + 1``, ..., for ``writev``.
 
     Returns the buffers (header, payload, CRC per entry; payloads are not copied) and
-    each entry's size.  Same preconditions and bytes as :func:`encode_plain_entry`.
+    each entry's size.  Every entry but the last carries BATCH_CONTINUES; otherwise
+    the preconditions and bytes are those of :func:`encode_plain_entry`.
     """
     parts: list[bytes] = []
     sizes: list[int] = []
+    if not payloads:
+        return parts, sizes
     add = parts.extend
     add_size = sizes.append
     pack_header = _pack_header
     pack_crc = _pack_crc
     crc32 = _crc32
+    continues = _BATCH_CONTINUES
     message_id = first_id
-    for payload in payloads:
+    for payload in payloads[:-1]:
         size = MIN_ENTRY_SIZE + len(payload)
-        head = pack_header(size, 1, 0, message_id, timestamp)
+        head = pack_header(size, 1, continues, message_id, timestamp)
         add((head, payload, pack_crc(crc32(payload, crc32(head)))))
         add_size(size)
         message_id += 1
+    last = payloads[-1]
+    size = MIN_ENTRY_SIZE + len(last)
+    head = pack_header(size, 1, 0, message_id, timestamp)
+    add((head, last, pack_crc(crc32(last, crc32(head)))))
+    add_size(size)
     return parts, sizes
 
 

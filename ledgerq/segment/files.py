@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ledgerq._errors import LedgerQError
 
@@ -17,7 +19,10 @@ __all__ = [
     "atomic_write",
     "datasync",
     "fsync_dir",
+    "make_durable_dir",
     "pread_exact",
+    "replace_and_open",
+    "storage_errors",
     "write_all",
     "write_parts",
 ]
@@ -27,6 +32,9 @@ _HINTS = {
     errno.EDQUOT: "the disk quota is exhausted; free some space and retry",
     errno.EROFS: "the file system is read-only",
     errno.EIO: "the device reported an I/O error; check the disk",
+    errno.EACCES: "check the permissions of the queue directory",
+    errno.EPERM: "check the permissions of the queue directory",
+    errno.EMFILE: "the process has too many open files; raise its limit (ulimit -n)",
 }
 
 
@@ -46,6 +54,21 @@ class StorageError(LedgerQError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[1])
+
+
+@contextmanager
+def storage_errors(action: str, path: str) -> Iterator[None]:
+    """Raise an ``OSError`` of the block as a :class:`StorageError`: could not ``action`` ``path``.
+
+    A :class:`StorageError` raised inside (it is an ``OSError`` too) passes unchanged, so
+    blocks can nest and the innermost, most precise message wins.
+    """
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(action, path, exc) from exc
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -87,14 +110,40 @@ def datasync(fd: int) -> None:
 
 def fsync_dir(path: str) -> None:
     """Make a directory's entries (created, renamed, deleted files) durable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # pragma: no cover - platforms that cannot open directories
+    if os.name == "nt":  # pragma: no cover - Windows cannot open (or fsync) a directory
         return
+    # An error opening it (EIO, EMFILE) is raised: the entries would not be durable.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_durable_dir(path: str) -> bool:
+    """Create the directory ``path`` (and missing parents) so that it survives a power cut.
+
+    A new directory is an entry of its parent, durable (POSIX) only once the parent is
+    fsynced - and so is everything below it.  Returns True if it was created, False if
+    it existed (then nothing is synced).  Raises :class:`StorageError`.
+    """
+    if os.path.isdir(path):
+        return False
+    parent = os.path.dirname(os.path.abspath(path))
+    make_durable_dir(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError as exc:
+        if os.path.isdir(path):
+            return False  # created meanwhile by someone else, who syncs it
+        raise StorageError("create directory", path, exc) from exc
+    except OSError as exc:
+        raise StorageError("create directory", path, exc) from exc
+    try:
+        fsync_dir(parent)
+    except OSError as exc:
+        raise StorageError("sync directory", parent, exc) from exc
+    return True
 
 
 def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
@@ -114,6 +163,35 @@ def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
         os.replace(tmp, path)
         if durable:
             fsync_dir(os.path.dirname(path) or ".")  # and the rename itself must be durable
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise StorageError("write", path, exc) from exc
+
+
+def replace_and_open(path: str, data: bytes, adopt: Callable[[int], None]) -> None:
+    """Durably replace ``path`` with ``data`` (as :func:`atomic_write`) for appending to.
+
+    ``adopt`` receives a descriptor appending to the new file as soon as it holds the
+    name.  The descriptor is opened *before* the rename, so no failure - not even of the
+    directory's fsync after it - leaves the caller appending to a replaced file, where
+    its writes would be lost: if this raises, ``adopt`` was called exactly when the name
+    moved.
+    """
+    tmp = f"{path}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)  # the content must be on disk before the name points at it
+            os.replace(tmp, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        adopt(fd)
+        fsync_dir(os.path.dirname(path) or ".")  # and the rename itself must be durable
     except OSError as exc:
         try:
             os.unlink(tmp)

@@ -13,28 +13,42 @@ import fcntl
 import os
 
 from ledgerq._errors import QueueLockedError
+from ledgerq.segment.files import StorageError, storage_errors
 
 __all__ = ["DirLock"]
 
 
 class DirLock:
-    """An acquired lock on ``directory/LOCK``; release it with :meth:`release`."""
+    """An acquired lock on ``directory/LOCK``; release it with :meth:`release`.
+
+    Raises :class:`QueueLockedError` if another open holds it, :class:`StorageError`
+    if the file cannot be opened or written (the lock is then not held).
+    """
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, "LOCK")
         self._directory = directory
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        with storage_errors("open the lock file", self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self._take(fd)
+        except BaseException:
+            os.close(fd)  # nobody else can release it: the flock goes with the descriptor
+            raise
+        self._fd: int | None = fd
+
+    def _take(self, fd: int) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise QueueLockedError(directory) from None
-            raise
-        self._fd: int | None = fd
-        # The pid is informational only (for people and `ledgerq stats`); the flock is the lock.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                raise QueueLockedError(self._directory) from None
+            raise StorageError("lock", self.path, exc) from exc
+        # The pid is informational only (for people and `ledgerq stats`); the flock is the
+        # lock.  Still, a disk that refuses this small write will refuse the queue's too.
+        with storage_errors("write the pid to the lock file", self.path):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
     @property
     def is_held(self) -> bool:

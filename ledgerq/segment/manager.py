@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
-from ledgerq.format.entry import Entry, decode_entry
+from ledgerq.format.entry import ENTRY_HEADER, Entry, EntryFlags, decode_entry
 from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
 from ledgerq.format.index import (
     OPEN_COUNT,
@@ -29,7 +29,9 @@ from ledgerq.segment.files import (
     atomic_write,
     datasync,
     fsync_dir,
+    make_durable_dir,
     pread_exact,
+    storage_errors,
     write_all,
     write_parts,
 )
@@ -40,6 +42,38 @@ from ledgerq.segment.segment import Segment
 __all__ = ["SegmentManager"]
 
 logger = logging.getLogger("ledgerq")
+
+_BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
+
+
+class _BatchStart:
+    """Where a batch began during a recovery scan, and the segment as it was before it."""
+
+    __slots__ = (
+        "found",
+        "index_length",
+        "last_id",
+        "last_indexed_offset",
+        "last_offset",
+        "last_timestamp",
+        "offset",
+    )
+
+    def __init__(self, offset: int, found: int, seg: Segment, last_indexed_offset: int) -> None:
+        self.offset = offset
+        self.found = found  # entries found before it
+        self.last_id = seg.last_id
+        self.last_offset = seg.last_offset
+        self.last_timestamp = seg.last_timestamp
+        self.index_length = len(seg.index)
+        self.last_indexed_offset = last_indexed_offset
+
+    def forget_rest(self, seg: Segment) -> None:
+        """Make ``seg`` end just before the batch again (its entries and index points)."""
+        seg.last_id = self.last_id
+        seg.last_offset = self.last_offset
+        seg.last_timestamp = self.last_timestamp
+        seg.set_index(seg.index[: self.index_length])
 
 
 class SegmentManager:
@@ -60,7 +94,8 @@ class SegmentManager:
         self.segments: list[Segment] = []
         self._first_ids: list[int] = []
         self._on_corrupt = on_corrupt
-        self._log_fd: int | None = None
+        self._log_fd: int | None = None  # None after close(), or a failed rotation
+        self._closed = False
         self._fd_lock = threading.Lock()
         # With sync_on_rotate False (sync modes other than "always"), the fsyncs of a
         # rotation - the sealed log, its index, the directory - are left to the next
@@ -84,7 +119,7 @@ class SegmentManager:
         ``min_next_id`` is the lowest id the next append may take (ids are never
         reused, even when a torn tail was cut off).
         """
-        os.makedirs(self.directory, exist_ok=True)
+        make_durable_dir(self.directory)
         self._remove_leftovers()
         ids = list_segment_ids(self.directory)
         segments = [Segment(self.directory, first_id) for first_id in ids]
@@ -153,7 +188,11 @@ class SegmentManager:
 
         Only the newest segment can have a torn tail (every other one was fsynced
         before it was sealed): invalid bytes at the end of an older one are
-        corruption - reported and left in place, never cut.
+        corruption - reported and left in place, never cut.  A batch whose last entry
+        is missing (its entries end the scan still flagged BATCH_CONTINUES) is cut in
+        any segment: a batch is all-or-nothing, and since a batch is written whole
+        into one segment before any rotation, only a lost tail can end a segment
+        inside one.
         """
         seg.size = os.stat(seg.log_path).st_size
         try:
@@ -162,51 +201,77 @@ class SegmentManager:
         except (OSError, DecodeError):
             entries = []
         fd = seg.read_fd()
-        # Trust the newest index point whose entry really is there.
-        start, after_id = 0, seg.first_id - 1
-        while entries:
-            point = entries[-1]
-            if point.offset < seg.size and self._entry_id_at(fd, point.offset) == point.id:
-                start, after_id = point.offset, point.id - 1
-                break
-            entries.pop()
+        start, after_id = self._trusted_start(fd, seg, entries)
         seg.set_index(entries)
         seg.sealed = False
         self._last_indexed_offset = start if entries else -1
         scanner = EntryScanner(fd, start, seg.size, after_id=after_id, boundaries=None)
         found = 0
-        first_seen = 0
+        batch: _BatchStart | None = None  # the first entry of a batch whose end is unread
         while True:
             entry = scanner.next()
             if entry is None:
                 break
             offset = scanner.pos - entry.size
-            if first_seen == 0:
-                first_seen = entry.id
+            if not entry.flags & _BATCH_CONTINUES:
+                batch = None
+            elif batch is None:
+                batch = _BatchStart(offset, found, seg, self._last_indexed_offset)
             found += 1
             self._note_appended(seg, entry.id, entry.timestamp, offset)
+        end = scanner.pos
+        if batch is not None:
+            found = batch.found
+            end = batch.offset
+            batch.forget_rest(seg)
+            self._last_indexed_offset = batch.last_indexed_offset
         for region in scanner.corrupt:
-            self.report_corrupt(seg, region)
-        if scanner.pos < seg.size and not is_newest:
-            self.report_corrupt(seg, CorruptRegion(scanner.pos, seg.size))
-        elif scanner.pos < seg.size:
-            cut = seg.size - scanner.pos
-            logger.warning(
-                "ledgerq: truncating %d bytes of incomplete data at the end of %s (offset %d)",
-                cut,
-                seg.log_path,
-                scanner.pos,
-            )
-            with open(seg.log_path, "r+b") as f:
-                f.truncate(scanner.pos)
-                os.fsync(f.fileno())
-            seg.size = scanner.pos
-            self.truncated_bytes += cut
+            if region.start < end:
+                self.report_corrupt(seg, region)
+        if batch is not None:
+            self._cut(seg, end, "an incomplete batch and what follows it")
+        elif end < seg.size and not is_newest:
+            self.report_corrupt(seg, CorruptRegion(end, seg.size))
+        elif end < seg.size:
+            self._cut(seg, end, "incomplete data")
         if not seg.is_empty and start == 0:
             seg.missing = (seg.last_id - seg.first_id + 1) - found
         # Rewrite the index as recovered (it is small: 24 bytes per index_interval of log).
         blob = encode_index_header(OPEN_COUNT) + b"".join(encode_index_entry(*e) for e in seg.index)
         atomic_write(seg.idx_path, blob, durable=False)
+
+    def _trusted_start(self, fd: int, seg: Segment, points: list[IndexEntry]) -> tuple[int, int]:
+        """Where to start scanning ``seg``: (offset, id before it); drops the points after it.
+
+        The newest index point whose entry really is there - and ends a batch (no
+        BATCH_CONTINUES), so that the scan never starts inside a batch it may have to
+        cut whole.  Points inside a batch are passed over by reading their header only.
+        """
+        while points:
+            point = points[-1]
+            if point.offset < seg.size:
+                head = os.pread(fd, ENTRY_HEADER.size, point.offset)
+                inside_batch = len(head) == ENTRY_HEADER.size and head[5] & _BATCH_CONTINUES
+                if not inside_batch and self._entry_id_at(fd, point.offset) == point.id:
+                    return point.offset, point.id - 1
+            points.pop()
+        return 0, seg.first_id - 1
+
+    def _cut(self, seg: Segment, offset: int, what: str) -> None:
+        """Truncate ``seg``'s log at ``offset`` (durably) and log it."""
+        cut = seg.size - offset
+        logger.warning(
+            "ledgerq: truncating %d bytes of %s at the end of %s (offset %d)",
+            cut,
+            what,
+            seg.log_path,
+            offset,
+        )
+        with open(seg.log_path, "r+b") as f:
+            f.truncate(offset)
+            os.fsync(f.fileno())
+        seg.size = offset
+        self.truncated_bytes += cut
 
     @staticmethod
     def _entry_id_at(fd: int, offset: int) -> int:
@@ -269,8 +334,10 @@ class SegmentManager:
 
     def _create(self, first_id: int) -> None:
         seg = Segment(self.directory, first_id)
+        created = False
         try:
             fd = os.open(seg.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            created = True
             os.close(fd)
             atomic_write(seg.idx_path, encode_index_header(OPEN_COUNT), durable=False)
             # The new file's name must survive a power cut before entries in it are
@@ -280,18 +347,36 @@ class SegmentManager:
             else:
                 self._dir_dirty = True
         except OSError as exc:
+            if created:  # the retry's O_EXCL must not meet this half-made, empty segment
+                self._remove_files(seg)
             raise StorageError("create segment", seg.log_path, exc) from exc
         self.segments.append(seg)
         self._first_ids.append(first_id)
         self._last_indexed_offset = -1
         self._open_writer(seg)
 
+    @staticmethod
+    def _remove_files(seg: Segment) -> None:
+        """Remove a half-made segment's files, as far as the disk lets us."""
+        for path in (seg.log_path, seg.idx_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass  # then the retry fails clearly, and a reopen drops the empty segment
+
     def _open_writer(self, seg: Segment) -> None:
+        """Open ``seg``'s log and index for appending (both, or neither on an error)."""
         self._close_writer()
-        log_fd = os.open(seg.log_path, os.O_WRONLY | os.O_APPEND)
+        with storage_errors("open segment", seg.log_path):
+            log_fd = os.open(seg.log_path, os.O_WRONLY | os.O_APPEND)
+            try:
+                idx_fd = os.open(seg.idx_path, os.O_WRONLY | os.O_APPEND)
+            except BaseException:
+                os.close(log_fd)
+                raise
         with self._fd_lock:
             self._log_fd = log_fd
-        self._idx_fd = os.open(seg.idx_path, os.O_WRONLY | os.O_APPEND)
+        self._idx_fd = idx_fd
         if seg.index:
             self._last_indexed_offset = seg.index[-1].offset
 
@@ -319,9 +404,10 @@ class SegmentManager:
 
     def append_one(self, record: bytes, message_id: int, timestamp: int) -> bool:
         """Append one encoded entry (the hot path of :meth:`append`); True if it rotated."""
-        seg = self.segments[-1]
         fd = self._log_fd
-        assert fd is not None, "segment manager is closed"
+        if fd is None:
+            fd = self._resume_writer()
+        seg = self.segments[-1]
         before = seg.size
         size = len(record)
         try:
@@ -361,9 +447,10 @@ class SegmentManager:
         the file is cut back to where it was and :class:`StorageError` is raised:
         nothing of this call was appended.
         """
-        seg = self.segments[-1]
         fd = self._log_fd
-        assert fd is not None, "segment manager is closed"
+        if fd is None:
+            fd = self._resume_writer()
+        seg = self.segments[-1]
         before = seg.size
         offsets = list(accumulate(sizes, initial=before))
         try:
@@ -411,7 +498,13 @@ class SegmentManager:
             logger.error("ledgerq: could not cut back a failed append in %s", self.directory)
 
     def rotate(self, next_first_id: int) -> None:
-        """Seal the active segment (durably) and start a new one at ``next_first_id``."""
+        """Seal the active segment (durably) and start a new one at ``next_first_id``.
+
+        Raises :class:`StorageError` if a step fails.  Nothing written is lost then:
+        the segment keeps its entries, and the next append finishes the rotation
+        (:meth:`_resume_writer`) with the next id - the caller must count the entries
+        it wrote before the rotation as appended (``next_id`` moved past them).
+        """
         seg = self.segments[-1]
         if seg.is_empty:
             # Nothing to seal: rename by recreating with the new first id.
@@ -423,16 +516,33 @@ class SegmentManager:
             return
         assert self._log_fd is not None
         if self._sync_on_rotate:
-            try:
-                datasync(self._log_fd)  # a sealed segment is never rescanned: it must be whole
-            except OSError as exc:
-                raise StorageError("sync", seg.log_path, exc) from exc
+            # A sealed segment is never rescanned: it must be whole.  If this fails the
+            # segment stays active and open, and the next append's rotation retries.
+            with storage_errors("sync", seg.log_path):
+                datasync(self._log_fd)
         else:
             with self._fd_lock:
                 self._unsynced_sealed.append(os.dup(self._log_fd))
         self._close_writer()
+        # From here on a failure leaves no writer; _resume_writer() picks up from
+        # whichever step failed.
         self._seal(seg, durable=self._sync_on_rotate)
         self._create(next_first_id)
+
+    def _resume_writer(self) -> int:
+        """The log descriptor to append to, after a rotation that failed half-way.
+
+        If the active segment was sealed, its successor is created now; otherwise it
+        is reopened, and the append that follows (the segment being full) rotates again.
+        """
+        assert not self._closed, "segment manager is closed"
+        seg = self.segments[-1]
+        if seg.sealed:
+            self._create(seg.last_id + 1)
+        else:
+            self._open_writer(seg)
+        assert self._log_fd is not None
+        return self._log_fd
 
     def _seal(self, seg: Segment, *, durable: bool) -> None:
         # A sealed index ends with its last entry, so the segment's id range is known.
@@ -459,21 +569,31 @@ class SegmentManager:
             fd = os.dup(self._log_fd) if self._log_fd is not None else None
             sealed, self._unsynced_sealed = self._unsynced_sealed, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
-        for old in sealed:  # segments sealed since the last sync come first
-            try:
-                datasync(old)
-            finally:
-                os.close(old)
-        if dir_dirty:
-            fsync_dir(self.directory)
-        if fd is None:
-            return
         try:
-            datasync(fd)
-        except OSError as exc:
-            raise StorageError("sync", self.segments[-1].log_path, exc) from exc
+            self._sync_sealed(sealed)  # segments sealed since the last sync come first
+            if dir_dirty:
+                with storage_errors("sync the directory", self.directory):
+                    fsync_dir(self.directory)
+            if fd is not None:
+                with storage_errors("sync", self.segments[-1].log_path):
+                    datasync(fd)
+        except BaseException:
+            if dir_dirty:
+                self._dir_dirty = True  # an fsync of the directory is worth retrying
+            raise
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
+
+    def _sync_sealed(self, fds: list[int]) -> None:
+        """fsync and close the duplicated descriptors of sealed segments (all closed)."""
+        try:
+            for fd in fds:
+                with storage_errors("sync a sealed segment in", self.directory):
+                    datasync(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     # ------------------------------------------------------------------ reading
 
@@ -560,6 +680,7 @@ class SegmentManager:
 
     def close(self) -> None:
         """Close every file (does not sync; the queue decides that)."""
+        self._closed = True
         self._close_writer()
         with self._fd_lock:
             sealed, self._unsynced_sealed = self._unsynced_sealed, []

@@ -5,7 +5,9 @@ per entry) and decodes entries from the buffer.  When it meets bytes that are no
 a valid entry it *resynchronises*: it looks for the next offset where a valid
 entry with a larger id starts, trying every byte offset up to the next sparse
 index point (a known entry boundary) - so a flipped bit costs one entry, not the
-rest of the segment, even when the flip hit a length field.
+rest of the segment, even when the flip hit a length field.  The checksum work it
+spends on offsets that turn out not to hold an entry is capped in proportion to the
+bytes scanned (see ``_WASTED_CRC_FACTOR``), so a crafted file cannot make it quadratic.
 """
 
 from __future__ import annotations
@@ -25,7 +27,22 @@ from ledgerq.format.errors import CorruptRecord, IncompleteRecord
 __all__ = ["CorruptRegion", "EntryScanner"]
 
 _CHUNK = 256 * 1024
+_SEARCH_WINDOW = 1 << 20  # bytes of the file a resynchronisation reads at a time
 _unpack_header = ENTRY_HEADER.unpack_from
+
+# Resynchronising checksums each plausible entry after bad bytes over the length it
+# claims.  Honest damage holds few such headers - a flipped bit, a torn tail or zeroed
+# pages are followed by real entries, or by bytes whose "lengths" rarely fit in the
+# file - but a crafted file can put a header claiming the rest of the file at every
+# offset, and checking them all is quadratic (a 1 MiB tail: 25 GB of CRC).  So the
+# bytes a scanner checksums in vain - candidates that fail, and the entries at the bad
+# offsets themselves - are capped at _WASTED_CRC_FACTOR times the bytes it covers, plus
+# _WASTED_CRC_FLOOR.  A candidate longer than what is left is not checked: it is taken
+# for garbage, so once a crafted file has used up the allowance the rest of it reads as
+# a torn tail (or as garbage up to the next index point).  Honest recovery stays far
+# below the cap and finds what it always found; tests/fuzz measure the crafted case.
+_WASTED_CRC_FACTOR = 16
+_WASTED_CRC_FLOOR = 256 * 1024
 
 
 class CorruptRegion:
@@ -71,6 +88,8 @@ class EntryScanner:
         self._chunk = chunk_size
         self._buf = b""
         self._buf_start = pos
+        self._origin = pos
+        self._wasted_crc = 0  # bytes checksummed where no entry turned out to be
 
     def extend(self, end: int) -> None:
         """Allow reading up to ``end`` (the file has grown)."""
@@ -150,6 +169,7 @@ class EntryScanner:
         Returns False (and records nothing) when no valid entry follows before
         ``end``: then the bytes from ``bad`` on are a torn or garbage tail.
         """
+        self._wasted_crc += self._checksummed_at(bad)
         limit = self.end
         for boundary in self._boundaries:
             if boundary > bad:
@@ -167,25 +187,14 @@ class EntryScanner:
 
     def _search(self, start: int, limit: int) -> int | None:
         """Return the first offset in [start, limit) where a valid, newer entry starts."""
-        span = limit - start
-        if span <= 0:
-            return None
-        data = os.pread(self.fd, span + ENTRY_HEADER.size, start) if span < 1 << 20 else None
-        if data is None:
-            return self._search_chunked(start, limit)
-        for rel in range(min(span, len(data))):
-            if self._is_entry_at(data, rel, start):
-                return start + rel
-        return None
-
-    def _search_chunked(self, start: int, limit: int) -> int | None:
-        step = 1 << 20
         at = start
-        while at < limit:
-            stop = min(at + step, limit)
-            found = self._search(at, stop)
-            if found is not None:
-                return found
+        while at < limit:  # a window at a time: the span can be a whole segment
+            stop = min(at + _SEARCH_WINDOW, limit)
+            # The header of an entry starting near the window's end must be read whole.
+            data = os.pread(self.fd, stop - at + ENTRY_HEADER.size, at)
+            for rel in range(min(stop - at, len(data))):
+                if self._is_entry_at(data, rel, at):
+                    return at + rel
             at = stop
         return None
 
@@ -201,6 +210,7 @@ class EntryScanner:
             or flags & ~KNOWN_FLAGS
             or message_id <= self.last_id
             or base + rel + length > self.end
+            or length > self._crc_allowance()
         ):
             return False
         record = data if rel + length <= len(data) else None
@@ -212,5 +222,24 @@ class EntryScanner:
         try:
             decode_entry(record, start)
         except (CorruptRecord, IncompleteRecord):
+            self._wasted_crc += length
             return False
         return True
+
+    def _crc_allowance(self) -> int:
+        """Bytes this scanner may still checksum in vain (see ``_WASTED_CRC_FACTOR``)."""
+        covered = self.end - self._origin
+        return _WASTED_CRC_FACTOR * covered + _WASTED_CRC_FLOOR - self._wasted_crc
+
+    def _checksummed_at(self, bad: int) -> int:
+        """Bytes :meth:`next` checksummed at ``bad`` before giving up on it there.
+
+        :func:`decode_entry` checks the CRC of any entry whose length is possible and
+        fits in the data; an entry too long or short for that cost nothing.
+        """
+        rel = bad - self._buf_start
+        if rel < 0 or len(self._buf) - rel < 4:
+            return 0
+        length = int.from_bytes(self._buf[rel : rel + 4], "little")
+        fits = MIN_ENTRY_SIZE <= length <= MAX_ENTRY_SIZE and bad + length <= self.end
+        return length if fits else 0

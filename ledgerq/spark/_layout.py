@@ -14,7 +14,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ledgerq._errors import CorruptionError, NotAQueueError
-from ledgerq.format.entry import ENTRY_HEADER, MAX_ENTRY_SIZE, MIN_ENTRY_SIZE, decode_entry
+from ledgerq.format.entry import (
+    ENTRY_HEADER,
+    MAX_ENTRY_SIZE,
+    MIN_ENTRY_SIZE,
+    EntryFlags,
+    decode_entry,
+)
 from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
 from ledgerq.format.index import (
     INDEX_ENTRY,
@@ -52,6 +58,7 @@ DLQ_DIR = "dlq"  # the dead-letter queue of a queue: a queue directory of its ow
 _META = "meta.json"
 _READERS_DIR = "readers"
 _LENGTH_SIZE = 4
+_BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,8 +339,9 @@ def last_complete_id(queue_path: str, segments: list[SegmentInfo] | None = None)
     """The id of the last complete, valid entry of a queue (0 if it has none).
 
     Reads the newest segment from the last of its final index points that checks out
-    (never the whole index); an append in flight at the end is not counted.  An empty
-    newest segment (just rotated) defers to the one before it.
+    (never the whole index); an append in flight at the end is not counted, nor the
+    entries of a batch whose last entry is not written yet (the owner's recovery would
+    cut them).  An empty newest segment (just rotated) defers to the one before it.
     """
     seg_dir = os.path.join(queue_path, SEGMENTS_DIR)
     segments = list_segments(queue_path) if segments is None else segments
@@ -351,7 +359,8 @@ def last_complete_id(queue_path: str, segments: list[SegmentInfo] | None = None)
             scanner = TailScanner(fd, pos, size, after_id=after, boundaries=boundaries)
             last = 0
             while (entry := scanner.next()) is not None:
-                last = entry.id
+                if not entry.flags & _BATCH_CONTINUES:
+                    last = entry.id
         finally:
             os.close(fd)
         if last:

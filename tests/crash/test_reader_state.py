@@ -84,3 +84,22 @@ def test_zeros_after_last_record_are_cut(crashed: Path, tmp_path: Path, size: in
         assert len(q) == 7
     after = [(4, 2), (5, 2)] + [(i, 1) for i in range(6, 11)]
     assert deliveries_after_reopen(case) == after
+
+
+def test_record_in_the_middle_claiming_past_the_end_is_damage(
+    crashed: Path, tmp_path: Path
+) -> None:
+    """A flipped length field in the middle is not a torn tail: the acks after it stay.
+
+    Cutting there would silently undo every later ack (redelivering acked messages);
+    the reader must refuse to open and say what to do instead.
+    """
+    case = tmp_path / "case"
+    shutil.copytree(crashed, case)
+    data = bytearray((case / STATE).read_bytes())
+    start, _ = state_record_spans(bytes(data))[-3]  # the ack of message 1: two records follow
+    data[start : start + 4] = (len(data) * 2).to_bytes(4, "little")
+    (case / STATE).write_bytes(bytes(data))
+    with pytest.raises(ledgerq.CorruptionError, match=r"default\.state"):
+        ledgerq.open(case)
+    assert (case / STATE).read_bytes() == bytes(data), "the damaged journal was changed"

@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             unknown.extend(new)
             print(f"sync={sync}: {count} faults injected")
     print(f"{total} faults in {time.monotonic() - started:.0f} s")
+    print(f"{sum(known.values())} problems of known bugs, {len(unknown)} new problems")
     for bug, n in known.most_common():
         print(f"  known bug {bug} ({n} problems): {KNOWN_BUGS[bug]}")
     for problem in unknown[:30]:

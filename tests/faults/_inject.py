@@ -354,44 +354,16 @@ def list_sites(
 
 # ---------------------------------------------------------------------- known bugs
 #
-# Each class below is a bug found by this sweep, shown by its own xfail test in
-# test_faults.py.  The sweep fails on any problem that is not one of them.
+# Each class here is a bug found by this sweep and not fixed yet, shown by its own
+# xfail test in test_faults.py: problem text -> class name (a key of KNOWN_BUGS).  The
+# sweep fails on any problem that is not one of them.  The five classes it found
+# (docs/reliability.md, bugs 7-11) are fixed; none is open.
 
-KNOWN_BUGS = {
-    "raw-oserror": "an OS error escapes as a bare OSError, not a StorageError "
-    "(ledgerq.open's makedirs/DirLock/journal and feature opens, ReaderJournal._sync and "
-    "rewrite, SegmentManager._open_writer, DedupFeature/RetryTracker flush)",
-    "lock-leak": "a failed open() or close() leaves the queue's (or its DLQ's) directory "
-    "locked for the rest of the process (DirLock.__init__, QueueCore.close)",
-    "broken-after-rotation": "a failed segment rotation leaves the queue without a writer: "
-    "every later enqueue raises AssertionError('segment manager is closed') or tries to "
-    "re-create the same file (FileExistsError), even after the disk recovers",
-    "id-reuse-after-rotation": "an enqueue whose rotation fails after its write raises but "
-    "keeps the entry; the next enqueue reuses its id and is lost on reopen",
-    "nack-drops-message": "a nack whose retry-tracker write or DLQ move fails drops the "
-    "message from the reader; the next checkpoint moves the head past it and it is lost",
-}
-
-_ROTATION = frozenset(("rotate", "_create", "_seal", "_open_writer"))
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def classify(problem: str, run: FaultRun) -> str | None:
     """The known bug a problem of ``run`` is an instance of, or None if it is new."""
-    if "(not a LedgerQError)" in problem and "raised OSError" in problem:
-        return "raw-oserror"
-    if "QueueLockedError" in problem:
-        return "lock-leak"
-    rotation_failed = bool(run.failed_in & _ROTATION)
-    if rotation_failed and (
-        "raised AssertionError" in problem or "could not create segment" in problem
-    ):
-        return "broken-after-rotation"
-    if rotation_failed and any(
-        text in problem for text in ("returned with another", "overlaps", "LOST")
-    ):
-        return "id-reuse-after-rotation"
-    if "LOST" in problem and "_report_failure" in run.failed_in:
-        return "nack-drops-message"
     return None
 
 

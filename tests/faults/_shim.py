@@ -88,6 +88,13 @@ class Interposer:
             return os.path.abspath(os.fspath(args[1]))
         return os.path.abspath(os.fspath(args[0]))
 
+    def _follow_rename(self, src: str, dst: str) -> None:
+        # A descriptor follows its file: one opened as ``x.tmp`` writes to ``x`` now.
+        with self.lock:
+            for fd, opened in self.fds.items():
+                if opened == src:
+                    self.fds[fd] = dst
+
     def _make(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if kwargs.get("dir_fd") is not None:
@@ -111,6 +118,8 @@ class Interposer:
             if name == "open":
                 with self.lock:
                     self.fds[result] = path
+            elif name in ("replace", "rename"):
+                self._follow_rename(os.path.abspath(os.fspath(args[0])), path)
             return result
 
         wrapper.__name__ = name

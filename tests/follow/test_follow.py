@@ -456,6 +456,42 @@ def test_an_incomplete_tail_of_a_sealed_segment_is_skipped(
     assert any("corrupt" in r.getMessage() for r in caplog.records)
 
 
+def _batch(first_id: int, payloads: list[bytes]) -> list[bytes]:
+    last = len(payloads) - 1
+    return [_entry(first_id + i, p, batch_continues=i < last) for i, p in enumerate(payloads)]
+
+
+@pytest.mark.parametrize("watch", WATCH_MODES)
+def test_a_batch_is_yielded_only_once_its_last_entry_is_written(
+    tmp_path: Path, spawn: Any, watch: str
+) -> None:
+    # The owner's recovery cuts a batch whose end is missing: none of it may be yielded.
+    path = tmp_path / "q"
+    log = _hand_queue(path)
+    batch = _batch(2, [b"b2", b"b3", b"b4"])
+    with open(log, "ab") as f:
+        f.write(_entry(1, b"one") + batch[0] + batch[1])
+    with ledgerq.follow(path, timeout=0) as f:
+        assert [m.id for m in f] == [1]
+        assert f.next_id == 2  # resuming there reads the batch again
+    child = follower(spawn, path, watch=watch, count=5)
+    assert [r["id"] for r in child.records(1)] == [1]
+    with open(log, "ab") as f:
+        f.write(batch[2] + _entry(5, b"five"))
+    assert [bytes.fromhex(r["payload"]) for r in child.records(5)] == [b"b2", b"b3", b"b4", b"five"]
+    assert child.line() == "done"
+    child.finish()
+
+
+def test_an_incomplete_batch_at_the_end_of_a_sealed_segment_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    log = _hand_queue(path)
+    with open(log, "ab") as f:
+        f.write(_entry(1, b"one") + b"".join(_batch(2, [b"b2", b"b3", b"b4"])[:2]))
+    (path / "segments" / f"{5:020d}.log").write_bytes(_entry(5, b"five"))
+    assert [m.id for m in follow_all(path)] == [1, 5]
+
+
 # ------------------------------------------------------------ failing fast
 
 

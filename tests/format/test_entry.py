@@ -325,7 +325,7 @@ def test_checksummed_but_invalid_fields_are_corrupt() -> None:
     for rtype in (0, 4, 255):
         with pytest.raises(CorruptRecord, match="type"):
             decode_entry(variant(4, rtype))
-    for flags in (1 << 4, 1 << 5, 1 << 6, 1 << 7):
+    for flags in (1 << 5, 1 << 6, 1 << 7):
         with pytest.raises(CorruptRecord, match="flags"):
             decode_entry(variant(5, flags))
     raw = bytearray(base)
@@ -515,6 +515,25 @@ def test_plain_batch_parts_are_the_entries(first_id: int, payloads: list[bytes])
     from ledgerq.format.entry import encode_plain_batch_parts
 
     parts, sizes = encode_plain_batch_parts(first_id, 7, payloads)
-    expected = [encode_entry(first_id + i, 7, p) for i, p in enumerate(payloads)]
+    last = len(payloads) - 1
+    expected = [
+        encode_entry(first_id + i, 7, p, batch_continues=i < last) for i, p in enumerate(payloads)
+    ]
     assert b"".join(parts) == b"".join(expected)
     assert sizes == [len(e) for e in expected]
+
+
+def test_batch_continues_marks_every_entry_of_a_batch_but_its_last() -> None:
+    from ledgerq.format.entry import encode_plain_batch_parts
+
+    parts, _ = encode_plain_batch_parts(5, 7, [b"a", b"b", b"c"])
+    blob = b"".join(parts)
+    flags = []
+    pos = 0
+    while pos < len(blob):
+        entry, pos = decode_entry(blob, pos)
+        flags.append(entry.flags)
+    assert flags == [EntryFlags.BATCH_CONTINUES, EntryFlags.BATCH_CONTINUES, EntryFlags.NONE]
+    assert encode_plain_batch_parts(5, 7, []) == ([], [])
+    single, _ = encode_plain_batch_parts(5, 7, [b"only"])
+    assert decode_entry(b"".join(single))[0].flags == EntryFlags.NONE

@@ -85,54 +85,24 @@ def test_committed_corpus_is_up_to_date() -> None:
 
 # ---------------------------------------------------------------------- known bugs
 #
-# Inputs that hit a known bug are left out of the fuzz runs above (so that these do
-# not stop at the first one) and shown by the xfail tests below.
+# Inputs that hit a known, open bug are left out of the fuzz runs above (so that these
+# do not stop at the first one) and shown by an xfail test.  None at the moment: the
+# tests below are regression tests of bugs 12-15 of docs/reliability.md, fixed.
 
-
-def _feature_record_value(name: str, data: bytes) -> list[object]:
-    from ledgerq.format.feature_state import decode_feature_file
-
-    magic = b"LQDD" if name == "dedup_file" else b"LQRT"
-    try:
-        values, _ = decode_feature_file(data, magic)
-    except Exception:
-        return []
-    return values
-
-
-def _bad_feature_value(name: str, data: bytes) -> bool:
-    """A CRC-valid record with a float infinity or a big int where bytes belong."""
-    if name not in ("dedup_file", "retry_file"):
-        return False
-    for value in _feature_record_value(name, data):
-        if not isinstance(value, list):
-            continue
-        if any(isinstance(v, float) and v != v * 0 + v for v in value):  # inf, nan
-            return True
-        if name == "dedup_file" and value and isinstance(value[0], int):
-            return True
-    return False
-
-
-def _deep_json(name: str, data: bytes) -> bool:
-    return name == "meta" and data.count(b"[") + data.count(b"{") > 200
-
-
-KNOWN_BUGS = (_bad_feature_value, _deep_json)
+KNOWN_BUGS: tuple[Callable[[str, bytes], bool], ...] = ()
 KNOWN_BAD_SEEDS: dict[str, tuple[bytes, ...]] = {}
+
+
+# ---------------------------------------------------------------------- hostile files
 
 
 def _feature_file(magic: bytes, value: list[object]) -> bytes:
     return encode_feature_file_header(magic) + encode_feature_record(value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: DedupFeature.attach and RetryTracker() catch TypeError/ValueError but not "
-    "OverflowError: a feature record holding a float infinity makes open() raise it",
-)
 @pytest.mark.parametrize("name", ["dedup_file", "retry_file"])
 def test_feature_file_with_infinity(name: str) -> None:
+    """Bug 12: a float infinity in a feature record made open() raise OverflowError."""
     if name == "dedup_file":
         data = _feature_file(b"LQDD", [b"k" * 16, 1, float("inf")])
     else:
@@ -140,22 +110,36 @@ def test_feature_file_with_infinity(name: str) -> None:
     run_target(name, data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: DedupFeature.attach calls bytes(key) on a record's key: an int key of n "
-    "makes it allocate n bytes (a 24-byte file asks for 10 MB, or for terabytes)",
-)
 def test_dedup_file_with_int_key() -> None:
+    """Bug 13: an int key n made the dedup table allocate n bytes (bytes(n))."""
     run_target("dedup_file", _feature_file(b"LQDD", [10_000_000, 1, 1]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: MetaStore.load lets json's RecursionError out (it catches OSError and "
-    "ValueError): a meta.json of 1000 nested arrays makes open() raise RecursionError",
-)
+def test_bad_dedup_records_are_skipped_and_good_ones_kept(tmp_path: Path) -> None:
+    """A dedup.log record of the wrong shape costs that record, not the window."""
+    path = tmp_path / "q"
+    with ledgerq.open(path, dedup_window=3600) as q:
+        first = q.enqueue(b"a", dedup_id="order-1")
+    with open(path / "features" / "dedup.log", "ab") as f:
+        for bad in ([1 << 40, 1, 1], [b"k" * 16, 1, float("inf")], [b"k" * 16, "1", 1]):
+            f.write(encode_feature_record(bad))
+    with ledgerq.open(path, dedup_window=3600) as q:
+        assert q.enqueue(b"again", dedup_id="order-1") == first
+        assert [m.payload for m in q.peek(5)] == [b"a"]
+
+
 def test_meta_json_nested_deeply() -> None:
+    """Bug 14: a meta.json of 1000 nested arrays made open() raise RecursionError."""
     run_target("meta", b"[" * 1000)
+
+
+def test_meta_json_nested_deeply_is_not_a_queue(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path):
+        pass
+    (path / "meta.json").write_bytes(b"[" * 100_000)
+    with pytest.raises(ledgerq.NotAQueueError, match="unreadable"):
+        ledgerq.open(path)
 
 
 # ---------------------------------------------------------------------- hostile lengths
@@ -179,28 +163,37 @@ def _descending_lengths(size: int) -> bytes:
     return b"".join(struct.pack("<I", max(size - k, 30)) for k in range(0, size, 4))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: ReaderJournal.load's torn-tail test (_only_garbage_follows) decodes a "
-    "record at every offset after a corrupt one, each checksumming its claimed length: "
-    "quadratic work (a crafted 1 MiB journal takes minutes to open)",
-)
-def test_journal_recovery_work_is_linear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    size = 1 << 15
+def _checkpoint_headers(size: int) -> bytes:
+    """A CHECKPOINT record header (any body size is plausible) every 5 bytes, each
+    claiming to reach exactly to the end of the data."""
+    out = bytearray()
+    while len(out) < size:
+        out += struct.pack("<IB", size - len(out), 1)
+    return bytes(out[:size])
+
+
+@pytest.mark.parametrize("size", [1 << 15, 1 << 18])
+@pytest.mark.parametrize("crafted", [_descending_lengths, _checkpoint_headers])
+def test_journal_recovery_work_is_linear(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, crafted: Callable[[int], bytes]
+) -> None:
+    """Bug 15: every offset after a bad record held a record claiming the rest of the
+    file, each checksummed: quadratic (137 GB of CRC for a 1 MiB journal)."""
     bad = b"\x11\x00\x00\x00\x03" + b"\x00" * 12  # a record with a wrong CRC
-    data = encode_state_file_header() + bad + _descending_lengths(size)
+    data = encode_state_file_header() + bad + crafted(size)
     seen = _crc_bytes(monkeypatch, state_format)
     run_target("journal", data, measure=False)
     assert seen["bytes"] <= 64 * len(data), f"{seen['bytes']} bytes checksummed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: recovery of the newest segment (EntryScanner._search with no index "
-    "boundary) tries every offset after bad bytes and checksums each plausible entry's "
-    "claimed length: quadratic work on a crafted segment",
-)
+def _open_and_peek(path: Path) -> list[bytes]:
+    with ledgerq.open(path, sync="never") as q:
+        return [m.payload for m in q.peek(100)]
+
+
 def test_segment_recovery_work_is_linear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug 15: recovery of the newest segment tried every offset after bad bytes and
+    checksummed each plausible entry over the length it claimed: quadratic."""
     path = tmp_path / "q"
     with ledgerq.open(path, sync="never") as q:
         q.enqueue(b"first")
@@ -213,6 +206,47 @@ def test_segment_recovery_work_is_linear(tmp_path: Path, monkeypatch: pytest.Mon
     with open(log, "ab") as f:
         f.write(bytes(garbage[:size]))
     seen = _crc_bytes(monkeypatch, entry_format)
-    with ledgerq.open(path, sync="never") as q:
-        assert [m.payload for m in q.peek(5)] == [b"first"]
+    assert _open_and_peek(path) == [b"first"]
     assert seen["bytes"] <= 64 * (size + 64), f"{seen['bytes']} bytes checksummed"
+
+
+def test_segment_recovery_of_alternating_damage_is_linear(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Valid entries, each after a header claiming the rest of the file with a wrong
+    CRC: every entry read in order fails a checksum as long as the file."""
+    path = tmp_path / "q"
+    with ledgerq.open(path, sync="never") as q:
+        q.enqueue(b"first")
+    log = next((path / "segments").glob("*.log"))
+    size = 1 << 15
+    garbage = bytearray()
+    message_id = 2
+    while len(garbage) < size:
+        remaining = size - len(garbage)
+        garbage += struct.pack("<IBBQq", remaining, 1, 0, message_id, 0)
+        garbage += entry_format.encode_plain_entry(message_id, 0, b"x")
+        message_id += 1
+    with open(log, "ab") as f:
+        f.write(bytes(garbage))
+    seen = _crc_bytes(monkeypatch, entry_format)
+    payloads = _open_and_peek(path)
+    assert payloads[0] == b"first" and set(payloads[1:]) <= {b"x"}
+    assert seen["bytes"] <= 64 * (len(garbage) + 64), f"{seen['bytes']} bytes checksummed"
+
+
+def test_damage_more_than_a_search_window_before_the_next_index_point(tmp_path: Path) -> None:
+    """A damaged entry followed by over 1 MiB of log before the next known boundary
+    made the resynchronisation recurse without end (RecursionError) instead of
+    skipping the entry."""
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        q.enqueue(b"b" * (3 << 19))  # 1.5 MiB: the next index point is after it
+        q.enqueue(b"small")
+    log = next((path / "segments").glob("*.log"))
+    with open(log, "r+b") as f:
+        f.seek(1 << 20)
+        f.write(b"\xff")  # inside the big payload: its CRC no longer matches
+    with ledgerq.open(path) as q:
+        assert [m.payload for m in q.peek(5)] == [b"small"]
+        assert q.stats().corrupt_skipped == 1

@@ -209,6 +209,23 @@ def test_a_torn_tail_left_by_a_killed_append_is_cut_and_shipped_again(tmp_path: 
         assert_same(src, tmp_path / "hub" / "c.q")
 
 
+def test_a_batch_is_shipped_only_once_its_last_entry_is_written(tmp_path: Path) -> None:
+    src = tmp_path / "q"
+    with ledgerq.open(src, segment_size=1 << 20) as q:
+        fill(q, 3)
+        q.enqueue_batch([b"b4", b"b5", b"b6"])
+    (log,) = (src / "segments").glob("*.log")
+    with open(log, "r+b") as f:  # the batch's last entry not written yet (or never)
+        f.truncate(log.stat().st_size - len(b"b6") - 26)
+    report = ship_queue(src, tmp_path / "hub", "c")
+    assert (report.messages, report.last_id) == (3, 3)
+    with ledgerq.open(src) as q:  # the owner's recovery cuts the incomplete batch
+        assert [m.id for m in q.peek(10)] == [1, 2, 3]
+        q.enqueue(b"after")
+    ship_queue(src, tmp_path / "hub", "c")
+    assert_same(src, tmp_path / "hub" / "c.q")
+
+
 def test_shipping_beside_a_concurrent_writer(tmp_path: Path) -> None:
     src = tmp_path / "live"
     hub = tmp_path / "hub"

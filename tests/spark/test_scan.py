@@ -264,5 +264,10 @@ def test_last_complete_id_ignores_an_append_in_flight(tmp_path: Path) -> None:
         f.write(encode_entry(36, 1, b"x" * 500)[:300])
     assert last_complete_id(str(tmp_path / "q")) == 35
     assert last_complete_id(str(_queue(tmp_path / "other", n=4))) == 5
+    with ledgerq.open(tmp_path / "batch") as q:
+        q.enqueue(b"one")
+    with open(segment_files(tmp_path / "batch")[-1], "ab") as f:  # a batch being written
+        f.write(encode_entry(2, 1, b"two", batch_continues=True))
+    assert last_complete_id(str(tmp_path / "batch")) == 1
     ledgerq.open(tmp_path / "empty").close()
     assert last_complete_id(str(tmp_path / "empty")) == 0

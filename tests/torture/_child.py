@@ -135,7 +135,11 @@ class Workload:
 
     def _open(self) -> ledgerq.Queue:
         q = ledgerq.open(self.path, **self.options)
-        self._wrap(q)
+        try:
+            self._wrap(q)  # opens the DLQ, which can fail on its own
+        except BaseException:
+            q.close()  # nobody else holds q: it would stay locked
+            raise
         return q
 
     def _wrap(self, q: ledgerq.Queue) -> None:

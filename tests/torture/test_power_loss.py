@@ -45,10 +45,7 @@ def _assert_clean(report: Report) -> None:
 def test_every_crash_state(tmp_path: Path, scratch: Path, scenario: Scenario) -> None:
     short = dataclasses.replace(scenario, steps=STEPS)
     recording = record_scenario(tmp_path, short)
-    never = scenario.options["sync"] != "always"
-    # counts=False with sync="never": len() is off after some crash states (known bug,
-    # test_pending_count_after_power_loss below); everything else is checked.
-    _assert_clean(check_scenario(recording, scratch, counts=not never))
+    _assert_clean(check_scenario(recording, scratch))
 
 
 def _prepare_torn(queue_dir: Path) -> None:
@@ -73,10 +70,10 @@ def test_power_loss_during_recovery(tmp_path: Path, scratch: Path) -> None:
     )
     recording = record_scenario(tmp_path, scenario, prepare=_prepare_torn)
     assert any(op[0] == "truncate" for op in recording.ops), "no torn tail was cut"
-    _assert_clean(check_scenario(recording, scratch, from_mark="O", counts=False))
+    _assert_clean(check_scenario(recording, scratch, from_mark="O"))
 
 
-# ---------------------------------------------------------------------- known bugs
+# ---------------------------------------------------------------------- bugs found (fixed)
 
 
 def _steps(*names: str) -> Any:
@@ -102,20 +99,13 @@ def _first_failure(
     steps: tuple[str, ...],
     *,
     strict_mkdir: bool = False,
-    counts: bool = True,
     seed: int = 3,
 ) -> Report:
     scenario = Scenario("bug", options, steps=0, seed=seed, strict_mkdir=strict_mkdir)
     recording = record_scenario(tmp_path, scenario, workload=_steps(*steps))
-    return check_scenario(recording, scratch, max_failures=1, counts=counts)
+    return check_scenario(recording, scratch, max_failures=1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with sync='never'/'interval' a synced message moved to the DLQ can be lost "
-    "by a power cut: the main queue's DEAD_LETTER record may reach the disk while the DLQ "
-    "copy does not (nothing fsyncs the DLQ before the record is written)",
-)
 def test_dlq_move_keeps_a_synced_message(tmp_path: Path, scratch: Path) -> None:
     options = {"sync": "never", "max_retries": 1}
     _assert_clean(
@@ -123,34 +113,18 @@ def test_dlq_move_keeps_a_synced_message(tmp_path: Path, scratch: Path) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with sync='never'/'interval' requeue_dlq can lose a synced message on a power "
-    "cut: the DLQ's settle (ACK) may reach the disk while the main queue's copy does not",
-)
 def test_requeue_keeps_a_synced_message(tmp_path: Path, scratch: Path) -> None:
     options = {"sync": "never", "max_retries": 1}
     steps = ("enqueue", "dequeue", "nack", "sync", "requeue")
     _assert_clean(_first_failure(tmp_path, scratch, options, steps))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: readers/, features/ and dlq/ are created after the queue directory's last "
-    "fsync, so by POSIX rules their entries (and every ack, DLQ move and dedup record under "
-    "them) are not durable until close(), even with sync='always'",
-)
 def test_new_directories_are_durable(tmp_path: Path, scratch: Path) -> None:
     options = {"sync": "always", "max_retries": 1}
     steps = ("enqueue", "dequeue", "ack", "enqueue")
     _assert_clean(_first_failure(tmp_path, scratch, options, steps, strict_mkdir=True))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: after a power cut that kept a reader's ACK but lost the acked message's "
-    "entry (sync='never'), len(q) and stats().pending count that ack against other messages",
-)
 def test_pending_count_after_power_loss(tmp_path: Path, scratch: Path) -> None:
     options = {"sync": "never", "max_retries": 0}
     steps = ("enqueue", "enqueue", "dequeue", "ack")  # seed 5: leases both, acks the second

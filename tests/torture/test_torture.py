@@ -105,11 +105,6 @@ TORN_BATCH = textwrap.dedent(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: SIGKILL during enqueue_batch's one writev can keep a page-aligned prefix "
-    "of the batch, and recovery keeps its whole entries (the batch is not all-or-nothing)",
-)
 def test_batch_is_all_or_nothing_when_killed_inside_its_write(tmp_path: Path) -> None:
     path = tmp_path / "q"
     result = subprocess.run(
