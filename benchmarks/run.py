@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+ANALYSIS = REPO / "benchmarks" / "analysis.md"  # hand-written, quoted in the report
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(REPO))
 
@@ -761,6 +762,11 @@ def report(
         req = ("<= " if t.is_upper else ">= ") + fmt_target_value(t, t.bound)
         add(f"| {t.name} | {fmt_target_value(t, t.measured)} | {req} | {t.verdict} | {t.basis} |")
     add("")
+    if ANALYSIS.exists():
+        # Written by hand from a profile run (it names its own command and numbers):
+        # why a target is not met, and what the floor of that path is.
+        add(ANALYSIS.read_text().rstrip())
+        add("")
 
     # throughput
     add("## Throughput (messages per second)")

@@ -84,20 +84,27 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
 _IOV_MAX = min(getattr(os, "sysconf", lambda _: 1024)("SC_IOV_MAX") or 1024, 1024)
 
 
-def write_parts(fd: int, parts: list[bytes], total: int | None = None) -> None:
-    """Write the concatenation of ``parts`` with ``writev`` (no copy into one buffer).
+# Below this many bytes, parts are joined and written with one write(): copying small
+# entries costs less than the kernel's work per iovec (measured with 100-byte entries:
+# 10 us for write(join(300 parts)) against 18 us for writev(300 parts)).
+_JOIN_BELOW = 1 << 20
 
-    ``total`` is their summed length when the caller knows it already.
+
+def write_parts(fd: int, parts: list[bytes], total: int | None = None) -> None:
+    """Write the concatenation of ``parts`` with one system call where it can.
+
+    Small writes (or more parts than one ``writev`` takes) are joined into one
+    buffer; large ones go to ``writev`` without a copy.  ``total`` is their summed
+    length when the caller knows it already.
     """
-    start = 0
-    while start < len(parts):
-        chunk = parts[start : start + _IOV_MAX]
-        known = total is not None and len(parts) <= _IOV_MAX
-        expected = total if known and total is not None else sum(map(len, chunk))
-        written = os.writev(fd, chunk)
-        if written != expected:  # a short write: finish this chunk the simple way
-            write_all(fd, memoryview(b"".join(chunk))[written:])
-        start += _IOV_MAX
+    if total is None:
+        total = sum(map(len, parts))
+    if total < _JOIN_BELOW or len(parts) > _IOV_MAX:
+        write_all(fd, b"".join(parts))
+        return
+    written = os.writev(fd, parts)
+    if written != total:  # a short write: finish it the simple way
+        write_all(fd, memoryview(b"".join(parts))[written:])
 
 
 def datasync(fd: int) -> None:
