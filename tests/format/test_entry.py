@@ -509,7 +509,10 @@ def test_plain_fast_path_encodes_exactly_like_encode_entry(
 
 @given(
     first_id=st.integers(min_value=1, max_value=1 << 40),
-    payloads=st.lists(st.binary(max_size=100), min_size=1, max_size=20),
+    # Small and large payloads, mixed: the encoder joins small ones to their header.
+    payloads=st.lists(
+        st.binary(max_size=100) | st.binary(min_size=990, max_size=1100), min_size=1, max_size=20
+    ),
 )
 def test_plain_batch_parts_are_the_entries(first_id: int, payloads: list[bytes]) -> None:
     from ledgerq.format.entry import encode_plain_batch_parts
