@@ -115,6 +115,7 @@ _HAS_PRIORITY = int(EntryFlags.HAS_PRIORITY)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 
+_CHECK_BY_COPY = 1024
 _crc32 = zlib.crc32  # the same function as ledgerq.format.checksum, without a call layer
 _pack_header = ENTRY_HEADER.pack
 _unpack_header = ENTRY_HEADER.unpack_from
@@ -320,7 +321,9 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         raise IncompleteRecord(f"entry of {length} bytes cut short", pos, length)
     crc_at = stop - 4
     (stored,) = _unpack_crc(buf, crc_at)
-    if checksum(memoryview(buf)[pos:crc_at]) != stored:
+    # Small entries are cheaper to check as a copied slice than through a memoryview.
+    covered = buf[pos:crc_at] if length <= _CHECK_BY_COPY else memoryview(buf)[pos:crc_at]
+    if _crc32(covered) != stored:
         raise CorruptRecord("entry checksum mismatch", pos)
     if rtype not in _KNOWN_TYPES:
         raise CorruptRecord(f"unknown entry type {rtype}", pos)
