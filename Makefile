@@ -36,7 +36,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
-	$(PY) benchmarks/run.py --write docs/benchmarks.md
+	$(PY) benchmarks/run.py --write docs/benchmarks.md --json docs/benchmarks.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

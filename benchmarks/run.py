@@ -994,7 +994,14 @@ def main() -> int:
     ap.add_argument("--json", metavar="PATH", help="write every raw result here")
     ap.add_argument("--dir", help="where the scenario directories go (default: a temp dir)")
     ap.add_argument("--list", action="store_true", help="list the task ids and exit")
+    ap.add_argument(
+        "--report-from",
+        metavar="JSON",
+        help="run nothing: write the report (--write) from the raw results a --json run saved",
+    )
     args = ap.parse_args()
+    if args.report_from:
+        return rerender(Path(args.report_from), args.write)
 
     c = QUICK if args.quick else FULL
     repeats = args.repeats or c.repeats
@@ -1031,14 +1038,48 @@ def main() -> int:
         file=sys.stderr,
     )
     print_summary(res)
+    vers = versions()
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"machine": env, "results": res.values, "errors": res.errors}, indent=1)
-        )
+        saved = {
+            "machine": env,
+            "versions": vers,
+            "command": command,
+            "quick": c is QUICK,
+            "repeats": repeats,
+            "adapters": adapters,
+            "unavailable": unavailable,
+            "wall": wall,
+            "results": res.values,
+            "errors": res.errors,
+        }
+        Path(args.json).write_text(json.dumps(saved, indent=1))
     if args.write:
-        text = report(res, env, versions(), command, c, repeats, adapters, unavailable, wall)
+        text = report(res, env, vers, command, c, repeats, adapters, unavailable, wall)
         Path(args.write).write_text(text)
         print(f"wrote {args.write}", file=sys.stderr)
+    return 0
+
+
+def rerender(saved_path: Path, write: str | None) -> int:
+    """Write the report again from a saved run (e.g. after benchmarks/analysis.md changed)."""
+    saved = json.loads(saved_path.read_text())
+    res = Results(values=saved["results"], errors=saved["errors"])
+    text = report(
+        res,
+        saved["machine"],
+        saved["versions"],
+        saved["command"],
+        QUICK if saved["quick"] else FULL,
+        saved["repeats"],
+        saved["adapters"],
+        saved["unavailable"],
+        saved["wall"],
+    )
+    if write:
+        Path(write).write_text(text)
+        print(f"wrote {write}", file=sys.stderr)
+    else:
+        print(text)
     return 0
 
 
