@@ -201,24 +201,16 @@ class SegmentManager:
         except (OSError, DecodeError):
             entries = []
         fd = seg.read_fd()
-        start, after_id = self._trusted_start(fd, seg, entries)
-        seg.set_index(entries)
-        seg.sealed = False
-        self._last_indexed_offset = start if entries else -1
-        scanner = EntryScanner(fd, start, seg.size, after_id=after_id, boundaries=None)
-        found = 0
-        batch: _BatchStart | None = None  # the first entry of a batch whose end is unread
-        while True:
-            entry = scanner.next()
-            if entry is None:
-                break
-            offset = scanner.pos - entry.size
-            if not entry.flags & _BATCH_CONTINUES:
-                batch = None
-            elif batch is None:
-                batch = _BatchStart(offset, found, seg, self._last_indexed_offset)
-            found += 1
-            self._note_appended(seg, entry.id, entry.timestamp, offset)
+        # Start at the newest index point whose entry is there.  If the scan then ends
+        # inside a batch that may have begun before that point, scan again from a point
+        # outside any batch, so the whole batch can be cut (rare: only a torn batch).
+        before_scan = (seg.last_id, seg.last_offset, seg.last_timestamp)
+        start, after_id, points = self._trusted_start(fd, seg, entries, outside_batch=False)
+        scanner, found, batch = self._scan_tail(fd, seg, points, start, after_id)
+        if batch is not None and batch.offset == start and start > 0:
+            seg.last_id, seg.last_offset, seg.last_timestamp = before_scan
+            start, after_id, points = self._trusted_start(fd, seg, entries, outside_batch=True)
+            scanner, found, batch = self._scan_tail(fd, seg, points, start, after_id)
         end = scanner.pos
         if batch is not None:
             found = batch.found
@@ -240,22 +232,55 @@ class SegmentManager:
         blob = encode_index_header(OPEN_COUNT) + b"".join(encode_index_entry(*e) for e in seg.index)
         atomic_write(seg.idx_path, blob, durable=False)
 
-    def _trusted_start(self, fd: int, seg: Segment, points: list[IndexEntry]) -> tuple[int, int]:
-        """Where to start scanning ``seg``: (offset, id before it); drops the points after it.
+    def _scan_tail(
+        self, fd: int, seg: Segment, points: list[IndexEntry], start: int, after_id: int
+    ) -> tuple[EntryScanner, int, _BatchStart | None]:
+        """Read ``seg`` from ``start`` to its end, noting each entry as appended.
 
-        The newest index point whose entry really is there - and ends a batch (no
-        BATCH_CONTINUES), so that the scan never starts inside a batch it may have to
-        cut whole.  Points inside a batch are passed over by reading their header only.
+        Returns the scanner (its ``pos`` is where the valid entries end), how many
+        entries it found, and the start of the batch still open at the end, if any.
         """
-        while points:
-            point = points[-1]
+        seg.set_index(points)
+        seg.sealed = False
+        self._last_indexed_offset = start if points else -1
+        scanner = EntryScanner(fd, start, seg.size, after_id=after_id, boundaries=None)
+        found = 0
+        batch: _BatchStart | None = None  # the first entry of a batch whose end is unread
+        while True:
+            entry = scanner.next()
+            if entry is None:
+                break
+            offset = scanner.pos - entry.size
+            if not entry.flags & _BATCH_CONTINUES:
+                batch = None
+            elif batch is None:
+                batch = _BatchStart(offset, found, seg, self._last_indexed_offset)
+            found += 1
+            self._note_appended(seg, entry.id, entry.timestamp, offset)
+        return scanner, found, batch
+
+    def _trusted_start(
+        self, fd: int, seg: Segment, points: list[IndexEntry], *, outside_batch: bool
+    ) -> tuple[int, int, list[IndexEntry]]:
+        """Where to start scanning ``seg``: (offset, id before it, the points up to it).
+
+        The newest index point whose entry really is there - and, with
+        ``outside_batch``, ends a batch (no BATCH_CONTINUES), so that the scan never
+        starts inside a batch it may have to cut whole.
+        """
+        kept = list(points)
+        while kept:
+            point = kept[-1]
             if point.offset < seg.size:
-                head = os.pread(fd, ENTRY_HEADER.size, point.offset)
-                inside_batch = len(head) == ENTRY_HEADER.size and head[5] & _BATCH_CONTINUES
-                if not inside_batch and self._entry_id_at(fd, point.offset) == point.id:
-                    return point.offset, point.id - 1
-            points.pop()
-        return 0, seg.first_id - 1
+                if outside_batch:
+                    head = os.pread(fd, ENTRY_HEADER.size, point.offset)
+                    inside = len(head) == ENTRY_HEADER.size and head[5] & _BATCH_CONTINUES
+                else:
+                    inside = False
+                if not inside and self._entry_id_at(fd, point.offset) == point.id:
+                    return point.offset, point.id - 1, kept
+            kept.pop()
+        return 0, seg.first_id - 1, kept
 
     def _cut(self, seg: Segment, offset: int, what: str) -> None:
         """Truncate ``seg``'s log at ``offset`` (durably) and log it."""
