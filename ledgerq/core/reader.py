@@ -275,7 +275,8 @@ class ReaderCore:
 
     def _forget(self, message_id: int) -> None:
         self._deliveries.pop(message_id, None)
-        self._reported.pop(message_id, None)
+        if self._reported:
+            self._reported.pop(message_id, None)
         if self._unreported:
             self._unreported.pop(message_id, None)
         self._done.add(message_id)
@@ -329,10 +330,7 @@ class ReaderCore:
             self.check_leased(message_id)  # raises, saying why
         ticket = self.journal.append_one(_ACK, message_id)  # first: if it fails, nothing changed
         del self._leased[message_id]
-        self._deliveries.pop(message_id, None)
-        if self._reported:
-            self._reported.pop(message_id, None)
-        self._done.add(message_id)
+        self._forget(message_id)
         self.counters["acked"] += 1
         if self._hooks.settled or len(self._done) > 65536:
             self._after_ack([message_id])
