@@ -121,7 +121,7 @@ class LedgerQ(Adapter):
     distribution = "ledgerq"
     module = "ledgerq"
     semantics = "lease + ack (at-least-once)"
-    batch_note = "`enqueue_batch` (one write); `dequeue_batch(n)` then `ack` per message"
+    batch_note = "`enqueue_batch` (one write); `dequeue_batch(n)` then one `ack_batch` (one write)"
     is_thread_safe = True
     levels: ClassVar[dict[str, Level | None]] = {
         "kill9": Level(
@@ -160,9 +160,8 @@ class LedgerQ(Adapter):
 
     def get_batch_and_ack(self, n: int) -> list[bytes]:
         msgs = self.q.dequeue_batch(n)
-        ack = self.q.ack
-        for msg in msgs:
-            ack(msg.id)
+        if msgs:
+            self.q.ack_batch([msg.id for msg in msgs])
         return [msg.payload for msg in msgs]
 
     def close(self) -> None:

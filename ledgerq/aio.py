@@ -157,6 +157,10 @@ class AsyncReader:
         """Mark a leased message done (see :meth:`ledgerq.Reader.ack`); runs in a thread."""
         await asyncio.to_thread(self._reader.ack, message_id)
 
+    async def ack_batch(self, message_ids: Iterable[int]) -> None:
+        """Ack several leased messages at once (see :meth:`ledgerq.Reader.ack_batch`)."""
+        await asyncio.to_thread(self._reader.ack_batch, list(message_ids))
+
     async def nack(self, message_id: int, reason: str = "") -> None:
         """Give a leased message back as failed (see :meth:`ledgerq.Reader.nack`)."""
         await asyncio.to_thread(self._reader.nack, message_id, reason)
@@ -263,6 +267,10 @@ class AsyncQueue:
     async def ack(self, message_id: int) -> None:
         """Mark a leased message done; with ``sync="always"`` returns after fsync."""
         await self._default.ack(message_id)
+
+    async def ack_batch(self, message_ids: Iterable[int]) -> None:
+        """Ack several leased messages with one record and at most one fsync."""
+        await self._default.ack_batch(message_ids)
 
     async def nack(self, message_id: int, reason: str = "") -> None:
         """Give a leased message back as failed: delivered again, or dead-lettered."""

@@ -120,7 +120,7 @@ def test_round_trip_enqueue_dequeue_ack_nack(qpath: Path) -> None:
 
             batch = await q.dequeue_batch(10)
             assert [m.payload for m in batch] == [b"three"]
-            await q.ack(batch[0].id)
+            await q.ack_batch(m.id for m in batch)
             assert await q.dequeue() is None
             assert await q.dequeue_batch(3) == []
 

@@ -131,6 +131,29 @@ def test_ack_and_nack_unknown_ids(qpath: Path) -> None:
             q.ack("1")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("sync", ["interval", "always"])
+def test_ack_batch_acks_all_or_nothing_and_survives_reopen(qpath: Path, sync: str) -> None:
+    with ledgerq.open(qpath, sync=sync) as q:
+        q.enqueue_batch([b"a", b"b", b"c", b"d"])
+        a, _b, c = q.dequeue_batch(3)
+        with pytest.raises(ledgerq.UnknownMessageError, match="4"):
+            q.ack_batch([a.id, 4])  # 4 is not leased: a is not acked either
+        with pytest.raises(ValueError, match="twice"):
+            q.ack_batch([a.id, a.id])
+        with pytest.raises(TypeError):
+            q.ack_batch([a.id, "2"])  # type: ignore[list-item]
+        assert q.stats().in_flight == 3
+        q.ack_batch(m.id for m in (a, c))
+        q.ack_batch([])
+        stats = q.stats()
+        assert (stats.acked, stats.in_flight, stats.pending) == (2, 1, 1)  # d waits, b leased
+        with pytest.raises(ledgerq.UnknownMessageError):
+            q.ack(a.id)
+    with ledgerq.open(qpath) as q:  # b's lease comes back; a and c stay acked
+        again = q.dequeue_batch(10)
+        assert [(m.payload, m.attempts) for m in again] == [(b"b", 2), (b"d", 1)]
+
+
 def test_nack_redelivers_with_more_attempts(qpath: Path) -> None:
     with ledgerq.open(qpath, max_retries=0) as q:
         q.enqueue(b"a")
