@@ -9,7 +9,7 @@ import threading
 from ledgerq._errors import CorruptionError
 from ledgerq.format.errors import CorruptRecord, IncompleteRecord
 from ledgerq.format.reader_state import (
-    STATE_RECORD_HEADER,
+    MIN_STATE_RECORD_SIZE,
     Checkpoint,
     StateRecordType,
     decode_checkpoint,
@@ -19,6 +19,7 @@ from ledgerq.format.reader_state import (
     encode_id_record,
     encode_ids_record,
     encode_state_file_header,
+    plausible_record_length,
 )
 from ledgerq.segment.files import (
     StorageError,
@@ -49,25 +50,6 @@ _COMPACT_MIN_BYTES = 1 << 20
 # answer: nothing is cut that might have held acks.
 _GARBAGE_CHECK_FACTOR = 16
 _GARBAGE_CHECK_FLOOR = 256 * 1024
-_MIN_RECORD = STATE_RECORD_HEADER.size + 4  # length, type, empty body, CRC
-_IDS_TYPES = frozenset(t for t in StateRecordType if t is not StateRecordType.CHECKPOINT)
-
-
-def _plausible_record_length(data: bytes, at: int) -> int:
-    """The length of the record whose header is at ``at``, or 0 if it cannot be valid.
-
-    The checks :func:`decode_state_record` makes after the CRC (type, size of an ids
-    body) made before it, so that only a plausible record costs a checksum.
-    """
-    length, record_type = STATE_RECORD_HEADER.unpack_from(data, at)
-    if length < _MIN_RECORD or at + length > len(data):
-        return 0
-    if record_type == StateRecordType.CHECKPOINT:
-        return int(length)
-    body = length - _MIN_RECORD
-    if record_type not in _IDS_TYPES or not body or body % 8:
-        return 0
-    return int(length)
 
 
 class ReplayedState:
@@ -180,8 +162,8 @@ class ReaderJournal:
         more plausible records than :data:`_GARBAGE_CHECK_FACTOR` lets it checksum.
         """
         budget = _GARBAGE_CHECK_FACTOR * (len(data) - pos) + _GARBAGE_CHECK_FLOOR
-        for at in range(pos + 1, len(data) - _MIN_RECORD + 1):
-            length = _plausible_record_length(data, at)
+        for at in range(pos + 1, len(data) - MIN_STATE_RECORD_SIZE + 1):
+            length = plausible_record_length(data, at)
             if not length:
                 continue
             if length > budget:

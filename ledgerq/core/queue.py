@@ -945,8 +945,8 @@ class Reader:
                 if queue._closed or self._removed:
                     self._ensure_usable()
                 taken = core.take_one(time.monotonic(), time.time_ns())
-                if taken is not None and core.journal.wants_compaction:
-                    core.checkpoint()
+                if taken is not None:
+                    core.maybe_compact()
             if taken is None:
                 return None
             entry, attempt = taken
@@ -1011,13 +1011,8 @@ class Reader:
             if queue._closed or self._removed:
                 self._ensure_usable()
             ticket = core.ack_one(message_id)
-            if core.journal.wants_compaction:
-                core.checkpoint()
-            segments = queue._manager.segments
-            # Retention can only apply once this reader has read past the oldest
-            # segment (every reader's head is computed on each ack otherwise).
-            if len(segments) > 1 and core.has_read_past(segments[0].last_id):
-                queue._retire_consumed()
+            core.maybe_compact()
+            self._retire_if_passed_oldest()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
@@ -1042,11 +1037,20 @@ class Reader:
                 core.check_leased(message_id)
             ticket = core.ack(ids)
             core.maybe_compact()
-            segments = queue._manager.segments
-            if len(segments) > 1 and core.has_read_past(segments[0].last_id):
-                queue._retire_consumed()
+            self._retire_if_passed_oldest()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
+
+    def _retire_if_passed_oldest(self) -> None:
+        """After a settle (queue lock held): apply retention if it can have work.
+
+        Only once this reader has read past the oldest segment can a settle of its
+        finish that segment; checking first spares computing every reader's head on
+        each ack.
+        """
+        segments = self._queue._manager.segments
+        if len(segments) > 1 and self._core.has_read_past(segments[0].last_id):
+            self._queue._retire_consumed()
 
     def nack(self, message_id: int, reason: str = "") -> None:
         """Give a leased message back as failed: it is delivered again with attempts + 1.
@@ -1064,9 +1068,7 @@ class Reader:
             self._ensure_usable()
             core.check_leased(message_id)
             ticket = core.nack([message_id], reason, time.time_ns())
-            segments = queue._manager.segments
-            if len(segments) > 1 and core.has_read_past(segments[0].last_id):
-                queue._retire_consumed()  # a move to the DLQ may finish the oldest segment
+            self._retire_if_passed_oldest()  # a move to the DLQ may finish the oldest segment
             if queue._waiting or queue._listeners:
                 queue._wake()
         if queue._sync_always:

@@ -47,6 +47,7 @@ __all__ = [
     "STATE_MAGIC",
     "STATE_RECORD_HEADER",
     "STATE_VERSION",
+    "MIN_STATE_RECORD_SIZE",
     "Checkpoint",
     "StateRecordType",
     "decode_checkpoint",
@@ -56,6 +57,7 @@ __all__ = [
     "encode_id_record",
     "encode_ids_record",
     "encode_state_file_header",
+    "plausible_record_length",
 ]
 
 STATE_MAGIC = b"LQRS"
@@ -66,6 +68,7 @@ STATE_RECORD_HEADER = struct.Struct("<IB")  # length, type
 assert STATE_RECORD_HEADER.size == 5
 _CRC = struct.Struct("<I")
 _MIN_RECORD = STATE_RECORD_HEADER.size + _CRC.size
+MIN_STATE_RECORD_SIZE = _MIN_RECORD  # length, type, empty body, CRC
 _MAX_RECORD = (1 << 31) - 1
 _U64_MAX = (1 << 64) - 1
 
@@ -211,6 +214,24 @@ def decode_checkpoint(body: bytes, pos: int = 0) -> Checkpoint:
     if problem:
         raise CorruptRecord(f"malformed reader checkpoint ({problem})", pos)
     return Checkpoint(head, done, [(i, n) for i, n in deliveries], counters)
+
+
+def plausible_record_length(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    """The length of the record whose header is at ``pos``, or 0 if it cannot be valid.
+
+    The checks :func:`decode_state_record` makes besides the CRC (length, type, size
+    of an ids body), for recovery to find candidate records without checksumming
+    every offset.  ``buf`` must hold the header (``MIN_STATE_RECORD_SIZE`` bytes).
+    """
+    length, record_type = STATE_RECORD_HEADER.unpack_from(buf, pos)
+    if length < _MIN_RECORD or pos + length > len(buf):
+        return 0
+    if record_type == StateRecordType.CHECKPOINT:
+        return int(length)
+    body = length - _MIN_RECORD
+    if record_type not in _ID_TYPES or not body or body % 8:
+        return 0
+    return int(length)
 
 
 def decode_state_record(

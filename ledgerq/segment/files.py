@@ -138,18 +138,15 @@ def make_durable_dir(path: str) -> bool:
         return False
     parent = os.path.dirname(os.path.abspath(path))
     make_durable_dir(parent)
-    try:
-        os.mkdir(path)
-    except FileExistsError as exc:
-        if os.path.isdir(path):
-            return False  # created meanwhile by someone else, who syncs it
-        raise StorageError("create directory", path, exc) from exc
-    except OSError as exc:
-        raise StorageError("create directory", path, exc) from exc
-    try:
+    with storage_errors("create directory", path):
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            if os.path.isdir(path):
+                return False  # created meanwhile by someone else, who syncs it
+            raise
+    with storage_errors("sync directory", parent):
         fsync_dir(parent)
-    except OSError as exc:
-        raise StorageError("sync directory", parent, exc) from exc
     return True
 
 
@@ -158,24 +155,7 @@ def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
 
     With ``durable`` the new content is on disk when this returns.
     """
-    tmp = f"{path}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            write_all(fd, data)
-            if durable:
-                os.fsync(fd)  # the content must be on disk before the name points at it
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        if durable:
-            fsync_dir(os.path.dirname(path) or ".")  # and the rename itself must be durable
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise StorageError("write", path, exc) from exc
+    _replace(path, data, durable=durable, adopt=None)
 
 
 def replace_and_open(path: str, data: bytes, adopt: Callable[[int], None]) -> None:
@@ -187,18 +167,28 @@ def replace_and_open(path: str, data: bytes, adopt: Callable[[int], None]) -> No
     its writes would be lost: if this raises, ``adopt`` was called exactly when the name
     moved.
     """
+    _replace(path, data, durable=True, adopt=adopt)
+
+
+def _replace(path: str, data: bytes, *, durable: bool, adopt: Callable[[int], None] | None) -> None:
+    """temp file -> (fsync) -> rename -> (fsync of the directory); ``adopt`` gets the fd."""
     tmp = f"{path}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         try:
             write_all(fd, data)
-            os.fsync(fd)  # the content must be on disk before the name points at it
+            if durable:
+                os.fsync(fd)  # the content must be on disk before the name points at it
             os.replace(tmp, path)
         except BaseException:
             os.close(fd)
             raise
-        adopt(fd)
-        fsync_dir(os.path.dirname(path) or ".")  # and the rename itself must be durable
+        if adopt is None:
+            os.close(fd)
+        else:
+            adopt(fd)
+        if durable:
+            fsync_dir(os.path.dirname(path) or ".")  # and the rename itself must be durable
     except OSError as exc:
         try:
             os.unlink(tmp)

@@ -9,6 +9,7 @@ that is how a queue holding millions of messages reopens in milliseconds.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import threading
@@ -373,21 +374,13 @@ class SegmentManager:
                 self._dir_dirty = True
         except OSError as exc:
             if created:  # the retry's O_EXCL must not meet this half-made, empty segment
-                self._remove_files(seg)
+                with contextlib.suppress(OSError):  # else the retry fails clearly
+                    self._unlink(seg)
             raise StorageError("create segment", seg.log_path, exc) from exc
         self.segments.append(seg)
         self._first_ids.append(first_id)
         self._last_indexed_offset = -1
         self._open_writer(seg)
-
-    @staticmethod
-    def _remove_files(seg: Segment) -> None:
-        """Remove a half-made segment's files, as far as the disk lets us."""
-        for path in (seg.log_path, seg.idx_path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass  # then the retry fails clearly, and a reopen drops the empty segment
 
     def _open_writer(self, seg: Segment) -> None:
         """Open ``seg``'s log and index for appending (both, or neither on an error)."""

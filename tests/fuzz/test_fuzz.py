@@ -191,20 +191,25 @@ def _open_and_peek(path: Path) -> list[bytes]:
         return [m.payload for m in q.peek(100)]
 
 
+def _queue_with_tail(path: Path, tail: bytes) -> None:
+    """A queue holding one message, b"first", with ``tail`` appended to its segment."""
+    with ledgerq.open(path, sync="never") as q:
+        q.enqueue(b"first")
+    log = next((path / "segments").glob("*.log"))
+    with open(log, "ab") as f:
+        f.write(tail)
+
+
 def test_segment_recovery_work_is_linear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bug 15: recovery of the newest segment tried every offset after bad bytes and
     checksummed each plausible entry over the length it claimed: quadratic."""
     path = tmp_path / "q"
-    with ledgerq.open(path, sync="never") as q:
-        q.enqueue(b"first")
-    log = next((path / "segments").glob("*.log"))
     size = 1 << 15
     garbage = bytearray()
     while len(garbage) < size:  # entry headers (type DATA, id 2**60) claiming the rest
         remaining = size - len(garbage)
         garbage += struct.pack("<IBBQq", remaining, 1, 0, 1 << 60, 0)[:22]
-    with open(log, "ab") as f:
-        f.write(bytes(garbage[:size]))
+    _queue_with_tail(path, bytes(garbage[:size]))
     seen = _crc_bytes(monkeypatch, entry_format)
     assert _open_and_peek(path) == [b"first"]
     assert seen["bytes"] <= 64 * (size + 64), f"{seen['bytes']} bytes checksummed"
@@ -216,9 +221,6 @@ def test_segment_recovery_of_alternating_damage_is_linear(
     """Valid entries, each after a header claiming the rest of the file with a wrong
     CRC: every entry read in order fails a checksum as long as the file."""
     path = tmp_path / "q"
-    with ledgerq.open(path, sync="never") as q:
-        q.enqueue(b"first")
-    log = next((path / "segments").glob("*.log"))
     size = 1 << 15
     garbage = bytearray()
     message_id = 2
@@ -227,8 +229,7 @@ def test_segment_recovery_of_alternating_damage_is_linear(
         garbage += struct.pack("<IBBQq", remaining, 1, 0, message_id, 0)
         garbage += entry_format.encode_plain_entry(message_id, 0, b"x")
         message_id += 1
-    with open(log, "ab") as f:
-        f.write(bytes(garbage))
+    _queue_with_tail(path, bytes(garbage))
     seen = _crc_bytes(monkeypatch, entry_format)
     payloads = _open_and_peek(path)
     assert payloads[0] == b"first" and set(payloads[1:]) <= {b"x"}
