@@ -7,6 +7,7 @@ import os
 import threading
 
 from ledgerq._errors import CorruptionError
+from ledgerq.format.checksum import recovery_crc_allowance
 from ledgerq.format.errors import CorruptRecord, IncompleteRecord
 from ledgerq.format.reader_state import (
     MIN_STATE_RECORD_SIZE,
@@ -44,12 +45,10 @@ _COMPACT_MIN_BYTES = 1 << 20
 # length it claims.  Honest tails - a torn append, zeroed or stale pages - hold few
 # plausible headers, and short ones; a crafted file can hold one claiming the rest of
 # the file at every offset, and checking them all is quadratic (a 1 MiB file: 137 GB of
-# CRC).  So the bytes checksummed in vain are capped at _GARBAGE_CHECK_FACTOR times the
-# bytes after the bad record, plus _GARBAGE_CHECK_FLOOR; a candidate that does not fit
+# CRC).  So the bytes checksummed in vain are capped (format.checksum's
+# recovery_crc_allowance of the bytes after the bad record); a candidate that does not fit
 # in what is left makes the bad record count as damage (CorruptionError), the safe
 # answer: nothing is cut that might have held acks.
-_GARBAGE_CHECK_FACTOR = 16
-_GARBAGE_CHECK_FLOOR = 256 * 1024
 
 
 class ReplayedState:
@@ -159,9 +158,9 @@ class ReaderJournal:
         """Whether no valid record starts at any offset after the damaged one at ``pos``.
 
         Also False - the damage is then reported, nothing is cut - when the bytes hold
-        more plausible records than :data:`_GARBAGE_CHECK_FACTOR` lets it checksum.
+        more plausible records than :func:`recovery_crc_allowance` lets it checksum.
         """
-        budget = _GARBAGE_CHECK_FACTOR * (len(data) - pos) + _GARBAGE_CHECK_FLOOR
+        budget = recovery_crc_allowance(len(data) - pos)
         for at in range(pos + 1, len(data) - MIN_STATE_RECORD_SIZE + 1):
             length = plausible_record_length(data, at)
             if not length:

@@ -7,13 +7,14 @@ entry with a larger id starts, trying every byte offset up to the next sparse
 index point (a known entry boundary) - so a flipped bit costs one entry, not the
 rest of the segment, even when the flip hit a length field.  The checksum work it
 spends on offsets that turn out not to hold an entry is capped in proportion to the
-bytes scanned (see ``_WASTED_CRC_FACTOR``), so a crafted file cannot make it quadratic.
+bytes scanned (see ``recovery_crc_allowance``), so a crafted file cannot make it quadratic.
 """
 
 from __future__ import annotations
 
 import os
 
+from ledgerq.format.checksum import recovery_crc_allowance
 from ledgerq.format.entry import (
     ENTRY_HEADER,
     KNOWN_FLAGS,
@@ -36,13 +37,11 @@ _unpack_header = ENTRY_HEADER.unpack_from
 # file - but a crafted file can put a header claiming the rest of the file at every
 # offset, and checking them all is quadratic (a 1 MiB tail: 25 GB of CRC).  So the
 # bytes a scanner checksums in vain - candidates that fail, and the entries at the bad
-# offsets themselves - are capped at _WASTED_CRC_FACTOR times the bytes it covers, plus
-# _WASTED_CRC_FLOOR.  A candidate longer than what is left is not checked: it is taken
+# offsets themselves - are capped by format.checksum.recovery_crc_allowance of the
+# bytes it covers.  A candidate longer than what is left is not checked: it is taken
 # for garbage, so once a crafted file has used up the allowance the rest of it reads as
 # a torn tail (or as garbage up to the next index point).  Honest recovery stays far
 # below the cap and finds what it always found; tests/fuzz measure the crafted case.
-_WASTED_CRC_FACTOR = 16
-_WASTED_CRC_FLOOR = 256 * 1024
 
 
 class CorruptRegion:
@@ -227,9 +226,8 @@ class EntryScanner:
         return True
 
     def _crc_allowance(self) -> int:
-        """Bytes this scanner may still checksum in vain (see ``_WASTED_CRC_FACTOR``)."""
-        covered = self.end - self._origin
-        return _WASTED_CRC_FACTOR * covered + _WASTED_CRC_FLOOR - self._wasted_crc
+        """Bytes this scanner may still checksum in vain (see the module's notes)."""
+        return recovery_crc_allowance(self.end - self._origin) - self._wasted_crc
 
     def _checksummed_at(self, bad: int) -> int:
         """Bytes :meth:`next` checksummed at ``bad`` before giving up on it there.
