@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import ledgerq
-from ledgerq._shard import shard_dir_name, shard_index
+from ledgerq.shard import shard_dir_name, shard_index
 
 
 def main(root: Path) -> None:

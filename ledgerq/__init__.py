@@ -24,14 +24,14 @@ from ledgerq._errors import (
 from ledgerq._follow import follow
 from ledgerq._options import Options
 from ledgerq._queue import Queue
-from ledgerq._shard import open_sharded
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
-from ledgerq.core.queue import Reader
+from ledgerq.core.reader import Reader
 from ledgerq.segment.files import StorageError
+from ledgerq.shard import open_sharded
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("aio", "kestrel", "metrics", "ship", "workers")
+_LAZY_MODULES = ("aio", "kestrel", "metrics", "ship", "tools", "workers")
 
 
 def __getattr__(name: str) -> object:

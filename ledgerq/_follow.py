@@ -41,7 +41,6 @@ from types import TracebackType
 from ledgerq._errors import CorruptionError, NotAQueueError
 from ledgerq._options import Options
 from ledgerq._types import Message, Priority
-from ledgerq._watch import DirectoryWatcher, WatchMode, open_watcher
 from ledgerq.core.meta import META_NAME, MetaStore
 from ledgerq.features.compression import ZstdDecompression
 from ledgerq.format.entry import (
@@ -58,6 +57,7 @@ from ledgerq.format.errors import DecodeError
 from ledgerq.format.index import IndexEntry, decode_index
 from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, list_segment_ids, log_path
 from ledgerq.segment.scanner import EntryScanner
+from ledgerq.segment.watch import DirectoryWatcher, WatchMode, open_watcher
 
 __all__ = ["Follower", "follow"]
 
@@ -280,7 +280,7 @@ class Follower:
         self._ready: deque[Entry] = deque()  # the rest of a batch whose end was read
         self._decompressor = ZstdDecompression(Options(max_message_size=_MAX_PAYLOAD))
         # The watcher exists before the first look at the files, so no change between
-        # a look and the next wait can be missed (see ledgerq._watch).
+        # a look and the next wait can be missed (see ledgerq.segment.watch).
         try:
             self._watcher: DirectoryWatcher | None = open_watcher(
                 self._segments_dir, watch, suffix=_LOG_SUFFIX

@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledgerq._errors import CorruptionError, LedgerQError, NotAQueueError
-from ledgerq._watch import DirectoryWatcher, WatchMode, open_watcher
 from ledgerq.core.meta import META_NAME, Meta, MetaStore
 from ledgerq.format.entry import EntryFlags, decode_entry
 from ledgerq.format.errors import DecodeError, IncompleteRecord
@@ -69,6 +68,7 @@ from ledgerq.segment.files import atomic_write, datasync, fsync_dir, pread_exact
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, list_segment_ids, log_path
 from ledgerq.segment.scanner import EntryScanner
+from ledgerq.segment.watch import DirectoryWatcher, WatchMode, open_watcher
 
 __all__ = [
     "STATE_NAME",

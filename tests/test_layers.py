@@ -17,13 +17,14 @@ LAYERS = {
 API_LAYER = 4  # ledgerq/_*.py and ledgerq/__init__.py
 OUTER_LAYER = 5  # cli, server, workers, spark, shard, kestrel, ...
 SHARED = {"ledgerq._errors", "ledgerq._types", "ledgerq._options"}  # value types used by all
+PUBLIC_FACES = {"ledgerq.shard", "ledgerq.tools"}  # public modules of the API layer
 
 
 def layer_of(module: str) -> int:
     parts = module.split(".")
     if module in SHARED:
         return -1
-    if len(parts) == 1:
+    if len(parts) == 1 or module in PUBLIC_FACES:
         return API_LAYER
     if parts[1] in LAYERS:
         return LAYERS[parts[1]]

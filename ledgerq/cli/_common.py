@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 import ledgerq
-from ledgerq import _verify
+from ledgerq import tools
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -172,7 +172,7 @@ def parse_duration(text: str) -> float:
 
 def require_queue(path: str) -> None:
     """Fail unless ``path`` is an existing queue directory (reading never creates one)."""
-    problem = _verify.not_a_queue(path)
+    problem = tools.not_a_queue(path)
     if problem is not None:
         raise CliError(problem)
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 import ledgerq
-from ledgerq import _verify
+from ledgerq import tools
 from ledgerq.cli._common import (
     CliError,
     age_of,
@@ -34,7 +34,7 @@ __all__ = ["dlq"]
 
 def _has_dlq(q: ledgerq.Queue) -> bool:
     # q.dlq creates the dead-letter queue on first use; looking must not create it.
-    return _verify.has_dlq(q.path)
+    return tools.has_dlq(q.path)
 
 
 def _messages(q: ledgerq.Queue) -> list[ledgerq.Message]:

@@ -13,7 +13,7 @@ from typing import IO
 import click
 
 import ledgerq
-from ledgerq import _verify
+from ledgerq import tools
 from ledgerq.cli._common import (
     age_of,
     format_age,
@@ -303,7 +303,7 @@ def peek(
 
 
 def _dlq_pending(q: ledgerq.Queue) -> int:
-    if not _verify.has_dlq(q.path):
+    if not tools.has_dlq(q.path):
         return 0  # never look through q.dlq here: it would create the DLQ
     return len(q.dlq)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ledgerq import _verify
+from ledgerq import tools
 from ledgerq.cli._common import (
     format_bytes,
     json_option,
@@ -56,7 +56,7 @@ def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json
     mode = payload_mode.lower()
     pending: list[bytes] = []
     size = 0
-    for count, message in enumerate(_verify.iter_messages(queue, from_id), 1):
+    for count, message in enumerate(tools.iter_messages(queue, from_id), 1):
         line = json.dumps(message_json(message, mode, attempts=False), ensure_ascii=False)
         data = line.encode("utf-8") + b"\n"
         pending.append(data)
@@ -70,7 +70,7 @@ def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json
         write_bytes(b"".join(pending))
 
 
-def _problem_json(problem: _verify.Problem) -> dict[str, Any]:
+def _problem_json(problem: tools.Problem) -> dict[str, Any]:
     return {
         "file": problem.file,
         "offset": problem.offset,
@@ -79,7 +79,7 @@ def _problem_json(problem: _verify.Problem) -> dict[str, Any]:
     }
 
 
-def _report_json(report: _verify.VerifyReport) -> dict[str, Any]:
+def _report_json(report: tools.VerifyReport) -> dict[str, Any]:
     return {
         "queue": report.path,
         "ok": report.ok,
@@ -93,7 +93,7 @@ def _report_json(report: _verify.VerifyReport) -> dict[str, Any]:
     }
 
 
-def _summary(report: _verify.VerifyReport) -> str:
+def _summary(report: tools.VerifyReport) -> str:
     checked = (
         f"{plural(report.segments, 'segment')}, {plural(report.entries, 'entry')}, "
         f"{format_bytes(report.bytes_checked)}, {plural(report.index_files, 'index file')}, "
@@ -125,10 +125,10 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
     require_queue(queue)
     with progress("verifying") as update:
         if repair:
-            result = _verify.repair(queue, on_progress=update)
+            result = tools.repair(queue, on_progress=update)
             report = result.after
         else:
-            report = _verify.verify(queue, on_progress=update)
+            report = tools.verify(queue, on_progress=update)
     if as_json:
         value = _report_json(report)
         if repair:
@@ -160,7 +160,7 @@ def compact(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     does not store - and rewrites each reader's journal as a checkpoint.
     """
     with open_existing(queue, option_overrides(option_pairs)) as q:
-        has_dlq = _verify.has_dlq(q.path)
+        has_dlq = tools.has_dlq(q.path)
         before = q.stats()
         dlq_before = q.dlq.stats() if has_dlq else None
         with progress("compacting") as update:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from ledgerq.core.queue import DEFAULT_READER, QueueCore, Reader
+from ledgerq.core.queue import DEFAULT_READER, QueueCore
+from ledgerq.core.reader import Reader
 
 __all__ = ["DEFAULT_READER", "QueueCore", "Reader"]

@@ -22,16 +22,21 @@ from typing import Self
 
 from ledgerq._errors import (
     CorruptionError,
-    MessageTooLargeError,
     NotAQueueError,
     QueueClosedError,
 )
 from ledgerq._options import Options
-from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
+from ledgerq._types import Item, Message, Priority, Stats
+from ledgerq.core.args import (
+    check_dedup_id,
+    check_payload,
+    check_priority,
+    check_ttl,
+)
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.meta import ID_BLOCK, META_NAME, Meta, MetaStore
-from ledgerq.core.reader import ReaderCore, ReaderHooks
+from ledgerq.core.reader import Reader, ReaderCore, ReaderHooks, entry_to_message
 from ledgerq.format.entry import (
     Entry,
     EntryFlags,
@@ -47,74 +52,16 @@ from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.sync import GroupCommit
 
-__all__ = ["DEFAULT_READER", "QueueCore", "Reader"]
+__all__ = ["DEFAULT_READER", "QueueCore"]
 
 logger = logging.getLogger("ledgerq")
 
 DEFAULT_READER = "default"
 READERS_DIR = "readers"
 _READER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
-_PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
 _MEDIUM = Priority.MEDIUM
-_BYTES_TYPES = (bytes, bytearray, memoryview)
 _NS = 1_000_000_000
-
-
-def _check_payload(payload: object, limit: int) -> bytes | bytearray | memoryview:
-    if not isinstance(payload, _BYTES_TYPES):
-        hint = " (encode text first, e.g. text.encode())" if isinstance(payload, str) else ""
-        raise TypeError(f"payload must be bytes-like, got {type(payload).__name__}{hint}")
-    size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
-    if size > limit:
-        raise MessageTooLargeError(
-            f"payload of {size} bytes exceeds max_message_size={limit}; "
-            "split it or open the queue with a larger max_message_size"
-        )
-    if isinstance(payload, memoryview) and not payload.c_contiguous:
-        return payload.tobytes()
-    return payload
-
-
-def _check_priority(priority: object) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise TypeError(f"priority must be a ledgerq.Priority, got {type(priority).__name__}")
-    if not 0 <= priority <= 2:
-        raise ValueError(f"priority must be LOW (0), MEDIUM (1) or HIGH (2), got {priority}")
-    return int(priority)
-
-
-def _check_ttl(ttl: object) -> float | None:
-    if ttl is None:
-        return None
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise TypeError(f"ttl must be a number of seconds, got {type(ttl).__name__}")
-    if not ttl > 0:
-        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
-    return float(ttl)
-
-
-def _check_id(message_id: object) -> int:
-    if isinstance(message_id, bool) or not isinstance(message_id, int):
-        raise TypeError(f"message id must be an int, got {type(message_id).__name__}")
-    return message_id
-
-
-def _check_timeout(timeout: object) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(
-            f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
-        )
-    if timeout < 0:
-        raise ValueError(f"timeout must be >= 0, got {timeout!r}")
-    return float(timeout)
-
-
-def _check_dedup_id(dedup_id: object) -> str | bytes | None:
-    if dedup_id is None or isinstance(dedup_id, (str, bytes)):
-        return dedup_id
-    raise TypeError(f"dedup_id must be a str or bytes, got {type(dedup_id).__name__}")
+_COMPRESSED = int(EntryFlags.COMPRESSED)
 
 
 def _attempt(errors: list[Exception], step: Callable[[], object]) -> None:
@@ -123,34 +70,6 @@ def _attempt(errors: list[Exception], step: Callable[[], object]) -> None:
         step()
     except Exception as exc:
         errors.append(exc)
-
-
-_COMPRESSED = int(EntryFlags.COMPRESSED)
-
-
-# Message is a frozen dataclass: its generated __init__ sets each field through
-# object.__setattr__, which costs more than the rest of a dequeue's bookkeeping.
-# The slot descriptors set the same fields directly (profiled: 1.2 us -> 0.5 us).
-_new_message = Message.__new__
-_MESSAGE_SLOTS = tuple(
-    Message.__dict__[name].__set__
-    for name in ("id", "payload", "headers", "priority", "timestamp", "expires_at", "attempts")
-)
-
-
-def _entry_to_message(entry: Entry, attempts: int, payload: bytes) -> Message:
-    message = _new_message(Message)
-    set_id, set_payload, set_headers, set_priority, set_timestamp, set_expiry, set_attempts = (
-        _MESSAGE_SLOTS
-    )
-    set_id(message, entry.id)
-    set_payload(message, payload)
-    set_headers(message, dict(entry.headers) if entry.headers else {})
-    set_priority(message, _PRIORITIES[entry.priority])
-    set_timestamp(message, entry.timestamp)
-    set_expiry(message, entry.expires_at)
-    set_attempts(message, attempts)
-    return message
 
 
 class QueueCore:
@@ -355,16 +274,16 @@ class QueueCore:
         ttl: object,
         dedup_id: object,
     ) -> Draft:
-        data = _check_payload(payload, self.options.max_message_size)
+        data = check_payload(payload, self.options.max_message_size)
         blob = encode_headers(headers) if headers is not None else None
-        level = _check_priority(priority) if priority is not Priority.MEDIUM else 1
-        seconds = _check_ttl(ttl)
+        level = check_priority(priority) if priority is not Priority.MEDIUM else 1
+        seconds = check_ttl(ttl)
         draft = Draft(
             data,
             blob,
             level,
             int(seconds * _NS) if seconds is not None else None,
-            _check_dedup_id(dedup_id),
+            check_dedup_id(dedup_id),
         )
         for feature in self._transformers:
             feature.transform(draft)
@@ -603,7 +522,7 @@ class QueueCore:
                     if reader._core.settle_any(entry.id):
                         reader._core.counters["acked"] -= 1
                 continue
-            messages.append(_entry_to_message(entry, attempt, payload))
+            messages.append(entry_to_message(entry, attempt, payload))
         return messages
 
     # ------------------------------------------------------------------ consuming
@@ -885,232 +804,3 @@ class QueueCore:
             assert self._next_id == self._manager.next_id
             for reader in self._readers.values():
                 reader._core._check()
-
-
-class Reader:
-    """An independent consumer of a queue: its own position, leases, acks and attempts."""
-
-    def __init__(self, queue: QueueCore, core: ReaderCore) -> None:
-        self._queue = queue
-        self._core = core
-        self._removed = False
-        self.name = core.name
-
-    def _ensure_usable(self) -> None:
-        self._queue._ensure_open()
-        if self._removed:
-            raise QueueClosedError(f"reader {self.name!r} of {self._queue.path} was removed")
-
-    def seek(self, message_id: int) -> None:
-        """Deliver from the first message with id >= ``message_id`` next (inclusive).
-
-        For replay (seek back over acked messages: they are delivered again) or to
-        skip ahead.  Current leases of this reader are dropped and attempts start
-        again.  A position before the oldest retained message means the oldest one.
-        """
-        message_id = _check_id(message_id)
-        queue = self._queue
-        with queue._lock:
-            self._ensure_usable()
-            self._core.seek(message_id)
-            queue._wake()
-
-    def seek_time(self, timestamp_ns: int) -> None:
-        """Deliver from the first message enqueued at or after ``timestamp_ns`` next.
-
-        Found through the sparse indexes (no full scan).  A time after the newest
-        message means the tail: only messages enqueued later are delivered.
-        """
-        if isinstance(timestamp_ns, bool) or not isinstance(timestamp_ns, int):
-            raise TypeError(f"timestamp_ns must be an int, got {type(timestamp_ns).__name__}")
-        queue = self._queue
-        with queue._lock:
-            self._ensure_usable()
-            found = queue._manager.first_id_at_or_after(timestamp_ns)
-            self._core.seek(found if found is not None else queue._manager.next_id)
-            queue._wake()
-
-    def dequeue(self, timeout: float | None = 0) -> Message | None:
-        """Lease the next message, or return None if none arrives in time.
-
-        ``timeout=0`` returns at once, ``> 0`` waits up to that many seconds,
-        ``None`` waits forever.  The message is delivered again (attempts + 1)
-        if it is nacked, its visibility timeout passes, or the queue is
-        reopened before it is acked.  Expired (TTL) messages are skipped.
-        """
-        if timeout == 0:  # the common polling call: no wait, no list
-            queue = self._queue
-            core = self._core
-            with queue._lock:
-                if queue._closed or self._removed:
-                    self._ensure_usable()
-                taken = core.take_one(time.monotonic(), time.time_ns())
-                if taken is not None:
-                    core.maybe_compact()
-            if taken is None:
-                return None
-            entry, attempt = taken
-            if not entry.flags & _COMPRESSED:
-                return _entry_to_message(entry, attempt, entry.payload)
-            messages = queue._messages(self, [taken])
-            return messages[0] if messages else self.dequeue(0)
-        messages = self.dequeue_batch(1, timeout)
-        return messages[0] if messages else None
-
-    def dequeue_batch(self, n: int, timeout: float | None = 0) -> list[Message]:
-        """Lease up to ``n`` messages; wait (as :meth:`dequeue`) only while there are none."""
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        wait = _check_timeout(timeout)
-        queue = self._queue
-        core = self._core
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
-            with queue._cond:
-                while True:
-                    self._ensure_usable()
-                    now = time.monotonic()
-                    taken = core.take(n, now, time.time_ns())
-                    if taken:
-                        core.maybe_compact()
-                        break
-                    if deadline is None:
-                        remaining = None
-                    else:
-                        remaining = deadline - now
-                        if remaining <= 0:
-                            return []
-                    lease_deadline = core.next_deadline()
-                    if lease_deadline is not None:
-                        until = max(lease_deadline - now, 0.0)
-                        remaining = until if remaining is None else min(remaining, until)
-                    queue._waiting += 1
-                    try:
-                        queue._cond.wait(remaining)
-                    finally:
-                        queue._waiting -= 1
-            messages = queue._messages(self, taken)
-            if messages:
-                return messages
-            # Every leased entry was unreadable (and settled): look again.
-
-    def ack(self, message_id: int) -> None:
-        """Mark a leased message done: it is never delivered again.
-
-        With ``sync="always"`` this returns after the ack is on disk; otherwise a
-        crash may deliver the message again (at-least-once), never lose it.
-        Raises :class:`UnknownMessageError` if the id is not leased by this reader.
-        """
-        if type(message_id) is not int:  # the common case needs no call
-            message_id = _check_id(message_id)
-        queue = self._queue
-        core = self._core
-        with queue._lock:
-            if queue._closed or self._removed:
-                self._ensure_usable()
-            ticket = core.ack_one(message_id)
-            core.maybe_compact()
-            self._retire_if_passed_oldest()
-        if queue._sync_always:
-            core.journal.commit.wait_durable(ticket)
-
-    def ack_batch(self, message_ids: Iterable[int]) -> None:
-        """Ack several leased messages with one journal record (and at most one fsync).
-
-        All or nothing: if any id is not an int, not leased by this reader, or given
-        twice, nothing is acked and the error says which.  The ``dequeue_batch``
-        companion: with ``sync="always"`` a batch costs one fsync instead of one per
-        message.
-        """
-        ids = [_check_id(message_id) for message_id in message_ids]
-        if len(set(ids)) != len(ids):
-            raise ValueError("ack_batch got the same message id twice")
-        if not ids:
-            return
-        queue = self._queue
-        core = self._core
-        with queue._lock:
-            self._ensure_usable()
-            for message_id in ids:
-                core.check_leased(message_id)
-            ticket = core.ack(ids)
-            core.maybe_compact()
-            self._retire_if_passed_oldest()
-        if queue._sync_always:
-            core.journal.commit.wait_durable(ticket)
-
-    def _retire_if_passed_oldest(self) -> None:
-        """After a settle (queue lock held): apply retention if it can have work.
-
-        Only once this reader has read past the oldest segment can a settle of its
-        finish that segment; checking first spares computing every reader's head on
-        each ack.
-        """
-        segments = self._queue._manager.segments
-        if len(segments) > 1 and self._core.has_read_past(segments[0].last_id):
-            self._queue._retire_consumed()
-
-    def nack(self, message_id: int, reason: str = "") -> None:
-        """Give a leased message back as failed: it is delivered again with attempts + 1.
-
-        After ``max_retries`` failed deliveries it moves to the dead-letter queue
-        instead.  Raises :class:`UnknownMessageError` if the id is not leased by
-        this reader.
-        """
-        message_id = _check_id(message_id)
-        if not isinstance(reason, str):
-            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
-        queue = self._queue
-        core = self._core
-        with queue._lock:
-            self._ensure_usable()
-            core.check_leased(message_id)
-            ticket = core.nack([message_id], reason, time.time_ns())
-            self._retire_if_passed_oldest()  # a move to the DLQ may finish the oldest segment
-            if queue._waiting or queue._listeners:
-                queue._wake()
-        if queue._sync_always:
-            core.journal.commit.wait_durable(ticket)
-
-    def peek(self, n: int = 1) -> list[Message]:
-        """The next ``n`` messages this reader would get, without leasing them."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
-        queue = self._queue
-        with queue._lock:
-            self._ensure_usable()
-            entries = self._core.peek(n, time.time_ns())
-            attempts = [self._core.deliveries(e.id) + 1 for e in entries]
-        messages = []
-        for entry, attempt in zip(entries, attempts, strict=True):
-            try:
-                payload = queue._restore(entry)
-            except CorruptionError:
-                continue
-            messages.append(_entry_to_message(entry, attempt, payload))
-        return messages
-
-    def stats(self) -> ReaderStats:
-        """This reader's figures."""
-        with self._queue._lock:
-            self._ensure_usable()
-            return self._core.stats(time.time_ns())
-
-    def seconds_to_next_expiry(self) -> float | None:
-        """Seconds until the next lease's visibility timeout expires (None: no such lease).
-
-        A waiter that is not blocked in :meth:`dequeue` (e.g. ``ledgerq.aio``) uses
-        this to retry when an expired lease makes a message available again.
-        """
-        with self._queue._lock:
-            deadline = self._core.next_deadline()
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-    def __len__(self) -> int:
-        with self._queue._lock:
-            return self._core.pending()
-
-    def __repr__(self) -> str:
-        return f"<ledgerq.Reader {self.name!r} of {self._queue.path!r}>"

@@ -22,21 +22,24 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from ledgerq._errors import UnknownMessageError
-from ledgerq._types import ReaderStats
+from ledgerq._errors import CorruptionError, QueueClosedError, UnknownMessageError
+from ledgerq._types import Message, Priority, ReaderStats
+from ledgerq.core.args import check_count, check_id, check_timeout
 from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
 from ledgerq.core.journal import ReaderJournal
-from ledgerq.format.entry import Entry, RecordType
+from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
 from ledgerq.segment.cursor import LogCursor
 
 if TYPE_CHECKING:
+    from ledgerq.core.queue import QueueCore
     from ledgerq.segment.manager import SegmentManager
 
-__all__ = ["ReaderCore", "ReaderHooks"]
+__all__ = ["Reader", "ReaderCore", "ReaderHooks", "entry_to_message"]
 
 _LEASE = StateRecordType.LEASE
 _ACK = StateRecordType.ACK
@@ -46,6 +49,7 @@ _EXPIRE = StateRecordType.EXPIRE
 _DATA = int(RecordType.DATA)
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
+_PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
 
 
 class ReaderHooks:
@@ -475,3 +479,257 @@ class ReaderCore:
         """Persist a final checkpoint and close the journal."""
         self.checkpoint()
         self.journal.close()
+
+
+_COMPRESSED = int(EntryFlags.COMPRESSED)
+
+
+# Message is a frozen dataclass: its generated __init__ sets each field through
+# object.__setattr__, which costs more than the rest of a dequeue's bookkeeping.
+# The slot descriptors set the same fields directly (profiled: 1.2 us -> 0.5 us).
+_new_message = Message.__new__
+_MESSAGE_SLOTS = tuple(
+    Message.__dict__[name].__set__
+    for name in ("id", "payload", "headers", "priority", "timestamp", "expires_at", "attempts")
+)
+
+
+def entry_to_message(entry: Entry, attempts: int, payload: bytes) -> Message:
+    """The ``Message`` a reader hands out for ``entry`` (``payload`` already restored)."""
+    message = _new_message(Message)
+    set_id, set_payload, set_headers, set_priority, set_timestamp, set_expiry, set_attempts = (
+        _MESSAGE_SLOTS
+    )
+    set_id(message, entry.id)
+    set_payload(message, payload)
+    set_headers(message, dict(entry.headers) if entry.headers else {})
+    set_priority(message, _PRIORITIES[entry.priority])
+    set_timestamp(message, entry.timestamp)
+    set_expiry(message, entry.expires_at)
+    set_attempts(message, attempts)
+    return message
+
+
+class Reader:
+    """An independent consumer of a queue: its own position, leases, acks and attempts."""
+
+    def __init__(self, queue: QueueCore, core: ReaderCore) -> None:
+        self._queue = queue
+        self._core = core
+        self._removed = False
+        self.name = core.name
+
+    def _ensure_usable(self) -> None:
+        self._queue._ensure_open()
+        if self._removed:
+            raise QueueClosedError(f"reader {self.name!r} of {self._queue.path} was removed")
+
+    def seek(self, message_id: int) -> None:
+        """Deliver from the first message with id >= ``message_id`` next (inclusive).
+
+        For replay (seek back over acked messages: they are delivered again) or to
+        skip ahead.  Current leases of this reader are dropped and attempts start
+        again.  A position before the oldest retained message means the oldest one.
+        """
+        message_id = check_id(message_id)
+        queue = self._queue
+        with queue._lock:
+            self._ensure_usable()
+            self._core.seek(message_id)
+            queue._wake()
+
+    def seek_time(self, timestamp_ns: int) -> None:
+        """Deliver from the first message enqueued at or after ``timestamp_ns`` next.
+
+        Found through the sparse indexes (no full scan).  A time after the newest
+        message means the tail: only messages enqueued later are delivered.
+        """
+        if isinstance(timestamp_ns, bool) or not isinstance(timestamp_ns, int):
+            raise TypeError(f"timestamp_ns must be an int, got {type(timestamp_ns).__name__}")
+        queue = self._queue
+        with queue._lock:
+            self._ensure_usable()
+            found = queue._manager.first_id_at_or_after(timestamp_ns)
+            self._core.seek(found if found is not None else queue._manager.next_id)
+            queue._wake()
+
+    def dequeue(self, timeout: float | None = 0) -> Message | None:
+        """Lease the next message, or return None if none arrives in time.
+
+        ``timeout=0`` returns at once, ``> 0`` waits up to that many seconds,
+        ``None`` waits forever.  The message is delivered again (attempts + 1)
+        if it is nacked, its visibility timeout passes, or the queue is
+        reopened before it is acked.  Expired (TTL) messages are skipped.
+        """
+        if timeout == 0:  # the common polling call: no wait, no list
+            queue = self._queue
+            core = self._core
+            with queue._lock:
+                if queue._closed or self._removed:
+                    self._ensure_usable()
+                taken = core.take_one(time.monotonic(), time.time_ns())
+                if taken is not None:
+                    core.maybe_compact()
+            if taken is None:
+                return None
+            entry, attempt = taken
+            if not entry.flags & _COMPRESSED:
+                return entry_to_message(entry, attempt, entry.payload)
+            messages = queue._messages(self, [taken])
+            return messages[0] if messages else self.dequeue(0)
+        messages = self.dequeue_batch(1, timeout)
+        return messages[0] if messages else None
+
+    def dequeue_batch(self, n: int, timeout: float | None = 0) -> list[Message]:
+        """Lease up to ``n`` messages; wait (as :meth:`dequeue`) only while there are none."""
+        n = check_count("n", n)
+        wait = check_timeout(timeout)
+        queue = self._queue
+        core = self._core
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            with queue._cond:
+                while True:
+                    self._ensure_usable()
+                    now = time.monotonic()
+                    taken = core.take(n, now, time.time_ns())
+                    if taken:
+                        core.maybe_compact()
+                        break
+                    if deadline is None:
+                        remaining = None
+                    else:
+                        remaining = deadline - now
+                        if remaining <= 0:
+                            return []
+                    lease_deadline = core.next_deadline()
+                    if lease_deadline is not None:
+                        until = max(lease_deadline - now, 0.0)
+                        remaining = until if remaining is None else min(remaining, until)
+                    queue._waiting += 1
+                    try:
+                        queue._cond.wait(remaining)
+                    finally:
+                        queue._waiting -= 1
+            messages = queue._messages(self, taken)
+            if messages:
+                return messages
+            # Every leased entry was unreadable (and settled): look again.
+
+    def ack(self, message_id: int) -> None:
+        """Mark a leased message done: it is never delivered again.
+
+        With ``sync="always"`` this returns after the ack is on disk; otherwise a
+        crash may deliver the message again (at-least-once), never lose it.
+        Raises :class:`UnknownMessageError` if the id is not leased by this reader.
+        """
+        if type(message_id) is not int:  # the common case needs no call
+            message_id = check_id(message_id)
+        queue = self._queue
+        core = self._core
+        with queue._lock:
+            if queue._closed or self._removed:
+                self._ensure_usable()
+            ticket = core.ack_one(message_id)
+            core.maybe_compact()
+            self._retire_if_passed_oldest()
+        if queue._sync_always:
+            core.journal.commit.wait_durable(ticket)
+
+    def ack_batch(self, message_ids: Iterable[int]) -> None:
+        """Ack several leased messages with one journal record (and at most one fsync).
+
+        All or nothing: if any id is not an int, not leased by this reader, or given
+        twice, nothing is acked and the error says which.  The ``dequeue_batch``
+        companion: with ``sync="always"`` a batch costs one fsync instead of one per
+        message.
+        """
+        ids = [check_id(message_id) for message_id in message_ids]
+        if len(set(ids)) != len(ids):
+            raise ValueError("ack_batch got the same message id twice")
+        if not ids:
+            return
+        queue = self._queue
+        core = self._core
+        with queue._lock:
+            self._ensure_usable()
+            for message_id in ids:
+                core.check_leased(message_id)
+            ticket = core.ack(ids)
+            core.maybe_compact()
+            self._retire_if_passed_oldest()
+        if queue._sync_always:
+            core.journal.commit.wait_durable(ticket)
+
+    def _retire_if_passed_oldest(self) -> None:
+        """After a settle (queue lock held): apply retention if it can have work.
+
+        Only once this reader has read past the oldest segment can a settle of its
+        finish that segment; checking first spares computing every reader's head on
+        each ack.
+        """
+        segments = self._queue._manager.segments
+        if len(segments) > 1 and self._core.has_read_past(segments[0].last_id):
+            self._queue._retire_consumed()
+
+    def nack(self, message_id: int, reason: str = "") -> None:
+        """Give a leased message back as failed: it is delivered again with attempts + 1.
+
+        After ``max_retries`` failed deliveries it moves to the dead-letter queue
+        instead.  Raises :class:`UnknownMessageError` if the id is not leased by
+        this reader.
+        """
+        message_id = check_id(message_id)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        queue = self._queue
+        core = self._core
+        with queue._lock:
+            self._ensure_usable()
+            core.check_leased(message_id)
+            ticket = core.nack([message_id], reason, time.time_ns())
+            self._retire_if_passed_oldest()  # a move to the DLQ may finish the oldest segment
+            if queue._waiting or queue._listeners:
+                queue._wake()
+        if queue._sync_always:
+            core.journal.commit.wait_durable(ticket)
+
+    def peek(self, n: int = 1) -> list[Message]:
+        """The next ``n`` messages this reader would get, without leasing them."""
+        n = check_count("n", n)
+        queue = self._queue
+        with queue._lock:
+            self._ensure_usable()
+            entries = self._core.peek(n, time.time_ns())
+            attempts = [self._core.deliveries(e.id) + 1 for e in entries]
+        messages = []
+        for entry, attempt in zip(entries, attempts, strict=True):
+            try:
+                payload = queue._restore(entry)
+            except CorruptionError:
+                continue
+            messages.append(entry_to_message(entry, attempt, payload))
+        return messages
+
+    def stats(self) -> ReaderStats:
+        """This reader's figures."""
+        with self._queue._lock:
+            self._ensure_usable()
+            return self._core.stats(time.time_ns())
+
+    def seconds_to_next_expiry(self) -> float | None:
+        """Seconds until the next lease's visibility timeout expires (None: no such lease).
+
+        A waiter that is not blocked in :meth:`dequeue` (e.g. ``ledgerq.aio``) uses
+        this to retry when an expired lease makes a message available again.
+        """
+        with self._queue._lock:
+            deadline = self._core.next_deadline()
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def __len__(self) -> int:
+        with self._queue._lock:
+            return self._core.pending()
+
+    def __repr__(self) -> str:
+        return f"<ledgerq.Reader {self.name!r} of {self._queue.path!r}>"

@@ -59,14 +59,14 @@ from pyspark.sql.types import (
 from ledgerq import Item, Options
 from ledgerq import open as open_queue
 from ledgerq._errors import ConfigError, QueueLockedError
-from ledgerq._shard import (
+from ledgerq.segment.files import fsync_dir
+from ledgerq.shard import (
     parse_shard_dir_name,
     read_shard_count,
     shard_dir_name,
     shard_index,
     write_shard_count,
 )
-from ledgerq.segment.files import fsync_dir
 
 __all__ = ["STAGING_DIR", "LedgerqWriter", "StagedFile", "StagedTask"]
 

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 import ledgerq
-from ledgerq._watch import InotifyWatcher, PollingWatcher
 from ledgerq.format.entry import RecordType, encode_entry, encode_headers
+from ledgerq.segment.watch import InotifyWatcher, PollingWatcher
 
 WATCH_MODES = ["inotify", "poll"] if sys.platform.startswith("linux") else ["poll"]
 WATCHDOG_SECONDS = 60.0

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import ledgerq
-from ledgerq._shard import (
+from ledgerq.shard import (
     ShardedQueue,
     parse_shard_dir_name,
     read_shard_count,
@@ -118,7 +118,7 @@ def test_routing_is_stable_across_reopens_and_processes(tmp_path: Path) -> None:
     keys = [f"customer-{i}" for i in range(40)]
     here = [shard_index(k, 32) for k in keys]
     code = (
-        "import json, sys; from ledgerq._shard import shard_index; "
+        "import json, sys; from ledgerq.shard import shard_index; "
         "print(json.dumps([shard_index(k, 32) for k in json.loads(sys.argv[1])]))"
     )
     other = subprocess.run(

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import ledgerq
-from ledgerq._verify import verify
 from ledgerq.ship import ShipError, Shipper, durable_reader_heads, ship_queue
+from ledgerq.tools import verify
 from tests.cli._run import environment, fails, ok
 
 CHILD = Path(__file__).with_name("_child.py")

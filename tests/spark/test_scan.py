@@ -1,7 +1,7 @@
 """The segment scan behind every Spark read task, without Spark.
 
 Its fast paths must return exactly what ledgerq's own log walk
-(``ledgerq._verify.iter_messages``, built on ``EntryScanner``) returns - on clean
+(``ledgerq.tools.iter_messages``, built on ``EntryScanner``) returns - on clean
 segments, and on segments with a flipped bit or a cut anywhere - whatever the chunk
 size, with the Arrow and the tuple output alike.
 """
@@ -20,11 +20,11 @@ from tests.spark import require_spark
 require_spark()
 
 import ledgerq  # noqa: E402
-from ledgerq._verify import iter_messages  # noqa: E402
 from ledgerq.spark import _scan  # noqa: E402
 from ledgerq.spark._layout import find_queues, list_segments, read_reader_state  # noqa: E402
 from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks  # noqa: E402
 from ledgerq.spark._scan import ScanStats, SegmentTask, _state_of, scan_segment  # noqa: E402
+from ledgerq.tools import iter_messages  # noqa: E402
 from tests.spark.helpers import segment_files  # noqa: E402
 
 Row = tuple[int, bytes, dict[str, str], int, int, int | None]

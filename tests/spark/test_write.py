@@ -14,7 +14,7 @@ require_spark()
 from pyspark.sql import functions as F  # noqa: E402
 
 import ledgerq  # noqa: E402
-from ledgerq._shard import read_shard_count, shard_dir_name, shard_index  # noqa: E402
+from ledgerq.shard import read_shard_count, shard_dir_name, shard_index  # noqa: E402
 from ledgerq.spark._write import STAGING_DIR  # noqa: E402
 
 

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import ledgerq
-from ledgerq._verify import iter_messages
+from ledgerq.tools import iter_messages
 from tests.faults._shim import Interposer, quiet_ledgerq, scratch_dir
 from tests.torture._child import Workload
 from tests.torture._payload import matches, mismatch, token_of

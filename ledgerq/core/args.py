@@ -1,0 +1,89 @@
+"""Argument checks shared by the queue and its readers: the same bad value, the same error."""
+
+from __future__ import annotations
+
+from ledgerq._errors import MessageTooLargeError
+
+__all__ = [
+    "check_count",
+    "check_dedup_id",
+    "check_id",
+    "check_payload",
+    "check_priority",
+    "check_timeout",
+    "check_ttl",
+]
+
+_BYTES_TYPES = (bytes, bytearray, memoryview)
+
+
+def check_payload(payload: object, limit: int) -> bytes | bytearray | memoryview:
+    """A bytes-like payload of at most ``limit`` bytes (contiguous)."""
+    if not isinstance(payload, _BYTES_TYPES):
+        hint = " (encode text first, e.g. text.encode())" if isinstance(payload, str) else ""
+        raise TypeError(f"payload must be bytes-like, got {type(payload).__name__}{hint}")
+    size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+    if size > limit:
+        raise MessageTooLargeError(
+            f"payload of {size} bytes exceeds max_message_size={limit}; "
+            "split it or open the queue with a larger max_message_size"
+        )
+    if isinstance(payload, memoryview) and not payload.c_contiguous:
+        return payload.tobytes()
+    return payload
+
+
+def check_priority(priority: object) -> int:
+    """A priority level: an int (or ``Priority``) from 0 to 2."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be a ledgerq.Priority, got {type(priority).__name__}")
+    if not 0 <= priority <= 2:
+        raise ValueError(f"priority must be LOW (0), MEDIUM (1) or HIGH (2), got {priority}")
+    return int(priority)
+
+
+def check_ttl(ttl: object) -> float | None:
+    """None, or a positive number of seconds."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise TypeError(f"ttl must be a number of seconds, got {type(ttl).__name__}")
+    if not ttl > 0:
+        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
+def check_id(message_id: object) -> int:
+    """A message id: an int (not a bool)."""
+    if isinstance(message_id, bool) or not isinstance(message_id, int):
+        raise TypeError(f"message id must be an int, got {type(message_id).__name__}")
+    return message_id
+
+
+def check_timeout(timeout: object) -> float | None:
+    """None (forever), or a number of seconds >= 0."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
+        )
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+def check_dedup_id(dedup_id: object) -> str | bytes | None:
+    """None, or a str or bytes dedup id."""
+    if dedup_id is None or isinstance(dedup_id, (str, bytes)):
+        return dedup_id
+    raise TypeError(f"dedup_id must be a str or bytes, got {type(dedup_id).__name__}")
+
+
+def check_count(name: str, n: object) -> int:
+    """A positive int (how many messages); TypeError for another type, ValueError if < 1."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"{name} must be >= 1, got {n}")
+    return n
