@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from ledgerq._options import Options
-from ledgerq._queue import Queue, open_queue
+from ledgerq._queue import Queue, open_configured
 from ledgerq.core.meta import stored_options
 
 __all__ = ["open"]
@@ -29,4 +29,4 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     stored = stored_options(os.fspath(path)) if os.path.isdir(path) else {}
-    return open_queue(path, Options.from_kwargs(options, kwargs, stored))
+    return open_configured(path, Options.from_kwargs(options, kwargs, stored))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 from ledgerq._errors import ConfigError
 
 __all__ = ["SYNC_MODES", "Options"]
+
+logger = logging.getLogger("ledgerq")
 
 SYNC_MODES = ("always", "interval", "never")
 _MIB = 1024 * 1024
@@ -31,6 +34,36 @@ def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False
         raise ConfigError(f"option {name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ConfigError(f"option {name} must be >= {minimum}, got {value!r}")
+
+
+def _still_valid(
+    cls: type[Options], remembered: dict[str, Any], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The stored options that still validate beside ``kwargs``; each other one is logged.
+
+    A value stored by an older ledgerq (or edited by hand) that no longer validates
+    must not take the valid ones with it: only the bad option falls back to its default.
+    """
+    try:
+        cls(**remembered, **kwargs)
+    except ConfigError:
+        pass
+    else:
+        return remembered
+    kept: dict[str, Any] = {}
+    for name, value in remembered.items():
+        try:
+            cls(**kept, **{name: value}, **kwargs)
+        except ConfigError as exc:
+            logger.warning(
+                "ledgerq: ignoring the stored option %s=%r (%s); using its default",
+                name,
+                value,
+                exc,
+            )
+            continue
+        kept[name] = value
+    return kept
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,10 +143,7 @@ class Options:
         if options is None:
             if stored:
                 remembered = {k: v for k, v in stored.items() if k in names and k not in kwargs}
-                try:
-                    return cls(**remembered, **kwargs)
-                except ConfigError:
-                    pass  # stored values no longer valid: fall back to the defaults
+                return cls(**_still_valid(cls, remembered, kwargs), **kwargs)
             return cls(**kwargs)
         if not isinstance(options, Options):
             raise TypeError(f"options must be ledgerq.Options, got {type(options).__name__}")

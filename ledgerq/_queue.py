@@ -12,7 +12,7 @@ from ledgerq.features import build_features
 from ledgerq.features.dlq import DeadLetterStore
 from ledgerq.format.entry import Entry
 
-__all__ = ["Queue", "open_queue"]
+__all__ = ["Queue", "open_configured"]
 
 # Messages requeue_dlq writes with one enqueue_batch (and, unless sync="always", one
 # fsync) before settling them in the DLQ: bounds the size of one write.
@@ -87,6 +87,7 @@ class Queue(QueueCore):
         return removed
 
 
-def open_queue(path: str | os.PathLike[str], options: Options) -> Queue:
-    """Open a queue with the features its options turn on."""
-    return Queue(path, options, build_features(options, open_queue))
+def open_configured(path: str | os.PathLike[str], options: Options) -> Queue:
+    """Open a queue with exactly ``options`` (not merged with the stored ones) and the
+    features they turn on.  :func:`ledgerq.open` is the public way in."""
+    return Queue(path, options, build_features(options, open_configured))

@@ -42,7 +42,7 @@ from typing import Any, Self
 
 import xxhash
 
-from ledgerq._api import open as open_queue
+from ledgerq import _api
 from ledgerq._errors import ConfigError, QueueClosedError, UnknownMessageError
 from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
@@ -314,7 +314,7 @@ class ShardedQueue:
         self._closed = False
         try:
             for path in self.paths:
-                queue = open_queue(path, **options)
+                queue = _api.open(path, **options)
                 self.queues.append(queue)
                 self._removers.append(queue.add_listener(self._on_change))
         except BaseException:

@@ -26,11 +26,11 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from ledgerq._api import open as open_path
 from ledgerq._errors import CorruptionError, LedgerQError, QueueLockedError
 from ledgerq._options import Options
-from ledgerq._queue import open_queue
 from ledgerq._types import Message, Priority
-from ledgerq.core.meta import FORMAT_VERSION, META_NAME
+from ledgerq.core.meta import FORMAT_VERSION, META_NAME, stored_options
 from ledgerq.core.queue import READERS_DIR
 from ledgerq.features.compression import ZstdDecompression
 from ledgerq.features.dlq import DLQ_DIR
@@ -647,7 +647,7 @@ def repair(
     collect = _Collect()
     logger.addHandler(collect)
     try:
-        queue = open_queue(root, Options())
+        queue = open_path(root)  # with its stored options: a repair must not change them
         queue.close()
         actions.append("opened and closed the queue (its recovery ran)")
     except QueueLockedError:
@@ -675,7 +675,8 @@ def repair(
 def _rebuild_index(rebuild: _Rebuild) -> int:
     """Write the index of one segment from a scan of its log; return its number of points."""
     seg_dir = os.path.join(rebuild.queue_dir, SEGMENTS_DIR)
-    interval = Options().index_interval  # the interval the queue used is not recorded
+    stored = stored_options(rebuild.queue_dir).get("index_interval")
+    interval = stored if isinstance(stored, int) and stored > 0 else Options().index_interval
     fd = os.open(log_path(seg_dir, rebuild.first_id), os.O_RDONLY)
     try:
         scanner = EntryScanner(fd, 0, os.fstat(fd).st_size, after_id=rebuild.first_id - 1)

@@ -31,8 +31,8 @@ __all__ = [
     "format_bytes",
     "json_option",
     "message_json",
-    "open_existing",
-    "open_queue",
+    "using_existing",
+    "using_queue",
     "option_overrides",
     "options_option",
     "parse_duration",
@@ -178,7 +178,7 @@ def require_queue(path: str) -> None:
 
 
 @contextmanager
-def open_queue(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue]:
+def using_queue(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue]:
     """Open (creating if missing) the queue; closed (and synced) on exit."""
     try:
         queue = ledgerq.open(path, **options)
@@ -191,10 +191,10 @@ def open_queue(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue]:
 
 
 @contextmanager
-def open_existing(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue]:
+def using_existing(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue]:
     """Open an existing queue (see :func:`require_queue`); closed on exit."""
     require_queue(path)
-    with open_queue(path, options) as queue:
+    with using_queue(path, options) as queue:
         yield queue
 
 

@@ -17,13 +17,13 @@ from ledgerq.cli._common import (
     format_bytes,
     json_option,
     message_json,
-    open_existing,
     option_overrides,
     options_option,
     parse_duration,
     payload_option,
     queue_argument,
     stdout_console,
+    using_existing,
     write_bytes,
     write_json,
     write_line,
@@ -85,7 +85,7 @@ def list_(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     --json prints one object per line: id, original_id, retries, reason,
     last_failure (ns since the epoch), age (seconds in the DLQ), size.
     """
-    with open_existing(queue, option_overrides(option_pairs)) as q:
+    with using_existing(queue, option_overrides(option_pairs)) as q:
         messages = _messages(q)
     if as_json:
         for message in messages:
@@ -131,7 +131,7 @@ def show(
     option_pairs: tuple[str, ...],
 ) -> None:
     """Show dead-lettered message ID of QUEUE with all its headers and its payload."""
-    with open_existing(queue, option_overrides(option_pairs)) as q:
+    with using_existing(queue, option_overrides(option_pairs)) as q:
         found = [m for m in _messages(q) if m.id == message_id]
     if not found:
         raise _no_such(queue, [message_id])
@@ -201,7 +201,7 @@ def requeue(
         raise click.UsageError(
             "--all requeues everything; do not combine it with --id or --where-reason"
         )
-    with open_existing(queue, option_overrides(option_pairs)) as q:
+    with using_existing(queue, option_overrides(option_pairs)) as q:
         messages = _messages(q)
         present = {m.id for m in messages}
         missing = sorted(set(ids) - present)
@@ -252,7 +252,7 @@ def purge(
     except click.BadParameter as exc:
         exc.param_hint = "--older-than"
         raise
-    with open_existing(queue, option_overrides(option_pairs)) as q:
+    with using_existing(queue, option_overrides(option_pairs)) as q:
         messages = _messages(q)
         if min_age is not None:
             messages = [m for m in messages if age_of(m.timestamp) > min_age]

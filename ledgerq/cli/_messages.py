@@ -20,14 +20,14 @@ from ledgerq.cli._common import (
     format_bytes,
     json_option,
     message_json,
-    open_existing,
-    open_queue,
     option_overrides,
     options_option,
     payload_option,
     plural,
     queue_argument,
     stdout_console,
+    using_existing,
+    using_queue,
     write_bytes,
     write_json,
     write_line,
@@ -141,7 +141,7 @@ def enqueue(
     headers = _parse_headers(header_pairs)
     level = _PRIORITY_NAMES[priority.lower()]
     options = option_overrides(option_pairs)
-    with open_queue(queue, options) as q:
+    with using_queue(queue, options) as q:
         for batch in _batches(data, file_path, lines):
             if len(batch) == 1:
                 ids = [q.enqueue(batch[0], headers=headers, priority=level, ttl=ttl)]
@@ -226,7 +226,7 @@ def dequeue(
     came within --timeout.
     """
     options = option_overrides(option_pairs)
-    with open_existing(queue, options) as q:
+    with using_existing(queue, options) as q:
         source = _reader(q, reader_name)
         messages = source.dequeue_batch(count, None if math.isinf(timeout) else timeout)
         if not messages:
@@ -272,7 +272,7 @@ def peek(
 
     --json prints one JSON object per line (as dequeue --json).
     """
-    with open_existing(queue, option_overrides(option_pairs)) as q:
+    with using_existing(queue, option_overrides(option_pairs)) as q:
         messages = q.peek(count)
     if as_json:
         for message in messages:
@@ -320,7 +320,7 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     disk_bytes (integers), oldest_pending_age (seconds), next_id, readers (an object
     per reader) and dlq (messages waiting in the dead-letter queue).
     """
-    with open_existing(queue, option_overrides(option_pairs)) as q:
+    with using_existing(queue, option_overrides(option_pairs)) as q:
         figures = q.stats()
         dlq = _dlq_pending(q)
     if as_json:

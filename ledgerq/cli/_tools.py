@@ -13,7 +13,6 @@ from ledgerq.cli._common import (
     format_bytes,
     json_option,
     message_json,
-    open_existing,
     option_overrides,
     options_option,
     payload_option,
@@ -21,6 +20,7 @@ from ledgerq.cli._common import (
     progress,
     queue_argument,
     require_queue,
+    using_existing,
     write_bytes,
     write_json,
     write_line,
@@ -159,7 +159,7 @@ def compact(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     options given with -o (retention_max_age, retention_max_bytes), which the queue
     does not store - and rewrites each reader's journal as a checkpoint.
     """
-    with open_existing(queue, option_overrides(option_pairs)) as q:
+    with using_existing(queue, option_overrides(option_pairs)) as q:
         has_dlq = tools.has_dlq(q.path)
         before = q.stats()
         dlq_before = q.dlq.stats() if has_dlq else None

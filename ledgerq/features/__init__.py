@@ -6,14 +6,14 @@ from ledgerq._options import Options
 from ledgerq.core.feature import Feature
 from ledgerq.features.compression import ZstdCompression, ZstdDecompression
 from ledgerq.features.dedup import DedupFeature
-from ledgerq.features.dlq import DeadLetterFeature, DeadLetterStore, OpenQueue
+from ledgerq.features.dlq import DeadLetterFeature, DeadLetterStore, OpenConfigured
 from ledgerq.features.priority import PriorityFeature
 from ledgerq.features.ttl import TTLFeature
 
 __all__ = ["build_features"]
 
 
-def build_features(options: Options, open_queue: OpenQueue) -> list[Feature]:
+def build_features(options: Options, open_configured: OpenConfigured) -> list[Feature]:
     """The features ``options`` turn on, in the order the core calls them."""
     features: list[Feature] = [TTLFeature()]
     if options.compression == "zstd":
@@ -25,7 +25,7 @@ def build_features(options: Options, open_queue: OpenQueue) -> list[Feature]:
     if options.priorities:
         features.append(PriorityFeature(options))
     if options.max_retries > 0:
-        features.append(DeadLetterFeature(options, open_queue))
+        features.append(DeadLetterFeature(options, open_configured))
     else:
-        features.append(DeadLetterStore(options, open_queue))
+        features.append(DeadLetterStore(options, open_configured))
     return features

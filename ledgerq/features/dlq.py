@@ -37,7 +37,7 @@ DLQ_DIR = "dlq"
 DLQ_HEADERS = ("dlq.original_id", "dlq.retry_count", "dlq.failure_reason", "dlq.last_failure")
 _DEFAULT_READER = "default"
 
-OpenQueue = Callable[[str, Options], "QueueCore"]
+OpenConfigured = Callable[[str, Options], "QueueCore"]
 
 
 class DeadLetterStore(Feature):
@@ -45,9 +45,9 @@ class DeadLetterStore(Feature):
 
     name = "dlq"
 
-    def __init__(self, options: Options, open_queue: OpenQueue) -> None:
+    def __init__(self, options: Options, open_configured: OpenConfigured) -> None:
         self._options = options
-        self._open_queue = open_queue
+        self._open_configured = open_configured
         self._dlq: QueueCore | None = None
         self._lock = threading.Lock()
         self._path = ""
@@ -73,7 +73,7 @@ class DeadLetterStore(Feature):
                     compression_level=self._options.compression_level,
                     compression_min_size=self._options.compression_min_size,
                 )
-                self._dlq = self._open_queue(self._path, opts)
+                self._dlq = self._open_configured(self._path, opts)
             elif self._dlq.closed:
                 raise QueueClosedError(f"dead-letter queue {self._path} is closed")
             return self._dlq
@@ -94,8 +94,8 @@ class DeadLetterStore(Feature):
 class DeadLetterFeature(DeadLetterStore):
     """Move messages to the dead-letter queue after ``max_retries`` failed deliveries."""
 
-    def __init__(self, options: Options, open_queue: OpenQueue) -> None:
-        super().__init__(options, open_queue)
+    def __init__(self, options: Options, open_configured: OpenConfigured) -> None:
+        super().__init__(options, open_configured)
         self._max_retries = options.max_retries
         self._tracker: RetryTracker | None = None
         self._main: QueueCore | None = None

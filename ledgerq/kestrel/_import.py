@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledgerq._api import open as open_queue
+import ledgerq
 from ledgerq._errors import LedgerQError
 from ledgerq._follow import follow
 from ledgerq._queue import Queue
@@ -383,7 +383,7 @@ def _import_old(
     seen: Counter[str] = Counter()
     for m in merged:
         keys.append(_item_key(f"kestrel:{entry.name}", m.item, seen))
-    with open_queue(dest, **options) as queue:
+    with ledgerq.open(dest, **options) as queue:
         ledger = _Ledger(queue.path)
         ledger.load()
         ledger.catch_up(queue.path)
@@ -532,7 +532,7 @@ def _import_v3(
         ordered.append((first.item_id, name))
     ordered.sort()
     progress.plan(sum(os.path.getsize(os.path.join(directory, n)) for _, n in ordered))
-    with open_queue(dest, **options) as queue:
+    with ledgerq.open(dest, **options) as queue:
         ledger = _Ledger(queue.path)
         ledger.load()
         ledger.catch_up(queue.path)

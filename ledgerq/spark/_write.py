@@ -56,8 +56,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
+import ledgerq
 from ledgerq import Item, Options
-from ledgerq import open as open_queue
 from ledgerq._errors import ConfigError, QueueLockedError
 from ledgerq.segment.files import fsync_dir
 from ledgerq.shard import (
@@ -321,7 +321,7 @@ class LedgerqWriter(DataSourceArrowWriter):
                 delay = 0.01
                 while True:
                     try:
-                        opened.append(open_queue(path, **self.queue_options))
+                        opened.append(ledgerq.open(path, **self.queue_options))
                         break
                     except QueueLockedError:
                         if time.monotonic() >= deadline:

@@ -147,3 +147,18 @@ def test_verify_reports_a_queue_it_cannot_open(tmp_path: Path) -> None:
     assert repaired.code == 1  # the queue refuses to open: nothing is thrown away
     assert "could not open the queue" in repaired.out
     assert state.read_bytes() == bytes(journal)
+
+
+def test_repair_keeps_the_stored_options(tmp_path: Path) -> None:
+    q = tmp_path / "q"
+    stored = {"priorities": True, "max_retries": 0, "dedup_window": 60.0, "compression": "zstd"}
+    with ledgerq.open(q, **stored) as queue:
+        queue.enqueue(b"low", priority=ledgerq.Priority.LOW)
+        queue.enqueue(b"high", priority=ledgerq.Priority.HIGH, dedup_id="h")
+    ok("verify", q, "--repair")
+    with ledgerq.open(q) as queue:
+        for name, value in stored.items():
+            assert getattr(queue.options, name) == value, name
+        assert queue.enqueue(b"again", dedup_id="h") == 2  # the window is remembered
+        message = queue.dequeue()
+        assert message is not None and message.payload == b"high"  # priority order kept

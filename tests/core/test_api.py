@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -378,3 +379,18 @@ def test_options_are_remembered_on_reopen(qpath: Path) -> None:
         assert q.options.max_retries == 2 and q.options.priorities
     with ledgerq.open(qpath, options=ledgerq.Options()) as q:  # an object is taken whole
         assert not q.options.priorities
+
+
+def test_a_stored_option_that_no_longer_validates_drops_only_itself(
+    qpath: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with ledgerq.open(qpath, priorities=True, max_retries=7, dedup_window=60.0):
+        pass
+    meta_path = qpath / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["options"]["max_retries"] = -5  # stored by an older ledgerq, or edited by hand
+    meta_path.write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="ledgerq"), ledgerq.open(qpath) as q:
+        assert q.options.priorities and q.options.dedup_window == 60.0
+        assert q.options.max_retries == ledgerq.Options().max_retries
+    assert any("max_retries" in r.getMessage() for r in caplog.records)
