@@ -47,7 +47,7 @@ def _still_valid(
     try:
         cls(**remembered, **kwargs)
     except ConfigError:
-        pass
+        cls(**kwargs)  # a bad value given now is the caller's error: raise it
     else:
         return remembered
     kept: dict[str, Any] = {}
