@@ -1,0 +1,128 @@
+"""An append-only file of whole records: every append lands whole, or not at all.
+
+Reader journals, the dedup table and the retry log are files of self-checking
+records that the queue only appends to (and now and then replaces whole).  Their
+readers cut a torn record at the *end* of a file - what a crash leaves - but a torn
+record in the *middle*, with good records after it, is damage they must refuse (or
+skip, losing what it held).  A failed ``write()`` makes exactly that: on a full disk
+``write()`` stores what fits and fails on the rest, and once space is freed the next
+append lands after the fragment.  So a failed append is cut back to the size before
+it, here, before anything else is written; if even that fails (the device is gone),
+the log refuses further appends until a cut succeeds, rather than write good records
+after bad bytes.
+
+The caller serialises appends (the queue lock); :meth:`sync` may run in any thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+from ledgerq.segment.files import StorageError, datasync, replace_and_open, storage_errors
+
+__all__ = ["AppendLog"]
+
+
+class AppendLog:
+    """The open, append-only file at ``path``; ``what`` names it in errors ("reader state").
+
+    ``size`` is the size of the file as far as whole appends go: after a failed append
+    it is the size before it (the fragment cut off).
+    """
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = path
+        self.what = what
+        self.size = 0
+        self._fd: int | None = None
+        self._fd_lock = threading.Lock()  # guards the fd against a swap during sync()
+        self._fragment = False  # a failed append's bytes may still be there, uncut
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the log has a file to append to."""
+        return self._fd is not None
+
+    def open(self, size: int) -> None:
+        """Append to the existing file, whose first ``size`` bytes are valid, from now on.
+
+        Bytes past ``size`` (a torn tail the caller's recovery found) are cut first.
+        """
+        with storage_errors(f"open {self.what}", self.path):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                if os.fstat(fd).st_size != size:
+                    os.ftruncate(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+        self.adopt(fd, size)
+
+    def adopt(self, fd: int, size: int) -> None:
+        """Append to ``fd`` (a file holding ``size`` valid bytes) from now on."""
+        with self._fd_lock:
+            old, self._fd = self._fd, fd
+        if old is not None:
+            os.close(old)
+        self.size = size
+        self._fragment = False
+
+    def append(self, record: bytes | bytearray | memoryview) -> None:
+        """Write ``record`` whole, or raise :class:`StorageError` having written nothing.
+
+        "Nothing" is what a reader sees: a partial write is cut back before this
+        raises.  The record has reached the OS (not the disk) when this returns.
+        """
+        fd = self._fd
+        if fd is None:
+            raise StorageError(f"append to {self.what}", self.path, OSError(errno.EBADF, "closed"))
+        if self._fragment:
+            self._cut_back(fd)  # a previous failure's bytes first, or raise
+        try:
+            written = os.write(fd, record)
+            size = len(record)
+            while written < size:  # a short write: the rest, or an error
+                written += os.write(fd, memoryview(record)[written:])
+        except OSError as exc:
+            self._fragment = True
+            try:
+                self._cut_back(fd)
+            except StorageError:
+                pass  # the append's own error is the one to report; the next one retries
+            raise StorageError(f"write {self.what}", self.path, exc) from exc
+        self.size += size
+
+    def _cut_back(self, fd: int) -> None:
+        """Cut the file to :attr:`size` (the end of the last whole append)."""
+        with storage_errors(f"cut back a failed write of {self.what}", self.path):
+            os.ftruncate(fd, self.size)
+        self._fragment = False
+
+    def replace(self, blob: bytes) -> None:
+        """Durably replace the whole file with ``blob`` and append to the new file.
+
+        Raises :class:`StorageError` if it cannot; the log then goes on appending to
+        whichever file holds its name (see :func:`replace_and_open`).
+        """
+        replace_and_open(self.path, blob, lambda fd: self.adopt(fd, len(blob)))
+
+    def sync(self) -> None:
+        """fdatasync the file (callable from any thread)."""
+        with self._fd_lock:
+            fd = os.dup(self._fd) if self._fd is not None else None
+        if fd is None:
+            return
+        try:
+            with storage_errors(f"sync {self.what}", self.path):
+                datasync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        with self._fd_lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

@@ -1,0 +1,130 @@
+"""Real faults on a real file system: a small tmpfs that fills up, a read-only remount.
+
+The injected-fault suite (``tests/faults``) makes a fake ``os`` raise; these tests meet
+the kernel's own errors instead.  A :class:`SmallDisk` is a tmpfs mounted by the test
+(root only: the tests that need one are skipped with a reason otherwise), which a
+*ballast* file fills to ENOSPC and frees again, and which can be remounted read-only
+(EROFS) - the faults an edge device's disk really produces.
+
+Used by ``tests/faults/test_real_faults.py`` and the shared-mode fault tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+__all__ = ["SmallDisk", "can_mount", "small_disk"]
+
+_CHUNK = 64 * 1024
+
+
+def can_mount() -> str | None:
+    """None if this process can mount a tmpfs, else why not (a skip reason)."""
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root (CI runs as root)"
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        return "mount/umount are not installed"
+    return None
+
+
+class SmallDisk:
+    """A tmpfs of ``size_bytes`` mounted at ``mountpoint`` (by the caller's test)."""
+
+    def __init__(self, mountpoint: Path, size_bytes: int) -> None:
+        self.path = mountpoint
+        self.size_bytes = size_bytes
+        self._ballast: list[Path] = []
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        _run("mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mountpoint))
+        self.mounted = True
+
+    def fill(self, leave_bytes: int = 0) -> int:
+        """Write ballast until the disk is full (or ``leave_bytes`` are left); return bytes.
+
+        Each call adds a new ballast file, so :meth:`free` can give back the most
+        recent one alone.
+        """
+        target = self.path / f".ballast-{uuid.uuid4().hex[:8]}"
+        self._ballast.append(target)
+        written = 0
+        with open(target, "wb", buffering=0) as f:
+            while True:
+                room = self.free_bytes() - leave_bytes
+                if room <= 0:
+                    break
+                try:
+                    written += f.write(b"\0" * min(_CHUNK, room))
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    break
+        if leave_bytes == 0:
+            # tmpfs counts whole pages: top up byte by byte so not one byte is left.
+            with open(target, "ab", buffering=0) as f, contextlib.suppress(OSError):
+                while f.write(b"\0"):
+                    written += 1
+        return written
+
+    def free(self, count: int | None = None) -> None:
+        """Delete the newest ``count`` ballast files (default: all)."""
+        count = len(self._ballast) if count is None else count
+        for _ in range(min(count, len(self._ballast))):
+            self._ballast.pop().unlink(missing_ok=True)
+
+    def free_bytes(self) -> int:
+        """Bytes a non-root writer could still allocate."""
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def is_full(self) -> bool:
+        """Whether not one more byte can be written."""
+        probe = self.path / ".probe"
+        try:
+            with open(probe, "wb", buffering=0) as f:
+                f.write(b"x")
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                probe.unlink(missing_ok=True)
+                return True
+            raise
+        probe.unlink()
+        return False
+
+    def remount(self, *, read_only: bool) -> None:
+        """Remount read-only (writes then fail with EROFS) or read-write again."""
+        mode = "ro" if read_only else "rw"
+        _run("mount", "-o", f"remount,{mode}", str(self.path))
+
+    def unmount(self) -> None:
+        """Unmount (idempotent); the mountpoint directory is left empty."""
+        if self.mounted:
+            self.mounted = False
+            _run("umount", "-l", str(self.path))
+
+
+def _run(*argv: str) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise OSError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """An 8 MiB tmpfs for this test (skipped where it cannot be mounted)."""
+    reason = can_mount()
+    if reason is not None:
+        pytest.skip(reason)
+    disk = SmallDisk(tmp_path / "disk", 8 * 1024 * 1024)
+    try:
+        yield disk
+    finally:
+        disk.unmount()
