@@ -211,6 +211,10 @@ class QueueCore:
     def _on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
         self._corrupt_skipped += 1
 
+    def note_corrupt_skipped(self, count: int) -> None:
+        """Count damaged records a feature skipped in its own files (``stats()``)."""
+        self._corrupt_skipped += count
+
     def _save_meta(self, *, clean: bool) -> None:
         meta = self._meta
         meta.clean = clean

@@ -10,11 +10,15 @@ cleanup of expired entries from its front, on the enqueue path, with no thread.
 The table is persisted in ``features/dedup.log`` (framed msgpack records
 ``[hash, id, expires_ns]``), appended after the message itself is written - a
 crash between the two can let one retry through (at-least-once), never lose a
-message - and rewritten when it holds twice the live entries.
+message - and rewritten when it holds twice the live entries.  A record that cannot
+be written (a full disk) does not undo the enqueue, which has happened: the table is
+rewritten whole at the next sync or close instead.  A damaged record in the middle of
+the file is skipped and counted (``stats().corrupt_skipped``); the ones after it count.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -29,18 +33,15 @@ from ledgerq.format.feature_state import (
     encode_feature_file_header,
     encode_feature_record,
 )
-from ledgerq.segment.files import (
-    StorageError,
-    make_durable_dir,
-    replace_and_open,
-    storage_errors,
-    write_all,
-)
+from ledgerq.segment.appendlog import AppendLog
+from ledgerq.segment.files import StorageError, make_durable_dir
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
 
 __all__ = ["DedupFeature", "dedup_key"]
+
+logger = logging.getLogger("ledgerq")
 
 _MAGIC = b"LQDD"
 _NS = 1_000_000_000
@@ -81,42 +82,58 @@ class DedupFeature(Feature):
         self._max_entries = options.dedup_max_entries
         self._table: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
         self._provisional: list[bytes] = []
-        self._path = ""
-        self._fd: int | None = None
+        self._log: AppendLog | None = None
         self._records = 0
+        self._unsaved = False  # a record could not be written: rewrite the table whole
 
     def attach(self, queue: QueueCore) -> None:
         directory = os.path.join(queue.path, "features")
         make_durable_dir(directory)
-        self._path = os.path.join(directory, "dedup.log")
-        values: list[Any] = []
-        if os.path.exists(self._path):
-            with open(self._path, "rb") as f:
-                try:
-                    values, _ = decode_feature_file(f.read(), _MAGIC)
-                except DecodeError:
-                    values = []  # unreadable: start an empty window (at-least-once holds)
-        for value in values:
+        path = os.path.join(directory, "dedup.log")
+        self._log = AppendLog(path, "dedup state")
+        for value in self._load(path, queue):
             record = _table_record(value)
             if record is None:
-                continue  # not a record this library writes: corrupt, skip it
+                queue.note_corrupt_skipped(1)  # not a record this library writes
+                continue
             key, message_id, expires_ns = record
             self._table[key] = (message_id, expires_ns)
             self._table.move_to_end(key)
-        self._rewrite()
+        try:
+            self._rewrite()  # drops expired entries and any damage the file held
+        except StorageError as exc:
+            # A full disk must not make the queue unopenable: the table is in memory,
+            # and the next sync() or close() tries the rewrite again.
+            logger.warning("ledgerq: %s; the dedup table will be saved at the next sync", exc)
+            self._unsaved = True
+
+    @staticmethod
+    def _load(path: str, queue: QueueCore) -> list[Any]:
+        """The record values of ``dedup.log`` (none if missing), damage counted."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        try:
+            found = decode_feature_file(data, _MAGIC)
+        except DecodeError:
+            logger.warning("ledgerq: %s is unreadable; the dedup window starts empty", path)
+            queue.note_corrupt_skipped(1)
+            return []
+        if found.damaged:
+            logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, path)
+            queue.note_corrupt_skipped(found.damaged)
+        return found.values
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(
             encode_feature_record([key, mid, exp]) for key, (mid, exp) in self._table.items()
         )
-        replace_and_open(self._path, blob, self._adopt)
+        assert self._log is not None
+        self._log.replace(blob)
         self._records = len(self._table)
-
-    def _adopt(self, fd: int) -> None:
-        """Append to ``fd``, the rewritten file, from now on."""
-        old, self._fd = self._fd, fd
-        if old is not None:
-            os.close(old)
+        self._unsaved = False
 
     def _expire(self, now_ns: int) -> None:
         table = self._table
@@ -153,11 +170,17 @@ class DedupFeature(Feature):
             if key in self._table
         )
         self._provisional.clear()
-        assert self._fd is not None
+        assert self._log is not None
+        if self._unsaved:
+            return  # the whole table is rewritten at the next flush
         try:
-            write_all(self._fd, blob)
-        except OSError as exc:
-            raise StorageError("write dedup state", self._path, exc) from exc
+            self._log.append(blob)
+        except StorageError as exc:
+            # The messages are in the log: the enqueue happened and must not raise.  Their
+            # ids stay in the table in memory; the file is rewritten whole at the next sync.
+            logger.warning("ledgerq: %s; the dedup table will be saved at the next sync", exc)
+            self._unsaved = True
+            return
         self._records += 1
         if len(self._table) > self._max_entries:
             self._expire(now_ns)
@@ -165,14 +188,15 @@ class DedupFeature(Feature):
             self._rewrite()
 
     def flush(self) -> None:
-        if self._fd is not None:
-            with storage_errors("sync dedup state", self._path):
-                os.fsync(self._fd)
+        if self._log is None:
+            return
+        if self._unsaved:
+            self._rewrite()  # raises StorageError while the disk is still full
+        self._log.sync()
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._log is not None:
+            self._log.close()
 
     def stats(self, counters: dict[str, Any]) -> None:
         counters["dedup_entries"] = len(self._table)

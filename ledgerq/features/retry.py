@@ -57,7 +57,7 @@ class RetryTracker:
         if os.path.exists(path):
             with open(path, "rb") as f:
                 try:
-                    values, _ = decode_feature_file(f.read(), _MAGIC)
+                    values = decode_feature_file(f.read(), _MAGIC).values
                 except DecodeError:
                     values = []
         for value in values:

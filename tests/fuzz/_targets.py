@@ -136,11 +136,12 @@ def _checkpoint(data: bytes) -> None:
 def _feature_state(data: bytes) -> None:
     for magic in (b"LQDD", b"LQRT"):
         try:
-            values, end = decode_feature_file(data, magic)
+            values, end, damaged = decode_feature_file(data, magic)
         except DecodeError:
             continue
         assert 8 <= end <= len(data)
         assert isinstance(values, list)
+        assert damaged <= len(values)  # a skipped region is always followed by a record
 
 
 # ---------------------------------------------------------------------- file loaders
@@ -189,8 +190,15 @@ def _journal(data: bytes) -> None:
 
 
 class _QueueStub:
+    """What a feature's ``attach`` uses of the queue."""
+
     def __init__(self, path: Path) -> None:
         self.path = str(path)
+        self.corrupt_skipped = 0
+
+    def note_corrupt_skipped(self, count: int) -> None:
+        assert count > 0
+        self.corrupt_skipped += count
 
 
 def _dedup_file(data: bytes) -> None:
