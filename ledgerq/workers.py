@@ -21,6 +21,7 @@ and their messages are returned by the queue (delivered again after a restart).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -41,6 +42,7 @@ Handler = Callable[[Message], Any]
 # How long to wait for a worker that died (its pipe closed) to be reaped, for its
 # exit code; it is already exiting, so this is a bound, not a delay.
 _REAP_SECONDS = 5.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +62,27 @@ class WorkerReport:
         return self.processed / self.elapsed if self.elapsed > 0 else 0.0
 
 
-def _child_main(handler: Handler, conn: Connection) -> None:
+def _die_with(owner_pid: int) -> None:
+    """Make the kernel kill this process when the owner dies (Linux), even by kill -9.
+
+    A child blocked in its pipe would otherwise never notice: its siblings hold copies
+    of the owner's pipe ends, so the pipe never reaches EOF.  Elsewhere, the owner's
+    death is noticed only at the pipe.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):  # not Linux (or no libc symbol): nothing to set
+        return
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != owner_pid:  # the owner died before the signal was armed
+        os._exit(1)
+
+
+def _child_main(handler: Handler, conn: Connection, owner_pid: int) -> None:
     """Run tasks from ``conn`` until told to stop (None) or the pipe closes."""
+    _die_with(owner_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while True:
@@ -85,7 +106,9 @@ class _Child:
 
     def __init__(self, ctx: Any, handler: Handler) -> None:
         owner_end, child_end = ctx.Pipe()
-        self.process = ctx.Process(target=_child_main, args=(handler, child_end), daemon=True)
+        self.process = ctx.Process(
+            target=_child_main, args=(handler, child_end, os.getpid()), daemon=True
+        )
         self.process.start()
         child_end.close()
         self.conn: Connection = owner_end

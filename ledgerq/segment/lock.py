@@ -4,6 +4,11 @@
 open.  flock locks belong to the open file description, so a second open of the
 same directory fails even inside the same process, and the kernel releases the
 lock when the process dies (kill -9 included) - no stale lock files to clean up.
+
+The description is shared with every process forked while it is open: a child
+(a worker pool's, ``multiprocessing``'s) would keep the queue locked after its parent
+closed it, for as long as the child lives.  So a child closes its copy at once, in
+an ``os.register_at_fork`` hook: only the process that opened the queue holds it.
 """
 
 from __future__ import annotations
@@ -11,11 +16,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import weakref
 
 from ledgerq._errors import QueueLockedError
 from ledgerq.segment.files import StorageError, storage_errors
 
 __all__ = ["DirLock"]
+
+_HELD: weakref.WeakSet[DirLock] = weakref.WeakSet()  # locks this process holds
 
 
 class DirLock:
@@ -36,6 +44,7 @@ class DirLock:
             os.close(fd)  # nobody else can release it: the flock goes with the descriptor
             raise
         self._fd: int | None = fd
+        _HELD.add(self)
 
     def _take(self, fd: int) -> None:
         try:
@@ -58,5 +67,22 @@ class DirLock:
     def release(self) -> None:
         """Release the lock (idempotent)."""
         fd, self._fd = self._fd, None
+        _HELD.discard(self)
         if fd is not None:
             os.close(fd)  # closing the last descriptor drops the flock
+
+    def _drop_inherited(self) -> None:
+        """In a forked child: close the copy of the descriptor, keeping the parent's lock."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # the parent's descriptor still holds the flock
+
+
+def _after_fork_in_child() -> None:
+    for lock in list(_HELD):
+        lock._drop_inherited()
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

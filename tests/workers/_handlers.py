@@ -42,3 +42,10 @@ def announce(message: ledgerq.Message) -> None:
     _record(message)
     sys.stdout.write(f"done {message.id}\n")
     sys.stdout.flush()
+
+
+def block(message: ledgerq.Message) -> None:
+    """Say which process took the task (the test's synchronisation point), then hang."""
+    sys.stdout.write(f"running {message.id} in {os.getpid()}\n")
+    sys.stdout.flush()
+    time.sleep(3600)  # the workload: a task that outlives its owner

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -106,3 +107,54 @@ def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
         # Everything not done is still pending - nothing lost, nothing leased forever.
         assert stats.pending + stats.acked == total
         assert len(q.dlq) == 0
+
+
+def test_children_die_with_a_killed_owner_and_release_the_queue(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        q.enqueue_batch([b"1", b"2"])
+    code = (
+        "import ledgerq.workers as w; from tests.workers import _handlers as h;"
+        f"w.run({str(path)!r}, h.block, processes=2)"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert owner.stdout is not None
+    children = [int(owner.stdout.readline().split()[-1]) for _ in range(2)]
+    owner.kill()  # kill -9: no cleanup runs in the owner
+    owner.wait(timeout=30)
+    owner.stdout.close()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in children):
+        assert time.monotonic() < deadline, "worker children outlived their killed owner"
+        time.sleep(0.01)
+    with ledgerq.open(path) as q:  # nobody holds the lock any more
+        assert q.stats().pending == 2  # the two leases came back
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_forked_child_does_not_keep_the_queue_locked(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    q = ledgerq.open(path)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child never touches the queue; it waits for the pipe to close
+        os.close(write_end)
+        os.read(read_end, 1)
+        os._exit(0)
+    os.close(read_end)
+    try:
+        q.close()
+        with ledgerq.open(path):  # the child is alive and must not hold the lock
+            pass
+    finally:
+        os.close(write_end)
+        os.waitpid(pid, 0)
