@@ -323,7 +323,10 @@ def import_kestrel(
             for n, why in (
                 (r.already_imported, "already imported"),
                 (r.expired_dropped, "expired (--keep-expired imports them)"),
-                (r.read_by_reader, "already read by the reader"),
+                (
+                    r.read_by_reader,
+                    f"already read by {'every' if r.reader is None else 'the'} reader",
+                ),
             )
             if n
         ]

@@ -79,6 +79,7 @@ def test_kestrel_3_readers_and_reader_choice(tmp_path: Path) -> None:
     assert "imported 4 of 5 items of kestrel-3 queue 'q'" in result.out
     assert "reader 'fast': reader created with 1 pending messages" in result.out
     assert "reader 'slow': reader created with 4 pending messages" in result.out
+    assert "skipped: 1 already read by every reader" in result.out
     with ledgerq.open(tmp_path / "all") as q:
         assert q.peek(10) == []
         assert [m.payload for m in q.reader("slow").peek(10)] == [b"2", b"3", b"4", b"5"]

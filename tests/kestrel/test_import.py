@@ -448,6 +448,36 @@ def test_v3_readers_become_ledgerq_readers_of_the_same_name(src: Path, tmp_path:
         assert [m.payload for m in q.peek(10)] == [b"was there before"]
 
 
+def test_v3_a_run_stopped_before_placing_readers_is_completed_by_the_next(
+    src: Path, tmp_path: Path
+) -> None:
+    # A first run that enqueued every item (for the default reader) and recorded it, but
+    # stopped before purging and creating readers, leaves what a run without bookmarks
+    # leaves: the keys are the same.
+    write_v3(src)
+    dest = tmp_path / "dest"
+    assert import_kestrel(src, dest).imported == 6
+    src.joinpath("q.read.a").write_bytes(bookmark_file(5))
+    src.joinpath("q.read.b").write_bytes(bookmark_file(0))  # b has read nothing
+    again = import_kestrel(src, dest)
+    assert (again.imported, again.already_imported) == (0, 6)
+    assert dict(again.readers) == {
+        "a": "reader created with 2 pending messages",
+        "b": "reader created with 6 pending messages",
+    }
+    with ledgerq.open(dest) as q:
+        assert q.peek(10) == []
+        assert [m.payload for m in q.reader("a").peek(10)] == [b"six", b"seven"]
+        assert [m.payload for m in q.reader("b").peek(10)] == [
+            b"one",
+            b"two",
+            b"three",
+            b"four",
+            b"six",
+            b"seven",
+        ]
+
+
 def test_v3_reader_choice_imports_one_reader_for_the_default_reader(
     src: Path, tmp_path: Path
 ) -> None:
