@@ -176,7 +176,8 @@ def test_retry_log_records_each_failure_in_its_format(tmp_path: Path) -> None:
         other.nack(leased.id, "three")
         data = (path / "features" / "retries.log").read_bytes()
     assert data[:8] == b"LQRT\x01\x00\x00\x00"
-    values, end = decode_feature_file(data, b"LQRT")
+    decoded = decode_feature_file(data, b"LQRT")  # values and where the last record ends
+    values, end = decoded[0], decoded[1]
     assert end == len(data)
     assert [(v[0], v[1], v[3]) for v in values] == [
         ("default", first, "one"),
