@@ -23,15 +23,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ledgerq._api import open as open_path
 from ledgerq._errors import CorruptionError, LedgerQError, QueueLockedError
 from ledgerq._options import Options
+from ledgerq._queue import Queue
 from ledgerq._types import Message, Priority
 from ledgerq.core.meta import FORMAT_VERSION, META_NAME, stored_options
 from ledgerq.core.queue import READERS_DIR
+from ledgerq.core.reader import Reader
 from ledgerq.features.compression import ZstdDecompression
 from ledgerq.features.dlq import DLQ_DIR
 from ledgerq.format.entry import EntryFlags
@@ -67,6 +69,7 @@ __all__ = [
     "Problem",
     "RepairReport",
     "VerifyReport",
+    "create_reader",
     "has_dlq",
     "iter_messages",
     "not_a_queue",
@@ -772,3 +775,26 @@ def _start_point(
     if entry is None or entry.id != point.id or probe.corrupt:
         return 0, first_id - 1  # the index is wrong here: scan the whole segment
     return point.offset, point.id - 1
+
+
+# ---------------------------------------------------------------------- creating a reader
+
+
+def create_reader(queue: Queue, name: str, *, head: int, done: Iterable[int] = ()) -> Reader:
+    """Create the reader ``name`` of the open ``queue`` at a given position and return it.
+
+    Every message below ``head`` counts as done for it, and so does every id in
+    ``done``; it delivers the others from ``head`` on.  This is how an importer or a
+    migration gives a reader the state it had elsewhere (``ledgerq import-kestrel``
+    creates a Kestrel reader's twin with it).  ``head`` runs from 1 to the queue's
+    next id (``queue.stats().next_id``: a reader at the tail); each ``done`` id lies
+    above ``head`` and below the next id.  A ``head`` below the oldest retained
+    message starts there.
+
+    Durable when it returns: the reader's state file is written, fsynced and renamed
+    into place, and its directory fsynced.  Raises ``ValueError`` when the reader
+    exists already (its state is never replaced), for an invalid name and for an id
+    out of bounds; ``TypeError`` for an id that is not an int; ``QueueClosedError``
+    on a closed queue.
+    """
+    return queue._create_reader(name, head, done)

@@ -234,7 +234,10 @@ def serve(
     "--reader",
     "reader_name",
     metavar="NAME",
-    help="Kestrel 3: import what this reader has not read (default: the only reader there is).",
+    help=(
+        "Kestrel 3: import only what this reader has not read, for the default reader "
+        "(default: every reader, each as the ledgerq reader of its name)."
+    ),
 )
 @click.option(
     "--keep-expired", is_flag=True, help="Also import items whose expiry has passed (with no TTL)."
@@ -259,13 +262,15 @@ def import_kestrel(
     """Import what a Kestrel queue still holds (journal dir or file SRC) into DEST_QUEUE.
 
     Reads Kestrel 1.x/2.x journals (replayed op by op; open transactions come first)
-    and Kestrel 3 writer and reader files (only what the reader has not read).
-    Running it again imports nothing twice.  Prints what was imported and skipped;
-    exits 1 when a journal is truncated or damaged (what came before the damage is
-    imported).  See docs/kestrel.md.
+    and Kestrel 3 writer and reader files (what the readers have not read; each
+    reader becomes the ledgerq reader of its name).  Running it again imports nothing
+    twice.  Prints what was imported and skipped.  A torn record at the end of the
+    newest journal file (crash residue, which Kestrel cuts too) is cut and reported;
+    any other damage makes it exit 1 (everything readable is imported).  See
+    docs/kestrel.md.
     """
     from ledgerq.cli._common import progress
-    from ledgerq.kestrel import ImportReport
+    from ledgerq.kestrel import KESTREL3, ImportReport
     from ledgerq.kestrel import import_kestrel as run_import
 
     options = option_overrides(option_pairs)
@@ -301,6 +306,7 @@ def import_kestrel(
             "damage": [
                 {"file": d.file, "offset": d.offset, "message": d.message} for d in r.damage
             ],
+            "cut": [{"file": d.file, "offset": d.offset, "message": d.message} for d in r.cut],
             "readers": [{"reader": n, "result": what} for n, what in r.readers],
             "children": [as_dict(c) for c in r.children],
             "ok": r.ok,
@@ -317,7 +323,10 @@ def import_kestrel(
             for n, why in (
                 (r.already_imported, "already imported"),
                 (r.expired_dropped, "expired (--keep-expired imports them)"),
-                (r.read_by_reader, "already read by the reader"),
+                (
+                    r.read_by_reader,
+                    f"already read by {'every' if r.reader is None else 'the'} reader",
+                ),
             )
             if n
         ]
@@ -332,9 +341,14 @@ def import_kestrel(
         for name, why in r.ignored:
             write_line(f"ignored {name}: {why}")
         for name, what in r.readers:
-            write_line(f"fan-out child {r.queue}+{name}: {what}")
+            if r.format == KESTREL3:
+                write_line(f"reader {name!r}: {what}")
+            else:
+                write_line(f"fan-out child {r.queue}+{name}: {what}")
         for quirk in r.quirks:
             write_line(f"quirk: {quirk}")
+        for torn in r.cut:
+            write_line(f"cut: {torn}")
         for damage in r.damage:
             write_line(f"damaged: {damage}")
         for child in r.children:
@@ -344,6 +358,13 @@ def import_kestrel(
         write_json(as_dict(report))
     else:
         describe(report)
+    for r in (report, *report.children):
+        for torn in r.cut:
+            click.echo(
+                f"ledgerq: warning: cut a torn record at the end of the newest journal file "
+                f"({torn}): what a Kestrel crash leaves, and Kestrel cuts too",
+                err=True,
+            )
     if not report.ok:
         damaged = [report, *report.children]
         where = "; ".join(str(d) for r in damaged for d in r.damage)

@@ -36,7 +36,13 @@ from ledgerq.core.args import (
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.meta import ID_BLOCK, META_NAME, Meta, MetaStore
-from ledgerq.core.reader import Reader, ReaderCore, ReaderHooks, entry_to_message
+from ledgerq.core.reader import (
+    Reader,
+    ReaderCore,
+    ReaderHooks,
+    entry_to_message,
+    initial_checkpoint,
+)
 from ledgerq.format.entry import (
     Entry,
     EntryFlags,
@@ -62,6 +68,14 @@ _READER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
 _MEDIUM = Priority.MEDIUM
 _NS = 1_000_000_000
 _COMPRESSED = int(EntryFlags.COMPRESSED)
+
+
+def _check_reader_name(name: object) -> None:
+    if not isinstance(name, str) or not _READER_NAME.match(name):
+        raise ValueError(
+            f"invalid reader name {name!r}: use 1-100 characters of letters, digits, "
+            "'_', '-' and '.', not starting with '.' or '-'"
+        )
 
 
 def _attempt(errors: list[Exception], step: Callable[[], object]) -> None:
@@ -190,7 +204,7 @@ class QueueCore:
         self._reader_hooks = ReaderHooks(self._features)
 
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
-        journal = ReaderJournal(os.path.join(self.path, READERS_DIR, f"{name}.state"))
+        journal = ReaderJournal(self._reader_path(name))
         try:
             with storage_errors("open reader state", journal.path):
                 core = ReaderCore(
@@ -531,26 +545,62 @@ class QueueCore:
 
     # ------------------------------------------------------------------ consuming
 
-    def reader(self, name: str, start: str = "earliest") -> Reader:
+    def reader(self, name: str, start: str | int = "earliest") -> Reader:
         """Return the named reader (an independent consumer), creating it if new.
 
-        A new reader starts at the oldest retained message, or with
-        ``start="latest"`` at the tail.  Names are 1-100 characters of
-        ``[A-Za-z0-9_.-]`` not starting with a dot.
+        A new reader starts at the oldest retained message, with ``start="latest"``
+        at the tail, or with an id at the first message whose id is at least
+        ``start`` (from 1 to the queue's next id; below the oldest retained message
+        it starts there).  An existing reader is returned as it is.  Names are
+        1-100 characters of ``[A-Za-z0-9_.-]`` not starting with a dot.  A new
+        reader's state is durable when this returns.  Raises ``ValueError`` for a bad
+        name or ``start``, ``TypeError`` for a ``start`` that is no str or int.
         """
-        if not isinstance(name, str) or not _READER_NAME.match(name):
-            raise ValueError(
-                f"invalid reader name {name!r}: use 1-100 characters of letters, digits, "
-                "'_', '-' and '.', not starting with '.' or '-'"
-            )
-        if start not in ("earliest", "latest"):
-            raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
+        _check_reader_name(name)
+        if isinstance(start, bool) or not isinstance(start, (str, int)):
+            raise TypeError(f"start must be 'earliest', 'latest' or an id, got {start!r}")
+        if isinstance(start, str) and start not in ("earliest", "latest"):
+            raise ValueError(f"start must be 'earliest', 'latest' or an id, got {start!r}")
         with self._lock:
             self._ensure_open()
             existing = self._readers.get(name)
             if existing is not None:
                 return existing
+            if isinstance(start, int):
+                return self._open_new_reader(name, start, ())
             return self._open_reader(name, start_latest=start == "latest")
+
+    def _create_reader(self, name: str, head: int, done: Iterable[int]) -> Reader:
+        """Create the reader ``name`` with every id below ``head`` and in ``done`` done.
+
+        For :func:`ledgerq.tools.create_reader`.  Refuses (``ValueError``) to touch a
+        reader that exists; see :func:`~ledgerq.core.reader.initial_checkpoint` for
+        the bounds of ``head`` and ``done``.
+        """
+        _check_reader_name(name)
+        with self._lock:
+            self._ensure_open()
+            path = self._reader_path(name)
+            if name in self._readers or os.path.exists(path):
+                raise ValueError(
+                    f"reader {name!r} exists already ({path}); a reader's state is never "
+                    "replaced: use queue.reader(name) to use it, or remove_reader(name) first"
+                )
+            return self._open_new_reader(name, head, done)
+
+    def _open_new_reader(self, name: str, head: int, done: Iterable[int]) -> Reader:
+        """Write a new reader's first checkpoint durably, then open it (lock held)."""
+        checkpoint = initial_checkpoint(head, done, self._next_id)
+        journal = ReaderJournal(self._reader_path(name))
+        try:
+            # temp file, fsync, rename, fsync of readers/: durable before the reader exists
+            journal.rewrite(checkpoint)
+        finally:
+            journal.close()
+        return self._open_reader(name, start_latest=False)
+
+    def _reader_path(self, name: str) -> str:
+        return os.path.join(self.path, READERS_DIR, f"{name}.state")
 
     def remove_reader(self, name: str) -> bool:
         """Forget the named reader and its state, so it no longer holds back retention.

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
     from ledgerq.segment.manager import SegmentManager
 
-__all__ = ["Reader", "ReaderCore", "ReaderHooks", "entry_to_message"]
+__all__ = ["Reader", "ReaderCore", "ReaderHooks", "entry_to_message", "initial_checkpoint"]
 
 _LEASE = StateRecordType.LEASE
 _ACK = StateRecordType.ACK
@@ -479,6 +479,29 @@ class ReaderCore:
         """Persist a final checkpoint and close the journal."""
         self.checkpoint()
         self.journal.close()
+
+
+def initial_checkpoint(head: object, done: Iterable[object], next_id: int) -> Checkpoint:
+    """The first checkpoint of a reader created with every id below ``head`` and in ``done`` done.
+
+    ``head`` is the first id the reader may deliver: from 1 to ``next_id`` (the tail);
+    each ``done`` id lies above it and below ``next_id`` - a reader cannot have acked
+    a message that does not exist yet.  Raises ``TypeError`` for an id that is not an
+    int, ``ValueError`` for one out of those bounds (naming it).
+    """
+    first = check_id(head)
+    if not 1 <= first <= next_id:
+        raise ValueError(
+            f"a new reader's first id must be from 1 to the queue's next id {next_id}, got {first}"
+        )
+    ids = sorted({check_id(i) for i in done})
+    for message_id in (ids[0], ids[-1]) if ids else ():
+        if not first < message_id < next_id:
+            raise ValueError(
+                f"done id {message_id} is not above the reader's first id {first} and "
+                f"below the queue's next id {next_id}"
+            )
+    return Checkpoint(first, ids, [], {})
 
 
 _COMPRESSED = int(EntryFlags.COMPRESSED)

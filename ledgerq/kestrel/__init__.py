@@ -9,12 +9,9 @@ See ``docs/kestrel.md``.
 
 from __future__ import annotations
 
-from ledgerq.kestrel._import import (
-    LEDGER_NAME,
-    ImportReport,
-    KestrelImportError,
-    import_kestrel,
-)
+from ledgerq.kestrel._import import KestrelImportError, import_kestrel
+from ledgerq.kestrel._ledger import LEDGER_NAME
+from ledgerq.kestrel._report import ImportReport
 from ledgerq.kestrel._scan import KESTREL2, KESTREL3, KestrelQueue, scan_directory
 from ledgerq.kestrel._types import JournalDamage, KestrelItem
 

@@ -30,11 +30,17 @@ class KestrelItem:
 
 @dataclass(frozen=True, slots=True)
 class JournalDamage:
-    """A journal region that could not be read: from ``offset`` to the end of ``file``."""
+    """A journal region that could not be read: from ``offset`` to the end of ``file``.
+
+    ``is_torn`` when the file ends inside a record that was read well up to there: a
+    write cut short, as a crash leaves at the end of the file being written.  Bytes
+    that cannot be a record (an unknown opcode, an impossible size) are not torn.
+    """
 
     file: str
     offset: int
     message: str
+    is_torn: bool = False
 
     def __str__(self) -> str:
         return f"{self.file}:{self.offset}: {self.message}"

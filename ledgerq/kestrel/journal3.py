@@ -56,11 +56,9 @@ CMD_PUT = 8
 CMD_READ_DONE = 9
 PUT_HEADER = struct.Struct("<iiqq")  # data_len, error_count, id, add_ms
 assert PUT_HEADER.size == 24
-EXPIRE = struct.Struct("<q")
-assert EXPIRE.size == 8
 U32 = struct.Struct("<I")
 assert U32.size == 4
-I64 = struct.Struct("<q")
+I64 = struct.Struct("<q")  # a PUT's expire_ms, a READ_HEAD's id
 assert I64.size == 8
 
 ProgressCallback = Callable[[int], None]
@@ -189,7 +187,10 @@ def _iter_writer(
             except TruncatedRecord:
                 info.damage.append(
                     JournalDamage(
-                        info.name, pos, f"truncated record: {len(buf) - pos} bytes not read"
+                        info.name,
+                        pos,
+                        f"truncated record: {len(buf) - pos} bytes not read",
+                        is_torn=True,
                     )
                 )
                 break
@@ -219,7 +220,7 @@ def _iter_writer(
                 )
                 break
             _, error_count, item_id, add_ms = PUT_HEADER.unpack_from(record.header, 0)
-            expire_ms = EXPIRE.unpack_from(record.header, 24)[0] if words == 8 else 0
+            expire_ms = I64.unpack_from(record.header, 24)[0] if words == 8 else 0
             if item_id == 0:
                 info.damage.append(
                     JournalDamage(info.name, record.offset, "PUT with id 0; rest not read")

@@ -321,6 +321,7 @@ class Replay:
                         pos,
                         f"truncated record (opcode {buf[pos]}): the file ends inside it; "
                         f"{end - pos} bytes not replayed",
+                        is_torn=True,
                     )
                 )
                 break

@@ -159,3 +159,29 @@ def test_visibility_timeout_expiry_is_a_failed_delivery(tmp_path: Path) -> None:
         assert q.dequeue(timeout=0.2) is None  # the second expiry moved it to the DLQ
         assert len(q.dlq) == 1
         assert "visibility timeout" in q.dlq.peek(1)[0].headers["dlq.failure_reason"]
+
+
+def test_retry_log_records_each_failure_in_its_format(tmp_path: Path) -> None:
+    """``features/retries.log``: header ``LQRT`` v1, then ``[reader, id, time_ns, reason]``."""
+    from ledgerq.format.feature_state import decode_feature_file
+
+    path = tmp_path / "q"
+    with ledgerq.open(path, max_retries=5) as q:
+        first = q.enqueue(b"x")
+        fail(q, "one")
+        fail(q, "two")
+        other = q.reader("r")
+        leased = other.dequeue()
+        assert leased is not None
+        other.nack(leased.id, "three")
+        data = (path / "features" / "retries.log").read_bytes()
+    assert data[:8] == b"LQRT\x01\x00\x00\x00"
+    decoded = decode_feature_file(data, b"LQRT")  # values and where the last record ends
+    values, end = decoded[0], decoded[1]
+    assert end == len(data)
+    assert [(v[0], v[1], v[3]) for v in values] == [
+        ("default", first, "one"),
+        ("default", first, "two"),
+        ("r", first, "three"),
+    ]
+    assert all(type(v[2]) is int and v[2] > 0 for v in values)

@@ -32,7 +32,7 @@ from ledgerq._options import Options
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.meta import MetaStore
 from ledgerq.features.dedup import DedupFeature
-from ledgerq.features.retry import RetryTracker
+from ledgerq.features.dlq.retries import RetryTracker
 from ledgerq.format.entry import MIN_ENTRY_SIZE, decode_entry, decode_headers, peek_length
 from ledgerq.format.errors import CorruptRecord, DecodeError
 from ledgerq.format.feature_state import decode_feature_file
@@ -281,7 +281,7 @@ TARGETS: dict[str, Target] = {
         Target("meta", _meta, "core.meta: MetaStore.load of meta.json"),
         Target("journal", _journal, "core.journal: ReaderJournal.load of a state file"),
         Target("dedup_file", _dedup_file, "features.dedup: loading features/dedup.log"),
-        Target("retry_file", _retry_file, "features.retry: loading features/retries.log"),
+        Target("retry_file", _retry_file, "features.dlq.retries: loading features/retries.log"),
         Target("memcache", _memcache, "server.protocol: Parser.feed/next_command"),
         Target("kestrel3", _kestrel3, "kestrel.journal3: decode_record3"),
         Target("kestrel_old", _kestrel_old, "kestrel.oldjournal: decode_record"),

@@ -120,7 +120,8 @@ def test_pack_files_supersede_older_rotations_and_temp_files_are_ignored(
     assert report.ok
 
 
-def test_a_truncated_tail_imports_everything_before_it(src: Path, tmp_path: Path) -> None:
+def test_a_torn_tail_of_the_newest_file_is_cut_and_reported(src: Path, tmp_path: Path) -> None:
+    OldJournal().addx(b"rotated", 1).write(src / "q.100")
     journal = OldJournal().addx(b"a", 1).addx(b"b", 2).remove_tentative_xid(4)
     journal.addx(b"last item, cut short", 3, FAR_MS)
     blob = journal.bytes()
@@ -131,11 +132,56 @@ def test_a_truncated_tail_imports_everything_before_it(src: Path, tmp_path: Path
         (src / "q").write_bytes(blob[:cut])
         dest = tmp_path / f"dest-{cut}"
         report = import_kestrel(src, dest)
-        assert payloads(dest) == [b"a", b"b"]
-        assert not report.ok
+        assert payloads(dest) == [b"rotated", b"a", b"b"]  # rotated: open transaction 4
+        assert report.ok and report.damage == ()
+        (torn,) = report.cut
+        assert (torn.file, torn.offset, torn.is_torn) == ("q", start, True)
+        assert f"{cut - start} bytes not replayed" in torn.message
+
+
+def test_a_torn_older_file_is_damage(src: Path, tmp_path: Path) -> None:
+    rotated = OldJournal().addx(b"a", 1).addx(b"torn", 2)
+    (src / "q.100").write_bytes(rotated.bytes()[:-1])
+    OldJournal().addx(b"c", 3).write(src / "q")
+    report = import_kestrel(src, tmp_path / "dest")
+    assert payloads(tmp_path / "dest") == [b"a", b"c"]
+    assert not report.ok and report.cut == ()
+    assert [(d.file, d.offset) for d in report.damage] == [("q.100", rotated.offsets[1])]
+
+
+def test_bytes_that_are_no_record_at_the_end_of_the_newest_file_are_damage(
+    src: Path, tmp_path: Path
+) -> None:
+    journal = OldJournal().addx(b"a", 1).addx(b"b", 2)
+    for tail in (b"\x0c", b"\x02\x03\x00\x00\x00"):  # an unknown opcode; ADDX of size 3
+        (src / "q").write_bytes(journal.bytes() + tail)
+        report = import_kestrel(src, tmp_path / f"dest-{tail[0]}")
+        assert payloads(tmp_path / f"dest-{tail[0]}") == [b"a", b"b"]
+        assert not report.ok and report.cut == ()
         (damage,) = report.damage
-        assert (damage.file, damage.offset) == ("q", start)
-        assert "truncated" in damage.message
+        assert (damage.file, damage.offset, damage.is_torn) == ("q", len(journal.bytes()), False)
+
+
+def test_without_a_current_file_the_newest_rotated_file_may_be_torn(
+    src: Path, tmp_path: Path
+) -> None:
+    OldJournal().addx(b"a", 1).write(src / "q.100")
+    journal = OldJournal().addx(b"b", 2).addx(b"torn", 3)
+    (src / "q.200").write_bytes(journal.bytes()[:-1])
+    report = import_kestrel(src, tmp_path / "dest")
+    assert payloads(tmp_path / "dest") == [b"a", b"b"]
+    assert report.ok and [(d.file, d.offset) for d in report.cut] == [("q.200", 22)]
+
+
+def test_a_fan_out_child_with_a_torn_newest_file_is_cut_too(src: Path, tmp_path: Path) -> None:
+    OldJournal().addx(b"a", 1).addx(b"b", 2).write(src / "q")
+    child = OldJournal().addx(b"a", 1).addx(b"b", 2)
+    (src / "q+audit").write_bytes(child.bytes()[:-1])
+    report = import_kestrel(src, tmp_path / "dest")
+    assert report.ok and [(d.file, d.offset) for d in report.cut] == [("q+audit", 22)]
+    with ledgerq.open(tmp_path / "dest") as q:
+        assert [m.payload for m in q.peek(10)] == [b"a", b"b"]
+        assert [m.payload for m in q.reader("audit").peek(10)] == [b"a"]
 
 
 def test_damage_in_a_rotated_file_skips_its_rest_and_goes_on(src: Path, tmp_path: Path) -> None:
@@ -363,21 +409,131 @@ def test_v3_files_are_read_in_order_of_their_first_id(src: Path, tmp_path: Path)
     assert any("no reader bookmark" in q for q in report.quirks)
 
 
-def test_v3_with_several_readers_one_must_be_chosen(src: Path, tmp_path: Path) -> None:
+def test_v3_readers_become_ledgerq_readers_of_the_same_name(src: Path, tmp_path: Path) -> None:
     write_v3(src)
     src.joinpath("q.read.a").write_bytes(bookmark_file(5))
     src.joinpath("q.read.b").write_bytes(bookmark_file(1, [3]))
     src.joinpath("q.read.").write_bytes(bookmark_file(7))  # libkestrel deletes it: ignored
     src.joinpath("q.read.a~~1700000000300").write_bytes(bookmark_file(0))  # a temp file
-    with pytest.raises(KestrelImportError, match="several readers"):
-        import_kestrel(src, tmp_path / "dest")
+    dest = tmp_path / "dest"
+    with ledgerq.open(dest) as q:
+        q.enqueue(b"was there before")
+    report = import_kestrel(src, dest)
+    assert report.ok and report.reader is None
+    # 1 and 3 were read by both; 5 expired; the rest once each, whoever has it to read.
+    assert (report.found, report.read_by_reader, report.expired_dropped) == (7, 2, 1)
+    assert payloads(dest) == [b"was there before", b"two", b"four", b"six", b"seven"]
+    assert dict(report.readers) == {
+        "a": "reader created with 2 pending messages",
+        "b": "reader created with 4 pending messages",
+    }
+    assert {name for name, _ in report.ignored} >= {"q.read.", "q.read.a~~1700000000300"}
+    with ledgerq.open(dest) as q:
+        assert [m.payload for m in q.peek(10)] == [b"was there before"]
+        a, b = q.reader("a"), q.reader("b")
+        assert [m.payload for m in a.peek(10)] == [b"six", b"seven"]
+        assert [m.payload for m in b.peek(10)] == [b"two", b"four", b"six", b"seven"]
+        assert [m.headers["kestrel.id"] for m in b.peek(10)] == ["2", "4", "6", "7"]
+        taken = b.dequeue()
+        assert taken is not None and taken.payload == b"two"
+        b.ack(taken.id)
+    # A second run imports nothing and leaves the readers where they are.
+    again = import_kestrel(src, dest)
+    assert (again.imported, again.already_imported) == (0, 4)
+    assert all(what == "reader exists already: left as it is" for _, what in again.readers)
+    with ledgerq.open(dest) as q:
+        assert len(payloads(dest)) == 5
+        assert [m.payload for m in q.reader("b").peek(10)] == [b"four", b"six", b"seven"]
+        assert [m.payload for m in q.reader("a").peek(10)] == [b"six", b"seven"]
+        assert [m.payload for m in q.peek(10)] == [b"was there before"]
+
+
+def test_v3_a_run_stopped_before_placing_readers_is_completed_by_the_next(
+    src: Path, tmp_path: Path
+) -> None:
+    # A first run that enqueued every item (for the default reader) and recorded it, but
+    # stopped before purging and creating readers, leaves what a run without bookmarks
+    # leaves: the keys are the same.
+    write_v3(src)
+    dest = tmp_path / "dest"
+    assert import_kestrel(src, dest).imported == 6
+    src.joinpath("q.read.a").write_bytes(bookmark_file(5))
+    src.joinpath("q.read.b").write_bytes(bookmark_file(0))  # b has read nothing
+    again = import_kestrel(src, dest)
+    assert (again.imported, again.already_imported) == (0, 6)
+    assert dict(again.readers) == {
+        "a": "reader created with 2 pending messages",
+        "b": "reader created with 6 pending messages",
+    }
+    with ledgerq.open(dest) as q:
+        assert q.peek(10) == []
+        assert [m.payload for m in q.reader("a").peek(10)] == [b"six", b"seven"]
+        assert [m.payload for m in q.reader("b").peek(10)] == [
+            b"one",
+            b"two",
+            b"three",
+            b"four",
+            b"six",
+            b"seven",
+        ]
+
+
+def test_v3_reader_choice_imports_one_reader_for_the_default_reader(
+    src: Path, tmp_path: Path
+) -> None:
+    write_v3(src)
+    src.joinpath("q.read.a").write_bytes(bookmark_file(5))
+    src.joinpath("q.read.b").write_bytes(bookmark_file(1, [3]))
     with pytest.raises(KestrelImportError, match="no reader 'c'"):
         import_kestrel(src, tmp_path / "dest", reader="c")
     report = import_kestrel(src, tmp_path / "a", reader="a")
+    assert (report.reader, report.readers) == ("a", ())
     assert payloads(tmp_path / "a") == [b"six", b"seven"]
-    assert {name for name, _ in report.ignored} >= {"q.read.", "q.read.a~~1700000000300"}
     import_kestrel(src, tmp_path / "b", reader="b")
-    assert payloads(tmp_path / "b") == [b"two", b"four", b"six", b"seven"]
+    with ledgerq.open(tmp_path / "b") as q:
+        assert [m.payload for m in q.peek(10)] == [b"two", b"four", b"six", b"seven"]
+        assert set(q.stats().readers) == {"default"}
+
+
+def test_v3_one_named_reader_is_a_reader_of_its_name(src: Path, tmp_path: Path) -> None:
+    write_v3(src)
+    src.joinpath("q.read.only").write_bytes(bookmark_file(3, [6]))
+    report = import_kestrel(src, tmp_path / "dest")
+    assert dict(report.readers) == {"only": "reader created with 2 pending messages"}
+    with ledgerq.open(tmp_path / "dest") as q:
+        assert q.peek(10) == []
+        assert [m.payload for m in q.reader("only").peek(10)] == [b"four", b"seven"]
+
+
+def test_v3_readers_ledgerq_cannot_name_are_reported_and_skipped(src: Path, tmp_path: Path) -> None:
+    write_v3(src)
+    src.joinpath("q.read.ok").write_bytes(bookmark_file(6))
+    src.joinpath("q.read.a:b").write_bytes(bookmark_file(0))  # ':' is fine in Kestrel 3
+    src.joinpath("q.read.-x").write_bytes(bookmark_file(0))
+    src.joinpath("q.read.default").write_bytes(bookmark_file(0))
+    report = import_kestrel(src, tmp_path / "dest")
+    readers = dict(report.readers)
+    assert readers["ok"] == "reader created with 1 pending messages"
+    assert readers["a:b"].startswith("not created: invalid reader name 'a:b'")
+    assert readers["-x"].startswith("not created: invalid reader name '-x'")
+    assert readers["default"] == "'default' is the name of ledgerq's default reader: not created"
+    assert report.ok
+    with ledgerq.open(tmp_path / "dest") as q:
+        assert set(q.stats().readers) == {"default", "ok"}
+        assert q.peek(10) == []
+        assert [m.payload for m in q.reader("ok").peek(10)] == [b"seven"]
+
+
+def test_v3_a_reader_that_read_everything_starts_at_the_tail(src: Path, tmp_path: Path) -> None:
+    write_v3(src)
+    src.joinpath("q.read.done").write_bytes(bookmark_file(7))
+    src.joinpath("q.read.new").write_bytes(bookmark_file(5))
+    import_kestrel(src, tmp_path / "dest")
+    with ledgerq.open(tmp_path / "dest") as q:
+        assert q.reader("done").peek(10) == []
+        assert [m.payload for m in q.reader("new").peek(10)] == [b"six", b"seven"]
+        q.enqueue(b"later")
+        assert [m.payload for m in q.reader("done").peek(10)] == [b"later"]
 
 
 def test_v3_truncated_writer_file_imports_the_items_before(src: Path, tmp_path: Path) -> None:
@@ -390,6 +546,51 @@ def test_v3_truncated_writer_file_imports_the_items_before(src: Path, tmp_path: 
     assert not report.ok
     (damage,) = report.damage
     assert (damage.file, damage.offset) == ("q.1", len(blob) - len(last))
+
+
+def test_v3_torn_tail_of_the_newest_writer_file_is_cut(src: Path, tmp_path: Path) -> None:
+    src.joinpath("q.1").write_bytes(writer_file([put_record(1, b"one", 1)]))
+    last = put_record(3, b"cut short", 3)
+    blob = writer_file([put_record(2, b"two", 2), last])
+    src.joinpath("q.2").write_bytes(blob[:-4])  # written without the mmap's zero padding
+    report = import_kestrel(src, tmp_path / "dest")
+    assert payloads(tmp_path / "dest") == [b"one", b"two"]
+    assert report.ok and report.damage == ()
+    (torn,) = report.cut
+    assert (torn.file, torn.offset) == ("q.2", len(blob) - len(last))
+
+
+def test_v3_newest_writer_file_torn_inside_its_first_record_is_cut(
+    src: Path, tmp_path: Path
+) -> None:
+    src.joinpath("q.100").write_bytes(writer_file([put_record(1, b"one", 1)]))
+    src.joinpath("q.200").write_bytes(writer_file([put_record(2, b"cut short", 2)])[:20])
+    report = import_kestrel(src, tmp_path / "dest")
+    assert payloads(tmp_path / "dest") == [b"one"]
+    assert report.ok and [(d.file, d.offset) for d in report.cut] == [("q.200", 4)]
+    # The same file, older than another: damage.
+    src.joinpath("q.300").write_bytes(writer_file([put_record(3, b"three", 3)]))
+    report = import_kestrel(src, tmp_path / "dest")
+    assert not report.ok and [(d.file, d.offset) for d in report.damage] == [("q.200", 4)]
+    assert payloads(tmp_path / "dest") == [b"one", b"three"]
+
+
+def test_v3_a_bad_record_in_the_newest_writer_file_is_damage(src: Path, tmp_path: Path) -> None:
+    bad = put_record(0, b"id zero", 2)
+    src.joinpath("q.1").write_bytes(writer_file([put_record(1, b"one", 1), bad]))
+    report = import_kestrel(src, tmp_path / "dest")
+    assert payloads(tmp_path / "dest") == [b"one"]
+    assert not report.ok and report.cut == ()
+    assert "id 0" in report.damage[0].message
+
+
+def test_v3_a_torn_bookmark_is_damage(src: Path, tmp_path: Path) -> None:
+    write_v3(src)
+    src.joinpath("q.read.").write_bytes(bookmark_file(2, [4])[:-3])
+    report = import_kestrel(src, tmp_path / "dest")
+    assert not report.ok and report.cut == ()
+    assert report.damage[0].file == "q.read."
+    assert payloads(tmp_path / "dest") == [b"three", b"four", b"six", b"seven"]
 
 
 def test_v3_empty_and_header_only_files_are_skipped(src: Path, tmp_path: Path) -> None:

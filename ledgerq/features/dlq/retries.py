@@ -1,5 +1,6 @@
-"""The retry tracker: why and when each message last failed, per reader.
+"""The DLQ's retry tracker: why and when each message last failed, per reader.
 
+Part of the dead-letter feature (only :mod:`ledgerq.features.dlq.feature` uses it).
 How *many* times a message failed is not stored here: it is derived from the
 reader's own journal (deliveries that did not end in an ack), which survives
 crashes record by record.  This file adds the human part - the last failure's

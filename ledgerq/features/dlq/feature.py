@@ -1,10 +1,9 @@
-"""The dead-letter queue: where messages go after ``max_retries`` failed deliveries.
+"""Moving a message to the dead-letter queue after ``max_retries`` failed deliveries.
 
 A failed delivery is a nack, an expired visibility timeout, or a lease lost to a
 crash or a reopen; the count comes from the reader's journal, so a message that
-kills its worker every time still ends up here.  The DLQ is a full queue in
-``<queue>/dlq/``, opened on first use.  A message moved there keeps its payload,
-priority and headers and gains ``dlq.original_id``, ``dlq.retry_count``,
+kills its worker every time still ends up here.  A message moved there keeps its
+payload, priority and headers and gains ``dlq.original_id``, ``dlq.retry_count``,
 ``dlq.failure_reason`` and ``dlq.last_failure`` (ns since the epoch, as text);
 ``dlq.reader`` names the reader when it is not the default one.
 
@@ -17,78 +16,22 @@ dead-lettered again), never in neither.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ledgerq._errors import CorruptionError, QueueClosedError
+from ledgerq._errors import CorruptionError
 from ledgerq._options import Options
-from ledgerq.core.feature import FailedDelivery, Feature
-from ledgerq.features.retry import RetryTracker
+from ledgerq.core.feature import FailedDelivery
+from ledgerq.features.dlq.retries import RetryTracker
+from ledgerq.features.dlq.store import DeadLetterStore, OpenConfigured
 from ledgerq.segment.files import make_durable_dir
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
     from ledgerq.core.reader import ReaderCore
 
-__all__ = ["DLQ_DIR", "DLQ_HEADERS", "DeadLetterFeature", "DeadLetterStore"]
+__all__ = ["DeadLetterFeature"]
 
-DLQ_DIR = "dlq"
-DLQ_HEADERS = ("dlq.original_id", "dlq.retry_count", "dlq.failure_reason", "dlq.last_failure")
 _DEFAULT_READER = "default"
-
-OpenConfigured = Callable[[str, Options], "QueueCore"]
-
-
-class DeadLetterStore(Feature):
-    """Owns the dead-letter queue (opened lazily); moves nothing by itself."""
-
-    name = "dlq"
-
-    def __init__(self, options: Options, open_configured: OpenConfigured) -> None:
-        self._options = options
-        self._open_configured = open_configured
-        self._dlq: QueueCore | None = None
-        self._lock = threading.Lock()
-        self._path = ""
-
-    def attach(self, queue: QueueCore) -> None:
-        self._path = os.path.join(queue.path, DLQ_DIR)
-        if os.path.isdir(self._path):
-            self.queue()  # it exists: open it now, so stats and close cover it
-
-    def queue(self) -> QueueCore:
-        """The dead-letter queue, opened (and created) on first use."""
-        with self._lock:
-            if self._dlq is None:
-                # The DLQ never dead-letters its own messages, and keeps them until
-                # someone requeues or purges them.
-                opts = Options(
-                    sync=self._options.sync,
-                    sync_interval=self._options.sync_interval,
-                    max_retries=0,
-                    segment_size=self._options.segment_size,
-                    max_message_size=self._options.max_message_size,
-                    compression=self._options.compression,
-                    compression_level=self._options.compression_level,
-                    compression_min_size=self._options.compression_min_size,
-                )
-                self._dlq = self._open_configured(self._path, opts)
-            elif self._dlq.closed:
-                raise QueueClosedError(f"dead-letter queue {self._path} is closed")
-            return self._dlq
-
-    def flush(self) -> None:
-        if self._dlq is not None and not self._dlq.closed:
-            self._dlq.sync()
-
-    def close(self) -> None:
-        if self._dlq is not None:
-            self._dlq.close()
-
-    def stats(self, counters: dict[str, Any]) -> None:
-        if self._dlq is not None and not self._dlq.closed:
-            counters["dlq_pending"] = len(self._dlq)
 
 
 class DeadLetterFeature(DeadLetterStore):
