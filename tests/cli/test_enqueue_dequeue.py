@@ -55,8 +55,7 @@ def test_enqueue_from_argument_file_stdin_and_lines(tmp_path: Path) -> None:
     ]
     assert messages[0].headers == {"k": "v", "x": "a=b"}
     assert messages[4].priority is ledgerq.Priority.HIGH
-    assert messages[4].expires_at is not None
-    assert messages[4].expires_at > time.time_ns() + 3000 * 10**9
+    assert messages[4].expires_at == messages[4].timestamp + 3600 * 10**9  # --ttl 3600
     assert messages[5].priority is ledgerq.Priority.MEDIUM and messages[5].expires_at is None
 
 

@@ -133,7 +133,8 @@ def test_the_copy_is_byte_exact_and_a_readable_queue(tmp_path: Path) -> None:
     with ledgerq.open(dest) as hub:
         got = hub.dequeue_batch(200)
         assert [m.payload for m in got] == [p for _, p, _ in messages(src)]
-        assert got[-1].priority == ledgerq.Priority.HIGH and got[-1].expires_at is not None
+        assert got[-1].priority == ledgerq.Priority.HIGH
+        assert got[-1].expires_at == got[-1].timestamp + 3600 * 10**9  # ttl=3600
 
 
 def test_sealed_segments_are_copied_once_and_runs_are_idempotent(tmp_path: Path) -> None:
