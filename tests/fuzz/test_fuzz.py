@@ -23,7 +23,7 @@ from ledgerq.format.feature_state import encode_feature_file_header, encode_feat
 from ledgerq.format.reader_state import encode_state_file_header
 from tests.fuzz import _corpus
 from tests.fuzz._strategies import inputs
-from tests.fuzz._targets import TARGETS, UNAVAILABLE, run_target, scratch_cleanup
+from tests.fuzz._targets import TARGETS, run_target, scratch_cleanup
 
 EXAMPLES = int(os.environ.get("LEDGERQ_FUZZ_EXAMPLES", "150"))
 RANDOM = os.environ.get("LEDGERQ_FUZZ_RANDOM", "") not in ("", "0")
@@ -35,14 +35,8 @@ def _cleanup() -> Iterator[None]:
     scratch_cleanup()
 
 
-def _skip_if_unavailable(name: str) -> None:
-    if name in UNAVAILABLE:
-        pytest.skip(f"not yet covered: {UNAVAILABLE[name]}")
-
-
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_seed_corpus(name: str) -> None:
-    _skip_if_unavailable(name)
     seeds = _corpus.load(name)
     assert seeds, f"no committed seeds in {_corpus.CORPUS / name}"
     for data in seeds:
@@ -71,7 +65,6 @@ def fuzzer(name: str, examples: int, *, derandomize: bool) -> Callable[[], None]
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_fuzz(name: str) -> None:
-    _skip_if_unavailable(name)
     fuzzer(name, EXAMPLES, derandomize=not RANDOM)()
 
 
