@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -13,9 +10,8 @@ import pytest
 
 import ledgerq
 from ledgerq.workers import WorkerReport, run
+from tests._child import Children, child_environment
 from tests.workers import _handlers
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def done_ids(log: Path) -> Counter[int]:
@@ -71,7 +67,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
         run(tmp_path / "q", _handlers.mixed, task_timeout=-1)
 
 
-def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
+def test_sigterm_mid_run_loses_nothing(tmp_path: Path, children: Children) -> None:
     log = tmp_path / "done.log"
     path = tmp_path / "q"
     total = 400
@@ -82,22 +78,17 @@ def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
         f"r = w.run({str(path)!r}, h.announce, processes=2);"
         "print('report', r.processed, flush=True)"
     )
-    env = dict(os.environ, **{_handlers.DONE_LOG: str(log)})
-    owner = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
-    )
-    assert owner.stdout is not None
+    owner = children.start(["-c", code], env=child_environment({_handlers.DONE_LOG: str(log)}))
     seen = 0
-    for line in owner.stdout:
-        if line.startswith("done"):
+    while seen < 50:
+        if owner.line().startswith("done"):
             seen += 1
-            if seen == 50:
-                owner.send_signal(signal.SIGTERM)
-                break
-    rest = owner.stdout.read()
-    owner.stdout.close()
-    assert owner.wait(timeout=60) == 0
-    assert "report" in rest
+    owner.signal(signal.SIGTERM)
+    after = []
+    while (line := owner.read_line()) is not None:
+        after.append(line)
+    assert owner.finish() == 0, owner.failure("did not stop cleanly on SIGTERM")
+    assert any(line.startswith("report") for line in after), after
     done = done_ids(log)
     assert all(count == 1 for count in done.values())
     with ledgerq.open(path) as q:
