@@ -180,6 +180,34 @@ def _reader(q: ledgerq.Queue, name: str | None) -> ledgerq.Queue | ledgerq.Reade
         raise click.BadParameter(str(exc), param_hint="--reader") from None
 
 
+def _check_ready_fd(ctx: click.Context, param: click.Parameter, fd: int | None) -> int | None:
+    """Refuse a --ready-fd that is not open, before the queue is touched."""
+    if fd is not None:
+        try:
+            os.fstat(fd)
+        except OSError:
+            raise click.BadParameter(
+                f"{fd} is not an open file descriptor (pass one, e.g. '3>FILE' in a shell)",
+                param_hint="--ready-fd",
+            ) from None
+    return fd
+
+
+def _notify_ready(fd: int) -> None:
+    """Write the readiness line to ``fd`` and close it (s6's notification-fd protocol).
+
+    Called with the queue open and the SIGTERM handler in place, just before the first
+    look for messages: a signal sent once the line was read stops the command cleanly
+    (exit 130/143, the queue closed), whether or not the wait itself had started.
+    """
+    try:
+        os.write(fd, b"ready\n")  # 6 bytes: one write, atomic on a pipe
+    except BrokenPipeError:
+        pass  # nobody listens any more; the command goes on all the same
+    finally:
+        os.close(fd)
+
+
 @click.command()
 @queue_argument
 @click.option(
@@ -198,6 +226,15 @@ def _reader(q: ledgerq.Queue, name: str | None) -> ledgerq.Queue | ledgerq.Reade
 )
 @click.option("--reader", "reader_name", metavar="NAME", help="Consume as this named reader.")
 @click.option(
+    "--ready-fd",
+    type=click.IntRange(min=3),
+    metavar="FD",
+    callback=_check_ready_fd,
+    help="Once the queue is open and the command starts to look for messages, write "
+    "'ready' and a newline to this inherited file descriptor and close it (for scripts "
+    "and supervisors that must not signal or enqueue before the wait began).",
+)
+@click.option(
     "-n",
     "--count",
     type=click.IntRange(min=1),
@@ -213,6 +250,7 @@ def dequeue(
     no_ack: bool,
     timeout: float,
     reader_name: str | None,
+    ready_fd: int | None,
     count: int,
     as_json: bool,
     payload_mode: str,
@@ -223,11 +261,13 @@ def dequeue(
     Prints each payload followed by a newline (--json: one JSON object per line with
     id, timestamp, expires_at, priority, attempts, headers, payload, payload_encoding).
     The ack comes only after the output was written.  Exits 3 when no message
-    came within --timeout.
+    came within --timeout.  --ready-fd FD tells a script when the wait has begun.
     """
     options = option_overrides(option_pairs)
     with using_existing(queue, options) as q:
         source = _reader(q, reader_name)
+        if ready_fd is not None:
+            _notify_ready(ready_fd)
         messages = source.dequeue_batch(count, None if math.isinf(timeout) else timeout)
         if not messages:
             click.echo(f"ledgerq: no message in {queue}", err=True)

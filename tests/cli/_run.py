@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,36 @@ def environment() -> dict[str, str]:
     env.pop("LEDGERQ_DEBUG", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH", "")]))
     return env
+
+
+def start_ready(*args: str | Path, timeout: float = 30) -> subprocess.Popen[bytes]:
+    """Start ``ledgerq ARGS --ready-fd N``; return once the command wrote its ready line.
+
+    For tests of a command that waits (a signal, an enqueue from elsewhere): what the
+    test does next happens after the queue is open, never before.
+    """
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [*COMMAND, *(str(a) for a in args), "--ready-fd", str(write_end)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=environment(),
+            pass_fds=(write_end,),
+        )
+    finally:
+        os.close(write_end)  # the child's copy is the only one: EOF if it dies unready
+    with os.fdopen(read_end, "rb") as ready:
+        readable, _, _ = select.select([ready], [], [], timeout)
+        line = ready.readline() if readable else b""
+    if line != b"ready\n":
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"ledgerq {' '.join(map(str, args))} was not ready after {timeout} s "
+            f"(read {line!r}; exit {proc.returncode}; stdout {out[:300]!r}; stderr {err!r})"
+        )
+    return proc
 
 
 def ok(*args: str | Path, **kwargs: Any) -> Result:

@@ -8,9 +8,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 import ledgerq
 
-from ._run import COMMAND, environment, fails, ok, run
+from ._run import COMMAND, environment, fails, ok, run, start_ready
 
 
 def _all(path: Path) -> list[ledgerq.Message]:
@@ -55,8 +57,7 @@ def test_enqueue_from_argument_file_stdin_and_lines(tmp_path: Path) -> None:
     ]
     assert messages[0].headers == {"k": "v", "x": "a=b"}
     assert messages[4].priority is ledgerq.Priority.HIGH
-    assert messages[4].expires_at is not None
-    assert messages[4].expires_at > time.time_ns() + 3000 * 10**9
+    assert messages[4].expires_at == messages[4].timestamp + 3600 * 10**9  # --ttl 3600
     assert messages[5].priority is ledgerq.Priority.MEDIUM and messages[5].expires_at is None
 
 
@@ -110,18 +111,40 @@ def test_a_waiting_dequeue_stops_cleanly_on_sigint_and_sigterm(tmp_path: Path) -
         (signal.SIGINT, 130, "interrupted"),
         (signal.SIGTERM, 143, "terminated"),
     ):
-        proc = subprocess.Popen(
-            [*COMMAND, "dequeue", str(q), "--timeout", "inf"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=environment(),
-        )
-        deadline = time.monotonic() + 30
-        while (q / "LOCK").read_text().strip() != str(proc.pid):  # the queue is open
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.02)
-        time.sleep(0.3)
+        proc = start_ready("dequeue", q, "--timeout", "inf")
+        with pytest.raises(ledgerq.QueueLockedError):
+            ledgerq.open(q)  # ready means the queue is open (and the wait begins)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
         assert (proc.returncode, out, err) == (code, b"", f"ledgerq: error: {word}\n".encode())
         assert json.loads((q / "meta.json").read_text())["clean"] is True  # closed, not killed
+
+
+def test_ready_fd_says_when_the_wait_began_and_changes_no_output(tmp_path: Path) -> None:
+    q = tmp_path / "q"
+    with ledgerq.open(q) as queue:
+        queue.enqueue(b"job")
+    signal_file = tmp_path / "ready"
+    for expected_code, expected_out in ((0, b"job\n"), (3, b"")):
+        with open(signal_file, "wb") as sink:
+            proc = subprocess.run(
+                [*COMMAND, "dequeue", str(q), "--ready-fd", str(sink.fileno())],
+                capture_output=True,
+                env=environment(),
+                pass_fds=(sink.fileno(),),
+                timeout=60,
+                check=False,
+            )
+        assert (proc.returncode, proc.stdout) == (expected_code, expected_out)
+        assert signal_file.read_bytes() == b"ready\n"  # one line, the same for every outcome
+        no_message = f"ledgerq: no message in {q}\n".encode()
+        assert proc.stderr == (b"" if expected_code == 0 else no_message)
+
+
+def test_ready_fd_must_be_an_open_descriptor_past_the_standard_streams(tmp_path: Path) -> None:
+    q = tmp_path / "q"
+    with ledgerq.open(q) as queue:
+        queue.enqueue(b"kept")
+    assert "not an open file descriptor" in fails("dequeue", q, "--ready-fd", "9", code=2).err
+    fails("dequeue", q, "--ready-fd", "1", code=2)  # stdout is the output, never a signal
+    assert [m.payload for m in _all(q)] == [b"kept"]  # a usage error leases nothing

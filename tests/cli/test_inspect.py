@@ -112,7 +112,8 @@ def test_dump_every_retained_message_as_json_lines(tmp_path: Path) -> None:
     binary = lines[1]
     assert binary["payload_encoding"] == "base64"
     assert base64.b64decode(binary["payload"]) == b"\x00\x01\x02\xff binary"
-    assert binary["priority"] == 2 and binary["expires_at"] is not None
+    assert binary["priority"] == 2
+    assert binary["expires_at"] == binary["timestamp"] + 600 * 10**9  # ttl=600
     assert [m["id"] for m in from_id] == [15, 16, 17]
 
     forced = ok("dump", q, "--payload", "base64", "-n", "1").json()

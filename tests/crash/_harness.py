@@ -1,100 +1,27 @@
-"""Running child processes, reading their reports, and looking at queue files on disk.
+"""The crash tests' child program and a look at queue files on disk.
 
 Synchronisation is by pipes only: the parent reads a child's report lines and kills it
-after a chosen number of them.  A watchdog kills a child that outlives
-``WATCHDOG_SECONDS`` so that a hang fails the test instead of stalling the run.
+after a chosen number of them (``tests._child.Child``, whose watchdog kills a child
+that outlives ``WATCHDOG_SECONDS`` so that a hang fails the test instead of stalling
+the run).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import struct
-import subprocess
-import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
+
+from tests._child import Child
 
 CHILD_SCRIPT = Path(__file__).with_name("_child.py")
 WATCHDOG_SECONDS = 120.0
 SYNC_MODES = ("always", "interval", "never")
 
 
-class ChildProcess:
-    """One running ``_child.py``; its stderr goes to a file shown when it fails."""
-
-    def __init__(self, args: list[str], stderr_path: Path) -> None:
-        self.args = args
-        self.stderr_path = stderr_path
-        with open(stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(CHILD_SCRIPT), *args],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-            )
-        self.timed_out = False
-        self._watchdog = threading.Timer(WATCHDOG_SECONDS, self._expire)
-        self._watchdog.daemon = True
-        self._watchdog.start()
-
-    def _expire(self) -> None:
-        self.timed_out = True
-        with contextlib.suppress(OSError):
-            self.proc.send_signal(signal.SIGKILL)
-
-    def failure(self, what: str) -> str:
-        """A message for an assertion: what went wrong, and the child's stderr."""
-        err = self.stderr_path.read_text(errors="replace")
-        late = " (killed by the watchdog)" if self.timed_out else ""
-        return f"child {self.args} {what}{late}; stderr:\n{err}"
-
-    def read_line(self) -> str:
-        """The next whole report line; fails the test if the child ends first."""
-        assert self.proc.stdout is not None
-        raw = self.proc.stdout.readline()
-        if not raw.endswith(b"\n"):
-            self.proc.wait()
-            raise AssertionError(self.failure(f"ended early (exit {self.proc.returncode})"))
-        return raw.decode().rstrip("\n")
-
-    def send(self, line: str) -> None:
-        """Write one line to the child's stdin."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> list[str]:
-        """SIGKILL the child; return the whole report lines it wrote before dying."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        assert self.proc.returncode == -signal.SIGKILL, self.failure(
-            f"exited by itself with {self.proc.returncode} before the kill"
-        )
-        assert self.proc.stdout is not None
-        rest = self.proc.stdout.read()
-        return [line.decode() for line in rest.split(b"\n")[:-1]]  # drop a partial last line
-
-    def wait(self) -> int:
-        """Wait for the child to exit on its own; return its exit code."""
-        return self.proc.wait()
-
-    def close(self) -> None:
-        """Kill the child if it still runs and release its pipes."""
-        self._watchdog.cancel()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(BrokenPipeError):
-                    pipe.close()
-
-
-Spawn = Callable[..., ChildProcess]  # the ``spawn`` fixture (see conftest.py)
+Spawn = Callable[..., Child]  # the ``spawn`` fixture (see conftest.py)
 
 
 # ---------------------------------------------------------------------- files on disk

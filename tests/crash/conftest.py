@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ._harness import ChildProcess, Spawn
+from tests._child import Child, Children
+
+from ._harness import CHILD_SCRIPT, WATCHDOG_SECONDS, Spawn
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawn]:
+def spawn(children: Children) -> Spawn:
     """Start ``_child.py MODE PATH SYNC SEED TOKEN_BASE SEGMENT_SIZE``; reaped at teardown."""
-    children: list[ChildProcess] = []
 
     def start(
         mode: str,
@@ -23,12 +23,8 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
         seed: int = 0,
         token_base: int = 0,
         segment_size: int = 4096,
-    ) -> ChildProcess:
+    ) -> Child:
         args = [mode, str(path), sync, str(seed), str(token_base), str(segment_size)]
-        child = ChildProcess(args, tmp_path / f"child-{len(children)}.stderr")
-        children.append(child)
-        return child
+        return children.start([CHILD_SCRIPT, *args], watchdog_seconds=WATCHDOG_SECONDS)
 
-    yield start
-    for child in children:
-        child.close()
+    return start

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 import ledgerq
+from tests._child import Child
 
-from ._harness import SYNC_MODES, ChildProcess, Spawn
+from ._harness import SYNC_MODES, Spawn
 from ._payload import TOKEN_STRIDE, make_item, matches
 
 ENQUEUE_ROUNDS = 20  # per sync mode, one fresh queue each
@@ -72,11 +73,11 @@ class ChildLog:
         return range(self.next_token, self.next_token + (self.batch or 0))
 
 
-def run_until_killed(child: ChildProcess, log: ChildLog, reports: int) -> None:
+def run_until_killed(child: Child, log: ChildLog, reports: int) -> None:
     """Read ``reports`` E/L/A reports, SIGKILL the child, then take the reports left."""
     while log.count < reports:
-        log.feed(child.read_line())
-    for line in child.kill():
+        log.feed(child.line())
+    for line in child.kill_and_drain():
         log.feed(line)
 
 
@@ -196,7 +197,7 @@ def test_enqueues_accumulate_across_repeated_kill9(tmp_path: Path, spawn: Spawn,
         log = ChildLog(base)
         if round_no % 3 == 2:
             # Killed as soon as it says it is opening the queue: likely inside recovery.
-            assert child.read_line() == "O"
+            assert child.line() == "O"
             run_until_killed(child, log, 0)
         else:
             run_until_killed(child, log, rng.randrange(1, 200))

@@ -21,8 +21,8 @@ def test_open_held_by_another_process_raises_then_works_after_kill9(
 ) -> None:
     path = tmp_path / "q"
     holder = spawn("hold", path, token_base=0)
-    assert holder.read_line() == "O"
-    assert holder.read_line() == "R"
+    assert holder.line() == "O"
+    assert holder.line() == "R"
 
     with pytest.raises(ledgerq.QueueLockedError) as info:
         ledgerq.open(path)
@@ -33,14 +33,14 @@ def test_open_held_by_another_process_raises_then_works_after_kill9(
     reported: dict[int, int] = {}
     for _ in range(3):
         holder.send("enq")
-        kind, n = holder.read_line().split()  # B <n>, then n lines E <id> <token>
+        kind, n = holder.line().split()  # B <n>, then n lines E <id> <token>
         assert kind == "B"
         for _ in range(int(n)):
-            kind, message_id, token = holder.read_line().split()
+            kind, message_id, token = holder.line().split()
             assert kind == "E"
             reported[int(message_id)] = int(token)
 
-    holder.kill()
+    holder.kill_and_drain()  # killed and reaped
     with ledgerq.open(path) as q:  # the OS released the dead holder's lock
         got = q.dequeue_batch(100)
     assert [m.id for m in got] == sorted(reported)
@@ -53,13 +53,13 @@ def test_other_process_cannot_open_while_held(tmp_path: Path, spawn: Spawn) -> N
     with ledgerq.open(path) as q:
         q.enqueue(b"held by the parent")
         child = spawn("tryopen", path)
-        line = child.read_line()
+        line = child.line()
         assert child.wait() == 0
         assert line.startswith("LOCKED "), line
         assert str(path) in line
         assert q.dequeue() is not None  # still ours and working
     child = spawn("tryopen", path)
-    assert child.read_line() == "OPENED"
+    assert child.line() == "OPENED"
     assert child.wait() == 0
 
 

@@ -103,7 +103,7 @@ def check_recovered(case: Path, built: Built, *, last_kept: bool, what: str) -> 
             assert last.payload == LAST_PAYLOAD
             assert last.headers == {"h": "v"}
             assert last.priority == ledgerq.Priority.HIGH
-            assert last.expires_at is not None
+            assert last.expires_at == last.timestamp + 3600 * 10**9  # ttl=3600, kept exactly
         new_id = q.enqueue(AFTER_PAYLOAD)
         assert new_id > built.last_id, f"{what}: id {new_id} reused (last was {built.last_id})"
     with ledgerq.open(case, segment_size=SEGMENT_SIZE) as q:

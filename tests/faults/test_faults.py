@@ -218,7 +218,8 @@ def test_failed_nack_keeps_the_message(tmp_path: Path, where: str) -> None:
     with injector(path) as inj, _open(path, max_retries=1 if moves else 3) as q:
         q.dlq.stats()  # the DLQ exists: the move's first write is its entry
         message_id = q.enqueue(b"keep me")
-        assert q.dequeue() is not None
+        leased = q.dequeue()
+        assert leased is not None and leased.id == message_id
         target = "dlq/segments/00000000000000000001.log" if moves else "features/retries.log"
         inj.arm(Fault("write", 1, errno.ENOSPC, match=target))
         with pytest.raises(ledgerq.StorageError):

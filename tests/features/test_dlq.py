@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import ledgerq
+from tests._child import Children
 
 
 def fail(q: ledgerq.Queue, reason: str) -> ledgerq.Message:
@@ -79,7 +76,7 @@ def test_lost_leases_count_as_failures(tmp_path: Path) -> None:
         assert dead and "lease lost" in dead[0].headers["dlq.failure_reason"]
 
 
-def test_worker_killed_by_sigkill_ends_in_dlq(tmp_path: Path) -> None:
+def test_worker_killed_by_sigkill_ends_in_dlq(tmp_path: Path, children: Children) -> None:
     path = tmp_path / "q"
     with ledgerq.open(path, max_retries=2) as q:
         q.enqueue(b"deadly")
@@ -93,16 +90,9 @@ def test_worker_killed_by_sigkill_ends_in_dlq(tmp_path: Path) -> None:
         """
     )
     for _ in range(2):
-        child = subprocess.Popen(
-            [sys.executable, "-c", worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() != b"none"
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        assert child.stdin is not None
-        child.stdin.close()
-        child.stdout.close()
+        child = children.start(["-c", worker])
+        assert child.line() != "none"
+        child.kill_and_drain()
     with ledgerq.open(path, max_retries=2) as q:
         assert q.dequeue() is None
         assert len(q.dlq) == 1

@@ -12,13 +12,10 @@ import itertools
 import json
 import logging
 import os
-import signal
 import struct
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ import pytest
 import ledgerq
 from ledgerq.format.entry import RecordType, encode_entry, encode_headers
 from ledgerq.segment.watch import InotifyWatcher, PollingWatcher
+from tests._child import Child, Children
 
 WATCH_MODES = ["inotify", "poll"] if sys.platform.startswith("linux") else ["poll"]
 WATCHDOG_SECONDS = 60.0
@@ -93,85 +91,26 @@ def _child_produce(path: str, count: str, segment_size: str) -> None:
 # ------------------------------------------------------------ test side
 
 
-class Child:
-    """This module run as a child process; its stderr goes to a file shown on failure."""
-
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self.args = args
-        self.err_path = tmp_path / f"child-{os.getpid()}-{id(self)}.stderr"
-        with open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, __file__, *args],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-            )
-        self.timed_out = False
-        self._watchdog = threading.Timer(WATCHDOG_SECONDS, self._expire)
-        self._watchdog.daemon = True
-        self._watchdog.start()
-
-    def _expire(self) -> None:
-        self.timed_out = True
-        self.proc.kill()
-
-    def failure(self, what: str) -> str:
-        late = " (killed by the watchdog)" if self.timed_out else ""
-        return f"child {self.args} {what}{late}:\n{self.err_path.read_text(errors='replace')}"
-
-    def line(self) -> str:
-        assert self.proc.stdout is not None
-        raw = self.proc.stdout.readline()
-        if not raw.endswith(b"\n"):
-            self.proc.wait()
-            raise AssertionError(self.failure(f"ended early (exit {self.proc.returncode})"))
-        return raw.decode().rstrip("\n")
-
-    def records(self, until_id: int) -> list[dict[str, Any]]:
-        """Read message reports up to and including the one with id ``until_id``."""
-        got = []
-        while True:
-            text = self.line()
-            assert text.startswith("{"), self.failure(f"reported {text!r}")
-            record = json.loads(text)
-            got.append(record)
-            if record["id"] >= until_id:
-                return got
-
-    def send(self, text: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def finish(self) -> None:
-        """Wait for a clean exit."""
-        assert self.proc.wait() == 0, self.failure(f"exited with {self.proc.returncode}")
-
-    def close(self) -> None:
-        self._watchdog.cancel()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                try:
-                    pipe.close()
-                except BrokenPipeError:
-                    pass
+def records(child: Child, until_id: int) -> list[dict[str, Any]]:
+    """Read a follower's message reports up to and including the one with id ``until_id``."""
+    got = []
+    while True:
+        text = child.line()
+        assert text.startswith("{"), child.failure(f"reported {text!r}")
+        record = json.loads(text)
+        got.append(record)
+        if record["id"] >= until_id:
+            return got
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Any]:
-    children: list[Child] = []
+def spawn(children: Children) -> Callable[..., Child]:
+    """Run this module as a child: ``spawn("follow" | "produce", *args)``; always reaped."""
 
     def start(*args: str) -> Child:
-        child = Child(tmp_path, *args)
-        children.append(child)
-        return child
+        return children.start([__file__, *args], watchdog_seconds=WATCHDOG_SECONDS)
 
-    yield start
-    for child in children:
-        child.close()
+    return start
 
 
 def follower(spawn: Any, path: Path, *, from_id: int = 1, watch: str, count: int = 0) -> Child:
@@ -231,9 +170,9 @@ def test_follower_process_sees_every_message_across_rotations(
                 sent.append((mid, _payload(i), headers, int(priority)))
             # Wait (on the pipe) until the follower has seen this round: it is then
             # waiting at the tail when the next round starts.
-            received += child.records(ids[-1])
+            received += records(child, ids[-1])
         assert child.line() == "done"
-        child.finish()
+        child.expect_exit(0)
         assert len(log_files(path)) > 5, "the test must rotate segments"
         on_disk = follow_all(path)
     assert [
@@ -253,12 +192,12 @@ def test_follower_keeps_up_with_an_owner_writing_flat_out(
     reader = follower(spawn, path, watch=watch, count=n)
     writer: Child = spawn("produce", str(path), str(n), "2048")
     assert writer.line() == "ready"
-    got = reader.records(n)
+    got = records(reader, n)
     assert reader.line() == "done"
-    reader.finish()
+    reader.expect_exit(0)
     assert writer.line() == f"wrote {n}"
     writer.send("quit")
-    writer.finish()
+    writer.expect_exit(0)
     assert [r["id"] for r in got] == list(range(1, n + 1))
     assert [bytes.fromhex(r["payload"]) for r in got] == [_payload(i) for i in range(1, n + 1)]
     assert len(log_files(path)) > 10
@@ -273,16 +212,15 @@ def test_owner_killed_and_reopened_is_followed_across_the_id_jump(
     writer: Child = spawn("produce", str(path), "20", str(1 << 20))
     assert writer.line() == "ready"
     assert writer.line() == "wrote 20"
-    assert [r["id"] for r in reader.records(20)] == list(range(1, 21))
-    writer.proc.kill()  # no clean close: the reopen skips the reserved ids
-    writer.proc.wait()
+    assert [r["id"] for r in records(reader, 20)] == list(range(1, 21))
+    writer.kill_and_drain()  # no clean close: the reopen skips the reserved ids
     with ledgerq.open(path) as q:
         ids = [q.enqueue(b"after %d" % i) for i in range(5)]
     assert ids[0] > 21, "a crashed owner resumes past its reserved ids"
-    after = reader.records(ids[-1])
+    after = records(reader, ids[-1])
     assert [r["id"] for r in after] == ids
     assert reader.line() == "done"
-    reader.finish()
+    reader.expect_exit(0)
 
 
 # ------------------------------------------------------------ positions and timeouts
@@ -338,9 +276,9 @@ def test_follow_works_beside_the_lock_holder_and_changes_nothing(
         assert [m.id for m in follow_all(path)] == ids
         for watch in WATCH_MODES:
             child = follower(spawn, path, watch=watch, count=len(ids))
-            assert [r["id"] for r in child.records(ids[-1])] == ids
+            assert [r["id"] for r in records(child, ids[-1])] == ids
             assert child.line() == "done"
-            child.finish()
+            child.expect_exit(0)
         assert snapshot(path) == before
 
 
@@ -385,13 +323,13 @@ def test_incomplete_last_record_is_waited_for(
         assert [m.payload for m in follow_all(path)] == [b"one", b"two"]
     assert not caplog.records
     child = follower(spawn, path, watch=watch, count=3)
-    assert [r["id"] for r in child.records(2)] == [1, 2]
+    assert [r["id"] for r in records(child, 2)] == [1, 2]
     with open(log, "ab") as f:
         f.write(third[cut:])
-    (last,) = child.records(3)
+    (last,) = records(child, 3)
     assert (bytes.fromhex(last["payload"]), last["headers"]) == (b"p" * 100, {"h": "v"})
     assert child.line() == "done"
-    child.finish()
+    child.expect_exit(0)
 
 
 def test_reserved_types_and_corrupt_entries_are_skipped(
@@ -475,12 +413,17 @@ def test_a_batch_is_yielded_only_once_its_last_entry_is_written(
         assert [m.id for m in f] == [1]
         assert f.next_id == 2  # resuming there reads the batch again
     child = follower(spawn, path, watch=watch, count=5)
-    assert [r["id"] for r in child.records(1)] == [1]
+    assert [r["id"] for r in records(child, 1)] == [1]
     with open(log, "ab") as f:
         f.write(batch[2] + _entry(5, b"five"))
-    assert [bytes.fromhex(r["payload"]) for r in child.records(5)] == [b"b2", b"b3", b"b4", b"five"]
+    assert [bytes.fromhex(r["payload"]) for r in records(child, 5)] == [
+        b"b2",
+        b"b3",
+        b"b4",
+        b"five",
+    ]
     assert child.line() == "done"
-    child.finish()
+    child.expect_exit(0)
 
 
 def test_an_incomplete_batch_at_the_end_of_a_sealed_segment_is_skipped(tmp_path: Path) -> None:
@@ -513,7 +456,7 @@ def test_losing_the_followed_file_raises(
     with open(log, "ab") as f:
         f.write(first + _entry(2, b"two") + _entry(3, b"three"))
     child = follower(spawn, path, watch=watch)
-    assert [r["id"] for r in child.records(3)] == [1, 2, 3]
+    assert [r["id"] for r in records(child, 3)] == [1, 2, 3]
     if action == "truncate":
         os.truncate(log, len(first) + 5)
         expected = "truncated"
@@ -528,7 +471,7 @@ def test_losing_the_followed_file_raises(
     report = child.line()
     assert report.startswith("error CorruptionError"), report
     assert expected in report and str(log) in report, report
-    child.finish()
+    child.expect_exit(0)
 
 
 def test_retention_behind_the_follower_is_fine_but_unread_deleted_data_raises(

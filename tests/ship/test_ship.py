@@ -1,19 +1,16 @@
 """``ledgerq.ship``: byte-exact, CRC-verified, resumable copies of a live queue.
 
-Producers and killed shippers run as child processes (``_child.py``), synchronised
-only through their output: the test acts when it has read a given line.  Every child
-is reaped, and a watchdog kills one that hangs.
+Producers and killed shippers run as child processes (``_child.py``, through
+``tests._child``), synchronised only through their output: the test acts when it has
+read a given line.  Every child is reaped, and a watchdog kills one that hangs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-import subprocess
-import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,69 +18,22 @@ import pytest
 import ledgerq
 from ledgerq.ship import ShipError, Shipper, durable_reader_heads, ship_queue
 from ledgerq.tools import verify
+from tests._child import Child, Children
 from tests.cli._run import environment, fails, ok
 
 CHILD = Path(__file__).with_name("_child.py")
 WATCHDOG_SECONDS = 60.0
 
 
-class Child:
-    """A running ``_child.py``; read its lines, write to its stdin; always reaped."""
+@pytest.fixture
+def child(children: Children) -> Callable[..., Child]:
+    """Start ``_child.py ARGS`` (or ``python COMMAND``), always reaped; use it in a ``with``."""
 
-    def __init__(self, *args: str | Path, command: list[str] | None = None) -> None:
-        argv = command or [sys.executable, str(CHILD), *(str(a) for a in args)]
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=environment(),
-        )
-        self._watchdog = threading.Timer(WATCHDOG_SECONDS, self.kill)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+    def start(*args: str | Path | int, command: list[str] | None = None) -> Child:
+        argv = command or [str(CHILD), *(str(a) for a in args)]
+        return children.start(argv, env=environment(), watchdog_seconds=WATCHDOG_SECONDS)
 
-    def line(self) -> str:
-        assert self.proc.stdout is not None
-        raw = self.proc.stdout.readline()
-        if not raw.endswith(b"\n"):
-            self.proc.wait()
-            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-            raise AssertionError(f"child ended early ({self.proc.returncode}): {err}")
-        return raw.decode().rstrip("\n")
-
-    def wait_for(self, prefix: str) -> str:
-        while True:
-            found = self.line()
-            if found.startswith(prefix):
-                return found
-
-    def send(self, text: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            self.proc.send_signal(signal.SIGKILL)
-
-    def close(self) -> int:
-        """Wait for the child to end (reading what it still writes); its exit code."""
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.communicate(timeout=WATCHDOG_SECONDS)
-        self._watchdog.cancel()
-        return self.proc.wait()
-
-
-@contextlib.contextmanager
-def child(*args: str | Path, command: list[str] | None = None) -> Iterator[Child]:
-    running = Child(*args, command=command)
-    try:
-        yield running
-    finally:
-        if running.proc.poll() is None:
-            running.kill()
-        running.close()
+    return start
 
 
 def logs(queue_dir: Path) -> dict[str, bytes]:
@@ -133,7 +83,8 @@ def test_the_copy_is_byte_exact_and_a_readable_queue(tmp_path: Path) -> None:
     with ledgerq.open(dest) as hub:
         got = hub.dequeue_batch(200)
         assert [m.payload for m in got] == [p for _, p, _ in messages(src)]
-        assert got[-1].priority == ledgerq.Priority.HIGH and got[-1].expires_at is not None
+        assert got[-1].priority == ledgerq.Priority.HIGH
+        assert got[-1].expires_at == got[-1].timestamp + 3600 * 10**9  # ttl=3600
 
 
 def test_sealed_segments_are_copied_once_and_runs_are_idempotent(tmp_path: Path) -> None:
@@ -164,7 +115,9 @@ def test_an_empty_queue_ships_to_an_empty_readable_queue(tmp_path: Path) -> None
         assert len(hub) == 0
 
 
-def test_a_killed_shipper_resumes_and_never_shows_half_a_file(tmp_path: Path) -> None:
+def test_a_killed_shipper_resumes_and_never_shows_half_a_file(
+    tmp_path: Path, child: Callable[..., Child]
+) -> None:
     src = tmp_path / "big"
     with ledgerq.open(src, segment_size=1 << 20, sync="never") as q:
         for i in range(400):
@@ -178,7 +131,7 @@ def test_a_killed_shipper_resumes_and_never_shows_half_a_file(tmp_path: Path) ->
             for _ in range(kill_after):
                 shipper.wait_for("progress")
             shipper.kill()
-            assert shipper.close() == -signal.SIGKILL
+            assert shipper.finish() == -signal.SIGKILL
         # Whatever the kill interrupted: a sealed source segment is at the hub whole or
         # not at all, and the live one's copy is a prefix of it.
         for name, data in logs(dest).items():
@@ -226,7 +179,7 @@ def test_a_batch_is_shipped_only_once_its_last_entry_is_written(tmp_path: Path) 
     assert_same(src, tmp_path / "hub" / "c.q")
 
 
-def test_shipping_beside_a_concurrent_writer(tmp_path: Path) -> None:
+def test_shipping_beside_a_concurrent_writer(tmp_path: Path, child: Callable[..., Child]) -> None:
     src = tmp_path / "live"
     hub = tmp_path / "hub"
     with child("produce", src, 1500, 4096) as producer:
@@ -242,10 +195,12 @@ def test_shipping_beside_a_concurrent_writer(tmp_path: Path) -> None:
         assert shipped == sorted(shipped)
         assert_same(src, hub / "edge.live")
         producer.send("close")
-        assert producer.close() == 0
+        assert producer.finish() == 0
 
 
-def test_follow_mode_keeps_shipping_until_stopped(tmp_path: Path) -> None:
+def test_follow_mode_keeps_shipping_until_stopped(
+    tmp_path: Path, child: Callable[..., Child]
+) -> None:
     src = tmp_path / "live"
     hub = tmp_path / "hub"
     with child("produce", src, 600, 2048) as producer:
@@ -272,7 +227,7 @@ def test_follow_mode_keeps_shipping_until_stopped(tmp_path: Path) -> None:
         assert seen[-1] == 600 and seen == sorted(seen)
         assert_same(src, hub / "edge.live")
         producer.send("close")
-        assert producer.close() == 0
+        assert producer.finish() == 0
 
 
 def test_follow_mode_stops_after_the_idle_timeout(tmp_path: Path) -> None:
@@ -434,10 +389,11 @@ def test_the_ship_command(tmp_path: Path) -> None:
     fails("ship", tmp_path / "q", tmp_path / "hub", "--client-id", "a.b", code=1)
 
 
-def test_the_ship_command_follows_until_terminated(tmp_path: Path) -> None:
+def test_the_ship_command_follows_until_terminated(
+    tmp_path: Path, child: Callable[..., Child]
+) -> None:
     src = tmp_path / "live"
     command = [
-        sys.executable,
         "-m",
         "ledgerq.cli",
         "ship",
@@ -455,6 +411,6 @@ def test_the_ship_command_follows_until_terminated(tmp_path: Path) -> None:
             fill(q, 90, start=11)
             while json.loads(shipper.line())["last_id"] < 100:
                 pass
-            shipper.proc.send_signal(signal.SIGTERM)
-            assert shipper.close() == 143
+            shipper.signal(signal.SIGTERM)
+            assert shipper.finish() == 143
         assert_same(src, tmp_path / "hub" / "edge.live")

@@ -21,15 +21,11 @@ queue and its DLQ and checks that every message is accounted for.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -38,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import ledgerq
+from tests._child import Child
 from tests.torture._model import Model, ModelError
 
-__all__ = ["TARGETS", "CampaignResult", "Totals", "run_campaign", "run_rounds"]
+__all__ = ["TARGETS", "CampaignResult", "Totals", "run_campaign", "run_rounds", "start_child"]
 
 REPO = Path(__file__).resolve().parents[2]
 WATCHDOG_SECONDS = 120.0
@@ -52,53 +49,14 @@ _NTH = {"anywhere": 300, "open": 36, "requeue": 30}  # upper bound of nth; 14 ot
 _EVERYTHING = 1_000_000
 
 
-class Child:
-    """One torture child; its stderr goes to a file shown when it fails."""
-
-    def __init__(self, config: dict[str, Any], stderr_path: Path) -> None:
-        self.stderr_path = stderr_path
-        with open(stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.torture._child", json.dumps(config)],
-                cwd=REPO,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=err,
-            )
-        self.timed_out = False
-        self._watchdog = threading.Timer(WATCHDOG_SECONDS, self._expire)
-        self._watchdog.daemon = True
-        self._watchdog.start()
-
-    def _expire(self) -> None:
-        self.timed_out = True
-        with contextlib.suppress(OSError):
-            self.proc.send_signal(signal.SIGKILL)
-
-    def read_line(self) -> str | None:
-        """The next whole report line, or None at the end of the output."""
-        assert self.proc.stdout is not None
-        raw = self.proc.stdout.readline()
-        if not raw.endswith(b"\n"):
-            return None
-        return raw.decode().rstrip("\n")
-
-    def kill(self) -> None:
-        """SIGKILL the child (if it still runs)."""
-        with contextlib.suppress(OSError):
-            self.proc.send_signal(signal.SIGKILL)
-
-    def finish(self) -> int:
-        """Reap the child, release its pipe and watchdog; return its exit status."""
-        code = self.proc.wait()
-        self._watchdog.cancel()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        return code
-
-    def stderr(self) -> str:
-        late = " (killed by the watchdog)" if self.timed_out else ""
-        return late + "\n" + self.stderr_path.read_text(errors="replace")
+def start_child(config: dict[str, Any], stderr_path: Path) -> Child:
+    """Start a torture child (``_child.py``) with ``config``; its stderr goes to a file."""
+    return Child(
+        ["-m", "tests.torture._child", json.dumps(config)],
+        stderr_path=stderr_path,
+        stdin=False,
+        watchdog_seconds=WATCHDOG_SECONDS,
+    )
 
 
 @dataclass
@@ -224,7 +182,7 @@ def run_campaign(
             "token_base": (round_no + 1) * TOKEN_STRIDE,
             "kill": {"target": kind, "nth": nth, "torn": torn} if kind != "random" else {},
         }
-        child = Child(config, workdir / f"child-{seed}-{round_no}.stderr")
+        child = start_child(config, workdir / f"child-{seed}-{round_no}.stderr")
         model.start_child()
         lines = 0
         opened = False
@@ -243,9 +201,7 @@ def run_campaign(
             child.finish()
             raise
         if code != -signal.SIGKILL:
-            raise model.fail(
-                f"the child exited with {code} instead of being killed:{child.stderr()}"
-            )
+            raise model.fail(child.failure(f"exited with {code} instead of being killed"))
         model.killed()
         if kind in SELF_KILL and lines >= LINE_CAP:
             result.kills[f"{kind}:not_reached"] += 1

@@ -25,7 +25,7 @@ from tests.torture._powerloss import (
     record_scenario,
     scratch_dir,
 )
-from tests.torture._runner import Child
+from tests.torture._runner import start_child
 
 STEPS = 16  # per scenario in the short run (the CLI runs the full ones)
 
@@ -57,7 +57,7 @@ def _prepare_torn(queue_dir: Path) -> None:
         "token_base": 5_000_000,
         "kill": {"target": "anywhere", "nth": 60, "torn": True},
     }
-    child = Child(config, queue_dir.parent / "prepare.stderr")
+    child = start_child(config, queue_dir.parent / "prepare.stderr")
     while child.read_line() is not None:
         pass
     assert child.finish() == -signal.SIGKILL

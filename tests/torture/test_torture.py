@@ -20,7 +20,7 @@ import pytest
 import ledgerq
 from tests.faults._shim import FAMILIES, Interposer
 from tests.torture._child import Workload
-from tests.torture._runner import REPO, SELF_KILL, Child, run_rounds
+from tests.torture._runner import REPO, SELF_KILL, run_rounds, start_child
 
 ROUNDS_PER_MODE = 8
 ROUNDS_PER_SITE = 3
@@ -79,7 +79,7 @@ def test_kill_inside_first_open(tmp_path: Path, which: str) -> None:
         "token_base": 0,
         "kill": {"target": "open", "nth": renames[0]},  # die just before the first rename
     }
-    child = Child(config, tmp_path / "child.stderr")
+    child = start_child(config, tmp_path / "child.stderr")
     while child.read_line() is not None:
         pass
     assert child.finish() == -signal.SIGKILL

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,9 +12,8 @@ import pytest
 
 import ledgerq
 from ledgerq.workers import WorkerReport, run
+from tests._child import Children, child_environment
 from tests.workers import _handlers
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def done_ids(log: Path) -> Counter[int]:
@@ -72,7 +69,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
         run(tmp_path / "q", _handlers.mixed, task_timeout=-1)
 
 
-def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
+def test_sigterm_mid_run_loses_nothing(tmp_path: Path, children: Children) -> None:
     log = tmp_path / "done.log"
     path = tmp_path / "q"
     total = 400
@@ -83,22 +80,17 @@ def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
         f"r = w.run({str(path)!r}, h.announce, processes=2);"
         "print('report', r.processed, flush=True)"
     )
-    env = dict(os.environ, **{_handlers.DONE_LOG: str(log)})
-    owner = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
-    )
-    assert owner.stdout is not None
+    owner = children.start(["-c", code], env=child_environment({_handlers.DONE_LOG: str(log)}))
     seen = 0
-    for line in owner.stdout:
-        if line.startswith("done"):
+    while seen < 50:
+        if owner.line().startswith("done"):
             seen += 1
-            if seen == 50:
-                owner.send_signal(signal.SIGTERM)
-                break
-    rest = owner.stdout.read()
-    owner.stdout.close()
-    assert owner.wait(timeout=60) == 0
-    assert "report" in rest
+    owner.signal(signal.SIGTERM)
+    after = []
+    while (line := owner.read_line()) is not None:
+        after.append(line)
+    assert owner.finish() == 0, owner.failure("did not stop cleanly on SIGTERM")
+    assert any(line.startswith("report") for line in after), after
     done = done_ids(log)
     assert all(count == 1 for count in done.values())
     with ledgerq.open(path) as q:
@@ -109,7 +101,9 @@ def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
         assert len(q.dlq) == 0
 
 
-def test_children_die_with_a_killed_owner_and_release_the_queue(tmp_path: Path) -> None:
+def test_children_die_with_a_killed_owner_and_release_the_queue(
+    tmp_path: Path, children: Children
+) -> None:
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         q.enqueue_batch([b"1", b"2"])
@@ -117,16 +111,12 @@ def test_children_die_with_a_killed_owner_and_release_the_queue(tmp_path: Path) 
         "import ledgerq.workers as w; from tests.workers import _handlers as h;"
         f"w.run({str(path)!r}, h.block, processes=2)"
     )
-    owner = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
-    assert owner.stdout is not None
-    children = [int(owner.stdout.readline().split()[-1]) for _ in range(2)]
+    owner = children.start(["-c", code], env=child_environment())
+    workers = [int(owner.line().split()[-1]) for _ in range(2)]
     owner.kill()  # kill -9: no cleanup runs in the owner
-    owner.wait(timeout=30)
-    owner.stdout.close()
+    owner.finish()
     deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in children):
+    while any(_alive(pid) for pid in workers):
         assert time.monotonic() < deadline, "worker children outlived their killed owner"
         time.sleep(0.01)
     with ledgerq.open(path) as q:  # nobody holds the lock any more
