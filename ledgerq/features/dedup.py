@@ -36,6 +36,7 @@ from ledgerq.segment.files import (
     storage_errors,
     write_all,
 )
+from ledgerq.segment.naming import FEATURES_DIR
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
@@ -86,7 +87,7 @@ class DedupFeature(Feature):
         self._records = 0
 
     def attach(self, queue: QueueCore) -> None:
-        directory = os.path.join(queue.path, "features")
+        directory = os.path.join(queue.path, FEATURES_DIR)
         make_durable_dir(directory)
         self._path = os.path.join(directory, "dedup.log")
         values: list[Any] = []

@@ -26,14 +26,14 @@ from ledgerq._options import Options
 from ledgerq.core.feature import FailedDelivery, Feature
 from ledgerq.features.retry import RetryTracker
 from ledgerq.segment.files import make_durable_dir
+from ledgerq.segment.naming import DLQ_DIR, FEATURES_DIR
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
     from ledgerq.core.reader import ReaderCore
 
-__all__ = ["DLQ_DIR", "DLQ_HEADERS", "DeadLetterFeature", "DeadLetterStore"]
+__all__ = ["DLQ_HEADERS", "DeadLetterFeature", "DeadLetterStore"]
 
-DLQ_DIR = "dlq"
 DLQ_HEADERS = ("dlq.original_id", "dlq.retry_count", "dlq.failure_reason", "dlq.last_failure")
 _DEFAULT_READER = "default"
 
@@ -103,7 +103,7 @@ class DeadLetterFeature(DeadLetterStore):
     def attach(self, queue: QueueCore) -> None:
         super().attach(queue)
         self._main = queue
-        directory = os.path.join(queue.path, "features")
+        directory = os.path.join(queue.path, FEATURES_DIR)
         make_durable_dir(directory)
         self._tracker = RetryTracker(os.path.join(directory, "retries.log"))
 

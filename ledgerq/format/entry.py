@@ -23,7 +23,6 @@ file) can never validate.
 from __future__ import annotations
 
 import struct
-import zlib
 from enum import IntEnum, IntFlag
 from typing import NamedTuple
 
@@ -116,7 +115,6 @@ _COMPRESSED = int(EntryFlags.COMPRESSED)
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 
 _CHECK_BY_COPY = 1024
-_crc32 = zlib.crc32  # the same function as ledgerq.format.checksum, without a call layer
 _pack_header = ENTRY_HEADER.pack
 _unpack_header = ENTRY_HEADER.unpack_from
 _pack_crc = CRC.pack
@@ -239,7 +237,7 @@ def encode_plain_entry(message_id: int, timestamp: int, payload: bytes) -> bytes
     queue's own counter and clock); the bytes are exactly what encode_entry makes.
     """
     body = _pack_header(MIN_ENTRY_SIZE + len(payload), 1, 0, message_id, timestamp) + payload
-    return body + _pack_crc(_crc32(body))
+    return body + _pack_crc(checksum(body))
 
 
 # Payloads up to this size are copied behind their header so that one CRC call
@@ -264,27 +262,27 @@ def encode_plain_batch_parts(
     add = parts.append
     pack_header = _pack_header
     pack_crc = _pack_crc
-    crc32 = _crc32
+    crc = checksum
     continues = _BATCH_CONTINUES
     message_id = first_id
     if sizes[0] < _JOIN_PAYLOAD_BELOW:  # batches are usually alike: judge by the first
         for payload, size in zip(payloads, sizes, strict=True):
             body = pack_header(size, 1, continues, message_id, timestamp) + payload
             add(body)
-            add(pack_crc(crc32(body)))
+            add(pack_crc(crc(body)))
             message_id += 1
         # The last entry ends the batch: encoded again without BATCH_CONTINUES.
         body = pack_header(sizes[-1], 1, 0, message_id - 1, timestamp) + payloads[-1]
-        parts[-2:] = (body, pack_crc(crc32(body)))
+        parts[-2:] = (body, pack_crc(crc(body)))
     else:
         for payload, size in zip(payloads, sizes, strict=True):
             head = pack_header(size, 1, continues, message_id, timestamp)
             add(head)
             add(payload)
-            add(pack_crc(crc32(payload, crc32(head))))
+            add(pack_crc(crc(payload, crc(head))))
             message_id += 1
         head = pack_header(sizes[-1], 1, 0, message_id - 1, timestamp)
-        parts[-3:] = (head, payloads[-1], pack_crc(crc32(payloads[-1], crc32(head))))
+        parts[-3:] = (head, payloads[-1], pack_crc(crc(payloads[-1], crc(head))))
     return parts, sizes
 
 
@@ -323,7 +321,7 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
     (stored,) = _unpack_crc(buf, crc_at)
     # Small entries are cheaper to check as a copied slice than through a memoryview.
     covered = buf[pos:crc_at] if length <= _CHECK_BY_COPY else memoryview(buf)[pos:crc_at]
-    if _crc32(covered) != stored:
+    if checksum(covered) != stored:
         raise CorruptRecord("entry checksum mismatch", pos)
     if rtype not in _KNOWN_TYPES:
         raise CorruptRecord(f"unknown entry type {rtype}", pos)

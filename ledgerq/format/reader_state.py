@@ -33,7 +33,6 @@ with a fresh CHECKPOINT when it grows; replaying it from the start yields the st
 from __future__ import annotations
 
 import struct
-import zlib
 from enum import IntEnum
 from typing import Any, NamedTuple
 
@@ -132,13 +131,12 @@ assert _ONE_ID.size == 13
 _ONE_ID_LENGTH = _ONE_ID.size + _CRC.size
 _pack_one = _ONE_ID.pack
 _pack_crc = _CRC.pack
-_crc32 = zlib.crc32  # checksum() without the call layer, for the hot path
 
 
 def encode_id_record(record_type: int, message_id: int) -> bytes:
     """:func:`encode_ids_record` for one id (the hot path; the caller passes a valid type)."""
     framed = _pack_one(_ONE_ID_LENGTH, record_type, message_id)
-    return framed + _pack_crc(_crc32(framed))
+    return framed + _pack_crc(checksum(framed))
 
 
 def encode_ids_record(record_type: StateRecordType, ids: list[int] | tuple[int, ...]) -> bytes:

@@ -30,7 +30,7 @@ from typing import Any
 from ledgerq._errors import LedgerQError
 from ledgerq._options import Options
 from ledgerq.core.journal import ReaderJournal
-from ledgerq.core.meta import MetaStore
+from ledgerq.segment.meta import MetaStore
 from ledgerq.features.dedup import DedupFeature
 from ledgerq.features.retry import RetryTracker
 from ledgerq.format.entry import MIN_ENTRY_SIZE, decode_entry, decode_headers, peek_length
