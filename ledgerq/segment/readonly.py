@@ -65,6 +65,7 @@ from ledgerq.format.entry import (
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.index import IndexEntry
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
+from ledgerq.segment.files import pread_exact
 from ledgerq.segment.index_file import load_index, read_index, read_index_ends, read_index_tail
 from ledgerq.segment.meta import FORMAT_VERSION, Meta, MetaStore, stored_options
 from ledgerq.segment.naming import (
@@ -157,6 +158,7 @@ __all__ = [
     "load_meta",
     "log_path",
     "log_skipped",
+    "pread_exact",
     "queue_dir_problem",
     "read_index",
     "read_index_ends",

@@ -30,7 +30,6 @@ from typing import Any
 from ledgerq._errors import LedgerQError
 from ledgerq._options import Options
 from ledgerq.core.journal import ReaderJournal
-from ledgerq.segment.meta import MetaStore
 from ledgerq.features.dedup import DedupFeature
 from ledgerq.features.retry import RetryTracker
 from ledgerq.format.entry import MIN_ENTRY_SIZE, decode_entry, decode_headers, peek_length
@@ -43,6 +42,7 @@ from ledgerq.format.reader_state import (
     decode_state_file_header,
     decode_state_record,
 )
+from ledgerq.segment.meta import MetaStore
 
 __all__ = ["TARGETS", "UNAVAILABLE", "Target", "executions", "run_target"]
 
