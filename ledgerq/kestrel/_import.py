@@ -48,13 +48,13 @@ from ledgerq.kestrel.journal3 import Bookmark, read_bookmark, read_writer_file
 from ledgerq.kestrel.oldjournal import Replay, order_journal_files
 from ledgerq.segment.files import atomic_write, fsync_dir
 from ledgerq.segment.lock import DirLock
+from ledgerq.segment.readonly import READERS_DIR, reader_state_path
 
 __all__ = ["LEDGER_NAME", "ImportReport", "KestrelImportError", "import_kestrel"]
 
 LEDGER_NAME = "kestrel-import.keys"
 KEY_HEADER = "kestrel.import_key"
 _BATCH = 1000
-_READERS_DIR = "readers"
 _READER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")  # ledgerq's reader names
 
 ProgressCallback = Callable[[int, int], None]
@@ -429,7 +429,7 @@ def _reader_plans(
     """The starting state of each fan-out child's reader that does not exist yet."""
     plans = {}
     for child in sorted(children):
-        path = os.path.join(dest, _READERS_DIR, f"{child}.state")
+        path = reader_state_path(dest, child)
         if child == "default" or not _READER_NAME.match(child):
             tally.readers.append((child, "not a valid ledgerq reader name: not created"))
             continue
@@ -452,10 +452,10 @@ def _write_reader_states(dest: str, plans: dict[str, Checkpoint]) -> None:
         return
     lock = DirLock(os.path.abspath(dest))
     try:
-        readers = os.path.join(dest, _READERS_DIR)
+        readers = os.path.join(dest, READERS_DIR)
         os.makedirs(readers, exist_ok=True)
         for name, checkpoint in plans.items():
-            path = os.path.join(readers, f"{name}.state")
+            path = reader_state_path(dest, name)
             if os.path.exists(path):
                 continue
             atomic_write(path, encode_state_file_header() + encode_checkpoint(checkpoint))
