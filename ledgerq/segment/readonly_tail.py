@@ -80,8 +80,9 @@ class SegmentTail:
         self.mtime_ns = st.st_mtime_ns
         return self.size
 
-    def is_present(self) -> bool:
-        """Whether the file is still at its path; :class:`CorruptionError` if another is."""
+    def is_present(self, *, hint: str = "") -> bool:
+        """Whether the file is still at its path; :class:`CorruptionError` (ending with
+        ``hint``, what the reader may do about it) if another file is."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -89,7 +90,7 @@ class SegmentTail:
         if (st.st_dev, st.st_ino) != self.identity:
             raise CorruptionError(
                 "the segment file being read was replaced by another file: the queue was "
-                "rewritten or restored under this reader",
+                f"rewritten or restored under this reader{hint}",
                 self.path,
             )
         return True
@@ -324,13 +325,7 @@ class LogTail:
         return True
 
     def _is_present(self, seg: SegmentTail) -> bool:
-        try:
-            return seg.is_present()
-        except CorruptionError as exc:
-            raise CorruptionError(
-                f"{exc.args[0]} - read again from id {self.next_id} if that is intended",
-                seg.path,
-            ) from None
+        return seg.is_present(hint=f" - read again from id {self.next_id} if that is intended")
 
     def _open_first(self) -> bool:
         """Open the segment holding ``next_id`` (or the oldest one); False if none yet."""
