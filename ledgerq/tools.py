@@ -217,15 +217,15 @@ def verify(
 
 
 def _report(root: str, tally: _Tally) -> VerifyReport:
-    return VerifyReport(
-        path=root,
-        problems=tuple(tally.problems),
-        segments=tally.segments,
-        entries=tally.entries,
-        bytes_checked=tally.bytes_checked,
-        index_files=tally.index_files,
-        reader_files=tally.reader_files,
-        queues=tuple(tally.queues),
+    return VerifyReport(  # the fields in their order: path, problems, then the counts
+        root,
+        tuple(tally.problems),
+        tally.segments,
+        tally.entries,
+        tally.bytes_checked,
+        tally.index_files,
+        tally.reader_files,
+        tuple(tally.queues),
     )
 
 
@@ -391,7 +391,9 @@ def _check_log(
     # The newest segment's end may be an append in flight (verify takes no lock): the
     # scan stops there - and at a batch whose last entry is missing, which the queue's
     # recovery cuts - instead of searching inside it; what is left is the torn tail.
-    scanner = TailScanner(fd, 0, size, after_id=first_id - 1, patient=newest, whole_batches=newest)
+    scanner = TailScanner(
+        fd=fd, pos=0, end=size, after_id=first_id - 1, patient=newest, whole_batches=newest
+    )
     regions_seen = 0
     prev_id = first_id - 1
     last_offset = -1

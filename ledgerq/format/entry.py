@@ -36,6 +36,8 @@ __all__ = [
     "ENTRY_HEADER",
     "EXPIRES_AT",
     "HEADERS_LENGTH",
+    "KNOWN_FLAGS",
+    "KNOWN_TYPES",
     "MAX_ENTRY_SIZE",
     "MIN_ENTRY_SIZE",
     "PRIORITY",
@@ -84,7 +86,7 @@ KNOWN_FLAGS = int(
     | EntryFlags.HAS_PRIORITY
     | EntryFlags.BATCH_CONTINUES
 )
-_KNOWN_TYPES = frozenset(int(t) for t in RecordType)
+KNOWN_TYPES = frozenset(int(t) for t in RecordType)  # every type byte a valid entry may have
 
 ENTRY_HEADER = struct.Struct("<IBBQq")  # length, type, flags, id, timestamp_ns
 assert ENTRY_HEADER.size == 22
@@ -200,7 +202,7 @@ def encode_entry(
         raise ValueError(f"entry expires_at {expires_at} does not fit an i64")
     if not 0 <= priority <= _MAX_PRIORITY:
         raise ValueError(f"entry priority must be 0, 1 or 2, got {priority}")
-    if record_type not in _KNOWN_TYPES:
+    if record_type not in KNOWN_TYPES:
         raise ValueError(f"unknown entry type {record_type}")
     flags = 0
     parts: list[bytes | bytearray | memoryview] = []
@@ -323,7 +325,7 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
     covered = buf[pos:crc_at] if length <= _CHECK_BY_COPY else memoryview(buf)[pos:crc_at]
     if checksum(covered) != stored:
         raise CorruptRecord("entry checksum mismatch", pos)
-    if rtype not in _KNOWN_TYPES:
+    if rtype not in KNOWN_TYPES:
         raise CorruptRecord(f"unknown entry type {rtype}", pos)
     if flags & ~KNOWN_FLAGS:
         raise CorruptRecord(f"unknown entry flags {flags:#04x}", pos)

@@ -51,20 +51,24 @@ import zstandard
 
 from ledgerq._errors import CorruptionError, IncompatibleFormatError, NotAQueueError
 from ledgerq._types import Message, Priority
-from ledgerq.format.checksum import CHECKSUM, RESIDUE, count_valid_records
-from ledgerq.format.compression import restore_zstd
-from ledgerq.format.entry import (
-    ENTRY_HEADER,
+
+# The format a lock-free reader decodes (re-exported: outer modules reach the storage
+# engine through this module only).
+from ledgerq.format import (
     MAX_ENTRY_SIZE,
     MIN_ENTRY_SIZE,
+    Checkpoint,
+    DecodeError,
     Entry,
     EntryFlags,
+    IndexEntry,
     RecordType,
+    StateRecordType,
     decode_entry,
 )
-from ledgerq.format.errors import DecodeError
-from ledgerq.format.index import IndexEntry
-from ledgerq.format.reader_state import Checkpoint, StateRecordType
+from ledgerq.format.checksum import CHECKSUM, RESIDUE, count_valid_records
+from ledgerq.format.compression import restore_zstd
+from ledgerq.format.entry import ENTRY_HEADER
 from ledgerq.segment.files import pread_exact
 from ledgerq.segment.index_file import load_index, read_index, read_index_ends, read_index_tail
 from ledgerq.segment.meta import FORMAT_VERSION, Meta, MetaStore, stored_options

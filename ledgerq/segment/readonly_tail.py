@@ -103,9 +103,9 @@ class SegmentTail:
         """A fresh scanner from ``pos`` to the size at the last look, patient while an
         entry there may still be being appended (:meth:`may_be_in_flight`)."""
         return TailScanner(
-            self.fd,
-            pos,
-            self.size,
+            fd=self.fd,
+            pos=pos,
+            end=self.size,
             after_id=after_id,
             boundaries=self.boundaries,
             patient=self.may_be_in_flight(pos),
@@ -375,9 +375,9 @@ def last_complete_id(queue_dir: str) -> int:
             points = read_index_tail(idx_path(seg_dir, first_id))
             pos, after = checked_start(fd, points, size, _ANY_ID, first_id)
             scanner = TailScanner(
-                fd,
-                pos,
-                size,
+                fd=fd,
+                pos=pos,
+                end=size,
                 after_id=after,
                 boundaries=[p.offset for p in points if p.offset > pos],
                 patient=True,

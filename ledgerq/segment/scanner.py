@@ -26,11 +26,11 @@ from ledgerq.format.checksum import recovery_crc_allowance
 from ledgerq.format.entry import (
     ENTRY_HEADER,
     KNOWN_FLAGS,
+    KNOWN_TYPES,
     MAX_ENTRY_SIZE,
     MIN_ENTRY_SIZE,
     Entry,
     EntryFlags,
-    RecordType,
     decode_entry,
 )
 from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
@@ -52,7 +52,6 @@ _SEARCH_WINDOW = 1 << 20  # bytes of the file a resynchronisation reads at a tim
 _unpack_header = ENTRY_HEADER.unpack_from
 _LENGTH_SIZE = 4
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
-_KNOWN_TYPES = frozenset(int(t) for t in RecordType)
 
 # Resynchronising checksums each plausible entry after bad bytes over the length it
 # claims.  Honest damage holds few such headers - a flipped bit, a torn tail or zeroed
@@ -294,15 +293,16 @@ class TailScanner(EntryScanner):
 
     def __init__(
         self,
+        *,
         fd: int,
         pos: int,
         end: int,
-        *,
-        after_id: int = 0,
+        after_id: int,
         boundaries: list[int] | None = None,
-        patient: bool = False,
-        whole_batches: bool = False,
+        patient: bool,
+        whole_batches: bool,
     ) -> None:
+        # All keyword arguments: the two rules are always said, never defaulted.
         super().__init__(fd, pos, end, after_id=after_id, boundaries=boundaries)
         self.patient = patient
         self.whole_batches = whole_batches
@@ -366,7 +366,7 @@ class TailScanner(EntryScanner):
         if len(head) < ENTRY_HEADER.size:
             return True
         _, rtype, flags, message_id, _ = _unpack_header(head)
-        return rtype in _KNOWN_TYPES and not flags & ~KNOWN_FLAGS and message_id > self.last_id
+        return rtype in KNOWN_TYPES and not flags & ~KNOWN_FLAGS and message_id > self.last_id
 
 
 # ---------------------------------------------------------------------- where to start

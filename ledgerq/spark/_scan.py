@@ -336,7 +336,13 @@ class _SegmentScan:
         boundaries = [p.offset for p in self._points()]
         # The live tail may end in an append in flight: stop there, never search inside it.
         scanner = TailScanner(
-            fd, pos, end, after_id=last_id, boundaries=boundaries, patient=task.live_tail
+            fd=fd,
+            pos=pos,
+            end=end,
+            after_id=last_id,
+            boundaries=boundaries,
+            patient=task.live_tail,
+            whole_batches=False,  # as the fast paths: a task reads the snapshot it was given
         )
         out = _Decoded()
         reported = 0
