@@ -69,14 +69,10 @@ StateRecord = tuple[StateRecordType, tuple[int, ...], Checkpoint | None, int]
 DamageHandler = Callable[[int, int, str], bool]
 
 _ADVICE = "restore the file or delete it to restart this reader from the oldest message"
-_CHECKPOINT = StateRecordType.CHECKPOINT
 _LEASE = StateRecordType.LEASE
 _NACK = StateRecordType.NACK
-_SETTLED_COUNTERS = {
-    StateRecordType.ACK: "acked",
-    StateRecordType.DEAD_LETTER: "dead_lettered",
-    StateRecordType.EXPIRE: "expired",
-}
+_ACK = StateRecordType.ACK
+_EXPIRE = StateRecordType.EXPIRE
 
 
 def next_record_after(data: bytes, pos: int) -> int:
@@ -106,10 +102,10 @@ class StateRecords:
     """The records of a journal's bytes ``data`` from ``pos``, in order (iterate once).
 
     ``base`` is the file offset of ``data[0]``: offsets in records and errors are file
-    offsets.  Iteration stops at a torn tail; after it, :attr:`end` is the file offset
-    where the bytes read stop being whole records (``base + len(data)`` when they all
-    are).  Damage in the middle goes to ``on_damage`` (see ``DamageHandler``), or raises
-    :class:`CorruptionError` naming ``path`` and the offset.
+    offsets.  Iteration stops at a torn tail; once it has stopped, :attr:`end` is the
+    file offset where the bytes read stop being whole records (``base + len(data)`` when
+    they all are).  Damage in the middle goes to ``on_damage`` (see ``DamageHandler``),
+    or raises :class:`CorruptionError` naming ``path`` and the offset.
     """
 
     def __init__(
@@ -129,39 +125,38 @@ class StateRecords:
         self._on_damage = on_damage
 
     def __iter__(self) -> Iterator[StateRecord]:
-        data, pos, base = self._data, self._pos, self.base
+        data, base, pos = self._data, self.base, self._pos
         size = len(data)
         decode = decode_state_record
-        while pos < size:
-            try:
-                kind, body, nxt = decode(data, pos)
-            except (CorruptRecord, IncompleteRecord) as exc:
-                # A record cut short, or damaged, with nothing valid after it is a torn
-                # append at the tail (or one in flight).  One followed by valid records
-                # is damage in the middle - even when its (flipped) length claims to
-                # run past the end of the data.
-                resume = next_record_after(data, pos)
-                if resume == size:
-                    break
-                if not self._damaged(pos, resume, f"reader state record is damaged ({exc})"):
-                    return
-                pos = resume
-                self.end = base + pos
-                continue
-            if kind is _CHECKPOINT:
-                assert isinstance(body, bytes)
+        try:
+            while pos < size:
                 try:
-                    checkpoint = decode_checkpoint(body, base + pos)
-                except CorruptRecord as exc:
-                    if not self._damaged(pos, nxt, f"reader checkpoint is damaged ({exc})"):
+                    kind, body, nxt = decode(data, pos)
+                except (CorruptRecord, IncompleteRecord) as exc:
+                    # A record cut short, or damaged, with nothing valid after it is a
+                    # torn append at the tail (or one in flight).  One followed by valid
+                    # records is damage in the middle - even when its (flipped) length
+                    # claims to run past the end of the data.
+                    resume = next_record_after(data, pos)
+                    if resume == size:
                         return
-                else:
-                    yield kind, (), checkpoint, base + pos
-            else:
-                assert isinstance(body, tuple)
-                yield kind, body, None, base + pos
-            pos = nxt
-            self.end = base + pos
+                    if not self._damaged(pos, resume, f"reader state record is damaged ({exc})"):
+                        return
+                    pos = resume
+                    continue
+                if isinstance(body, tuple):  # LEASE ... EXPIRE: the ids
+                    yield kind, body, None, base + pos
+                else:  # a CHECKPOINT's msgpack body
+                    try:
+                        checkpoint = decode_checkpoint(body, base + pos)
+                    except CorruptRecord as exc:
+                        if not self._damaged(pos, nxt, f"reader checkpoint is damaged ({exc})"):
+                            return
+                    else:
+                        yield kind, (), checkpoint, base + pos
+                pos = nxt
+        finally:
+            self.end = base + pos  # where the whole records read end (or the walk stopped)
 
     def _damaged(self, pos: int, resume: int, problem: str) -> bool:
         at = self.base + pos
@@ -269,7 +264,10 @@ class ReaderState:
                     done.add(message_id)
                     deliveries.pop(message_id, None)
                 leased.difference_update(body)
-                counter = _SETTLED_COUNTERS[kind]
+                # (branches, not a dict keyed by the enum: an enum's hash is Python code)
+                counter = (
+                    "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
+                )
                 counters[counter] = counters.get(counter, 0) + len(body)
 
     def durable_head(self) -> int:
