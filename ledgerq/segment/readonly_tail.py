@@ -168,22 +168,33 @@ class LogTail:
         self.path = queue_dir
         self.segments_dir = os.path.join(queue_dir, SEGMENTS_DIR)
         self.next_id = from_id  # the lowest id not yet passed
+        self.segment_path: str | None = None  # the log file being read
         self._seg: SegmentTail | None = None
         self._scanner: TailScanner | None = None
         self._at_end = False  # the scanner stopped at ``size``: look again before reading
         self._tail_reported = False
 
-    @property
-    def segment_path(self) -> str | None:
-        """The log file being read (None before the first or after :meth:`close`)."""
-        return self._seg.path if self._seg is not None else None
-
     def next_entry(self) -> Entry | None:
         """The next entry that is already on disk, or None (then wait and call again)."""
         while True:
-            if self._seg is None and not self._open_first():
-                return None
-            entry = self._next_in_segment()
+            seg = self._seg
+            if seg is None:
+                if not self._open_first():
+                    return None
+                continue
+            if self._at_end and not self._refresh():
+                entry = None
+            else:
+                scanner = self._scanner
+                assert scanner is not None
+                entry = scanner.next()
+                if scanner.corrupt:
+                    for region in scanner.corrupt:
+                        log_skipped(seg.path, region.start, region.stop)
+                    scanner.corrupt.clear()
+                if entry is None:
+                    self._at_end = True
+                    seg.note_stop(scanner.pos, waiting=scanner.waiting)
             if entry is None:
                 if self._leave_segment():
                     continue
@@ -200,6 +211,7 @@ class LogTail:
     def close(self) -> None:
         """Release the open segment (idempotent); a later read opens it again."""
         seg, self._seg, self._scanner = self._seg, None, None
+        self.segment_path = None
         if seg is not None:
             seg.close()
 
@@ -208,27 +220,10 @@ class LogTail:
     def _enter(self, seg: SegmentTail, target: int) -> None:
         """Read ``seg`` from the checked index point at or before id ``target``."""
         self._seg = seg
+        self.segment_path = seg.path
         self._scanner = seg.scanner(*seg.start_for(target))
         self._at_end = False
         self._tail_reported = False
-
-    def _next_in_segment(self) -> Entry | None:
-        """The next whole, valid entry of the segment within what the file holds now."""
-        seg = self._seg
-        assert seg is not None
-        if self._at_end and not self._refresh():
-            return None
-        scanner = self._scanner
-        assert scanner is not None
-        entry = scanner.next()
-        if scanner.corrupt:
-            for region in scanner.corrupt:
-                log_skipped(seg.path, region.start, region.stop)
-            scanner.corrupt.clear()
-        if entry is None:
-            self._at_end = True
-            seg.note_stop(scanner.pos, waiting=scanner.waiting)
-        return entry
 
     def _refresh(self, *, force: bool = False) -> bool:
         """Look at the file's size again; True if there may be more to read.

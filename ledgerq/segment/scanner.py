@@ -322,9 +322,10 @@ class TailScanner(EntryScanner):
             held, self.pos = ready.popleft()
             self.last_id = held.id
             return held
-        self.waiting = self.held_batch = False
-        entry = super().next()
-        if entry is None or not self.whole_batches or not entry.flags & _BATCH_CONTINUES:
+        if self.waiting or self.held_batch:
+            self.waiting = self.held_batch = False  # what the previous None said
+        entry = _scan_next(self)
+        if entry is None or not entry.flags & _BATCH_CONTINUES or not self.whole_batches:
             return entry
         return self._whole_batch(entry)
 
@@ -335,8 +336,9 @@ class TailScanner(EntryScanner):
         start = first_end - first.size
         regions = len(self.corrupt)
         rest: list[tuple[Entry, int]] = []
-        while (entry := super().next()) is not None:
-            rest.append((entry, self.pos))
+        add = rest.append
+        while (entry := _scan_next(self)) is not None:
+            add((entry, self.pos))
             if not entry.flags & _BATCH_CONTINUES:
                 self._ready.extend(rest)
                 self.pos, self.last_id = first_end, first.id
@@ -367,6 +369,9 @@ class TailScanner(EntryScanner):
             return True
         _, rtype, flags, message_id, _ = _unpack_header(head)
         return rtype in KNOWN_TYPES and not flags & ~KNOWN_FLAGS and message_id > self.last_id
+
+
+_scan_next = EntryScanner.next  # the plain scanner's step, without super()'s lookup
 
 
 # ---------------------------------------------------------------------- where to start
