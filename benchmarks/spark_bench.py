@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    from ledgerq.segment.readonly import find_queues
     from ledgerq.spark import register
-    from ledgerq.spark._layout import find_queues, list_segments
+    from ledgerq.spark._layout import list_segments
     from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks
     from ledgerq.spark._scan import scan_segment
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ledgerq._options import Options
 from ledgerq._queue import Queue, open_configured
-from ledgerq.core.meta import stored_options
+from ledgerq.segment.meta import stored_options
 
 __all__ = ["open"]
 

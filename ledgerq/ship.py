@@ -48,27 +48,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledgerq._errors import CorruptionError, LedgerQError, NotAQueueError
-from ledgerq.core.meta import META_NAME, Meta, MetaStore
-from ledgerq.format.entry import EntryFlags, decode_entry
-from ledgerq.format.errors import DecodeError, IncompleteRecord
-from ledgerq.format.index import (
-    OPEN_COUNT,
-    IndexEntry,
-    decode_index,
-    encode_index_entry,
-    encode_index_header,
-)
-from ledgerq.format.reader_state import (
-    StateRecordType,
-    decode_checkpoint,
-    decode_state_file_header,
-    decode_state_record,
-)
+
+# Writing the destination, a queue directory of its own, under its lock.
 from ledgerq.segment.files import atomic_write, datasync, fsync_dir, pread_exact, write_all
+from ledgerq.segment.index_file import write_index
 from ledgerq.segment.lock import DirLock
-from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, list_segment_ids, log_path
-from ledgerq.segment.scanner import EntryScanner
-from ledgerq.segment.watch import DirectoryWatcher, WatchMode, open_watcher
+from ledgerq.segment.meta import Meta, MetaStore
+
+# Reading the source, which another process owns: the lock-free reader's rules.
+from ledgerq.segment.readonly import (
+    LOCK_NAME,
+    META_NAME,
+    SEGMENTS_DIR,
+    TMP_SUFFIX,
+    DecodeError,
+    DirectoryWatcher,
+    EntryFlags,
+    EntryScanner,
+    IndexEntry,
+    SegmentTail,
+    WatchMode,
+    decode_entry,
+    idx_path,
+    list_segment_ids,
+    load_meta,
+    log_path,
+    queue_dir_problem,
+    read_index,
+    reader_heads,
+    sealed_index_holds,
+    segment_ids,
+    watch_segments,
+)
 
 __all__ = [
     "STATE_NAME",
@@ -84,13 +95,9 @@ logger = logging.getLogger("ledgerq")
 STATE_NAME = "ship.json"
 STATE_FORMAT = "ledgerq-ship"
 STATE_VERSION = 1
-READERS_DIR = "readers"
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}\Z")  # anchored; no '.', which separates the parts
 _CHUNK = 8 << 20  # bytes read, verified and written at a time
 _DEFAULT_INDEX_INTERVAL = 4096
-# An entry that looks half-written is waited for while its file was written to less
-# than this long ago and we have not waited this long at it (as ledgerq.follow does).
-_GRACE_S = 1.0
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 _MIN_PASS_INTERVAL_S = 0.05  # in follow mode, at most ~20 passes (and fsyncs) a second
 
@@ -160,131 +167,45 @@ def _check_client_id(client_id: object) -> str:
 # ---------------------------------------------------------------------- reader heads
 
 
-def _durable_head(path: str) -> int:
-    """The lowest id the reader journal at ``path`` may still need (read-only replay).
-
-    Raises :class:`CorruptionError` when the journal cannot be read to a state the
-    owner would accept (a damaged record in the middle).
-    """
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        pos = decode_state_file_header(data)
-    except DecodeError as exc:
-        raise CorruptionError(f"reader state is unreadable ({exc})", path, 0) from None
-    head = 1
-    done: set[int] = set()
-    while pos < len(data):
-        try:
-            kind, body, pos_next = decode_state_record(data, pos)
-        except IncompleteRecord:
-            break  # a torn tail: the owner cuts it too
-        except DecodeError as exc:
-            raise CorruptionError(f"reader state record is damaged ({exc})", path, pos) from None
-        if kind is StateRecordType.CHECKPOINT:
-            assert isinstance(body, bytes)
-            try:
-                checkpoint = decode_checkpoint(body, pos)
-            except DecodeError as exc:
-                raise CorruptionError(f"reader checkpoint is damaged ({exc})", path, pos) from None
-            head = checkpoint.head
-            done = set(checkpoint.done)
-        elif kind in (
-            StateRecordType.ACK,
-            StateRecordType.DEAD_LETTER,
-            StateRecordType.EXPIRE,
-        ):
-            assert isinstance(body, tuple)
-            done.update(body)
-        pos = pos_next
-    while head in done:
-        head += 1
-    return head
-
-
 def durable_reader_heads(queue_dir: str | os.PathLike[str]) -> dict[str, int]:
     """Each reader's durable head in the queue at ``queue_dir``, read without its lock.
 
     The head is the lowest id the reader may still need, as its state journal on
-    disk says (its checkpoint head, moved past the ids acknowledged after it).
-    The owner's memory may be ahead; never behind.  Raises :class:`CorruptionError`
-    for a damaged journal.
+    disk says (its checkpoint head, moved past the ids acknowledged after it; the
+    replay is the queue's own, ``ledgerq.segment.readonly.reader_heads``).  The
+    owner's memory may be ahead; never behind.  Raises :class:`CorruptionError` for a
+    damaged journal.
     """
-    readers = os.path.join(os.fspath(queue_dir), READERS_DIR)
-    heads = {}
-    try:
-        names = sorted(os.listdir(readers))
-    except FileNotFoundError:
-        return {}
-    for name in names:
-        if not name.endswith(".state"):
-            continue
-        try:
-            heads[name[: -len(".state")]] = _durable_head(os.path.join(readers, name))
-        except FileNotFoundError:
-            continue  # removed meanwhile (remove_reader)
-    return heads
+    return reader_heads(os.fspath(queue_dir))
 
 
 # ---------------------------------------------------------------------- scanning
 
 
-class _ShipScanner(EntryScanner):
-    """An :class:`EntryScanner` that can stop at bad bytes instead of searching past them.
-
-    While ``patient``, anything that is not a valid entry ends the scan: at the live
-    end of a segment that is an append in progress (whose bytes might even hold a
-    valid-looking entry inside its payload), so nothing is skipped or copied in part.
-    """
-
-    def __init__(
-        self, fd: int, pos: int, end: int, *, after_id: int, boundaries: list[int], patient: bool
-    ) -> None:
-        super().__init__(fd, pos, end, after_id=after_id, boundaries=boundaries)
-        self.patient = patient
-
-    def _resync(self, bad: int) -> bool:
-        if self.patient:
-            return False
-        return super()._resync(bad)
-
-
 @dataclass
 class _Scan:
-    stop: int
+    stop: int  # where the bytes taken end: after the last entry taken
     last_id: int
     entries: list[tuple[int, int, int, int]]  # offset, id, timestamp, size
     corrupt: list[tuple[int, int]]
+    exhausted: bool  # the scanner has nothing more now
 
 
-def _scan(
-    fd: int,
-    start: int,
-    end: int,
-    *,
-    after_id: int,
-    boundaries: list[int],
-    patient: bool,
-    whole_batches: bool = False,
-) -> _Scan:
-    """The entries between ``start`` and ``end``; with ``whole_batches``, without a batch
-    whose last entry is not there yet (being written - or cut by the owner's recovery)."""
-    scanner = _ShipScanner(
-        fd, start, end, after_id=after_id, boundaries=boundaries, patient=patient
-    )
+def _take(scanner: EntryScanner, budget: int) -> _Scan:
+    """The next entries of ``scanner``: about ``budget`` bytes of them, ending at the end
+    of a batch (never inside one), and the corrupt regions among them."""
+    start, after_id = scanner.pos, scanner.last_id
+    regions = len(scanner.corrupt)
     entries: list[tuple[int, int, int, int]] = []
-    batch_at = -1  # where in ``entries`` a batch whose last entry is unread begins
+    exhausted = True
     while (entry := scanner.next()) is not None:
-        if not entry.flags & _BATCH_CONTINUES:
-            batch_at = -1
-        elif batch_at < 0:
-            batch_at = len(entries)
         entries.append((scanner.pos - entry.size, entry.id, entry.timestamp, entry.size))
-    if whole_batches and batch_at >= 0:
-        del entries[batch_at:]
+        if scanner.pos - start >= budget and not entry.flags & _BATCH_CONTINUES:
+            exhausted = False
+            break
     stop = entries[-1][0] + entries[-1][3] if entries else start
-    corrupt = [(r.start, r.stop) for r in scanner.corrupt if r.stop <= stop]
-    return _Scan(stop, entries[-1][1] if entries else after_id, entries, corrupt)
+    corrupt = [(r.start, r.stop) for r in scanner.corrupt[regions:] if r.stop <= stop]
+    return _Scan(stop, entries[-1][1] if entries else after_id, entries, corrupt, exhausted)
 
 
 # ---------------------------------------------------------------------- destination segments
@@ -321,11 +242,9 @@ class _DestSegment:
             and (not points or points[-1].offset != self.last_offset)
         ):
             points.append(IndexEntry(self.last_id, self.last_ts, self.last_offset))
-        header = encode_index_header(len(points) if sealed else OPEN_COUNT)
-        blob = header + b"".join(encode_index_entry(*p) for p in points)
         # A sealed index is durable before the next segment exists (recovery trusts it);
         # an open one is a hint that readers check against the log.
-        atomic_write(self.idx, blob, durable=sealed)
+        write_index(self.idx, points, sealed=sealed, durable=sealed)
         self.points = points
         self.index_dirty = False
         self.sealed = sealed
@@ -334,45 +253,6 @@ class _DestSegment:
         fd, self.fd = self.fd, None
         if fd is not None:
             os.close(fd)
-
-
-class _SourceSegment:
-    """A source segment log we read (read-only), kept open while we copy it."""
-
-    def __init__(self, segments_dir: str, first_id: int) -> None:
-        self.first_id = first_id
-        self.path = log_path(segments_dir, first_id)
-        self.fd = os.open(self.path, os.O_RDONLY)  # FileNotFoundError when gone
-        st = os.fstat(self.fd)
-        self.identity = (st.st_dev, st.st_ino)
-        self.boundaries = _index_offsets(idx_path(segments_dir, first_id))
-        self.stuck_at = -1
-        self.stuck_since = 0.0
-
-    def is_present(self) -> bool:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return False
-        if (st.st_dev, st.st_ino) != self.identity:
-            raise CorruptionError(
-                "a source segment file was replaced by another file while it was being "
-                "shipped; the queue was rewritten or restored under the shipper",
-                self.path,
-            )
-        return True
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def _index_offsets(path: str) -> list[int]:
-    try:
-        with open(path, "rb") as f:
-            points, _ = decode_index(f.read())
-    except (OSError, DecodeError):
-        return []
-    return [p.offset for p in points]
 
 
 # ---------------------------------------------------------------------- the shipper
@@ -402,7 +282,7 @@ class Shipper:
         self._lock: DirLock | None = None
         self._current: _DestSegment | None = None  # the newest destination segment
         self._sealed: dict[int, tuple[int, int]] = {}  # first id -> (last id, size)
-        self._source: _SourceSegment | None = None
+        self._source: SegmentTail | None = None
         self._source_meta = Meta()
         self._interval = _DEFAULT_INDEX_INTERVAL
         self._entries_before = 0  # entries in destination segments older than the newest
@@ -414,11 +294,10 @@ class Shipper:
 
     def open(self) -> None:
         """Check the source, lock and check (or create) the destination, load its state."""
-        if not os.path.isdir(self.src):
-            raise NotAQueueError(f"no queue at {self.src}: the directory does not exist")
-        if not os.path.exists(os.path.join(self.src, META_NAME)):
-            raise NotAQueueError(f"{self.src} is not a ledgerq queue (it has no {META_NAME})")
-        self._source_meta = MetaStore(self.src).load()
+        problem = queue_dir_problem(self.src)
+        if problem is not None:
+            raise NotAQueueError(problem)
+        self._source_meta = load_meta(self.src)  # its identity (created_ns) and options
         interval = self._source_meta.options.get("index_interval")
         if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0:
             self._interval = interval
@@ -450,8 +329,8 @@ class Shipper:
             with open(state_path, "rb") as f:
                 state: Any = json.loads(f.read())
         except FileNotFoundError:
-            foreign = [n for n in os.listdir(self.dest) if n not in ("LOCK", SEGMENTS_DIR)]
-            if foreign or list_segment_ids_or_empty(self.dest_segments):
+            foreign = [n for n in os.listdir(self.dest) if n not in (LOCK_NAME, SEGMENTS_DIR)]
+            if foreign or segment_ids(self.dest):
                 raise ShipError(
                     f"{self.dest} exists and is not a ship destination (no {STATE_NAME}); "
                     "ship to another root or client id"
@@ -471,9 +350,9 @@ class Shipper:
             )
 
     def _load_destination(self) -> None:
-        ids = list_segment_ids_or_empty(self.dest_segments)
+        ids = segment_ids(self.dest)
         for name in os.listdir(self.dest_segments):
-            if name.endswith(".tmp"):
+            if name.endswith(TMP_SUFFIX):
                 os.unlink(os.path.join(self.dest_segments, name))  # an unfinished copy
         for first_id in ids[:-1]:
             seg = self._open_dest(first_id)
@@ -500,24 +379,17 @@ class Shipper:
         )
 
     def _load_sealed(self, seg: _DestSegment) -> bool:
-        """Take a sealed segment's range from its index, after checking its last point."""
-        seg.size = os.path.getsize(seg.log)
-        try:
-            with open(seg.idx, "rb") as f:
-                points, sealed = decode_index(f.read())
-        except (OSError, DecodeError):
-            return False
-        if not sealed or not points or points[0].offset != 0 or points[-1].offset >= seg.size:
-            return False
-        last = points[-1]
+        """Take a sealed segment's range from its index, after checking its last point.
+
+        A copy may end with damaged bytes copied as they are from a sealed source, so
+        its last entry need not end the file.
+        """
+        points, sealed = read_index(seg.idx)
         with open(seg.log, "rb") as f:
-            tail = pread_exact(f.fileno(), seg.size - last.offset, last.offset)
-        try:
-            entry, _ = decode_entry(tail, 0)
-        except DecodeError:
-            return False
-        if entry.id != last.id:
-            return False
+            seg.size = os.fstat(f.fileno()).st_size
+            if not sealed_index_holds(f.fileno(), seg.size, points, sealed, ends_log=False):
+                return False
+        last = points[-1]
         seg.points = points
         seg.last_id, seg.last_offset, seg.last_ts = last.id, last.offset, last.timestamp
         seg.sealed = True
@@ -532,7 +404,7 @@ class Shipper:
         fd = os.open(seg.log, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
-            found = _scan(fd, 0, size, after_id=seg.first_id - 1, boundaries=[], patient=False)
+            found = _take(EntryScanner(fd, 0, size, after_id=seg.first_id - 1), size)
         finally:
             os.close(fd)
         seg.points = []
@@ -558,11 +430,11 @@ class Shipper:
         if seg.last_offset < 0:
             return
         try:
-            source = _SourceSegment(self.src_segments, seg.first_id)
+            source = SegmentTail(self.src_segments, seg.first_id)
         except FileNotFoundError:
             return  # deleted at the source meanwhile: nothing left to compare or copy
         try:
-            size = os.fstat(source.fd).st_size
+            size = source.size
             length = seg.size - seg.last_offset
             with open(seg.log, "rb") as f:
                 ours = pread_exact(f.fileno(), length, seg.last_offset)
@@ -645,7 +517,7 @@ class Shipper:
             total += max(size, 0)
         return total
 
-    def _source_for(self, first_id: int) -> _SourceSegment | None:
+    def _source_for(self, first_id: int) -> SegmentTail | None:
         source = self._source
         if source is not None and source.first_id == first_id:
             return source
@@ -653,7 +525,7 @@ class Shipper:
             source.close()
             self._source = None
         try:
-            self._source = _SourceSegment(self.src_segments, first_id)
+            self._source = SegmentTail(self.src_segments, first_id)
         except FileNotFoundError:
             return None
         return self._source
@@ -666,13 +538,13 @@ class Shipper:
         self._seal(seg)
 
     def _copy(
-        self, source: _SourceSegment, seg: _DestSegment | None, *, sealed: bool
+        self, source: SegmentTail, seg: _DestSegment | None, *, sealed: bool
     ) -> tuple[int, int, bool]:
         """Copy the new complete entries of ``source``; return (messages, bytes, complete).
 
         ``complete``: the source segment is sealed and its copy is whole and sealed.
         """
-        size = os.fstat(source.fd).st_size
+        size = source.refresh()
         start = seg.size if seg is not None else 0
         after_id = seg.last_id if seg is not None and seg.last_id else source.first_id - 1
         if size < start:
@@ -684,47 +556,31 @@ class Shipper:
             )
         if seg is None and sealed and size == 0:
             return 0, 0, True  # an empty sealed segment holds nothing: not copied
-        patient = not sealed and self._is_patient(source, start)
+        # The live segment's end may be an append or a batch in flight: the scanner stops
+        # there (for the grace period) and the copy waits; a sealed segment is copied to
+        # its end, byte for byte, whatever it holds.
+        source.sealed = sealed
+        scanner = source.scanner(start, after_id, whole_batches=not sealed)
         pos = start
-        chunk = _CHUNK
         messages = 0
         staged = seg if seg is not None else self._begin(source.first_id)
         while True:
-            limit = min(size, pos + chunk)
-            at_end = limit == size
-            found = _scan(
-                source.fd,
-                pos,
-                limit,
-                after_id=after_id,
-                boundaries=[b for b in source.boundaries if b > pos],
-                patient=patient if at_end else True,
-                whole_batches=not (sealed and at_end),
-            )
+            found = _take(scanner, _CHUNK)
             stop = found.stop
-            if at_end and sealed and stop < size:
+            if found.exhausted and sealed and stop < size:
                 # A sealed segment ends in bytes that are no entry: copied as they are
                 # (byte-exact), reported; readers skip them as they do at the source.
                 found.corrupt.append((stop, size))
                 stop = size
-            if stop == pos and not at_end:
-                chunk *= 2  # an entry larger than the chunk, or damage: look further
-                continue
             if stop > pos:
                 self._write(source, staged, pos, stop, found)
                 messages += len(found.entries)
-                after_id = found.last_id if found.entries else after_id
                 for start_at, end_at in found.corrupt:
                     self._report_corrupt(source, start_at, end_at)
             pos = stop
-            chunk = _CHUNK
-            if at_end:
+            if found.exhausted:
                 break
-        if stop < size:
-            if source.stuck_at != stop:
-                source.stuck_at, source.stuck_since = stop, time.monotonic()
-        else:
-            source.stuck_at = -1
+        source.note_stop(pos, waiting=scanner.waiting)
         if not staged.published:
             # A new copy appears whole: all of a sealed segment, or all of the live one's
             # complete entries so far (it grows by appends from now on).
@@ -736,21 +592,11 @@ class Shipper:
             return messages, pos - start, True
         return messages, pos - start, False
 
-    def _is_patient(self, source: _SourceSegment, pos: int) -> bool:
-        """Whether bad bytes at ``pos`` of the live segment may be an append in progress."""
-        st = os.fstat(source.fd)
-        if time.time_ns() - st.st_mtime_ns >= int(_GRACE_S * 1e9):
-            return False
-        return not (source.stuck_at == pos and time.monotonic() - source.stuck_since >= _GRACE_S)
-
     def patience_left(self) -> float | None:
         """Seconds until bytes the shipper waits at count as damage (None: not waiting)."""
-        source = self._source
-        if source is None or source.stuck_at < 0:
-            return None
-        return max(0.0, source.stuck_since + _GRACE_S - time.monotonic())
+        return self._source.patience_left() if self._source is not None else None
 
-    def _report_corrupt(self, source: _SourceSegment, start: int, stop: int) -> None:
+    def _report_corrupt(self, source: SegmentTail, start: int, stop: int) -> None:
         name = os.path.basename(source.path)
         if (name, start, stop - start) in self.totals.corrupt:
             return
@@ -763,7 +609,7 @@ class Shipper:
         )
 
     def _write(
-        self, source: _SourceSegment, seg: _DestSegment, start: int, stop: int, found: _Scan
+        self, source: SegmentTail, seg: _DestSegment, start: int, stop: int, found: _Scan
     ) -> None:
         """Append source bytes [start, stop) to the copy, checked again as written."""
         data = pread_exact(source.fd, stop - start, start)
@@ -804,7 +650,7 @@ class Shipper:
                 self._entries_before += previous.last_id - previous.first_id + 1
         seg = self._open_dest(first_id)
         seg.published = False
-        seg.fd = os.open(seg.log + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        seg.fd = os.open(seg.log + TMP_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._current = seg
         return seg
 
@@ -812,7 +658,7 @@ class Shipper:
         """Make a new copy visible: fsync the temp file, rename it, fsync the directory."""
         assert seg.fd is not None
         os.fsync(seg.fd)  # the content is on disk before the name points at it
-        os.replace(seg.log + ".tmp", seg.log)
+        os.replace(seg.log + TMP_SUFFIX, seg.log)
         fsync_dir(self.dest_segments)  # and the name itself is durable
         seg.published = True
         self.totals.segments += 1
@@ -955,14 +801,6 @@ class Shipper:
         )
 
 
-def list_segment_ids_or_empty(segments_dir: str) -> list[int]:
-    """:func:`list_segment_ids`, or [] when the directory does not exist."""
-    try:
-        return list_segment_ids(segments_dir)
-    except FileNotFoundError:
-        return []
-
-
 def ship_queue(
     src: str | os.PathLike[str],
     dest_root: str | os.PathLike[str],
@@ -1002,9 +840,7 @@ def ship_queue(
     try:
         if follow:
             # Before the first look at the files, so no change can slip between a look and a wait.
-            if not os.path.isdir(os.path.join(os.fspath(src), SEGMENTS_DIR)):
-                raise NotAQueueError(f"{os.fspath(src)} is not a ledgerq queue (no segments/)")
-            watcher = open_watcher(os.path.join(os.fspath(src), SEGMENTS_DIR), watch, suffix=".log")
+            watcher = watch_segments(os.fspath(src), watch)
         shipper.open()
         idle_since = time.monotonic()
         while True:

@@ -30,32 +30,36 @@ from ledgerq._api import open as open_path
 from ledgerq._errors import CorruptionError, LedgerQError, QueueLockedError
 from ledgerq._options import Options
 from ledgerq._queue import Queue
-from ledgerq._types import Message, Priority
-from ledgerq.core.meta import FORMAT_VERSION, META_NAME, stored_options
-from ledgerq.core.queue import READERS_DIR
+from ledgerq._types import Message
 from ledgerq.core.reader import Reader
-from ledgerq.features.compression import ZstdDecompression
-from ledgerq.features.dlq import DLQ_DIR
-from ledgerq.format.entry import EntryFlags
-from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
-from ledgerq.format.index import (
-    OPEN_COUNT,
+from ledgerq.segment.index_file import write_index  # repair only: it writes
+from ledgerq.segment.lock import DirLock  # repair only: it writes
+from ledgerq.segment.readonly import (
+    DLQ_DIR,
+    FORMAT_VERSION,
+    META_NAME,
+    SEGMENTS_DIR,
+    CorruptRegion,
+    DecodeError,
+    EntryScanner,
     IndexEntry,
-    decode_index,
-    encode_index_entry,
-    encode_index_header,
-    find_by_id,
-)
-from ledgerq.format.reader_state import (
+    SegmentTail,
     StateRecordType,
-    decode_checkpoint,
-    decode_state_file_header,
-    decode_state_record,
+    TailScanner,
+    find_queues,
+    idx_path,
+    journal_records,
+    list_reader_names,
+    list_segment_ids,
+    load_index,
+    log_path,
+    log_skipped,
+    queue_dir_problem,
+    reader_state_path,
+    segment_ids,
+    stored_options,
+    view_message,
 )
-from ledgerq.segment.files import atomic_write
-from ledgerq.segment.lock import DirLock
-from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, list_segment_ids, log_path
-from ledgerq.segment.scanner import CorruptRegion, EntryScanner
 
 __all__ = [
     "CORRUPT_ENTRY",
@@ -91,8 +95,6 @@ READER_STATE_TAIL = "reader-state-tail"  # a torn last record, cut when the queu
 
 ProgressCallback = Callable[[int, int], None]
 _PROGRESS_STEP = 1 << 20  # report progress about once per MiB of log
-_U64_MAX = (1 << 64) - 1
-_PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,16 +183,10 @@ class _Tally:
 def not_a_queue(path: str | os.PathLike[str]) -> str | None:
     """Why ``path`` is not an existing queue directory, or None when it is one.
 
-    Looks only; creates nothing (``ledgerq.open`` would create a missing queue).
+    Looks only; creates nothing (``ledgerq.open`` would create a missing queue).  The
+    rule is ``ledgerq.segment.readonly.queue_dir_problem``'s, shared by every reader.
     """
-    root = os.fspath(path)
-    if not os.path.exists(root):
-        return f"no queue at {root!r}: the directory does not exist"
-    if not os.path.isdir(root):
-        return f"{root!r} is not a directory, so not a queue"
-    if not os.path.exists(os.path.join(root, META_NAME)):
-        return f"{root!r} is not a ledgerq queue (it has no {META_NAME})"
-    return None
+    return queue_dir_problem(path)
 
 
 def has_dlq(path: str | os.PathLike[str]) -> bool:
@@ -224,43 +220,42 @@ def verify(
 
 
 def _report(root: str, tally: _Tally) -> VerifyReport:
-    return VerifyReport(
-        path=root,
-        problems=tuple(tally.problems),
-        segments=tally.segments,
-        entries=tally.entries,
-        bytes_checked=tally.bytes_checked,
-        index_files=tally.index_files,
-        reader_files=tally.reader_files,
-        queues=tuple(tally.queues),
+    return VerifyReport(  # the fields in their order: path, problems, then the counts
+        root,
+        tuple(tally.problems),
+        tally.segments,
+        tally.entries,
+        tally.bytes_checked,
+        tally.index_files,
+        tally.reader_files,
+        tuple(tally.queues),
     )
 
 
 def _queue_dirs(root: str) -> list[str]:
-    """The queue and, when present, its dead-letter queue."""
-    dirs = [root]
-    dlq = os.path.join(root, DLQ_DIR)
-    if os.path.isdir(dlq):
-        dirs.append(dlq)
-    return dirs
+    """The queues to check: the queue at ``root`` and its dead-letter queue - or, for a
+    directory of queues, every queue under it - or ``root`` itself when it holds none
+    (reported as not a queue)."""
+    return [queue.path for queue in find_queues(root, include_dlq=True)] or [root]
 
 
 def _planned_bytes(queue_dir: str) -> int:
     seg_dir = os.path.join(queue_dir, SEGMENTS_DIR)
     total = 0
-    try:
-        for first_id in list_segment_ids(seg_dir):
-            try:
-                total += os.stat(log_path(seg_dir, first_id)).st_size
-            except FileNotFoundError:
-                pass
-    except FileNotFoundError:
-        pass
+    for first_id in segment_ids(queue_dir):
+        try:
+            total += os.stat(log_path(seg_dir, first_id)).st_size
+        except FileNotFoundError:
+            pass
     return total
 
 
 def _check_queue(queue_dir: str, tally: _Tally) -> None:
     tally.queues.append(queue_dir)
+    problem = queue_dir_problem(queue_dir)
+    if problem is not None:
+        tally.add(os.path.join(queue_dir, META_NAME), None, META, problem)
+        return
     meta = _check_meta(queue_dir, tally)
     last_id = _check_segments(queue_dir, tally)
     if meta is not None and last_id:
@@ -284,7 +279,9 @@ def _check_meta(queue_dir: str, tally: _Tally) -> tuple[bool, int, int] | None:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        tally.add(path, None, META, "missing: this directory is not a ledgerq queue")
+        tally.add(
+            path, None, META, "missing: the queue was never opened to its end (open writes it)"
+        )
         return None
     try:
         value = json.loads(raw)
@@ -333,12 +330,9 @@ def _check_meta(queue_dir: str, tally: _Tally) -> tuple[bool, int, int] | None:
 def _read_index(path: str) -> tuple[list[IndexEntry], bool] | DecodeError | None:
     """The decoded index, the decoding error, or None when the file is missing."""
     try:
-        with open(path, "rb") as f:
-            blob = f.read()
+        return load_index(path)
     except FileNotFoundError:
         return None
-    try:
-        return decode_index(blob)
     except DecodeError as exc:
         return exc
 
@@ -397,7 +391,12 @@ def _check_log(
     points: list[IndexEntry] = index[0] if isinstance(index, tuple) else []
     wanted = {p.offset for p in points}
     matched: dict[int, tuple[int, int]] = {}
-    scanner = EntryScanner(fd, 0, size, after_id=first_id - 1)
+    # The newest segment's end may be an append in flight (verify takes no lock): the
+    # scan stops there - and at a batch whose last entry is missing, which the queue's
+    # recovery cuts - instead of searching inside it; what is left is the torn tail.
+    scanner = TailScanner(
+        fd=fd, pos=0, end=size, after_id=first_id - 1, patient=newest, whole_batches=newest
+    )
     regions_seen = 0
     prev_id = first_id - 1
     last_offset = -1
@@ -446,12 +445,17 @@ def _check_log(
     if scanner.pos < size:
         regions.append(CorruptRegion(scanner.pos, size))
         if newest:
+            what = (
+                "an incomplete batch (its last entry is missing; a batch is all-or-nothing)"
+                if scanner.held_batch
+                else "incomplete or invalid data"
+            )
             tally.add(
                 lpath,
                 scanner.pos,
                 TORN_TAIL,
-                f"{size - scanner.pos} bytes of incomplete or invalid data end the newest "
-                "segment (a torn write; cut when the queue is next opened, or by --repair)",
+                f"{size - scanner.pos} bytes of {what} end the newest segment (a torn write; "
+                "cut when the queue is next opened, or by --repair)",
             )
         else:
             tally.add(
@@ -538,15 +542,8 @@ def _check_index(
 
 
 def _check_readers(queue_dir: str, tally: _Tally) -> None:
-    readers_dir = os.path.join(queue_dir, READERS_DIR)
-    try:
-        names = sorted(os.listdir(readers_dir))
-    except FileNotFoundError:
-        return
-    for name in names:
-        if not name.endswith(".state"):
-            continue  # a leftover .tmp is an unfinished replacement, ignored by the queue
-        path = os.path.join(readers_dir, name)
+    for name in list_reader_names(queue_dir):
+        path = reader_state_path(queue_dir, name)
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -557,64 +554,39 @@ def _check_readers(queue_dir: str, tally: _Tally) -> None:
 
 
 def _check_journal(path: str, data: bytes, tally: _Tally) -> None:
+    """Report every problem of one reader journal (the queue's own replay rules)."""
+    seen = 0  # records and damaged places met so far
+
+    def damaged(offset: int, resume: int, problem: str) -> bool:
+        nonlocal seen
+        seen += 1
+        after = "with valid records after it" if resume >= 0 else "too damaged to read past"
+        tally.add(
+            path,
+            offset,
+            READER_STATE,
+            f"{problem}, {after}: the queue refuses to open; restore the file, or delete it "
+            "to restart this reader from the oldest message",
+        )
+        return True
+
     try:
-        pos = decode_state_file_header(data)
-    except DecodeError as exc:
+        records = journal_records(data, path, on_damage=damaged)
+    except CorruptionError as exc:
         tally.add(path, 0, READER_STATE, f"bad file header ({exc}); the queue refuses to open")
         return
-    first = True
-    while pos < len(data):
-        try:
-            kind, body, nxt = decode_state_record(data, pos)
-        except IncompleteRecord:
-            _torn_journal(path, pos, len(data), tally)
-            return
-        except CorruptRecord as exc:
-            resume = _next_state_record(data, pos)
-            if resume is None:
-                _torn_journal(path, pos, len(data), tally)
-                return
-            tally.add(
-                path,
-                pos,
-                READER_STATE,
-                f"damaged record ({exc}) with valid records after it: the queue refuses to "
-                "open; restore the file, or delete it to restart this reader from the oldest "
-                "message",
-            )
-            pos = resume
-            first = False
-            continue
-        if kind is StateRecordType.CHECKPOINT:
-            assert isinstance(body, bytes)
-            try:
-                decode_checkpoint(body, pos)
-            except CorruptRecord as exc:
-                tally.add(path, pos, READER_STATE, f"damaged checkpoint ({exc})")
-        elif first:
-            tally.add(path, pos, READER_STATE, "the journal does not start with a CHECKPOINT")
-        first = False
-        pos = nxt
-
-
-def _torn_journal(path: str, pos: int, end: int, tally: _Tally) -> None:
-    tally.add(
-        path,
-        pos,
-        READER_STATE_TAIL,
-        f"{end - pos} bytes of a torn last record (cut when the queue is next opened, "
-        "or by --repair)",
-    )
-
-
-def _next_state_record(data: bytes, pos: int) -> int | None:
-    for at in range(pos + 1, len(data)):
-        try:
-            decode_state_record(data, at)
-        except (CorruptRecord, IncompleteRecord):
-            continue
-        return at
-    return None
+    for kind, _, _, offset in records:
+        if not seen and kind is not StateRecordType.CHECKPOINT:
+            tally.add(path, offset, READER_STATE, "the journal does not start with a CHECKPOINT")
+        seen += 1
+    if records.end < len(data):
+        tally.add(
+            path,
+            records.end,
+            READER_STATE_TAIL,
+            f"{len(data) - records.end} bytes of a torn last record (cut when the queue is "
+            "next opened, or by --repair)",
+        )
 
 
 # ---------------------------------------------------------------------- repair
@@ -693,9 +665,7 @@ def _rebuild_index(rebuild: _Rebuild) -> int:
         os.close(fd)
     if rebuild.sealed and last is not None and points[-1] != last:
         points.append(last)  # a sealed index ends with the segment's last entry
-    header = encode_index_header(len(points) if rebuild.sealed else OPEN_COUNT)
-    blob = header + b"".join(encode_index_entry(*p) for p in points)
-    atomic_write(idx_path(seg_dir, rebuild.first_id), blob, durable=True)
+    write_index(idx_path(seg_dir, rebuild.first_id), points, sealed=rebuild.sealed)
     return len(points)
 
 
@@ -706,75 +676,35 @@ def iter_messages(path: str | os.PathLike[str], from_id: int = 1) -> Iterator[Me
     """Yield every message retained in the segments of ``path`` with id >= ``from_id``.
 
     A log view, read without the lock: acked and expired messages that are still in a
-    segment are included, ``attempts`` is 0.  Corrupt entries are skipped and logged;
-    the walk ends at the end of the newest segment (an append in flight is not read).
+    segment are included, and each message is what every view yields
+    (``ledgerq.segment.readonly.view_message``: ``attempts`` is 0, as with
+    ``ledgerq.follow``).  Corrupt entries are skipped and logged; the walk ends at the
+    end of the newest segment (an append in flight is not read).
     """
     seg_dir = os.path.join(os.fspath(path), SEGMENTS_DIR)
     ids = list_segment_ids(seg_dir)
-    restorer = ZstdDecompression(Options(max_message_size=1 << 30))
-    compressed = int(EntryFlags.COMPRESSED)
     for position, first_id in enumerate(ids):
         if position + 1 < len(ids) and ids[position + 1] <= from_id:
             continue  # every id of this segment is below from_id
-        lpath = log_path(seg_dir, first_id)
         try:
-            fd = os.open(lpath, os.O_RDONLY)
+            seg = SegmentTail(seg_dir, first_id)
         except FileNotFoundError:
             continue  # deleted by retention while we walked
         try:
-            index = _read_index(idx_path(seg_dir, first_id))
-            points = index[0] if isinstance(index, tuple) else []
-            size = os.fstat(fd).st_size
-            start, after = _start_point(fd, points, first_id, from_id, size)
+            start, after = seg.start_for(from_id)
             scanner = EntryScanner(
-                fd, start, size, after_id=after, boundaries=[p.offset for p in points]
+                seg.fd, start, seg.size, after_id=after, boundaries=seg.boundaries
             )
             while (entry := scanner.next()) is not None:
                 if entry.id < from_id:
                     continue
-                payload = entry.payload
-                if entry.flags & compressed:
-                    try:
-                        payload = restorer.restore(entry, payload)
-                    except CorruptionError as exc:
-                        logger.warning(
-                            "ledgerq: skipping message %d in %s: %s", entry.id, lpath, exc
-                        )
-                        continue
-                yield Message(
-                    entry.id,
-                    payload,
-                    dict(entry.headers or {}),
-                    _PRIORITIES[entry.priority],
-                    entry.timestamp,
-                    entry.expires_at,
-                    0,
-                )
+                message = view_message(entry, seg.path)
+                if message is not None:
+                    yield message
             for region in scanner.corrupt:
-                logger.warning(
-                    "ledgerq: skipped %d corrupt bytes in %s at offset %d",
-                    region.stop - region.start,
-                    lpath,
-                    region.start,
-                )
+                log_skipped(seg.path, region.start, region.stop)
         finally:
-            os.close(fd)
-
-
-def _start_point(
-    fd: int, points: list[IndexEntry], first_id: int, from_id: int, size: int
-) -> tuple[int, int]:
-    """Where to start scanning a segment for ``from_id``: a checked index point, or 0."""
-    if from_id <= first_id or not points:
-        return 0, first_id - 1
-    point = find_by_id(points, [p.id for p in points], min(from_id, _U64_MAX))
-    if point is None or point.offset >= size:
-        return 0, first_id - 1
-    probe = EntryScanner(fd, point.offset, size, after_id=point.id - 1)
-    entry = probe.next()
-    if entry is None or entry.id != point.id or probe.corrupt:
-        return 0, first_id - 1  # the index is wrong here: scan the whole segment
-    return point.offset, point.id - 1
+            seg.close()
 
 
 # ---------------------------------------------------------------------- creating a reader

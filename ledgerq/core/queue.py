@@ -35,7 +35,7 @@ from ledgerq.core.args import (
 )
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
-from ledgerq.core.meta import ID_BLOCK, META_NAME, Meta, MetaStore
+from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.reader import (
     Reader,
     ReaderCore,
@@ -54,6 +54,14 @@ from ledgerq.format.entry import (
 from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
+from ledgerq.segment.meta import Meta, MetaStore
+from ledgerq.segment.naming import (
+    META_NAME,
+    QUEUE_NAMES,
+    READERS_DIR,
+    STATE_SUFFIX,
+    reader_state_path,
+)
 from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.sync import GroupCommit
@@ -63,7 +71,6 @@ __all__ = ["DEFAULT_READER", "QueueCore"]
 logger = logging.getLogger("ledgerq")
 
 DEFAULT_READER = "default"
-READERS_DIR = "readers"
 _READER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
 _MEDIUM = Priority.MEDIUM
 _NS = 1_000_000_000
@@ -115,11 +122,9 @@ class QueueCore:
             raise NotAQueueError(f"{path} exists and is not a directory")
         make_durable_dir(path)  # its entry in the parent must survive a power cut too
         if not os.path.exists(os.path.join(path, META_NAME)):
-            known = ("LOCK", "segments", "readers", "features", "dlq", META_NAME + ".tmp")
-            # meta.json.tmp: a first open killed before its rename - still our directory.
             with storage_errors("list the queue directory", path):
                 names = os.listdir(path)
-            foreign = [n for n in names if n not in known]
+            foreign = [n for n in names if n not in QUEUE_NAMES]
             if foreign:
                 raise NotAQueueError(
                     f"{path} is not a ledgerq queue (it holds {sorted(foreign)[:3]} but no "
@@ -175,8 +180,8 @@ class QueueCore:
         with storage_errors("list the readers of", self.path):
             reader_files = sorted(os.listdir(os.path.join(self.path, READERS_DIR)))
         for name in reader_files:
-            stem, dot, ext = name.rpartition(".")
-            if ext == "state" and dot and stem != DEFAULT_READER and _READER_NAME.match(stem):
+            stem = name.removesuffix(STATE_SUFFIX)
+            if stem != name and stem != DEFAULT_READER and _READER_NAME.match(stem):
                 self._open_reader(stem, start_latest=False)
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -600,7 +605,7 @@ class QueueCore:
         return self._open_reader(name, start_latest=False)
 
     def _reader_path(self, name: str) -> str:
-        return os.path.join(self.path, READERS_DIR, f"{name}.state")
+        return reader_state_path(self.path, name)
 
     def remove_reader(self, name: str) -> bool:
         """Forget the named reader and its state, so it no longer holds back retention.

@@ -6,7 +6,8 @@ at least 5%; the entry's COMPRESSED flag says so.  Decompression is always
 available - a queue written with compression can be read with it off - and its
 output is capped at ``max_message_size``: a payload that would decompress past
 it (a decompression bomb, or damage) raises :class:`CorruptionError`, and the
-queue skips that message as corrupt instead of exhausting memory.
+queue skips that message as corrupt instead of exhausting memory (the rule itself is
+``ledgerq.format.compression.restore_zstd``, which the lock-free readers share).
 
 Compressor and decompressor objects are reused, one per thread (zstandard
 objects are not safe to share between threads).
@@ -18,15 +19,14 @@ import threading
 
 import zstandard
 
-from ledgerq._errors import CorruptionError
 from ledgerq._options import Options
 from ledgerq.core.feature import Draft, Feature
+from ledgerq.format.compression import restore_zstd
 from ledgerq.format.entry import Entry
 
 __all__ = ["ZstdCompression", "ZstdDecompression"]
 
 _MIN_SAVING = 0.05
-_CHUNK = 1 << 16
 
 
 class ZstdDecompression(Feature):
@@ -45,27 +45,9 @@ class ZstdDecompression(Feature):
         return dctx
 
     def restore(self, entry: Entry, payload: bytes) -> bytes:
-        limit = self._limit
-        try:
-            # A streaming read bounded by the limit: the frame's own size claim is never
-            # trusted for an allocation.
-            with self._decompressor().stream_reader(payload) as reader:
-                parts = []
-                total = 0
-                while True:
-                    chunk = reader.read(_CHUNK)
-                    if not chunk:
-                        break
-                    total += len(chunk)
-                    if total > limit:
-                        raise CorruptionError(
-                            f"message {entry.id} decompresses to more than "
-                            f"max_message_size={limit} bytes"
-                        )
-                    parts.append(chunk)
-        except zstandard.ZstdError as exc:
-            raise CorruptionError(f"message {entry.id} has a damaged zstd payload ({exc})") from exc
-        return b"".join(parts)
+        return restore_zstd(
+            payload, self._limit, message_id=entry.id, decompressor=self._decompressor()
+        )
 
 
 class ZstdCompression(ZstdDecompression):

@@ -35,6 +35,7 @@ from ledgerq.format.feature_state import (
 )
 from ledgerq.segment.appendlog import AppendLog
 from ledgerq.segment.files import StorageError, make_durable_dir
+from ledgerq.segment.naming import FEATURES_DIR
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
@@ -87,7 +88,7 @@ class DedupFeature(Feature):
         self._unsaved = False  # a record could not be written: rewrite the table whole
 
     def attach(self, queue: QueueCore) -> None:
-        directory = os.path.join(queue.path, "features")
+        directory = os.path.join(queue.path, FEATURES_DIR)
         make_durable_dir(directory)
         path = os.path.join(directory, "dedup.log")
         self._log = AppendLog(path, "dedup state")

@@ -20,6 +20,7 @@ import weakref
 
 from ledgerq._errors import QueueLockedError
 from ledgerq.segment.files import StorageError, storage_errors
+from ledgerq.segment.naming import LOCK_NAME
 
 __all__ = ["DirLock"]
 
@@ -34,7 +35,7 @@ class DirLock:
     """
 
     def __init__(self, directory: str) -> None:
-        self.path = os.path.join(directory, "LOCK")
+        self.path = os.path.join(directory, LOCK_NAME)
         self._directory = directory
         with storage_errors("open the lock file", self.path):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

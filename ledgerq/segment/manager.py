@@ -16,18 +16,11 @@ import threading
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
-from ledgerq.format.entry import ENTRY_HEADER, Entry, EntryFlags, decode_entry
-from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
-from ledgerq.format.index import (
-    OPEN_COUNT,
-    IndexEntry,
-    decode_index,
-    encode_index_entry,
-    encode_index_header,
-)
+from ledgerq.format.entry import Entry, EntryFlags, decode_entry
+from ledgerq.format.errors import CorruptRecord, IncompleteRecord
+from ledgerq.format.index import IndexEntry, encode_index_entry
 from ledgerq.segment.files import (
     StorageError,
-    atomic_write,
     datasync,
     fsync_dir,
     make_durable_dir,
@@ -36,8 +29,15 @@ from ledgerq.segment.files import (
     write_all,
     write_parts,
 )
-from ledgerq.segment.naming import SEGMENTS_DIR, list_segment_ids
-from ledgerq.segment.scanner import CorruptRegion, EntryScanner
+from ledgerq.segment.index_file import read_index, write_index
+from ledgerq.segment.naming import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SEGMENTS_DIR,
+    TMP_SUFFIX,
+    list_segment_ids,
+)
+from ledgerq.segment.scanner import CorruptRegion, EntryScanner, checked_point, sealed_index_holds
 from ledgerq.segment.segment import Segment
 
 __all__ = ["SegmentManager"]
@@ -45,6 +45,7 @@ __all__ = ["SegmentManager"]
 logger = logging.getLogger("ledgerq")
 
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
+_ANY_ID = (1 << 64) - 1  # above every id: "the newest point that checks out"
 
 
 class _BatchStart:
@@ -153,30 +154,19 @@ class SegmentManager:
     def _remove_leftovers(self) -> None:
         for name in os.listdir(self.directory):
             path = os.path.join(self.directory, name)
-            orphan_index = name.endswith(".idx") and not os.path.exists(path[:-4] + ".log")
-            if name.endswith(".tmp") or orphan_index:
+            orphan_index = name.endswith(INDEX_SUFFIX) and not os.path.exists(
+                path.removesuffix(INDEX_SUFFIX) + LOG_SUFFIX
+            )
+            if name.endswith(TMP_SUFFIX) or orphan_index:
                 os.unlink(path)
 
     def _load_sealed(self, seg: Segment) -> bool:
         """Load a sealed segment from its index; False if the index cannot be trusted."""
         seg.size = os.stat(seg.log_path).st_size
-        try:
-            with open(seg.idx_path, "rb") as f:
-                entries, sealed = decode_index(f.read())
-        except (OSError, DecodeError):
-            return False
-        if not sealed or not entries or entries[0].offset != 0:
+        entries, sealed = read_index(seg.idx_path)
+        if not sealed_index_holds(seg.read_fd(), seg.size, entries, sealed):
             return False
         last = entries[-1]
-        if last.offset >= seg.size:
-            return False
-        tail = pread_exact(seg.read_fd(), seg.size - last.offset, last.offset)
-        try:
-            entry, stop = decode_entry(tail, 0)
-        except DecodeError:
-            return False
-        if entry.id != last.id or stop != len(tail):
-            return False
         seg.set_index(entries)
         seg.last_id = last.id
         seg.last_offset = last.offset
@@ -196,11 +186,7 @@ class SegmentManager:
         inside one.
         """
         seg.size = os.stat(seg.log_path).st_size
-        try:
-            with open(seg.idx_path, "rb") as f:
-                entries, _ = decode_index(f.read())
-        except (OSError, DecodeError):
-            entries = []
+        entries, _ = read_index(seg.idx_path)
         fd = seg.read_fd()
         # Start at the newest index point whose entry is there.  If the scan then ends
         # inside a batch that may have begun before that point, scan again from a point
@@ -230,8 +216,7 @@ class SegmentManager:
         if not seg.is_empty and start == 0:
             seg.missing = (seg.last_id - seg.first_id + 1) - found
         # Rewrite the index as recovered (it is small: 24 bytes per index_interval of log).
-        blob = encode_index_header(OPEN_COUNT) + b"".join(encode_index_entry(*e) for e in seg.index)
-        atomic_write(seg.idx_path, blob, durable=False)
+        write_index(seg.idx_path, seg.index, sealed=False, durable=False)
 
     def _scan_tail(
         self, fd: int, seg: Segment, points: list[IndexEntry], start: int, after_id: int
@@ -269,19 +254,10 @@ class SegmentManager:
         ``outside_batch``, ends a batch (no BATCH_CONTINUES), so that the scan never
         starts inside a batch it may have to cut whole.
         """
-        kept = list(points)
-        while kept:
-            point = kept[-1]
-            if point.offset < seg.size:
-                if outside_batch:
-                    head = os.pread(fd, ENTRY_HEADER.size, point.offset)
-                    inside = len(head) == ENTRY_HEADER.size and head[5] & _BATCH_CONTINUES
-                else:
-                    inside = False
-                if not inside and self._entry_id_at(fd, point.offset) == point.id:
-                    return point.offset, point.id - 1, kept
-            kept.pop()
-        return 0, seg.first_id - 1, kept
+        i = checked_point(fd, points, seg.size, _ANY_ID, outside_batch=outside_batch)
+        if i < 0:
+            return 0, seg.first_id - 1, []
+        return points[i].offset, points[i].id - 1, list(points[: i + 1])
 
     def _cut(self, seg: Segment, offset: int, what: str) -> None:
         """Truncate ``seg``'s log at ``offset`` (durably) and log it."""
@@ -298,22 +274,6 @@ class SegmentManager:
             os.fsync(f.fileno())
         seg.size = offset
         self.truncated_bytes += cut
-
-    @staticmethod
-    def _entry_id_at(fd: int, offset: int) -> int:
-        head = os.pread(fd, 64 * 1024, offset)
-        try:
-            entry, _ = decode_entry(head, 0)
-        except IncompleteRecord as exc:
-            if exc.needed is None:
-                return -1
-            try:
-                entry, _ = decode_entry(pread_exact(fd, exc.needed, offset), 0)
-            except DecodeError:
-                return -1
-        except CorruptRecord:
-            return -1
-        return entry.id
 
     def report_torn_sealed(self, seg: Segment, pos: int) -> None:
         """A sealed segment ends with bytes that are not a whole entry."""
@@ -365,7 +325,7 @@ class SegmentManager:
             fd = os.open(seg.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
             created = True
             os.close(fd)
-            atomic_write(seg.idx_path, encode_index_header(OPEN_COUNT), durable=False)
+            write_index(seg.idx_path, [], sealed=False, durable=False)
             # The new file's name must survive a power cut before entries in it are
             # acknowledged as durable: now, or at the next sync_active().
             if self._sync_on_rotate:
@@ -566,10 +526,7 @@ class SegmentManager:
         # A sealed index ends with its last entry, so the segment's id range is known.
         if seg.last_offset >= 0 and (not seg.index or seg.index[-1].offset != seg.last_offset):
             seg.add_index_entry(IndexEntry(seg.last_id, seg.last_timestamp, seg.last_offset))
-        blob = encode_index_header(len(seg.index)) + b"".join(
-            encode_index_entry(*e) for e in seg.index
-        )
-        atomic_write(seg.idx_path, blob, durable=durable)
+        write_index(seg.idx_path, seg.index, sealed=True, durable=durable)
         seg.sealed = True
 
     def sync(self) -> None:

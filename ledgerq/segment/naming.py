@@ -1,4 +1,21 @@
-"""File names inside a queue directory."""
+"""Every name inside a queue directory, defined once.
+
+::
+
+    QUEUE/
+      LOCK                      LOCK_NAME: flock'ed while the queue is open
+      meta.json                 META_NAME: format version, next id, stored options
+      segments/                 SEGMENTS_DIR
+        <first-id:020d>.log     log_path(): entries
+        <first-id:020d>.idx     idx_path(): the sparse index
+      readers/                  READERS_DIR
+        <name>.state            reader_state_path(): one reader's journal
+      features/                 FEATURES_DIR: retry and dedup state
+      dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
+
+A file being replaced is written first as ``<name>.tmp`` (TMP_SUFFIX) and renamed.
+``docs/format.md`` lists the same names; a test keeps the two in step.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +23,59 @@ import os
 import re
 
 __all__ = [
+    "DLQ_DIR",
+    "FEATURES_DIR",
+    "INDEX_SUFFIX",
+    "LOCK_NAME",
+    "LOG_SUFFIX",
+    "META_NAME",
+    "QUEUE_NAMES",
+    "READERS_DIR",
     "SEGMENTS_DIR",
+    "STATE_SUFFIX",
+    "TMP_SUFFIX",
     "idx_path",
+    "list_reader_names",
     "list_segment_ids",
     "log_path",
+    "reader_state_path",
 ]
 
 SEGMENTS_DIR = "segments"
-_LOG_NAME = re.compile(r"^(\d{20})\.log$")
+READERS_DIR = "readers"
+FEATURES_DIR = "features"
+DLQ_DIR = "dlq"
+META_NAME = "meta.json"
+LOCK_NAME = "LOCK"
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".idx"
+STATE_SUFFIX = ".state"
+TMP_SUFFIX = ".tmp"
+
+# Everything a queue directory may hold: a directory holding anything else and no
+# meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).
+QUEUE_NAMES = frozenset(
+    (LOCK_NAME, META_NAME, META_NAME + TMP_SUFFIX, SEGMENTS_DIR, READERS_DIR, FEATURES_DIR, DLQ_DIR)
+)
+
+_LOG_NAME = re.compile(r"^(\d{20})" + re.escape(LOG_SUFFIX) + r"$")
 
 
 def log_path(segments_dir: str, first_id: int) -> str:
     """Path of the log file of the segment whose first id is ``first_id``."""
-    return os.path.join(segments_dir, f"{first_id:020d}.log")
+    return os.path.join(segments_dir, f"{first_id:020d}{LOG_SUFFIX}")
 
 
 def idx_path(segments_dir: str, first_id: int) -> str:
     """Path of the sparse index of the segment whose first id is ``first_id``."""
-    return os.path.join(segments_dir, f"{first_id:020d}.idx")
+    return os.path.join(segments_dir, f"{first_id:020d}{INDEX_SUFFIX}")
 
 
 def list_segment_ids(segments_dir: str) -> list[int]:
-    """First ids of the segments present, in increasing order (temp files ignored)."""
+    """First ids of the segments present, in increasing order (temp files ignored).
+
+    Raises ``FileNotFoundError`` when ``segments_dir`` does not exist.
+    """
     ids = []
     for name in os.listdir(segments_dir):
         match = _LOG_NAME.match(name)
@@ -35,3 +83,25 @@ def list_segment_ids(segments_dir: str) -> list[int]:
             ids.append(int(match.group(1)))
     ids.sort()
     return ids
+
+
+def reader_state_path(queue_dir: str, name: str) -> str:
+    """Path of the state journal of the reader ``name`` of the queue at ``queue_dir``."""
+    return os.path.join(queue_dir, READERS_DIR, name + STATE_SUFFIX)
+
+
+def list_reader_names(queue_dir: str) -> list[str]:
+    """Names of the readers with a state journal, sorted ([] when there is none).
+
+    Only the names of ``*.state`` files; a leftover ``.tmp`` is an unfinished
+    replacement, which the queue ignores too.
+    """
+    try:
+        names = os.listdir(os.path.join(queue_dir, READERS_DIR))
+    except FileNotFoundError:
+        return []
+    return sorted(
+        name[: -len(STATE_SUFFIX)]
+        for name in names
+        if name.endswith(STATE_SUFFIX) and len(name) > len(STATE_SUFFIX)
+    )

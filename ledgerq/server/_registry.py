@@ -29,6 +29,7 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import ledgerq
+from ledgerq.segment.readonly import META_NAME  # present in every queue directory
 from ledgerq.server.protocol import is_valid_queue_name
 
 __all__ = ["PEEK_SCAN_LIMIT", "QueueSlot", "ReaderSlot", "Registry", "Waiter"]
@@ -38,7 +39,6 @@ logger = logging.getLogger("ledgerq.server")
 T = TypeVar("T")
 
 DEFAULT_READER = "default"  # the reader Queue.dequeue uses (docs/usage.md)
-META_FILE = "meta.json"  # present in every queue directory (docs/cli.md)
 PEEK_SCAN_LIMIT = 1024  # expired items a /peek looks past before answering "empty"
 _DELETED_MARK = "~deleted-"  # '~' never appears in a queue name
 
@@ -310,12 +310,12 @@ class Registry:
             path = os.path.join(self.data_dir, entry)
             if _DELETED_MARK in entry:
                 shutil.rmtree(path, ignore_errors=True)  # a delete cut short by a crash
-            elif is_valid_queue_name(entry) and os.path.isfile(os.path.join(path, META_FILE)):
+            elif is_valid_queue_name(entry) and os.path.isfile(os.path.join(path, META_NAME)):
                 names.append(entry)
         return names
 
     def _exists(self, name: str) -> bool:
-        return os.path.isfile(os.path.join(self.path_of(name), META_FILE))
+        return os.path.isfile(os.path.join(self.path_of(name), META_NAME))
 
     async def queue(self, name: str, *, create: bool) -> QueueSlot | None:
         """The slot of queue ``name``, opening it if needed; None if missing and not ``create``.

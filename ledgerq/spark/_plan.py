@@ -14,11 +14,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from ledgerq.segment.readonly import QueueDir, find_queues
 from ledgerq.spark._layout import (
-    QueueDir,
     ReaderSnapshot,
     SegmentInfo,
-    find_queues,
     list_segments,
     read_reader_state,
     timestamps_non_decreasing,

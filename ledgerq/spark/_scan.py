@@ -7,14 +7,16 @@ fields - and hands everything else to the code the rest of ledgerq reads with:
    entries by stepping from length field to length field (a Python loop, or none at all
    for a run of same-size entries, found column-wise); the entries become a
    ``BinaryArray`` over the file bytes (offsets only, no copy), from which ids,
-   timestamps and payloads are sliced by Arrow kernels.  The CRCs of the whole run are
-   checked with one ``zlib.crc32`` call (see :func:`_first_bad`).  The first entry whose
-   CRC does not match, or whose id does not increase, ends the run.
+   timestamps and payloads are sliced by Arrow kernels.  The checksums of the whole run
+   are checked with one call (``format.checksum.count_valid_records``, which knows the
+   checksum's algebra).  The first entry whose checksum does not match, or whose id
+   does not increase, ends the run.
 2. **Entries with optional fields** (TTL, priority, headers, compression) in a run
    whose CRCs check out are decoded one by one with :func:`decode_entry`.
 3. **Anything else** - a bad CRC, a bad length, ids out of order, a torn or damaged
-   tail - switches the rest of the segment to :class:`EntryScanner`, ledgerq's own
-   resynchronising scanner: corrupt regions are skipped, logged through the
+   tail - switches the rest of the segment to ledgerq's own resynchronising scanner
+   (``TailScanner``: an ``EntryScanner`` that, on the live tail, stops at an append in
+   flight instead of searching inside it): corrupt regions are skipped, logged through the
    ``ledgerq`` logger and counted, or raise :class:`CorruptionError` in FAILFAST mode.
    What a task returns is exactly what that scanner alone would (a test flips every
    bit of a segment and compares).
@@ -30,7 +32,6 @@ import logging
 import os
 import struct
 import sys
-import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,24 +40,32 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import zstandard
 
 from ledgerq._errors import CorruptionError
-from ledgerq._options import Options
-from ledgerq.features.compression import ZstdDecompression
-from ledgerq.format.entry import (
+from ledgerq.segment.readonly import (
+    CHECKSUM,
     ENTRY_HEADER,
     MAX_ENTRY_SIZE,
+    MAX_VIEW_PAYLOAD,
     MIN_ENTRY_SIZE,
+    SEGMENTS_DIR,
+    DecodeError,
     Entry,
     EntryFlags,
+    IndexEntry,
     RecordType,
+    TailScanner,
+    checked_start,
+    count_valid_records,
     decode_entry,
+    idx_path,
+    log_path,
+    pread_exact,
+    read_index,
+    restore_zstd,
 )
-from ledgerq.format.errors import DecodeError
-from ledgerq.format.index import IndexEntry
-from ledgerq.segment.naming import SEGMENTS_DIR, log_path
-from ledgerq.segment.scanner import EntryScanner
-from ledgerq.spark._layout import ReaderSnapshot, TailScanner, checked_start, read_index_points
+from ledgerq.spark._layout import ReaderSnapshot
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -92,18 +101,16 @@ _CHUNK_BYTES = 4 << 20  # one pread, and at most one record batch, per 4 MiB of 
 _SLOW_BATCH_ROWS = 8192  # rows per batch on the entry-by-entry paths
 _LENGTH = struct.Struct("<I")
 _unpack_length = _LENGTH.unpack_from
-_CRC = struct.Struct("<I")
 _ID_TS = struct.Struct("<Qq")
 _unpack_id_ts = _ID_TS.unpack_from
 _HEADER_SIZE = ENTRY_HEADER.size  # 22: length, type, flags, id, timestamp
 _ID_AT, _TS_AT = 6, 14
-_CRC_SIZE = 4
+_CRC_SIZE = CHECKSUM.size
 _PLAIN = int(RecordType.DATA)  # type byte DATA with flags byte 0, read as a little-endian u16
 _DATA = int(RecordType.DATA)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _LITTLE_ENDIAN = sys.byteorder == "little"  # the vectorised path views LE bytes as ints
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MAX_PAYLOAD = 1 << 30  # bounds what a damaged zstd frame may inflate to
 _EMPTY_STRINGS = pa.array([], pa.string())
 
 
@@ -137,6 +144,11 @@ class SegmentTask:
     def log_path(self) -> str:
         """Path of the segment's log file."""
         return log_path(os.path.join(self.path, SEGMENTS_DIR), self.first_id)
+
+    @property
+    def index_path(self) -> str:
+        """Path of the segment's sparse index file."""
+        return idx_path(os.path.join(self.path, SEGMENTS_DIR), self.first_id)
 
 
 class ScanStats:
@@ -209,7 +221,7 @@ class _SegmentScan:
         self.task = task
         self.stats = stats
         self.path = task.log_path
-        self._restorer: ZstdDecompression | None = None
+        self._dctx: zstandard.ZstdDecompressor | None = None  # made when first needed
         self.done = False  # past the highest wanted id: nothing more is wanted
         id_hi = task.id_hi
         if task.ids:
@@ -235,7 +247,7 @@ class _SegmentScan:
     def _points(self) -> list[IndexEntry]:
         """The segment's sparse index, read when first needed (to seek, or to resync)."""
         if self._index is None:
-            self._index, _ = read_index_points(self.task.path, self.task.first_id)
+            self._index, _ = read_index(self.task.index_path)
         return self._index
 
     def _missing(self) -> None:
@@ -265,23 +277,20 @@ class _SegmentScan:
             accept = max(accept, run_end)
         if accept <= task.first_id:
             return 0, task.first_id - 1
-        start = checked_start(fd, self._points(), end, accept)
-        if start is None:
-            return 0, task.first_id - 1
-        return start[0], start[1] - 1
+        return checked_start(fd, self._points(), end, accept, task.first_id)
 
     # -- the three tiers -------------------------------------------------------------
 
     def _scan(self, fd: int, pos: int, end: int, last_id: int) -> Iterator[_Piece]:
         id_hi = self.id_hi
         while pos < end and not self.done:
-            buf = _pread(fd, min(_CHUNK_BYTES, end - pos), pos)
+            buf = pread_exact(fd, min(_CHUNK_BYTES, end - pos), pos)
             offsets = _walk(buf)
             if len(offsets) == 1 and len(buf) < end - pos and len(buf) >= 4:
                 # one entry larger than the chunk: read it whole (if its length is sane)
                 length = _unpack_length(buf, 0)[0]
                 if MIN_ENTRY_SIZE <= length <= min(MAX_ENTRY_SIZE, end - pos):
-                    buf = _pread(fd, length, pos)
+                    buf = pread_exact(fd, length, pos)
                     offsets = _walk(buf)
             walked = len(offsets) - 1
             if not walked:
@@ -324,9 +333,17 @@ class _SegmentScan:
     def _slow(self, fd: int, pos: int, end: int, last_id: int) -> Iterator[_Decoded]:
         """Tier 3: ledgerq's resynchronising scanner for the rest of the segment."""
         task = self.task
-        kind = TailScanner if task.live_tail else EntryScanner
         boundaries = [p.offset for p in self._points()]
-        scanner = kind(fd, pos, end, after_id=last_id, boundaries=boundaries)
+        # The live tail may end in an append in flight: stop there, never search inside it.
+        scanner = TailScanner(
+            fd=fd,
+            pos=pos,
+            end=end,
+            after_id=last_id,
+            boundaries=boundaries,
+            patient=task.live_tail,
+            whole_batches=False,  # as the fast paths: a task reads the snapshot it was given
+        )
         out = _Decoded()
         reported = 0
         previous = last_id
@@ -354,10 +371,12 @@ class _SegmentScan:
     def _add(self, out: _Decoded, entry: Entry) -> None:
         payload = entry.payload
         if entry.flags & _COMPRESSED:
-            if self._restorer is None:
-                self._restorer = ZstdDecompression(Options(max_message_size=_MAX_PAYLOAD))
+            if self._dctx is None:
+                self._dctx = zstandard.ZstdDecompressor()
             try:
-                payload = self._restorer.restore(entry, payload)
+                payload = restore_zstd(
+                    payload, MAX_VIEW_PAYLOAD, message_id=entry.id, decompressor=self._dctx
+                )
             except CorruptionError as exc:
                 if self.task.failfast:
                     raise CorruptionError(str(exc), self.path) from exc
@@ -390,16 +409,6 @@ class _SegmentScan:
         self.stats.corrupt_regions += 1
         self.stats.corrupt_bytes += stop - start
         self.stats.lost_messages += max(lost, 0)
-
-
-def _pread(fd: int, size: int, pos: int) -> bytes:
-    data = os.pread(fd, size, pos)
-    while len(data) < size:  # short reads are legal; loop until the file really ends
-        more = os.pread(fd, size - len(data), pos + len(data))
-        if not more:
-            break
-        data += more
-    return data
 
 
 def _walk(buf: bytes) -> list[int]:
@@ -438,59 +447,6 @@ def _walk(buf: bytes) -> list[int]:
         pos = stop
     add_offset(pos)
     return offsets
-
-
-# The CRC-32 of an entry *including* its stored CRC is this constant when the entry is
-# valid (the residue of CRC-32: crc32(m + crc32(m) as u32 LE) == 0x2144DF1C for every m).
-_RESIDUE = 0x2144DF1C
-_MODEL_CACHE_LIMIT = 4096  # distinct entry lengths remembered
-_MODEL_MAX_BYTES = 1 << 16  # longer entries are checked one by one (CRC cost dominates)
-_models: dict[int, bytes] = {}
-
-
-def _model(length: int) -> bytes:
-    """A valid entry-sized byte string of ``length`` bytes: zeros and their CRC."""
-    model = _models.get(length)
-    if model is None:
-        body = bytes(length - _CRC_SIZE)
-        model = body + _CRC.pack(zlib.crc32(body))
-        if length <= _MODEL_MAX_BYTES:
-            if len(_models) >= _MODEL_CACHE_LIMIT:
-                _models.clear()
-            _models[length] = model
-    return model
-
-
-def _first_bad(buf: bytes, offsets: list[int] | range, size: int | None) -> int:
-    """How many entries at the start of the run pass their CRC.
-
-    First the whole run in one ``zlib.crc32`` call: CRC-32 is affine over GF(2), so
-    the CRC of a concatenation of entries depends only on their lengths when every
-    entry is valid, and equals the CRC of the same lengths of model entries.  A corrupt
-    entry changes it whatever the others hold (its error is shifted by a power of x,
-    which the polynomial does not divide); several corrupt entries could cancel out
-    with a chance of 2**-32, the chance that one corrupt entry passes its own CRC.
-    When the sums differ, each entry is checked on its own to find the first bad one.
-    """
-    count = len(offsets) - 1
-    start, stop = offsets[0], offsets[-1]
-    crc32 = zlib.crc32
-    if size is not None:
-        expected = crc32(_model(size) * count)
-    else:
-        lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]  # noqa: RUF007
-        if max(lengths) > _MODEL_MAX_BYTES:
-            expected = -1  # not worth it: check one by one
-        else:
-            for length in set(lengths).difference(_models):
-                _model(length)
-            expected = crc32(b"".join(map(_models.__getitem__, lengths)))
-    if crc32(memoryview(buf)[start:stop]) == expected:
-        return count
-    for i in range(count):
-        if crc32(buf[offsets[i] : offsets[i + 1]]) != _RESIDUE:
-            return i
-    return count
 
 
 def _u64_at(buf: bytes, at: int) -> int:
@@ -561,7 +517,7 @@ def _check_run(buf: bytes, offsets: list[int], last_id: int) -> _Run:
         lengths = _field(entries, 0, 4, pa.uint32(), size)
         if not pc.all(pc.equal(lengths, size)).as_py():
             size = None
-    good = _first_bad(buf, offsets, size)
+    good = count_valid_records(buf, offsets, size)
     ids = _field(entries, _ID_AT, 8, pa.uint64(), size)
     if good and ids[0].as_py() <= last_id:
         good = 0

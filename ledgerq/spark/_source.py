@@ -49,7 +49,8 @@ from pyspark.sql.types import (
 )
 
 from ledgerq._errors import ConfigError
-from ledgerq.spark._layout import find_queues, last_complete_id, list_segments
+from ledgerq.segment.readonly import find_queues, last_complete_id
+from ledgerq.spark._layout import list_segments
 from ledgerq.spark._plan import Pushed, ReadOptions, plan_queue, plan_tasks
 from ledgerq.spark._scan import SegmentTask, scan_segment
 from ledgerq.spark._write import LedgerqWriter

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import os
 import re
 import struct
 import zlib
@@ -316,7 +315,14 @@ def test_constants() -> None:
         "format.index.OPEN_COUNT",
         "format.reader_state.STATE_MAGIC",
         "format.reader_state.STATE_VERSION",
-        "core.meta.FORMAT_VERSION",
+        "format.checksum.RESIDUE",
+        "segment.meta.FORMAT_VERSION",
+        "segment.naming.META_NAME",
+        "segment.naming.LOCK_NAME",
+        "segment.naming.SEGMENTS_DIR",
+        "segment.naming.READERS_DIR",
+        "segment.naming.FEATURES_DIR",
+        "segment.naming.DLQ_DIR",
     }
     rows = table("constants")
     assert required <= {r["constant"] for r in rows}
@@ -334,22 +340,28 @@ def test_constants() -> None:
 
 
 def test_files() -> None:
-    from ledgerq.core import meta, queue
     from ledgerq.segment import naming
 
     paths = {r["path"] for r in table("files")}
     segments = naming.SEGMENTS_DIR
-    for suffix, make in ((".log", naming.log_path), (".idx", naming.idx_path)):
+    for suffix, make in (
+        (naming.LOG_SUFFIX, naming.log_path),
+        (naming.INDEX_SUFFIX, naming.idx_path),
+    ):
         (pattern,) = [p for p in paths if p.endswith(suffix)]
         for first_id in (1, 123, (1 << 64) - 1):
             assert pattern.format(first_id=first_id) == make(segments, first_id)
-    assert meta.META_NAME in paths
-    (state,) = [p for p in paths if p.endswith(".state")]
-    assert state.format(name="r") == os.path.join(queue.READERS_DIR, "r.state")
+    (state,) = [p for p in paths if p.endswith(naming.STATE_SUFFIX)]
+    assert state.format(name="r") == naming.reader_state_path("", "r")
+    named = {naming.LOCK_NAME, naming.META_NAME, naming.FEATURES_DIR + "/", naming.DLQ_DIR + "/"}
+    assert named <= paths
+    # Every name a queue directory may hold is in the table (the temp file aside).
+    tops = {p.split("/")[0] for p in paths}
+    assert naming.QUEUE_NAMES - {naming.META_NAME + naming.TMP_SUFFIX} == tops
 
 
 def test_meta_fields() -> None:
-    from ledgerq.core.meta import Meta
+    from ledgerq.segment.meta import Meta
 
     rows = table("meta")
     assert [r["field"] for r in rows] == [f.name for f in dataclasses.fields(Meta)]

@@ -32,7 +32,6 @@ from typing import Any
 # The code under fuzzing: modules, not names, so that a module that moves is a
 # one-line change here (the targets below say ``journal3.decode_record3``).
 import ledgerq.core.journal as reader_journal
-import ledgerq.core.meta as meta_store
 import ledgerq.features.dedup as dedup
 import ledgerq.features.dlq.retries as retry
 import ledgerq.format.entry as entry_format
@@ -41,6 +40,7 @@ import ledgerq.format.index as index_format
 import ledgerq.format.reader_state as state_format
 import ledgerq.kestrel.journal3 as journal3
 import ledgerq.kestrel.oldjournal as oldjournal
+import ledgerq.segment.meta as meta_store
 import ledgerq.server.protocol as memcache_protocol
 from ledgerq._errors import LedgerQError
 from ledgerq._options import Options

@@ -20,8 +20,9 @@ from tests.spark import require_spark
 require_spark()
 
 import ledgerq  # noqa: E402
+from ledgerq.segment.readonly import count_valid_records, find_queues  # noqa: E402
 from ledgerq.spark import _scan  # noqa: E402
-from ledgerq.spark._layout import find_queues, list_segments, read_reader_state  # noqa: E402
+from ledgerq.spark._layout import list_segments, read_reader_state  # noqa: E402
 from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks  # noqa: E402
 from ledgerq.spark._scan import ScanStats, SegmentTask, _state_of, scan_segment  # noqa: E402
 from ledgerq.tools import iter_messages  # noqa: E402
@@ -120,15 +121,15 @@ def test_run_checks_find_the_first_bad_entry(tmp_path: Path) -> None:
     offsets = _scan._walk(data)
     assert len(offsets) == 54
     size = offsets[1] - offsets[0]
-    assert _scan._first_bad(data, offsets[:51], size) == 50
-    assert _scan._first_bad(data, offsets, None) == 53
+    assert count_valid_records(data, offsets[:51], size) == 50
+    assert count_valid_records(data, offsets, None) == 53
     for victim in (0, 7, 49, 52):
         for where in (0, 5, 17, -1):
             damaged = bytearray(data)
             damaged[offsets[victim + 1] + where if where < 0 else offsets[victim] + where] ^= 0x10
-            assert _scan._first_bad(bytes(damaged), offsets, None) == victim
+            assert count_valid_records(bytes(damaged), offsets, None) == victim
             if victim < 50:
-                assert _scan._first_bad(bytes(damaged), offsets[:51], size) == victim
+                assert count_valid_records(bytes(damaged), offsets[:51], size) == victim
 
 
 @pytest.mark.parametrize("kind", ["mixed", "fixed"])
@@ -254,7 +255,7 @@ def test_find_queues_walks_a_tree(tmp_path: Path) -> None:
 
 def test_last_complete_id_ignores_an_append_in_flight(tmp_path: Path) -> None:
     from ledgerq.format.entry import encode_entry
-    from ledgerq.spark._layout import last_complete_id
+    from ledgerq.segment.readonly import last_complete_id
 
     with ledgerq.open(tmp_path / "q", segment_size=2000, index_interval=100) as q:
         for _ in range(5):

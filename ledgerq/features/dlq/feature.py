@@ -24,6 +24,7 @@ from ledgerq.core.feature import FailedDelivery
 from ledgerq.features.dlq.retries import RetryTracker
 from ledgerq.features.dlq.store import DeadLetterStore, OpenConfigured
 from ledgerq.segment.files import make_durable_dir
+from ledgerq.segment.naming import FEATURES_DIR
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
@@ -46,7 +47,7 @@ class DeadLetterFeature(DeadLetterStore):
     def attach(self, queue: QueueCore) -> None:
         super().attach(queue)
         self._main = queue
-        directory = os.path.join(queue.path, "features")
+        directory = os.path.join(queue.path, FEATURES_DIR)
         make_durable_dir(directory)
         self._tracker = RetryTracker(os.path.join(directory, "retries.log"))
 

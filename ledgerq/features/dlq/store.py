@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from ledgerq._errors import QueueClosedError
 from ledgerq._options import Options
 from ledgerq.core.feature import Feature
+from ledgerq.segment.naming import DLQ_DIR
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
 
 __all__ = ["DLQ_DIR", "DLQ_HEADERS", "DeadLetterStore", "OpenConfigured"]
 
-DLQ_DIR = "dlq"
 DLQ_HEADERS = ("dlq.original_id", "dlq.retry_count", "dlq.failure_reason", "dlq.last_failure")
 OpenConfigured = Callable[[str, Options], "QueueCore"]
 

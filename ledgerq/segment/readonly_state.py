@@ -1,0 +1,310 @@
+"""Reader state journals (``readers/<name>.state``) replayed, whole or incrementally.
+
+One replay serves the queue's own recovery (``core.journal.ReaderJournal.load``) and
+every reader that works without the queue's lock (``ledgerq ship``'s durable heads,
+the Spark source's ``state`` column, ``ledgerq verify``): the rules below live here
+only.  The record format is ``ledgerq.format.reader_state``.
+
+What a replay may rely on from the owner:
+
+* it appends records (one ``write()`` per record or group of records), so the bytes
+  of a journal below a size once seen never change - with two exceptions:
+* when the queue opens, its recovery cuts a torn last record (a kill or a power cut
+  during an append), and nothing else;
+* when the journal has grown, the owner replaces it whole (temp file, fsync, rename)
+  with a file that starts with a CHECKPOINT of the reader's whole state.  A
+  :class:`JournalTail` notices another file at the path and reads it from its start;
+  the checkpoint resets what was replayed before.
+
+Bytes that are no record are either a *torn tail* - nothing valid after them: a record
+still being appended, or the remains of one that never finished - which a replay stops
+at without error (the owner's recovery cuts it; an incremental reader reads on from
+there later), or *damage in the middle* - valid records after them - which raises
+:class:`CorruptionError`: skipping a record could lose acks or redeliver, so the queue
+refuses to open then, and every replay here agrees.  Telling the two apart checksums
+each plausible record after the bad bytes; that work is capped by
+``format.checksum.recovery_crc_allowance``, and a tail that cannot be ruled out within
+the cap counts as damage (the safe answer: nothing is cut that might hold acks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+
+from ledgerq._errors import CorruptionError
+from ledgerq.format.checksum import recovery_crc_allowance
+from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
+from ledgerq.format.reader_state import (
+    MIN_STATE_RECORD_SIZE,
+    Checkpoint,
+    StateRecordType,
+    decode_checkpoint,
+    decode_state_file_header,
+    decode_state_record,
+    plausible_record_length,
+)
+from ledgerq.segment.naming import list_reader_names, reader_state_path
+
+__all__ = [
+    "JournalTail",
+    "ReaderState",
+    "StateRecord",
+    "StateRecords",
+    "journal_records",
+    "next_record_after",
+    "reader_heads",
+    "replay_reader",
+]
+
+# One record of a journal: its type, its ids (LEASE ... EXPIRE; empty for a CHECKPOINT),
+# its Checkpoint (None for the others) and its offset in the file.  A plain tuple: the
+# queue replays many of them when it opens.
+StateRecord = tuple[StateRecordType, tuple[int, ...], Checkpoint | None, int]
+
+# What to do about damage in the middle: called with the file offset of the bad bytes,
+# the offset where valid records go on (-1: none found within the allowance) and what
+# is wrong; return True to go on reading there (``ledgerq verify``), False to stop.
+# Without one, damage raises CorruptionError.
+DamageHandler = Callable[[int, int, str], bool]
+
+_ADVICE = "restore the file or delete it to restart this reader from the oldest message"
+_LEASE = StateRecordType.LEASE
+_NACK = StateRecordType.NACK
+_ACK = StateRecordType.ACK
+_EXPIRE = StateRecordType.EXPIRE
+
+
+def next_record_after(data: bytes, pos: int) -> int:
+    """Where the first valid record after the bad bytes at ``pos`` starts.
+
+    ``len(data)`` when only garbage follows (a torn tail), -1 when the bytes hold more
+    plausible records than :func:`recovery_crc_allowance` lets it checksum (damage
+    that cannot be told from a tail: treated as damage).
+    """
+    budget = recovery_crc_allowance(len(data) - pos)
+    for at in range(pos + 1, len(data) - MIN_STATE_RECORD_SIZE + 1):
+        length = plausible_record_length(data, at)
+        if not length:
+            continue
+        if length > budget:
+            return -1  # cannot rule it out within the budget: not provably torn
+        try:
+            decode_state_record(data, at)
+        except (CorruptRecord, IncompleteRecord):
+            budget -= length
+            continue
+        return at
+    return len(data)
+
+
+class StateRecords:
+    """The records of a journal's bytes ``data`` from ``pos``, in order (iterate once).
+
+    ``base`` is the file offset of ``data[0]``: offsets in records and errors are file
+    offsets.  Iteration stops at a torn tail; once it has stopped, :attr:`end` is the
+    file offset where the bytes read stop being whole records (``base + len(data)`` when
+    they all are).  Damage in the middle goes to ``on_damage`` (see ``DamageHandler``),
+    or raises :class:`CorruptionError` naming ``path`` and the offset.
+    """
+
+    def __init__(
+        self,
+        data: bytes,
+        pos: int,
+        path: str,
+        *,
+        base: int = 0,
+        on_damage: DamageHandler | None = None,
+    ) -> None:
+        self._data = data
+        self._pos = pos
+        self.path = path
+        self.base = base
+        self.end = base + pos
+        self._on_damage = on_damage
+
+    def __iter__(self) -> Iterator[StateRecord]:
+        data, base, pos = self._data, self.base, self._pos
+        size = len(data)
+        decode = decode_state_record
+        try:
+            while pos < size:
+                try:
+                    kind, body, nxt = decode(data, pos)
+                except (CorruptRecord, IncompleteRecord) as exc:
+                    # A record cut short, or damaged, with nothing valid after it is a
+                    # torn append at the tail (or one in flight).  One followed by valid
+                    # records is damage in the middle - even when its (flipped) length
+                    # claims to run past the end of the data.
+                    resume = next_record_after(data, pos)
+                    if resume == size:
+                        return
+                    if not self._damaged(pos, resume, f"reader state record is damaged ({exc})"):
+                        return
+                    pos = resume
+                    continue
+                if isinstance(body, tuple):  # LEASE ... EXPIRE: the ids
+                    yield kind, body, None, base + pos
+                else:  # a CHECKPOINT's msgpack body
+                    try:
+                        checkpoint = decode_checkpoint(body, base + pos)
+                    except CorruptRecord as exc:
+                        if not self._damaged(pos, nxt, f"reader checkpoint is damaged ({exc})"):
+                            return
+                    else:
+                        yield kind, (), checkpoint, base + pos
+                pos = nxt
+        finally:
+            self.end = base + pos  # where the whole records read end (or the walk stopped)
+
+    def _damaged(self, pos: int, resume: int, problem: str) -> bool:
+        at = self.base + pos
+        if self._on_damage is None:
+            raise CorruptionError(f"{problem}; {_ADVICE}", self.path, at)
+        return self._on_damage(at, self.base + resume if resume >= 0 else -1, problem)
+
+
+def journal_records(
+    data: bytes, path: str, *, on_damage: DamageHandler | None = None
+) -> StateRecords:
+    """The records of a whole journal file's bytes ``data`` (read from ``path``).
+
+    Raises :class:`CorruptionError` at once when its 8-byte file header is bad.
+    """
+    try:
+        pos = decode_state_file_header(data)
+    except DecodeError as exc:
+        raise CorruptionError(f"reader state file is damaged ({exc}); {_ADVICE}", path, 0) from None
+    return StateRecords(data, pos, path, on_damage=on_damage)
+
+
+class JournalTail:
+    """Reads one reader's journal incrementally, without the queue's lock.
+
+    Each :meth:`read` returns the whole records appended since the previous one (all
+    of them the first time), stopping without error at a record still being written;
+    the next read goes on from there.  When the owner has replaced the file (a
+    compaction), the read starts over from the new file's beginning and
+    :attr:`restarted` is True: its first record is a CHECKPOINT of the whole state.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = 0  # file offset of the next record to read (0: the header first)
+        self.size = 0  # the file's size at the last read
+        self.restarted = False
+        self._identity: tuple[int, int] | None = None
+
+    def read(self) -> list[StateRecord]:
+        """The records appended since the last read; see the class.
+
+        Raises ``FileNotFoundError`` when the journal does not exist (any more), and
+        :class:`CorruptionError` for damage in the middle (or a bad file header).
+        """
+        with open(self.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            identity = (st.st_dev, st.st_ino)
+            self.restarted = identity != self._identity or st.st_size < self.offset
+            if self.restarted:
+                self._identity = identity
+                self.offset = 0
+            f.seek(self.offset)
+            data = f.read()
+        base = self.offset
+        self.size = base + len(data)
+        if base == 0:
+            records = journal_records(data, self.path)
+        else:
+            records = StateRecords(data, 0, self.path, base=base)
+        found = list(records)
+        self.offset = records.end
+        return found
+
+
+class ReaderState:
+    """One reader's state as its journal says: the fold of its records.
+
+    ``head``: every id below it is done; ``done``: ids acked (or dead-lettered, or
+    expired) out of order; ``deliveries``: times each unfinished id was delivered;
+    ``counters``: acked, nacked, dead_lettered, expired, ...; ``leased``: ids leased
+    since the last checkpoint and not settled since (a checkpoint's deliveries are
+    counts, not live leases; none is live once the queue has closed cleanly).
+    """
+
+    __slots__ = ("counters", "deliveries", "done", "head", "leased")
+
+    def __init__(self) -> None:
+        self.head = 1
+        self.done: set[int] = set()
+        self.deliveries: dict[int, int] = {}
+        self.counters: dict[str, int] = {}
+        self.leased: set[int] = set()
+
+    def apply(self, records: Iterable[StateRecord]) -> None:
+        """Fold ``records`` (in journal order) into this state."""
+        done, deliveries, counters, leased = self.done, self.deliveries, self.counters, self.leased
+        for kind, body, checkpoint, _ in records:
+            if checkpoint is not None:
+                self.head = checkpoint.head
+                done = self.done = set(checkpoint.done)
+                deliveries = self.deliveries = dict(checkpoint.deliveries)
+                counters = self.counters = dict(checkpoint.counters)
+                leased = self.leased = set()
+                continue
+            if kind is _LEASE:
+                for message_id in body:
+                    deliveries[message_id] = deliveries.get(message_id, 0) + 1
+                leased.update(body)
+            elif kind is _NACK:
+                leased.difference_update(body)
+                counters["nacked"] = counters.get("nacked", 0) + len(body)
+            else:  # ACK, DEAD_LETTER, EXPIRE: done for this reader, and counted
+                for message_id in body:
+                    done.add(message_id)
+                    deliveries.pop(message_id, None)
+                leased.difference_update(body)
+                # (branches, not a dict keyed by the enum: an enum's hash is Python code)
+                counter = (
+                    "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
+                )
+                counters[counter] = counters.get(counter, 0) + len(body)
+
+    def durable_head(self) -> int:
+        """The lowest id the reader may still need: ``head`` moved past done ids."""
+        head, done = self.head, self.done
+        while head in done:
+            head += 1
+        return head
+
+
+def replay_reader(queue_dir: str, name: str) -> ReaderState:
+    """Replay ``readers/<name>.state`` of the queue at ``queue_dir``, read-only.
+
+    A reader without a journal yet is at the start (head 1, nothing done).  Raises
+    :class:`CorruptionError` for damage in the middle; a torn last record is ignored.
+    """
+    state = ReaderState()
+    try:
+        state.apply(JournalTail(reader_state_path(queue_dir, name)).read())
+    except FileNotFoundError:
+        pass
+    return state
+
+
+def reader_heads(queue_dir: str) -> dict[str, int]:
+    """Each reader's durable head (:meth:`ReaderState.durable_head`) as its journal says.
+
+    The owner's memory may be ahead of its journal; never behind.  Raises
+    :class:`CorruptionError` for a damaged journal.
+    """
+    heads = {}
+    for name in list_reader_names(queue_dir):
+        try:
+            records = JournalTail(reader_state_path(queue_dir, name)).read()
+        except FileNotFoundError:
+            continue  # removed meanwhile (remove_reader)
+        state = ReaderState()
+        state.apply(records)
+        heads[name] = state.durable_head()
+    return heads
