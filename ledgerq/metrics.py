@@ -36,45 +36,39 @@ class SupportsStats(Protocol):
     def stats(self) -> Stats: ...
 
 
-# (metric name, Stats field, help).  Gauges are levels; counters count since the queue
-# was created (they survive reopening), so Prometheus rate() works across restarts.
-_GAUGES = (
-    ("ledgerq_pending", "pending", "Messages waiting for delivery (default reader)."),
-    ("ledgerq_in_flight", "in_flight", "Messages leased and not yet acked (default reader)."),
-    ("ledgerq_segments", "segments", "Segment files on disk."),
-    ("ledgerq_disk_bytes", "disk_bytes", "Bytes of segment files on disk."),
+# (Stats / ReaderStats field, type, help).  The metric is ledgerq_<field> for the queue's
+# series and ledgerq_reader_<field> for a reader's, with "_seconds" after an age (see
+# _metric_name).  Gauges are levels; counters count since the queue was created (they
+# survive reopening), so Prometheus rate() works across restarts.
+_QUEUE_SERIES = (
+    ("pending", "gauge", "Messages waiting for delivery (default reader)."),
+    ("in_flight", "gauge", "Messages leased and not yet acked (default reader)."),
+    ("segments", "gauge", "Segment files on disk."),
+    ("disk_bytes", "gauge", "Bytes of segment files on disk."),
     (
-        "ledgerq_oldest_pending_age_seconds",
         "oldest_pending_age",
+        "gauge",
         "Age of the oldest pending message (default reader); 0 when empty.",
     ),
-    ("ledgerq_next_id", "next_id", "The id the next enqueued message will get."),
+    ("next_id", "gauge", "The id the next enqueued message will get."),
+    ("enqueued", "counter", "Messages enqueued."),
+    ("acked", "counter", "Messages acked (default reader)."),
+    ("nacked", "counter", "Nacks (default reader)."),
+    ("dead_lettered", "counter", "Messages moved to the DLQ (default reader)."),
+    ("expired", "counter", "Messages dropped because their TTL passed (default reader)."),
+    ("duplicates", "counter", "Enqueues dropped as duplicates by dedup_id."),
+    ("dropped", "counter", "Unconsumed messages dropped by retention_max_bytes."),
+    ("corrupt_skipped", "counter", "Corrupt entries skipped while reading."),
 )
-_COUNTERS = (
-    ("ledgerq_enqueued", "enqueued", "Messages enqueued."),
-    ("ledgerq_acked", "acked", "Messages acked (default reader)."),
-    ("ledgerq_nacked", "nacked", "Nacks (default reader)."),
-    ("ledgerq_dead_lettered", "dead_lettered", "Messages moved to the DLQ (default reader)."),
-    ("ledgerq_expired", "expired", "Messages dropped because their TTL passed (default reader)."),
-    ("ledgerq_duplicates", "duplicates", "Enqueues dropped as duplicates by dedup_id."),
-    ("ledgerq_dropped", "dropped", "Unconsumed messages dropped by retention_max_bytes."),
-    ("ledgerq_corrupt_skipped", "corrupt_skipped", "Corrupt entries skipped while reading."),
-)
-_READER_GAUGES = (
-    ("ledgerq_reader_pending", "pending", "Messages waiting for delivery to the reader."),
-    ("ledgerq_reader_in_flight", "in_flight", "Messages the reader leased and has not acked."),
-    (
-        "ledgerq_reader_oldest_pending_age_seconds",
-        "oldest_pending_age",
-        "Age of the reader's oldest pending message; 0 when empty.",
-    ),
-    ("ledgerq_reader_head", "head", "The lowest id the reader may still need to deliver."),
-)
-_READER_COUNTERS = (
-    ("ledgerq_reader_acked", "acked", "Messages the reader acked."),
-    ("ledgerq_reader_nacked", "nacked", "Nacks by the reader."),
-    ("ledgerq_reader_expired", "expired", "Messages the reader skipped as expired (TTL)."),
-    ("ledgerq_reader_dead_lettered", "dead_lettered", "Messages the reader dead-lettered."),
+_READER_SERIES = (
+    ("pending", "gauge", "Messages waiting for delivery to the reader."),
+    ("in_flight", "gauge", "Messages the reader leased and has not acked."),
+    ("oldest_pending_age", "gauge", "Age of the reader's oldest pending message; 0 when empty."),
+    ("head", "gauge", "The lowest id the reader may still need to deliver."),
+    ("acked", "counter", "Messages the reader acked."),
+    ("nacked", "counter", "Nacks by the reader."),
+    ("expired", "counter", "Messages the reader skipped as expired (TTL)."),
+    ("dead_lettered", "counter", "Messages the reader dead-lettered."),
 )
 _QUEUE_LABELS = ["queue"]
 _READER_LABELS = ["queue", "reader"]
@@ -91,12 +85,11 @@ def _default_name(queue: SupportsStats) -> str:
 class QueueCollector(Collector):
     """A prometheus-client collector exporting queues' :meth:`~ledgerq.Queue.stats`.
 
-    Register it with a ``CollectorRegistry``.  Every series carries the label
-    ``queue`` (``name``, by default the queue directory's base name); the
-    per-reader series (``ledgerq_reader_*``) also ``reader``.  To export several
-    queues from one registry, :meth:`add` them to one collector: two collectors
-    would export the same metric names, which the registry refuses.  A closed
-    queue exports nothing (a scrape never fails because of it).
+    Register one per queue with a ``CollectorRegistry`` - any number of them in one
+    registry - or :meth:`add` several queues to one collector.  Every series carries
+    the label ``queue`` (``name``, by default the queue directory's base name); the
+    per-reader series (``ledgerq_reader_*``) also ``reader``.  A closed queue exports
+    nothing (a scrape never fails because of it).
     """
 
     def __init__(self, queue: SupportsStats, name: str | None = None) -> None:
@@ -115,8 +108,17 @@ class QueueCollector(Collector):
             self._queues.append((label, queue))
 
     def describe(self) -> Iterator[Metric]:
-        """The metric families, without samples (the registry checks names with this)."""
-        yield from self._families()[0]
+        """Claim no metric names, so that any number of collectors share a registry.
+
+        A registry calls ``describe`` when a collector is registered and refuses one
+        that describes a name another collector already described (prometheus-client's
+        ``DuplicateTimeseries``).  Every QueueCollector exports the same names, told
+        apart by the ``queue`` label, so claiming them would allow one per registry; the
+        prometheus-client documentation's answer for such collectors is an empty
+        ``describe``.  It also keeps registration from calling ``stats()`` (a registry
+        with ``auto_describe`` would call :meth:`collect` instead of a missing describe).
+        """
+        return iter(())
 
     def collect(self) -> Iterator[Metric]:
         """One sample per queue (and per reader) for every family; nothing for closed queues."""
@@ -139,20 +141,24 @@ class QueueCollector(Collector):
             yield from families
 
     @staticmethod
-    def _families() -> tuple[
-        list[Metric],
-        list[tuple[GaugeMetricFamily | CounterMetricFamily, str]],
-        list[tuple[GaugeMetricFamily | CounterMetricFamily, str]],
-    ]:
-        queue_rows: list[tuple[GaugeMetricFamily | CounterMetricFamily, str]] = []
-        reader_rows: list[tuple[GaugeMetricFamily | CounterMetricFamily, str]] = []
-        for name, field, doc in _GAUGES:
-            queue_rows.append((GaugeMetricFamily(name, doc, labels=_QUEUE_LABELS), field))
-        for name, field, doc in _COUNTERS:
-            queue_rows.append((CounterMetricFamily(name, doc, labels=_QUEUE_LABELS), field))
-        for name, field, doc in _READER_GAUGES:
-            reader_rows.append((GaugeMetricFamily(name, doc, labels=_READER_LABELS), field))
-        for name, field, doc in _READER_COUNTERS:
-            reader_rows.append((CounterMetricFamily(name, doc, labels=_READER_LABELS), field))
+    def _families() -> tuple[list[Metric], list[_Row], list[_Row]]:
+        queue_rows = _rows("ledgerq_", _QUEUE_SERIES, _QUEUE_LABELS)
+        reader_rows = _rows("ledgerq_reader_", _READER_SERIES, _READER_LABELS)
         families: list[Metric] = [family for family, _ in queue_rows + reader_rows]
         return families, queue_rows, reader_rows
+
+
+_Row = tuple[GaugeMetricFamily | CounterMetricFamily, str]  # a family and its Stats field
+
+
+def _metric_name(prefix: str, field: str) -> str:
+    return f"{prefix}{field}_seconds" if field.endswith("_age") else f"{prefix}{field}"
+
+
+def _rows(prefix: str, table: tuple[tuple[str, str, str], ...], labels: list[str]) -> list[_Row]:
+    """One fresh family (no samples yet) per row of ``table``, with the field it exports."""
+    rows: list[_Row] = []
+    for field, kind, doc in table:
+        family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+        rows.append((family_type(_metric_name(prefix, field), doc, labels=labels), field))
+    return rows
