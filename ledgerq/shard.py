@@ -38,14 +38,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import xxhash
 
 from ledgerq import _api
 from ledgerq._errors import ConfigError, QueueClosedError, UnknownMessageError
+from ledgerq._options import OpenOptions
 from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
+from ledgerq.core.args import check_count, check_id, check_timeout
 from ledgerq.segment.files import atomic_write
 
 __all__ = [
@@ -277,7 +279,11 @@ class ShardedQueue:
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Any
+        self,
+        root: str | os.PathLike[str],
+        shards: int,
+        prefix: str = "",
+        **options: Unpack[OpenOptions],
     ) -> None:
         if not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"root must be a str or os.PathLike, got {type(root).__name__}")
@@ -341,8 +347,7 @@ class ShardedQueue:
         return split_id(self._check_id(message_id), self.shards)[0]
 
     def _check_id(self, message_id: object) -> int:
-        if isinstance(message_id, bool) or not isinstance(message_id, int):
-            raise TypeError(f"message id must be an int, got {type(message_id).__name__}")
+        message_id = check_id(message_id)
         if message_id < self.shards:
             raise UnknownMessageError(f"message {message_id} was not handed out by {self.root}")
         return message_id
@@ -458,16 +463,9 @@ class ShardedQueue:
         call, each asked for an equal share, so no shard starves another.  ``timeout``
         as for :meth:`ledgerq.Queue.dequeue`.  Message ids are global ids.
         """
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-                raise TypeError(f"timeout must be a number or None, got {type(timeout).__name__}")
-            if timeout < 0:
-                raise ValueError(f"timeout must be >= 0, got {timeout!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        n = check_count("n", n)
+        wait = check_timeout(timeout)
+        deadline = None if wait is None else time.monotonic() + wait
         while True:
             self._ensure_open()
             with self._cond:
@@ -517,8 +515,7 @@ class ShardedQueue:
 
     def peek(self, n: int = 1) -> list[Message]:
         """Up to ``n`` pending messages (round-robin over the shards), without leasing them."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
+        n = check_count("n", n)
         self._ensure_open()
         per_shard = [[self._globalize(i, m) for m in q.peek(n)] for i, q in enumerate(self.queues)]
         found: list[Message] = []
@@ -617,7 +614,7 @@ class ShardedQueue:
 
 
 def open_sharded(
-    root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Any
+    root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Unpack[OpenOptions]
 ) -> ShardedQueue:
     """Open (creating if missing) a queue of ``shards`` ordinary queues under ``root``.
 

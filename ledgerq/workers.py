@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Unpack
 
 import ledgerq
 from ledgerq._types import Message
@@ -161,7 +161,7 @@ def run(
     processes: int = 4,
     task_timeout: float | None = None,
     until_empty: bool = False,
-    **options: Any,
+    **options: Unpack[ledgerq.OpenOptions],
 ) -> WorkerReport:
     """Process the queue at ``path`` with ``handler`` in ``processes`` child processes.
 
@@ -171,10 +171,16 @@ def run(
     ``options``.  Runs until SIGINT/SIGTERM (graceful: in-flight tasks finish) or, with
     ``until_empty``, until no message is pending or in flight.
     """
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ValueError(f"processes must be a positive int, got {processes!r}")
-    if task_timeout is not None and not task_timeout > 0:
-        raise ValueError(f"task_timeout must be a positive number of seconds, got {task_timeout!r}")
+    if isinstance(processes, bool) or not isinstance(processes, int):
+        raise TypeError(f"processes must be an int, got {type(processes).__name__}")
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    if task_timeout is not None:
+        if isinstance(task_timeout, bool) or not isinstance(task_timeout, (int, float)):
+            kind = type(task_timeout).__name__
+            raise TypeError(f"task_timeout must be a number of seconds or None, got {kind}")
+        if not task_timeout > 0:
+            raise ValueError(f"task_timeout must be > 0 seconds, got {task_timeout!r}")
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {type(handler).__name__}")
     methods = multiprocessing.get_all_start_methods()

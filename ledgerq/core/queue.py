@@ -26,11 +26,13 @@ from ledgerq._errors import (
     QueueClosedError,
 )
 from ledgerq._options import Options
-from ledgerq._types import Item, Message, Priority, Stats
+from ledgerq._types import Item, Message, Priority, ReaderStart, Stats
 from ledgerq.core.args import (
     check_dedup_id,
     check_payload,
     check_priority,
+    check_reader_name,
+    check_reader_start,
     check_ttl,
 )
 from ledgerq.core.feature import Draft, Feature
@@ -527,20 +529,15 @@ class QueueCore:
 
     # ------------------------------------------------------------------ consuming
 
-    def reader(self, name: str, start: str = "earliest") -> Reader:
+    def reader(self, name: str, start: ReaderStart = "earliest") -> Reader:
         """Return the named reader (an independent consumer), creating it if new.
 
         A new reader starts at the oldest retained message, or with
         ``start="latest"`` at the tail.  Names are 1-100 characters of
         ``[A-Za-z0-9_.-]`` not starting with a dot.
         """
-        if not isinstance(name, str) or not _READER_NAME.match(name):
-            raise ValueError(
-                f"invalid reader name {name!r}: use 1-100 characters of letters, digits, "
-                "'_', '-' and '.', not starting with '.' or '-'"
-            )
-        if start not in ("earliest", "latest"):
-            raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
+        name = check_reader_name(name)
+        start = check_reader_start(start)
         with self._lock:
             self._ensure_open()
             existing = self._readers.get(name)
@@ -553,7 +550,7 @@ class QueueCore:
 
         Returns False if there is no such reader.  The default reader cannot be removed.
         """
-        if name == DEFAULT_READER:
+        if check_reader_name(name) == DEFAULT_READER:
             raise ValueError("the default reader cannot be removed")
         with self._lock:
             self._ensure_open()
