@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import logging
@@ -422,6 +423,13 @@ def test_values_pickle_by_their_public_path(qpath: Path) -> None:
         assert b"ledgerq._types" not in data and b"ledgerq._options" not in data
         assert pickle.loads(data) == value
     assert repr(message).startswith("Message(id=1, payload=b'payload'")
+
+
+def test_open_options_declare_every_option_with_its_type() -> None:
+    fields = {f.name: f.type for f in dataclasses.fields(ledgerq.Options)}
+    assert typing.get_type_hints(ledgerq.OpenOptions) == typing.get_type_hints(ledgerq.Options)
+    assert set(ledgerq.OpenOptions.__annotations__) == set(fields)
+    assert ledgerq.OpenOptions.__required_keys__ == frozenset()  # every option may be left out
 
 
 def test_type_checkers_see_the_options_of_open(tmp_path: Path) -> None:
