@@ -36,39 +36,29 @@ class SupportsStats(Protocol):
     def stats(self) -> Stats: ...
 
 
-# (Stats / ReaderStats field, type, help).  The metric is ledgerq_<field> for the queue's
-# series and ledgerq_reader_<field> for a reader's, with "_seconds" after an age (see
-# _metric_name).  Gauges are levels; counters count since the queue was created (they
-# survive reopening), so Prometheus rate() works across restarts.
-_QUEUE_SERIES = (
-    ("pending", "gauge", "Messages waiting for delivery (default reader)."),
-    ("in_flight", "gauge", "Messages leased and not yet acked (default reader)."),
-    ("segments", "gauge", "Segment files on disk."),
-    ("disk_bytes", "gauge", "Bytes of segment files on disk."),
-    (
-        "oldest_pending_age",
-        "gauge",
-        "Age of the oldest pending message (default reader); 0 when empty.",
-    ),
-    ("next_id", "gauge", "The id the next enqueued message will get."),
-    ("enqueued", "counter", "Messages enqueued."),
-    ("acked", "counter", "Messages acked (default reader)."),
-    ("nacked", "counter", "Nacks (default reader)."),
-    ("dead_lettered", "counter", "Messages moved to the DLQ (default reader)."),
-    ("expired", "counter", "Messages dropped because their TTL passed (default reader)."),
-    ("duplicates", "counter", "Enqueues dropped as duplicates by dedup_id."),
-    ("dropped", "counter", "Unconsumed messages dropped by retention_max_bytes."),
-    ("corrupt_skipped", "counter", "Corrupt entries skipped while reading."),
-)
-_READER_SERIES = (
-    ("pending", "gauge", "Messages waiting for delivery to the reader."),
-    ("in_flight", "gauge", "Messages the reader leased and has not acked."),
-    ("oldest_pending_age", "gauge", "Age of the reader's oldest pending message; 0 when empty."),
-    ("head", "gauge", "The lowest id the reader may still need to deliver."),
-    ("acked", "counter", "Messages the reader acked."),
-    ("nacked", "counter", "Nacks by the reader."),
-    ("expired", "counter", "Messages the reader skipped as expired (TTL)."),
-    ("dead_lettered", "counter", "Messages the reader dead-lettered."),
+# Every series: (Stats / ReaderStats field, type, help, whose).  The queue's series is
+# ledgerq_<field>, a reader's ledgerq_reader_<field>, with "_seconds" after an age (see
+# _metric_name); "whose" says which of them exist.  In the help, {reader} is the default
+# reader for the queue's series (its figures are the default reader's, as in stats()).
+# Gauges are levels; counters count since the queue was created (they survive
+# reopening), so Prometheus rate() works across restarts.
+_QUEUE, _READER, _BOTH = ("queue",), ("reader",), ("queue", "reader")
+_SERIES = (
+    ("pending", "gauge", "Messages waiting for delivery to {reader}.", _BOTH),
+    ("in_flight", "gauge", "Messages {reader} leased and has not acked.", _BOTH),
+    ("segments", "gauge", "Segment files on disk.", _QUEUE),
+    ("disk_bytes", "gauge", "Bytes of segment files on disk.", _QUEUE),
+    ("oldest_pending_age", "gauge", "Age of {reader}'s oldest pending message; 0: none.", _BOTH),
+    ("next_id", "gauge", "The id the next enqueued message will get.", _QUEUE),
+    ("head", "gauge", "The lowest id {reader} may still need to deliver.", _READER),
+    ("enqueued", "counter", "Messages enqueued.", _QUEUE),
+    ("acked", "counter", "Messages {reader} acked.", _BOTH),
+    ("nacked", "counter", "Nacks by {reader}.", _BOTH),
+    ("dead_lettered", "counter", "Messages {reader} moved to the DLQ.", _BOTH),
+    ("expired", "counter", "Messages {reader} skipped because their TTL passed.", _BOTH),
+    ("duplicates", "counter", "Enqueues dropped as duplicates by dedup_id.", _QUEUE),
+    ("dropped", "counter", "Unconsumed messages dropped by retention_max_bytes.", _QUEUE),
+    ("corrupt_skipped", "counter", "Corrupt entries skipped while reading.", _QUEUE),
 )
 _QUEUE_LABELS = ["queue"]
 _READER_LABELS = ["queue", "reader"]
@@ -142,8 +132,8 @@ class QueueCollector(Collector):
 
     @staticmethod
     def _families() -> tuple[list[Metric], list[_Row], list[_Row]]:
-        queue_rows = _rows("ledgerq_", _QUEUE_SERIES, _QUEUE_LABELS)
-        reader_rows = _rows("ledgerq_reader_", _READER_SERIES, _READER_LABELS)
+        queue_rows = _rows("ledgerq_", "queue", "the default reader", _QUEUE_LABELS)
+        reader_rows = _rows("ledgerq_reader_", "reader", "the reader", _READER_LABELS)
         families: list[Metric] = [family for family, _ in queue_rows + reader_rows]
         return families, queue_rows, reader_rows
 
@@ -155,10 +145,12 @@ def _metric_name(prefix: str, field: str) -> str:
     return f"{prefix}{field}_seconds" if field.endswith("_age") else f"{prefix}{field}"
 
 
-def _rows(prefix: str, table: tuple[tuple[str, str, str], ...], labels: list[str]) -> list[_Row]:
-    """One fresh family (no samples yet) per row of ``table``, with the field it exports."""
+def _rows(prefix: str, scope: str, reader: str, labels: list[str]) -> list[_Row]:
+    """A fresh family (no samples yet) for each series of ``scope``, with its field."""
     rows: list[_Row] = []
-    for field, kind, doc in table:
-        family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
-        rows.append((family_type(_metric_name(prefix, field), doc, labels=labels), field))
+    for field, kind, doc, whose in _SERIES:
+        if scope in whose:
+            family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            name = _metric_name(prefix, field)
+            rows.append((family_type(name, doc.format(reader=reader), labels=labels), field))
     return rows

@@ -36,9 +36,8 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
-from typing import Any, Self, Unpack
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar, Unpack
 
 import xxhash
 
@@ -48,6 +47,7 @@ from ledgerq._options import OpenOptions
 from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
 from ledgerq.core.args import check_count, check_id, check_timeout
+from ledgerq.core.closing import Closing
 from ledgerq.segment.files import atomic_write
 
 __all__ = [
@@ -233,46 +233,45 @@ def _existing_shard_counts(root: str, prefix: str) -> set[int]:
 
 # ---------------------------------------------------------------------- the queue
 
+_Figures = TypeVar("_Figures", Stats, ReaderStats)
+
 
 def _sum_stats(parts: list[Stats], shards: int) -> Stats:
-    readers: dict[str, ReaderStats] = {}
+    """The figures of every shard (``parts[i]`` is shard ``i``'s) as one queue's."""
+    per_reader: dict[str, list[ReaderStats]] = {}
     for part in parts:
-        for name, rs in part.readers.items():
-            seen = readers.get(name)
-            if seen is None:
-                readers[name] = dataclasses.replace(rs, head=0)
-            else:
-                readers[name] = ReaderStats(
-                    name=name,
-                    pending=seen.pending + rs.pending,
-                    in_flight=seen.in_flight + rs.in_flight,
-                    acked=seen.acked + rs.acked,
-                    nacked=seen.nacked + rs.nacked,
-                    expired=seen.expired + rs.expired,
-                    dead_lettered=seen.dead_lettered + rs.dead_lettered,
-                    head=0,
-                    oldest_pending_age=max(seen.oldest_pending_age, rs.oldest_pending_age),
-                )
-    return Stats(
-        pending=sum(p.pending for p in parts),
-        in_flight=sum(p.in_flight for p in parts),
-        enqueued=sum(p.enqueued for p in parts),
-        acked=sum(p.acked for p in parts),
-        nacked=sum(p.nacked for p in parts),
-        dead_lettered=sum(p.dead_lettered for p in parts),
-        expired=sum(p.expired for p in parts),
-        duplicates=sum(p.duplicates for p in parts),
-        dropped=sum(p.dropped for p in parts),
-        corrupt_skipped=sum(p.corrupt_skipped for p in parts),
-        segments=sum(p.segments for p in parts),
-        disk_bytes=sum(p.disk_bytes for p in parts),
+        for name, reader_stats in part.readers.items():
+            per_reader.setdefault(name, []).append(reader_stats)
+    readers = {
+        name: _summed(
+            ReaderStats,
+            rows,
+            name=name,
+            head=0,  # heads are ids of one shard each: no sum or maximum means anything
+            oldest_pending_age=max(r.oldest_pending_age for r in rows),
+        )
+        for name, rows in per_reader.items()
+    }
+    return _summed(
+        Stats,
+        parts,
         oldest_pending_age=max((p.oldest_pending_age for p in parts), default=0.0),
         next_id=max(global_id(p.next_id, i, shards) for i, p in enumerate(parts)),
         readers=readers,
     )
 
 
-class ShardedQueue:
+def _summed(kind: type[_Figures], parts: Sequence[_Figures], **others: Any) -> _Figures:
+    """A ``kind`` whose fields are the sums of ``parts``' fields, but for ``others``."""
+    sums = {
+        f.name: sum(getattr(part, f.name) for part in parts)
+        for f in dataclasses.fields(kind)
+        if f.name not in others
+    }
+    return kind(**sums, **others)
+
+
+class ShardedQueue(Closing):
     """A queue over ``shards`` ordinary queues; use :func:`ledgerq.open_sharded` to get one.
 
     ``queues`` holds the shard queues (``queues[i]`` is shard ``i``).  Thread-safe.
@@ -590,17 +589,6 @@ class ShardedQueue:
                     first = exc
         if first is not None:
             raise first
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self.shards} shards"

@@ -154,6 +154,14 @@ def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _check_positive(name: str, value: object, kinds: type | tuple[type, ...], what: str) -> None:
+    """TypeError unless ``value`` is one of ``kinds`` (a bool is not), ValueError unless > 0."""
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+    if not value > 0:  # type: ignore[operator]  # an int or a float, checked above
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
 def run(
     path: str | os.PathLike[str],
     handler: Handler,
@@ -171,16 +179,9 @@ def run(
     ``options``.  Runs until SIGINT/SIGTERM (graceful: in-flight tasks finish) or, with
     ``until_empty``, until no message is pending or in flight.
     """
-    if isinstance(processes, bool) or not isinstance(processes, int):
-        raise TypeError(f"processes must be an int, got {type(processes).__name__}")
-    if processes < 1:
-        raise ValueError(f"processes must be >= 1, got {processes}")
+    _check_positive("processes", processes, int, "an int")
     if task_timeout is not None:
-        if isinstance(task_timeout, bool) or not isinstance(task_timeout, (int, float)):
-            kind = type(task_timeout).__name__
-            raise TypeError(f"task_timeout must be a number of seconds or None, got {kind}")
-        if not task_timeout > 0:
-            raise ValueError(f"task_timeout must be > 0 seconds, got {task_timeout!r}")
+        _check_positive("task_timeout", task_timeout, (int, float), "a number of seconds")
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {type(handler).__name__}")
     methods = multiprocessing.get_all_start_methods()

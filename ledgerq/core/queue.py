@@ -17,8 +17,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Self
 
 from ledgerq._errors import (
     CorruptionError,
@@ -35,6 +33,7 @@ from ledgerq.core.args import (
     check_reader_start,
     check_ttl,
 )
+from ledgerq.core.closing import Closing
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.meta import ID_BLOCK, META_NAME, Meta, MetaStore
@@ -74,7 +73,7 @@ def _attempt(errors: list[Exception], step: Callable[[], object]) -> None:
         errors.append(exc)
 
 
-class QueueCore:
+class QueueCore(Closing):
     """A durable message queue in one directory.  Use :func:`ledgerq.open` to get one."""
 
     def __init__(
@@ -818,17 +817,6 @@ class QueueCore:
         if manager is not None:
             _attempt(ignored, manager.close)
         self._dirlock.release()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"next_id={self._next_id}"
