@@ -135,8 +135,7 @@ class AsyncReader:
                 # An expiring visibility timeout makes a message available without
                 # any enqueue or nack to wake us: wake up for it too.
                 expiry = reader.seconds_to_next_expiry()
-                if expiry is not None:
-                    pause = expiry if pause is None else min(pause, expiry)
+                pause = min((t for t in (pause, expiry) if t is not None), default=None)
                 try:
                     async with asyncio.timeout(pause):
                         await waker.event.wait()

@@ -475,9 +475,8 @@ class ShardedQueue(Closing):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return []
-            expiry = self._seconds_to_next_expiry()
-            if expiry is not None:
-                remaining = expiry if remaining is None else min(remaining, expiry)
+            expiry = self._seconds_to_next_expiry()  # a lease that times out frees a message
+            remaining = min((t for t in (remaining, expiry) if t is not None), default=None)
             with self._cond:
                 if self._generation == seen and not self._closed:
                     self._cond.wait(remaining)
