@@ -517,7 +517,12 @@ _BAD_VALUES: dict[str, list[tuple[object, type[Exception]]]] = {
     "reason": [(5, TypeError), (b"bytes", TypeError), (None, TypeError)],
     "priority": [("HIGH", TypeError), (1.0, TypeError), (True, TypeError), (7, ValueError)],
     "reader name": [(5, TypeError), (b"audit", TypeError), ("", ValueError), (".x", ValueError)],
-    "reader start": [(0, TypeError), (None, TypeError), ("middle", ValueError)],
+    "reader start": [
+        (1.5, TypeError),
+        (None, TypeError),
+        (b"latest", TypeError),
+        ("middle", ValueError),
+    ],
     "processes": [("4", TypeError), (2.0, TypeError), (True, TypeError), (0, ValueError)],
     "task_timeout": [("5", TypeError), (True, TypeError), (0, ValueError), (-1, ValueError)],
 }
