@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 import subprocess
@@ -254,7 +253,7 @@ def import_kestrel(
     imported).  See docs/kestrel.md.
     """
     from ledgerq.cli._common import progress
-    from ledgerq.kestrel import ImportReport
+    from ledgerq.kestrel import ImportReport, JournalDamage
     from ledgerq.kestrel import import_kestrel as run_import
 
     options = option_overrides(option_pairs)
@@ -270,11 +269,14 @@ def import_kestrel(
             **options,
         )
 
+    def damage_json(d: JournalDamage) -> dict[str, Any]:
+        return {"file": d.file, "offset": d.offset, "message": d.message}
+
     def as_dict(r: ImportReport) -> dict[str, Any]:
         return report_json(
             r,
             ignored=[{"file": f, "reason": why} for f, why in r.ignored],
-            damage=[dataclasses.asdict(d) for d in r.damage],
+            damage=[damage_json(d) for d in r.damage],
             readers=[{"reader": n, "result": what} for n, what in r.readers],
             children=[as_dict(c) for c in r.children],
             ok=r.ok,
