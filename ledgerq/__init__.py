@@ -19,15 +19,24 @@ from ledgerq._errors import (
     NotAQueueError,
     QueueClosedError,
     QueueLockedError,
+    StorageError,
     UnknownMessageError,
 )
 from ledgerq._follow import follow
-from ledgerq._options import Options
+from ledgerq._options import OpenOptions, Options
 from ledgerq._queue import Queue
-from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
+from ledgerq._types import (
+    Compression,
+    Item,
+    Message,
+    Priority,
+    ReaderStart,
+    ReaderStats,
+    Stats,
+    SyncMode,
+)
 from ledgerq.core.reader import Reader
-from ledgerq.segment.files import StorageError
-from ledgerq.shard import open_sharded
+from ledgerq.shard import ShardedQueue, open_sharded
 
 __version__ = "0.1.0"
 
@@ -45,6 +54,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "Compression",
     "ConfigError",
     "CorruptionError",
     "IncompatibleFormatError",
@@ -53,18 +63,51 @@ __all__ = [
     "Message",
     "MessageTooLargeError",
     "NotAQueueError",
+    "OpenOptions",
     "Options",
     "Priority",
     "Queue",
     "QueueClosedError",
     "QueueLockedError",
     "Reader",
+    "ReaderStart",
     "ReaderStats",
+    "ShardedQueue",
     "Stats",
     "StorageError",
+    "SyncMode",
     "UnknownMessageError",
     "__version__",
     "follow",
     "open",
     "open_sharded",
 ]
+
+
+def _publish(names: list[str]) -> None:
+    """Give the public classes and functions the public path ``ledgerq.<name>``.
+
+    Reprs, tracebacks, docs and pickles then name what users import, not the private
+    module that defines it (pickle finds a class by ``__module__`` + ``__qualname__``,
+    so ``ledgerq.Message`` must resolve - it does).  A class's string annotations
+    (``from __future__ import annotations``) are resolved first, in the module that
+    wrote them: ``typing.get_type_hints`` looks names up in ``sys.modules[__module__]``,
+    where a name like ``Mapping`` is not.
+    """
+    import inspect
+    import typing
+
+    namespace = globals()
+    for name in names:
+        obj = namespace[name]
+        if isinstance(obj, type):
+            own = inspect.get_annotations(obj)
+            if own:
+                hints = typing.get_type_hints(obj, include_extras=True)
+                obj.__annotations__ = {key: hints[key] for key in own}
+        elif not callable(obj):
+            continue  # type aliases and __version__ have no module of their own
+        obj.__module__ = __name__
+
+
+_publish(__all__)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Unpack
 
-from ledgerq._options import Options
+from ledgerq._options import OpenOptions, Options
 from ledgerq._queue import Queue, open_configured
 from ledgerq.segment.meta import stored_options
 
@@ -13,12 +13,13 @@ __all__ = ["open"]
 
 
 def open(  # noqa: A001 - the stdlib-like verb is the point
-    path: str | os.PathLike[str], options: Options | None = None, **kwargs: Any
+    path: str | os.PathLike[str], options: Options | None = None, **kwargs: Unpack[OpenOptions]
 ) -> Queue:
     """Open (creating if missing) the queue in directory ``path``.
 
-    Options come as an :class:`Options` object, as keyword arguments, or both
-    (keywords override).  A queue remembers the options it was opened with: options
+    Options come as an :class:`Options` object, as keyword arguments (their names and
+    types are :class:`OpenOptions`, which type checkers read), or both (keywords
+    override).  A queue remembers the options it was opened with: options
     not given as keywords (and no ``Options`` object) keep their stored values, so
     ``ledgerq.open(path)`` reopens a queue as it was configured.
 

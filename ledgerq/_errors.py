@@ -8,12 +8,19 @@ LedgerQError
 ├── QueueClosedError                   use after close()
 ├── MessageTooLargeError (also ValueError)
 ├── CorruptionError                    data that cannot be skipped safely
-└── UnknownMessageError (also KeyError) ack/nack of an id that is not leased
+├── UnknownMessageError (also KeyError) ack/nack of an id that is not leased
+└── StorageError (also OSError)        the OS refused to read or write a queue file
+
+Every one of them survives ``pickle`` (worker pools and ``multiprocessing`` send them
+between processes) with its type, its ``str()`` and its attributes: see
+:meth:`LedgerQError.__reduce__`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+from typing import Any
 
 __all__ = [
     "ConfigError",
@@ -24,12 +31,32 @@ __all__ = [
     "NotAQueueError",
     "QueueClosedError",
     "QueueLockedError",
+    "StorageError",
     "UnknownMessageError",
 ]
 
 
+def _rebuild(cls: type[LedgerQError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """Recreate a pickled error from its ``args`` and attributes, without its ``__init__``.
+
+    ``__init__`` of an error class takes what the raiser knows (a path, an errno) and
+    formats the message into ``args``; calling it again with that message would format
+    it twice (or fail, when it takes other arguments).  The base class's ``__init__``
+    only records ``args`` - and for an ``OSError`` sets ``errno``/``strerror`` from them.
+    """
+    exc = cls.__new__(cls, *args)
+    base_init = OSError.__init__ if issubclass(cls, OSError) else BaseException.__init__
+    base_init(exc, *args)
+    exc.__dict__.update(state)
+    return exc
+
+
 class LedgerQError(Exception):
     """Base class of every error ledgerq raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default, (type(self), self.args, state), calls __init__ with args: see _rebuild.
+        return (_rebuild, (type(self), self.args, self.__dict__))
 
 
 class ConfigError(LedgerQError, ValueError):
@@ -83,3 +110,33 @@ class UnknownMessageError(LedgerQError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+_HINTS = {
+    errno.ENOSPC: "the disk is full; free some space and retry",
+    errno.EDQUOT: "the disk quota is exhausted; free some space and retry",
+    errno.EROFS: "the file system is read-only",
+    errno.EIO: "the device reported an I/O error; check the disk",
+    errno.EACCES: "check the permissions of the queue directory",
+    errno.EPERM: "check the permissions of the queue directory",
+    errno.EMFILE: "the process has too many open files; raise its limit (ulimit -n)",
+}
+
+
+class StorageError(LedgerQError, OSError):
+    """An operating-system error while reading or writing queue files.
+
+    Carries the OS ``errno``, the file's ``path`` and the ``action`` that was not done;
+    the message says what to do about the common causes (a full disk, permissions).
+    """
+
+    def __init__(self, action: str, path: str, exc: OSError) -> None:
+        hint = _HINTS.get(exc.errno or 0, "")
+        reason = exc.strerror or str(exc)
+        message = f"could not {action} {path}: {reason}" + (f" ({hint})" if hint else "")
+        OSError.__init__(self, exc.errno or 0, message)
+        self.path = path
+        self.action = action
+
+    def __str__(self) -> str:
+        return str(self.args[1])

@@ -5,16 +5,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, get_args
 
 from ledgerq._errors import ConfigError
+from ledgerq._types import Compression, SyncMode
 
-__all__ = ["SYNC_MODES", "Options"]
+__all__ = ["COMPRESSIONS", "SYNC_MODES", "OpenOptions", "Options"]
 
 logger = logging.getLogger("ledgerq")
 
-SYNC_MODES = ("always", "interval", "never")
+SYNC_MODES: tuple[SyncMode, ...] = get_args(SyncMode)
+COMPRESSIONS: tuple[Compression, ...] = get_args(Compression)
 _MIB = 1024 * 1024
 
 
@@ -37,7 +40,7 @@ def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False
 
 
 def _still_valid(
-    cls: type[Options], remembered: dict[str, Any], kwargs: dict[str, Any]
+    cls: type[Options], remembered: dict[str, Any], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The stored options that still validate beside ``kwargs``; each other one is logged.
 
@@ -75,7 +78,7 @@ class Options:
 
     segment_size: int = 64 * _MIB
     index_interval: int = 4096
-    sync: str = "interval"
+    sync: SyncMode = "interval"
     sync_interval: float = 1.0
     priorities: bool = False
     starvation_after: float | None = 30.0
@@ -83,7 +86,7 @@ class Options:
     visibility_timeout: float | None = None
     dedup_window: float | None = None
     dedup_max_entries: int = 100_000
-    compression: str = "none"
+    compression: Compression = "none"
     compression_level: int = 3
     compression_min_size: int = 1024
     max_message_size: int = 16 * _MIB
@@ -107,9 +110,9 @@ class Options:
             raise ConfigError("option visibility_timeout must be > 0 (or None to disable)")
         _number("dedup_window", self.dedup_window, minimum=0.0, allow_none=True)
         _integer("dedup_max_entries", self.dedup_max_entries, minimum=1)
-        if self.compression not in ("none", "zstd"):
+        if self.compression not in COMPRESSIONS:
             raise ConfigError(
-                f"option compression must be 'none' or 'zstd', got {self.compression!r}"
+                f"option compression must be one of {COMPRESSIONS}, got {self.compression!r}"
             )
         _integer("compression_level", self.compression_level, minimum=-131072)
         if self.compression_level > 22:
@@ -125,8 +128,8 @@ class Options:
     def from_kwargs(
         cls,
         options: Options | None,
-        kwargs: dict[str, Any],
-        stored: dict[str, Any] | None = None,
+        kwargs: Mapping[str, Any],
+        stored: Mapping[str, Any] | None = None,
     ) -> Options:
         """Merge an ``Options`` object with keyword overrides; unknown names raise TypeError.
 
@@ -148,3 +151,29 @@ class Options:
         if not isinstance(options, Options):
             raise TypeError(f"options must be ledgerq.Options, got {type(options).__name__}")
         return dataclasses.replace(options, **kwargs) if kwargs else options
+
+
+class OpenOptions(TypedDict, total=False):
+    """The keyword options of :func:`ledgerq.open` (every field of :class:`Options`).
+
+    For type checkers: ``open(path, **options: Unpack[OpenOptions])`` lets them flag a
+    misspelled option or a value of the wrong type (``sync="sometimes"``) before it
+    runs.  Functions that pass options on to ``ledgerq.open`` take them the same way.
+    """
+
+    segment_size: int
+    index_interval: int
+    sync: SyncMode
+    sync_interval: float
+    priorities: bool
+    starvation_after: float | None
+    max_retries: int
+    visibility_timeout: float | None
+    dedup_window: float | None
+    dedup_max_entries: int
+    compression: Compression
+    compression_level: int
+    compression_min_size: int
+    max_message_size: int
+    retention_max_age: float | None
+    retention_max_bytes: int | None

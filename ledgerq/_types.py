@@ -1,12 +1,31 @@
-"""Public value types: Priority, Message, Item, Stats."""
+"""Public value types: Priority, Message, Item, Stats, and the option value literals."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Literal, TypeAlias
 
-__all__ = ["Item", "Message", "Priority", "ReaderStats", "Stats"]
+__all__ = [
+    "Compression",
+    "Item",
+    "Message",
+    "Priority",
+    "ReaderStart",
+    "ReaderStats",
+    "Stats",
+    "SyncMode",
+]
+
+SyncMode: TypeAlias = Literal["always", "interval", "never"]
+"""The values of the ``sync`` option: when an enqueue or ack reaches the disk."""
+
+Compression: TypeAlias = Literal["none", "zstd"]
+"""The values of the ``compression`` option."""
+
+ReaderStart: TypeAlias = Literal["earliest", "latest"]
+"""Where a new reader starts: the oldest retained message, or the tail."""
 
 
 class Priority(IntEnum):

@@ -34,32 +34,22 @@ Where each call runs (see docs/asyncio.md for the measurements):
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import ledgerq
+from ledgerq import Queue
 from ledgerq._errors import QueueClosedError
-from ledgerq._queue import Queue
-from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
+from ledgerq._types import Item, Message, Priority, ReaderStart, ReaderStats, Stats
+from ledgerq.core.args import check_count, check_timeout
 
 __all__ = ["AsyncQueue", "AsyncReader", "open"]
 
 _DEFAULT_READER = "default"  # the reader ``Queue.dequeue`` uses (docs/usage.md)
-
-
-def _check_timeout(timeout: object) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(
-            f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
-        )
-    if timeout < 0:
-        raise ValueError(f"timeout must be >= 0, got {timeout!r}")
-    return float(timeout)
 
 
 class _Waker:
@@ -119,7 +109,9 @@ class AsyncReader:
 
     async def dequeue_batch(self, n: int, timeout: float | None = 0) -> list[Message]:
         """Lease up to ``n`` messages; wait (as :meth:`dequeue`) only while there are none."""
-        wait = _check_timeout(timeout)
+        # The checks of the synchronous reader (the same error for the same bad value).
+        check_count("n", n)
+        wait = check_timeout(timeout)
         reader = self._reader
         # Inline, not in a thread: see the module docstring (cancellation safety).
         messages = reader.dequeue_batch(n, 0)
@@ -143,8 +135,7 @@ class AsyncReader:
                 # An expiring visibility timeout makes a message available without
                 # any enqueue or nack to wake us: wake up for it too.
                 expiry = reader.seconds_to_next_expiry()
-                if expiry is not None:
-                    pause = expiry if pause is None else min(pause, expiry)
+                pause = min((t for t in (pause, expiry) if t is not None), default=None)
                 try:
                     async with asyncio.timeout(pause):
                         await waker.event.wait()
@@ -284,7 +275,7 @@ class AsyncQueue:
         """A snapshot of the queue's figures (see :class:`ledgerq.Stats`)."""
         return await asyncio.to_thread(self._queue.stats)
 
-    async def reader(self, name: str, start: str = "earliest") -> AsyncReader:
+    async def reader(self, name: str, start: ReaderStart = "earliest") -> AsyncReader:
         """The named reader (created on first use, which writes its state file durably)."""
         reader = await asyncio.to_thread(self._queue.reader, name, start)
         return AsyncReader(self._queue, reader)
@@ -345,18 +336,14 @@ class _OpenJob:
     locked - with no owner.
     """
 
-    def __init__(
-        self, path: str | os.PathLike[str], options: ledgerq.Options | None, kwargs: dict[str, Any]
-    ) -> None:
-        self._path = path
-        self._options = options
-        self._kwargs = kwargs
+    def __init__(self, open_queue: Callable[[], Queue]) -> None:
+        self._open_queue = open_queue
         self._lock = threading.Lock()
         self._abandoned = False
         self._queue: Queue | None = None
 
     def run(self) -> Queue | None:
-        queue = ledgerq.open(self._path, self._options, **self._kwargs)
+        queue = self._open_queue()
         with self._lock:
             if not self._abandoned:
                 self._queue = queue
@@ -372,10 +359,8 @@ class _OpenJob:
         return queue
 
 
-async def _open(
-    path: str | os.PathLike[str], options: ledgerq.Options | None, kwargs: dict[str, Any]
-) -> AsyncQueue:
-    job = _OpenJob(path, options, kwargs)
+async def _open(open_queue: Callable[[], Queue]) -> AsyncQueue:
+    job = _OpenJob(open_queue)
     try:
         queue = await asyncio.to_thread(job.run)
     except asyncio.CancelledError:
@@ -390,34 +375,27 @@ async def _open(
 class _Opener:
     """What :func:`open` returns: await it, or use it with ``async with``."""
 
-    def __init__(
-        self, path: str | os.PathLike[str], options: ledgerq.Options | None, kwargs: dict[str, Any]
-    ) -> None:
-        self._path = path
-        self._options = options
-        self._kwargs = kwargs
+    def __init__(self, open_queue: Callable[[], Queue]) -> None:
+        self._open_queue = open_queue
         self._queue: AsyncQueue | None = None
 
     def __await__(self) -> Generator[Any, None, AsyncQueue]:
-        return _open(self._path, self._options, self._kwargs).__await__()
+        return _open(self._open_queue).__await__()
 
     async def __aenter__(self) -> AsyncQueue:
-        self._queue = await _open(self._path, self._options, self._kwargs)
+        self._queue = await _open(self._open_queue)
         return self._queue
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         queue, self._queue = self._queue, None
         if queue is not None:
-            await queue.close()
+            await queue.__aexit__(*exc_info)
 
 
 def open(  # noqa: A001 - mirrors ledgerq.open
-    path: str | os.PathLike[str], options: ledgerq.Options | None = None, **kwargs: Any
+    path: str | os.PathLike[str],
+    options: ledgerq.Options | None = None,
+    **kwargs: Unpack[ledgerq.OpenOptions],
 ) -> _Opener:
     """Open (creating if missing) the queue in ``path`` for asyncio, in a worker thread.
 
@@ -425,4 +403,4 @@ def open(  # noqa: A001 - mirrors ledgerq.open
     ``async with ledgerq.aio.open(path, **options) as q:`` (closes on exit).
     Options and errors are those of :func:`ledgerq.open`, raised when awaited.
     """
-    return _Opener(path, options, kwargs)
+    return _Opener(functools.partial(ledgerq.open, path, options, **kwargs))

@@ -36,45 +36,29 @@ class SupportsStats(Protocol):
     def stats(self) -> Stats: ...
 
 
-# (metric name, Stats field, help).  Gauges are levels; counters count since the queue
-# was created (they survive reopening), so Prometheus rate() works across restarts.
-_GAUGES = (
-    ("ledgerq_pending", "pending", "Messages waiting for delivery (default reader)."),
-    ("ledgerq_in_flight", "in_flight", "Messages leased and not yet acked (default reader)."),
-    ("ledgerq_segments", "segments", "Segment files on disk."),
-    ("ledgerq_disk_bytes", "disk_bytes", "Bytes of segment files on disk."),
-    (
-        "ledgerq_oldest_pending_age_seconds",
-        "oldest_pending_age",
-        "Age of the oldest pending message (default reader); 0 when empty.",
-    ),
-    ("ledgerq_next_id", "next_id", "The id the next enqueued message will get."),
-)
-_COUNTERS = (
-    ("ledgerq_enqueued", "enqueued", "Messages enqueued."),
-    ("ledgerq_acked", "acked", "Messages acked (default reader)."),
-    ("ledgerq_nacked", "nacked", "Nacks (default reader)."),
-    ("ledgerq_dead_lettered", "dead_lettered", "Messages moved to the DLQ (default reader)."),
-    ("ledgerq_expired", "expired", "Messages dropped because their TTL passed (default reader)."),
-    ("ledgerq_duplicates", "duplicates", "Enqueues dropped as duplicates by dedup_id."),
-    ("ledgerq_dropped", "dropped", "Unconsumed messages dropped by retention_max_bytes."),
-    ("ledgerq_corrupt_skipped", "corrupt_skipped", "Corrupt entries skipped while reading."),
-)
-_READER_GAUGES = (
-    ("ledgerq_reader_pending", "pending", "Messages waiting for delivery to the reader."),
-    ("ledgerq_reader_in_flight", "in_flight", "Messages the reader leased and has not acked."),
-    (
-        "ledgerq_reader_oldest_pending_age_seconds",
-        "oldest_pending_age",
-        "Age of the reader's oldest pending message; 0 when empty.",
-    ),
-    ("ledgerq_reader_head", "head", "The lowest id the reader may still need to deliver."),
-)
-_READER_COUNTERS = (
-    ("ledgerq_reader_acked", "acked", "Messages the reader acked."),
-    ("ledgerq_reader_nacked", "nacked", "Nacks by the reader."),
-    ("ledgerq_reader_expired", "expired", "Messages the reader skipped as expired (TTL)."),
-    ("ledgerq_reader_dead_lettered", "dead_lettered", "Messages the reader dead-lettered."),
+# Every series: (Stats / ReaderStats field, type, help, whose).  The queue's series is
+# ledgerq_<field>, a reader's ledgerq_reader_<field>, with "_seconds" after an age (see
+# _metric_name); "whose" says which of them exist.  In the help, {reader} is the default
+# reader for the queue's series (its figures are the default reader's, as in stats()).
+# Gauges are levels; counters count since the queue was created (they survive
+# reopening), so Prometheus rate() works across restarts.
+_QUEUE, _READER, _BOTH = ("queue",), ("reader",), ("queue", "reader")
+_SERIES = (
+    ("pending", "gauge", "Messages waiting for delivery to {reader}.", _BOTH),
+    ("in_flight", "gauge", "Messages {reader} leased and has not acked.", _BOTH),
+    ("segments", "gauge", "Segment files on disk.", _QUEUE),
+    ("disk_bytes", "gauge", "Bytes of segment files on disk.", _QUEUE),
+    ("oldest_pending_age", "gauge", "Age of {reader}'s oldest pending message; 0: none.", _BOTH),
+    ("next_id", "gauge", "The id the next enqueued message will get.", _QUEUE),
+    ("head", "gauge", "The lowest id {reader} may still need to deliver.", _READER),
+    ("enqueued", "counter", "Messages enqueued.", _QUEUE),
+    ("acked", "counter", "Messages {reader} acked.", _BOTH),
+    ("nacked", "counter", "Nacks by {reader}.", _BOTH),
+    ("dead_lettered", "counter", "Messages {reader} moved to the DLQ.", _BOTH),
+    ("expired", "counter", "Messages {reader} skipped because their TTL passed.", _BOTH),
+    ("duplicates", "counter", "Enqueues dropped as duplicates by dedup_id.", _QUEUE),
+    ("dropped", "counter", "Unconsumed messages dropped by retention_max_bytes.", _QUEUE),
+    ("corrupt_skipped", "counter", "Corrupt entries skipped while reading.", _QUEUE),
 )
 _QUEUE_LABELS = ["queue"]
 _READER_LABELS = ["queue", "reader"]
@@ -91,12 +75,11 @@ def _default_name(queue: SupportsStats) -> str:
 class QueueCollector(Collector):
     """A prometheus-client collector exporting queues' :meth:`~ledgerq.Queue.stats`.
 
-    Register it with a ``CollectorRegistry``.  Every series carries the label
-    ``queue`` (``name``, by default the queue directory's base name); the
-    per-reader series (``ledgerq_reader_*``) also ``reader``.  To export several
-    queues from one registry, :meth:`add` them to one collector: two collectors
-    would export the same metric names, which the registry refuses.  A closed
-    queue exports nothing (a scrape never fails because of it).
+    Register one per queue with a ``CollectorRegistry`` - any number of them in one
+    registry - or :meth:`add` several queues to one collector.  Every series carries
+    the label ``queue`` (``name``, by default the queue directory's base name); the
+    per-reader series (``ledgerq_reader_*``) also ``reader``.  A closed queue exports
+    nothing (a scrape never fails because of it).
     """
 
     def __init__(self, queue: SupportsStats, name: str | None = None) -> None:
@@ -115,8 +98,17 @@ class QueueCollector(Collector):
             self._queues.append((label, queue))
 
     def describe(self) -> Iterator[Metric]:
-        """The metric families, without samples (the registry checks names with this)."""
-        yield from self._families()[0]
+        """Claim no metric names, so that any number of collectors share a registry.
+
+        A registry calls ``describe`` when a collector is registered and refuses one
+        that describes a name another collector already described (prometheus-client's
+        ``DuplicateTimeseries``).  Every QueueCollector exports the same names, told
+        apart by the ``queue`` label, so claiming them would allow one per registry; the
+        prometheus-client documentation's answer for such collectors is an empty
+        ``describe``.  It also keeps registration from calling ``stats()`` (a registry
+        with ``auto_describe`` would call :meth:`collect` instead of a missing describe).
+        """
+        return iter(())
 
     def collect(self) -> Iterator[Metric]:
         """One sample per queue (and per reader) for every family; nothing for closed queues."""
@@ -139,20 +131,26 @@ class QueueCollector(Collector):
             yield from families
 
     @staticmethod
-    def _families() -> tuple[
-        list[Metric],
-        list[tuple[GaugeMetricFamily | CounterMetricFamily, str]],
-        list[tuple[GaugeMetricFamily | CounterMetricFamily, str]],
-    ]:
-        queue_rows: list[tuple[GaugeMetricFamily | CounterMetricFamily, str]] = []
-        reader_rows: list[tuple[GaugeMetricFamily | CounterMetricFamily, str]] = []
-        for name, field, doc in _GAUGES:
-            queue_rows.append((GaugeMetricFamily(name, doc, labels=_QUEUE_LABELS), field))
-        for name, field, doc in _COUNTERS:
-            queue_rows.append((CounterMetricFamily(name, doc, labels=_QUEUE_LABELS), field))
-        for name, field, doc in _READER_GAUGES:
-            reader_rows.append((GaugeMetricFamily(name, doc, labels=_READER_LABELS), field))
-        for name, field, doc in _READER_COUNTERS:
-            reader_rows.append((CounterMetricFamily(name, doc, labels=_READER_LABELS), field))
+    def _families() -> tuple[list[Metric], list[_Row], list[_Row]]:
+        queue_rows = _rows("ledgerq_", "queue", "the default reader", _QUEUE_LABELS)
+        reader_rows = _rows("ledgerq_reader_", "reader", "the reader", _READER_LABELS)
         families: list[Metric] = [family for family, _ in queue_rows + reader_rows]
         return families, queue_rows, reader_rows
+
+
+_Row = tuple[GaugeMetricFamily | CounterMetricFamily, str]  # a family and its Stats field
+
+
+def _metric_name(prefix: str, field: str) -> str:
+    return f"{prefix}{field}_seconds" if field.endswith("_age") else f"{prefix}{field}"
+
+
+def _rows(prefix: str, scope: str, reader: str, labels: list[str]) -> list[_Row]:
+    """A fresh family (no samples yet) for each series of ``scope``, with its field."""
+    rows: list[_Row] = []
+    for field, kind, doc, whose in _SERIES:
+        if scope in whose:
+            family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            name = _metric_name(prefix, field)
+            rows.append((family_type(name, doc.format(reader=reader), labels=labels), field))
+    return rows

@@ -36,16 +36,18 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
-from typing import Any, Self
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar, Unpack
 
 import xxhash
 
 from ledgerq import _api
 from ledgerq._errors import ConfigError, QueueClosedError, UnknownMessageError
+from ledgerq._options import OpenOptions
 from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
+from ledgerq.core.args import check_count, check_id, check_timeout
+from ledgerq.core.closing import Closing
 from ledgerq.segment.files import atomic_write
 
 __all__ = [
@@ -231,53 +233,56 @@ def _existing_shard_counts(root: str, prefix: str) -> set[int]:
 
 # ---------------------------------------------------------------------- the queue
 
+_Figures = TypeVar("_Figures", Stats, ReaderStats)
+
 
 def _sum_stats(parts: list[Stats], shards: int) -> Stats:
-    readers: dict[str, ReaderStats] = {}
+    """The figures of every shard (``parts[i]`` is shard ``i``'s) as one queue's."""
+    per_reader: dict[str, list[ReaderStats]] = {}
     for part in parts:
-        for name, rs in part.readers.items():
-            seen = readers.get(name)
-            if seen is None:
-                readers[name] = dataclasses.replace(rs, head=0)
-            else:
-                readers[name] = ReaderStats(
-                    name=name,
-                    pending=seen.pending + rs.pending,
-                    in_flight=seen.in_flight + rs.in_flight,
-                    acked=seen.acked + rs.acked,
-                    nacked=seen.nacked + rs.nacked,
-                    expired=seen.expired + rs.expired,
-                    dead_lettered=seen.dead_lettered + rs.dead_lettered,
-                    head=0,
-                    oldest_pending_age=max(seen.oldest_pending_age, rs.oldest_pending_age),
-                )
-    return Stats(
-        pending=sum(p.pending for p in parts),
-        in_flight=sum(p.in_flight for p in parts),
-        enqueued=sum(p.enqueued for p in parts),
-        acked=sum(p.acked for p in parts),
-        nacked=sum(p.nacked for p in parts),
-        dead_lettered=sum(p.dead_lettered for p in parts),
-        expired=sum(p.expired for p in parts),
-        duplicates=sum(p.duplicates for p in parts),
-        dropped=sum(p.dropped for p in parts),
-        corrupt_skipped=sum(p.corrupt_skipped for p in parts),
-        segments=sum(p.segments for p in parts),
-        disk_bytes=sum(p.disk_bytes for p in parts),
+        for name, reader_stats in part.readers.items():
+            per_reader.setdefault(name, []).append(reader_stats)
+    readers = {
+        name: _summed(
+            ReaderStats,
+            rows,
+            name=name,
+            head=0,  # heads are ids of one shard each: no sum or maximum means anything
+            oldest_pending_age=max(r.oldest_pending_age for r in rows),
+        )
+        for name, rows in per_reader.items()
+    }
+    return _summed(
+        Stats,
+        parts,
         oldest_pending_age=max((p.oldest_pending_age for p in parts), default=0.0),
         next_id=max(global_id(p.next_id, i, shards) for i, p in enumerate(parts)),
         readers=readers,
     )
 
 
-class ShardedQueue:
+def _summed(kind: type[_Figures], parts: Sequence[_Figures], **others: Any) -> _Figures:
+    """A ``kind`` whose fields are the sums of ``parts``' fields, but for ``others``."""
+    sums = {
+        f.name: sum(getattr(part, f.name) for part in parts)
+        for f in dataclasses.fields(kind)
+        if f.name not in others
+    }
+    return kind(**sums, **others)
+
+
+class ShardedQueue(Closing):
     """A queue over ``shards`` ordinary queues; use :func:`ledgerq.open_sharded` to get one.
 
     ``queues`` holds the shard queues (``queues[i]`` is shard ``i``).  Thread-safe.
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Any
+        self,
+        root: str | os.PathLike[str],
+        shards: int,
+        prefix: str = "",
+        **options: Unpack[OpenOptions],
     ) -> None:
         if not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"root must be a str or os.PathLike, got {type(root).__name__}")
@@ -341,8 +346,7 @@ class ShardedQueue:
         return split_id(self._check_id(message_id), self.shards)[0]
 
     def _check_id(self, message_id: object) -> int:
-        if isinstance(message_id, bool) or not isinstance(message_id, int):
-            raise TypeError(f"message id must be an int, got {type(message_id).__name__}")
+        message_id = check_id(message_id)
         if message_id < self.shards:
             raise UnknownMessageError(f"message {message_id} was not handed out by {self.root}")
         return message_id
@@ -458,16 +462,9 @@ class ShardedQueue:
         call, each asked for an equal share, so no shard starves another.  ``timeout``
         as for :meth:`ledgerq.Queue.dequeue`.  Message ids are global ids.
         """
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-                raise TypeError(f"timeout must be a number or None, got {type(timeout).__name__}")
-            if timeout < 0:
-                raise ValueError(f"timeout must be >= 0, got {timeout!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        n = check_count("n", n)
+        wait = check_timeout(timeout)
+        deadline = None if wait is None else time.monotonic() + wait
         while True:
             self._ensure_open()
             with self._cond:
@@ -478,9 +475,8 @@ class ShardedQueue:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return []
-            expiry = self._seconds_to_next_expiry()
-            if expiry is not None:
-                remaining = expiry if remaining is None else min(remaining, expiry)
+            expiry = self._seconds_to_next_expiry()  # a lease that times out frees a message
+            remaining = min((t for t in (remaining, expiry) if t is not None), default=None)
             with self._cond:
                 if self._generation == seen and not self._closed:
                     self._cond.wait(remaining)
@@ -517,8 +513,7 @@ class ShardedQueue:
 
     def peek(self, n: int = 1) -> list[Message]:
         """Up to ``n`` pending messages (round-robin over the shards), without leasing them."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
+        n = check_count("n", n)
         self._ensure_open()
         per_shard = [[self._globalize(i, m) for m in q.peek(n)] for i, q in enumerate(self.queues)]
         found: list[Message] = []
@@ -594,17 +589,6 @@ class ShardedQueue:
         if first is not None:
             raise first
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self.shards} shards"
         prefix = f" prefix={self.prefix!r}" if self.prefix else ""
@@ -617,7 +601,7 @@ class ShardedQueue:
 
 
 def open_sharded(
-    root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Any
+    root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Unpack[OpenOptions]
 ) -> ShardedQueue:
     """Open (creating if missing) a queue of ``shards`` ordinary queues under ``root``.
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Unpack
 
 import ledgerq
 from ledgerq._types import Message
@@ -177,6 +177,14 @@ def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _check_positive(name: str, value: object, kinds: type | tuple[type, ...], what: str) -> None:
+    """TypeError unless ``value`` is one of ``kinds`` (a bool is not), ValueError unless > 0."""
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+    if not value > 0:  # type: ignore[operator]  # an int or a float, checked above
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
 def run(
     path: str | os.PathLike[str],
     handler: Handler,
@@ -184,7 +192,7 @@ def run(
     processes: int = 4,
     task_timeout: float | None = None,
     until_empty: bool = False,
-    **options: Any,
+    **options: Unpack[ledgerq.OpenOptions],
 ) -> WorkerReport:
     """Process the queue at ``path`` with ``handler`` in ``processes`` child processes.
 
@@ -194,10 +202,9 @@ def run(
     ``options``.  Runs until SIGINT/SIGTERM (graceful: in-flight tasks finish) or, with
     ``until_empty``, until no message is pending or in flight.
     """
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ValueError(f"processes must be a positive int, got {processes!r}")
-    if task_timeout is not None and not task_timeout > 0:
-        raise ValueError(f"task_timeout must be a positive number of seconds, got {task_timeout!r}")
+    _check_positive("processes", processes, int, "an int")
+    if task_timeout is not None:
+        _check_positive("task_timeout", task_timeout, (int, float), "a number of seconds")
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {type(handler).__name__}")
     methods = multiprocessing.get_all_start_methods()

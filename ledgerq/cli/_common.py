@@ -38,8 +38,10 @@ __all__ = [
     "parse_duration",
     "payload_option",
     "plural",
+    "positive_int_option",
     "progress",
     "queue_argument",
+    "report_json",
     "require_queue",
     "stderr_console",
     "stdout_console",
@@ -92,6 +94,23 @@ def payload_option(func: F) -> F:
         help="How JSON carries payloads: UTF-8 text, base64, or auto (text when valid "
         "UTF-8, else base64); the payload_encoding field says which.",
     )(func)
+
+
+def positive_int_option(
+    *decls: str,
+    default: int,
+    help: str,  # noqa: A002 - click's name for it
+    metavar: str | None = None,
+) -> Callable[[F], F]:
+    """An option taking an int >= 1, with a default shown in ``--help``."""
+    return click.option(
+        *decls,
+        type=click.IntRange(min=1),
+        default=default,
+        show_default=True,
+        metavar=metavar,
+        help=help,
+    )
 
 
 def options_option(func: F) -> F:
@@ -245,6 +264,18 @@ def message_json(message: ledgerq.Message, mode: str, *, attempts: bool = True) 
     value["headers"] = message.headers
     value["payload"] = payload
     value["payload_encoding"] = encoding
+    return value
+
+
+def report_json(report: Any, **fields: Any) -> dict[str, Any]:
+    """A report (a dataclass) as a JSON object: its fields, tuples as lists, and ``fields``.
+
+    ``fields`` replace the fields whose JSON form is not the value itself (pairs that
+    read better as objects, nested reports) or add some (properties such as ``ok``).
+    """
+    value = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
+    value = {k: list(v) if isinstance(v, tuple) else v for k, v in value.items()}
+    value.update(fields)
     return value
 
 

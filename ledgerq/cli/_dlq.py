@@ -172,7 +172,12 @@ def show(
     metavar="ID",
     help="A dead-lettered message to requeue (repeatable).",
 )
-@click.option("--all", "all_", is_flag=True, help="Requeue every dead-lettered message.")
+@click.option(
+    "--all",
+    "all_",
+    is_flag=True,
+    help="Requeue every dead-lettered message (what no selection means too).",
+)
 @click.option(
     "--where-reason",
     metavar="TEXT",
@@ -190,17 +195,19 @@ def requeue(
 ) -> None:
     """Move dead-lettered messages of QUEUE back to it as new messages.
 
-    Give --id (repeatable), --all, or --where-reason; --id and --where-reason
-    together requeue the given ids whose reason matches.  Each message comes back with
-    a new id, its original payload and headers (the dlq.* ones removed), attempts
-    starting again.
+    Without --id or --where-reason every dead-lettered message goes back, as
+    Queue.requeue_dlq() does (--all says so explicitly).  --id (repeatable) and
+    --where-reason choose some; together they requeue the given ids whose reason
+    matches.  Each message comes back with a new id, its original payload and headers
+    (the dlq.* ones removed), attempts starting again.
     """
-    if not (ids or all_ or where_reason is not None):
-        raise click.UsageError("say which messages: --id ID, --all or --where-reason TEXT")
+    # Requeueing loses nothing (the messages go back to the queue they failed in), so
+    # like the API it needs no selection; purge, which deletes, asks for --yes.
     if all_ and (ids or where_reason is not None):
         raise click.UsageError(
             "--all requeues everything; do not combine it with --id or --where-reason"
         )
+    all_ = all_ or not (ids or where_reason is not None)
     with using_existing(queue, option_overrides(option_pairs)) as q:
         messages = _messages(q)
         present = {m.id for m in messages}

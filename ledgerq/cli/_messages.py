@@ -24,6 +24,7 @@ from ledgerq.cli._common import (
     options_option,
     payload_option,
     plural,
+    positive_int_option,
     queue_argument,
     stdout_console,
     using_existing,
@@ -294,14 +295,7 @@ def _preview(payload: bytes, width: int = 48) -> str:
 
 @click.command()
 @queue_argument
-@click.option(
-    "-n",
-    "count",
-    type=click.IntRange(min=1),
-    default=10,
-    show_default=True,
-    help="How many messages to show.",
-)
+@positive_int_option("-n", "count", default=10, help="How many messages to show.")
 @json_option
 @payload_option
 @options_option

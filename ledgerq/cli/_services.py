@@ -17,7 +17,9 @@ from ledgerq.cli._common import (
     json_option,
     option_overrides,
     options_option,
+    positive_int_option,
     queue_argument,
+    report_json,
     require_queue,
     write_json,
     write_line,
@@ -63,13 +65,7 @@ def load_handler(spec: str) -> Callable[..., Any]:
 @click.command()
 @queue_argument
 @click.argument("handler_spec", metavar="MODULE:FUNCTION")
-@click.option(
-    "--processes",
-    type=click.IntRange(min=1),
-    default=4,
-    show_default=True,
-    help="Worker processes.",
-)
+@positive_int_option("--processes", default=4, help="Worker processes.")
 @click.option(
     "--task-timeout",
     type=click.FloatRange(min=0, min_open=True),
@@ -135,28 +131,22 @@ def worker(
     show_default=True,
     help="TCP port; 0 picks a free one (the bound address is printed on stdout).",
 )
-@click.option(
+@positive_int_option(
     "--max-item-size",
-    type=click.IntRange(min=1),
     default=16 << 20,
-    show_default=True,
     metavar="BYTES",
     help="Largest item a set may store; a larger one is refused with "
     "'SERVER_ERROR object too large for cache' and its data skipped unread.",
 )
-@click.option(
+@positive_int_option(
     "--max-connections",
-    type=click.IntRange(min=1),
     default=4096,
-    show_default=True,
     help="Connections served at once; one more is answered "
     "'SERVER_ERROR too many open connections' and closed.",
 )
-@click.option(
+@positive_int_option(
     "--max-open-reads",
-    type=click.IntRange(min=1),
     default=1,
-    show_default=True,
     help="Open reads (get q/open) one connection may hold per queue; one more is a "
     "CLIENT_ERROR that leaves the open reads as they were.",
 )
@@ -171,11 +161,9 @@ def worker(
     is_flag=True,
     help="Let a client stop the server with the 'shutdown' command (refused otherwise).",
 )
-@click.option(
+@positive_int_option(
     "--threads",
-    type=click.IntRange(min=1),
     default=16,
-    show_default=True,
     help="Threads doing blocking queue work (writes, fsyncs, acks) off the event loop.",
 )
 @options_option
@@ -270,7 +258,7 @@ def import_kestrel(
     docs/kestrel.md.
     """
     from ledgerq.cli._common import progress
-    from ledgerq.kestrel import KESTREL3, ImportReport
+    from ledgerq.kestrel import KESTREL3, ImportReport, JournalDamage
     from ledgerq.kestrel import import_kestrel as run_import
 
     options = option_overrides(option_pairs)
@@ -286,31 +274,19 @@ def import_kestrel(
             **options,
         )
 
+    def damage_json(d: JournalDamage) -> dict[str, Any]:
+        return {"file": d.file, "offset": d.offset, "message": d.message}
+
     def as_dict(r: ImportReport) -> dict[str, Any]:
-        return {
-            "source": r.source,
-            "dest": r.dest,
-            "queue": r.queue,
-            "format": r.format,
-            "reader": r.reader,
-            "found": r.found,
-            "imported": r.imported,
-            "already_imported": r.already_imported,
-            "expired_dropped": r.expired_dropped,
-            "expired_kept": r.expired_kept,
-            "read_by_reader": r.read_by_reader,
-            "open_transactions": r.open_transactions,
-            "files": list(r.files),
-            "ignored": [{"file": f, "reason": why} for f, why in r.ignored],
-            "quirks": list(r.quirks),
-            "damage": [
-                {"file": d.file, "offset": d.offset, "message": d.message} for d in r.damage
-            ],
-            "cut": [{"file": d.file, "offset": d.offset, "message": d.message} for d in r.cut],
-            "readers": [{"reader": n, "result": what} for n, what in r.readers],
-            "children": [as_dict(c) for c in r.children],
-            "ok": r.ok,
-        }
+        return report_json(
+            r,
+            ignored=[{"file": f, "reason": why} for f, why in r.ignored],
+            damage=[damage_json(d) for d in r.damage],
+            cut=[damage_json(d) for d in r.cut],
+            readers=[{"reader": n, "result": what} for n, what in r.readers],
+            children=[as_dict(c) for c in r.children],
+            ok=r.ok,
+        )
 
     def describe(r: ImportReport) -> None:
         reader = f", reader {r.reader!r}" if r.reader else ""
@@ -413,20 +389,8 @@ def ship(
     require_queue(src_queue)
 
     def as_dict(r: ShipReport) -> dict[str, Any]:
-        return {
-            "source": r.source,
-            "dest": r.dest,
-            "client_id": r.client_id,
-            "passes": r.passes,
-            "messages": r.messages,
-            "bytes": r.bytes,
-            "segments": r.segments,
-            "last_id": r.last_id,
-            "deleted_segments": r.deleted_segments,
-            "deleted_bytes": r.deleted_bytes,
-            "corrupt": [{"file": f, "offset": o, "length": n} for f, o, n in r.corrupt],
-            "notes": list(r.notes),
-        }
+        corrupt = [{"file": f, "offset": o, "length": n} for f, o, n in r.corrupt]
+        return report_json(r, corrupt=corrupt)
 
     def describe(r: ShipReport) -> None:
         if as_json:

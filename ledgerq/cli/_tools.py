@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -17,6 +18,7 @@ from ledgerq.cli._common import (
     options_option,
     payload_option,
     plural,
+    positive_int_option,
     progress,
     queue_argument,
     require_queue,
@@ -33,13 +35,7 @@ _FLUSH_BYTES = 1 << 16
 
 @click.command()
 @queue_argument
-@click.option(
-    "--from-id",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Start at this message id.",
-)
+@positive_int_option("--from-id", default=1, help="Start at this message id.")
 @click.option("-n", "--limit", type=click.IntRange(min=1), help="Stop after this many messages.")
 @payload_option
 @json_option
@@ -71,26 +67,14 @@ def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json
 
 
 def _problem_json(problem: tools.Problem) -> dict[str, Any]:
-    return {
-        "file": problem.file,
-        "offset": problem.offset,
-        "kind": problem.kind,
-        "message": problem.message,
-    }
+    """``file``, ``offset``, ``kind``, ``message``: the fields of the problem."""
+    return dataclasses.asdict(problem)
 
 
 def _report_json(report: tools.VerifyReport) -> dict[str, Any]:
-    return {
-        "queue": report.path,
-        "ok": report.ok,
-        "segments": report.segments,
-        "entries": report.entries,
-        "bytes_checked": report.bytes_checked,
-        "index_files": report.index_files,
-        "reader_files": report.reader_files,
-        "queues": list(report.queues),
-        "problems": [_problem_json(p) for p in report.problems],
-    }
+    """Every field of the report (its ``path`` as ``queue``), ``ok`` and the problems."""
+    fields = dataclasses.asdict(report)
+    return {"queue": fields.pop("path"), "ok": report.ok, **fields}
 
 
 def _summary(report: tools.VerifyReport) -> str:

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import re
+from typing import get_args
+
 from ledgerq._errors import MessageTooLargeError
+from ledgerq._types import ReaderStart
 
 __all__ = [
+    "READER_NAME",
     "check_count",
     "check_dedup_id",
     "check_id",
     "check_payload",
     "check_priority",
+    "check_reader_name",
+    "check_reader_start",
     "check_timeout",
     "check_ttl",
 ]
+
+READER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
+"""A reader's name: 1-100 of ``[A-Za-z0-9_.-]``, not starting with ``.`` or ``-``."""
+
+_READER_STARTS: tuple[ReaderStart, ...] = get_args(ReaderStart)
 
 _BYTES_TYPES = (bytes, bytearray, memoryview)
 
@@ -68,7 +80,7 @@ def check_timeout(timeout: object) -> float | None:
         raise TypeError(
             f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
         )
-    if timeout < 0:
+    if not timeout >= 0:  # NaN too: a wait of NaN seconds has no end
         raise ValueError(f"timeout must be >= 0, got {timeout!r}")
     return float(timeout)
 
@@ -87,3 +99,27 @@ def check_count(name: str, n: object) -> int:
     if n < 1:
         raise ValueError(f"{name} must be >= 1, got {n}")
     return n
+
+
+def check_reader_name(name: object) -> str:
+    """A reader name (see :data:`READER_NAME`); it is also the name of its state file."""
+    if not isinstance(name, str):
+        raise TypeError(f"reader name must be a str, got {type(name).__name__}")
+    if not READER_NAME.match(name):
+        raise ValueError(
+            f"invalid reader name {name!r}: use 1-100 characters of letters, digits, "
+            "'_', '-' and '.', not starting with '.' or '-'"
+        )
+    return name
+
+
+def check_reader_start(start: object) -> ReaderStart | int:
+    """Where a new reader starts: ``"earliest"``, ``"latest"`` or an id (bounds: the queue's)."""
+    if isinstance(start, int) and not isinstance(start, bool):
+        return start
+    if not isinstance(start, str):
+        raise TypeError(f"start must be 'earliest', 'latest' or an id, got {type(start).__name__}")
+    for known in _READER_STARTS:
+        if start == known:
+            return known
+    raise ValueError(f"start must be 'earliest', 'latest' or an id, got {start!r}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -584,7 +585,7 @@ class Reader:
         if it is nacked, its visibility timeout passes, or the queue is
         reopened before it is acked.  Expired (TTL) messages are skipped.
         """
-        if timeout == 0:  # the common polling call: no wait, no list
+        if timeout == 0 and timeout is not False:  # the common polling call: no wait, no list
             queue = self._queue
             core = self._core
             with queue._lock:
@@ -669,7 +670,8 @@ class Reader:
         """
         ids = [check_id(message_id) for message_id in message_ids]
         if len(set(ids)) != len(ids):
-            raise ValueError("ack_batch got the same message id twice")
+            twice = next(i for i, count in Counter(ids).items() if count > 1)
+            raise ValueError(f"ack_batch got message id {twice} twice; nothing was acked")
         if not ids:
             return
         queue = self._queue

@@ -7,12 +7,11 @@ directory, so a crash leaves either the old file or the new one, never a mix.
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ledgerq._errors import LedgerQError
+from ledgerq._errors import StorageError  # defined with the error tree; the storage layer raises it
 
 __all__ = [
     "StorageError",
@@ -26,34 +25,6 @@ __all__ = [
     "write_all",
     "write_parts",
 ]
-
-_HINTS = {
-    errno.ENOSPC: "the disk is full; free some space and retry",
-    errno.EDQUOT: "the disk quota is exhausted; free some space and retry",
-    errno.EROFS: "the file system is read-only",
-    errno.EIO: "the device reported an I/O error; check the disk",
-    errno.EACCES: "check the permissions of the queue directory",
-    errno.EPERM: "check the permissions of the queue directory",
-    errno.EMFILE: "the process has too many open files; raise its limit (ulimit -n)",
-}
-
-
-class StorageError(LedgerQError, OSError):
-    """An operating-system error while reading or writing queue files.
-
-    Carries the OS ``errno`` and the file's path; the message says what was not done.
-    """
-
-    def __init__(self, action: str, path: str, exc: OSError) -> None:
-        hint = _HINTS.get(exc.errno or 0, "")
-        reason = exc.strerror or str(exc)
-        message = f"could not {action} {path}: {reason}" + (f" ({hint})" if hint else "")
-        OSError.__init__(self, exc.errno or 0, message)
-        self.path = path
-        self.action = action
-
-    def __str__(self) -> str:
-        return str(self.args[1])
 
 
 @contextmanager

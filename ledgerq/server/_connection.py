@@ -590,12 +590,23 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ Kestrel extras
 
-    async def _confirm(self, command: p.Confirm) -> None:
+    def _queue_key(self, key: bytes, *, noreply: bool = False) -> tuple[str, str | None] | None:
+        """The queue and reader ``key`` names, or None after answering CLIENT_ERROR.
+
+        ``noreply`` (a command sent with it) suppresses the answer, not the refusal.
+        """
         try:
-            queue, reader = p.parse_queue_key(command.key)
+            return p.parse_queue_key(key)
         except p.KeyProblem as exc:
-            self._write(p.client_error(str(exc)))
+            if not noreply:
+                self._write(p.client_error(str(exc)))
+            return None
+
+    async def _confirm(self, command: p.Confirm) -> None:
+        parsed = self._queue_key(command.key)
+        if parsed is None:
             return
+        queue, reader = parsed
         entry = self._open_reads(queue, reader)
         if (len(entry.ids) if entry is not None else 0) < command.count:
             self._write(p.ERROR)  # Kestrel: fewer open than asked, nothing confirmed
@@ -605,11 +616,10 @@ class Connection(asyncio.Protocol):
         self._write(p.END)
 
     async def _monitor(self, command: p.Monitor) -> None:
-        try:
-            queue, reader = p.parse_queue_key(command.key)
-        except p.KeyProblem as exc:
-            self._write(p.client_error(str(exc)))
+        parsed = self._queue_key(command.key)
+        if parsed is None:
             return
+        queue, reader = parsed
         slot = await self._registry.reader(
             queue, reader, create=command.seconds > 0 or reader is not None
         )
@@ -637,11 +647,10 @@ class Connection(asyncio.Protocol):
         self._write(p.END)
 
     async def _flush_expired(self, command: p.FlushExpired) -> None:
-        try:
-            queue, reader = p.parse_queue_key(command.key)
-        except p.KeyProblem as exc:
-            self._write(p.client_error(str(exc)))
+        parsed = self._queue_key(command.key)
+        if parsed is None:
             return
+        queue, reader = parsed
         if reader is not None:
             self._write(p.client_error("flush_expired works on queues, not on readers"))
             return
@@ -666,12 +675,10 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ delete, flush, stats
 
     async def _delete(self, command: p.Delete) -> None:
-        try:
-            queue, reader = p.parse_queue_key(command.key)
-        except p.KeyProblem as exc:
-            if not command.noreply:
-                self._write(p.client_error(str(exc)))
+        parsed = self._queue_key(command.key, noreply=command.noreply)
+        if parsed is None:
             return
+        queue, reader = parsed
         if reader == "default":
             if not command.noreply:
                 self._write(p.client_error("the default reader cannot be deleted"))
@@ -681,12 +688,10 @@ class Connection(asyncio.Protocol):
             self._write(p.DELETED)
 
     async def _flush_command(self, command: p.Flush) -> None:
-        try:
-            queue, reader = p.parse_queue_key(command.key)
-        except p.KeyProblem as exc:
-            if not command.noreply:
-                self._write(p.client_error(str(exc)))
+        parsed = self._queue_key(command.key, noreply=command.noreply)
+        if parsed is None:
             return
+        queue, reader = parsed
         slot = await self._registry.reader(queue, reader, create=False)
         if slot is not None:
             self._flush()

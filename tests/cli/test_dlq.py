@@ -65,7 +65,6 @@ def test_list_and_show(tmp_path: Path) -> None:
 def test_requeue(tmp_path: Path) -> None:
     q = tmp_path / "q"
     _build(q)
-    fails("dlq", "requeue", q, code=2)  # one of --id, --all, --where-reason is required
     fails("dlq", "requeue", q, "--all", "--id", "1", code=2)
     assert "no message 42" in fails("dlq", "requeue", q, "--id", "1", "--id", "42").err
     assert ok("dlq", "requeue", q, "--where-reason", "TIMEOUT").out.startswith("requeued 2 ")
@@ -79,6 +78,22 @@ def test_requeue(tmp_path: Path) -> None:
         assert [m.attempts for m in messages] == [1, 1, 1]
     assert ok("dlq", "requeue", q, "--all", "--json").json()["requeued"] == 1
     assert ok("dlq", "list", q, "--json").out == ""
+
+
+def test_requeue_without_a_selection_moves_everything_like_the_api(tmp_path: Path) -> None:
+    by_cli, by_api = tmp_path / "cli", tmp_path / "api"
+    _build(by_cli)
+    _build(by_api)
+    assert ok("dlq", "requeue", by_cli, "--json").json()["requeued"] == 4
+    with ledgerq.open(by_api) as queue:
+        assert queue.requeue_dlq() == 4
+    assert (
+        _main_payloads(by_cli)
+        == _main_payloads(by_api)
+        == [b"job 0", b"job 1", b"job 2", b"\xff\x00"]
+    )
+    assert ok("dlq", "list", by_cli, "--json").out == ""
+    assert ok("dlq", "requeue", by_cli).out == f"requeued 0 messages to {by_cli}\n"
 
 
 def test_purge(tmp_path: Path) -> None:

@@ -150,6 +150,40 @@ def test_closed_queue_yields_nothing(tmp_path: Path) -> None:
     assert generate_latest(registry) == b""
 
 
+@pytest.mark.parametrize("count", [2, 3])
+def test_one_registry_serves_a_collector_per_queue(tmp_path: Path, count: int) -> None:
+    names = ["orders", "mail", "audit"][:count]
+    queues = [ledgerq.open(tmp_path / name) for name in names]
+    try:
+        for position, q in enumerate(queues):
+            q.enqueue_batch([b"x"] * (position + 1))  # queue i holds i + 1 messages
+            message = q.dequeue()
+            assert message is not None
+            q.ack(message.id)
+        registry = CollectorRegistry()
+        for q in queues:
+            registry.register(QueueCollector(q))  # DuplicateTimeseries before the fix
+        text = generate_latest(registry).decode()
+        samples, types = scrape(registry)
+        for position, name in enumerate(names):
+            label = (("queue", name),)
+            stats = queues[position].stats()
+            assert samples[("ledgerq_pending", label)] == position == stats.pending
+            assert samples[("ledgerq_enqueued_total", label)] == position + 1
+            assert samples[("ledgerq_acked_total", label)] == 1
+            reader = (("queue", name), ("reader", "default"))
+            assert samples[("ledgerq_reader_acked_total", reader)] == 1
+            assert f'ledgerq_pending{{queue="{name}"}} {float(position)}' in text
+        assert {dict(labels)["queue"] for _, labels in samples} == set(names)
+        assert types["ledgerq_pending"] == "gauge" and types["ledgerq_acked"] == "counter"
+        queues[0].close()  # a closed queue drops out; the others go on
+        samples, _ = scrape(registry)
+        assert {dict(labels)["queue"] for _, labels in samples} == set(names[1:])
+    finally:
+        for q in queues:
+            q.close()
+
+
 def test_several_queues_through_one_collector(tmp_path: Path) -> None:
     with ledgerq.open(tmp_path / "a") as a, ledgerq.open(tmp_path / "b") as b:
         a.enqueue(b"1")
@@ -163,23 +197,23 @@ def test_several_queues_through_one_collector(tmp_path: Path) -> None:
         samples, _ = scrape(registry)
         assert samples[("ledgerq_pending", (("queue", "a"),))] == 1
         assert samples[("ledgerq_pending", (("queue", "b"),))] == 2
-        # A second collector would export the same names: the registry refuses it.
-        with pytest.raises(ValueError, match="Duplicated"):
-            registry.register(QueueCollector(b, name="other"))
+        # One collector writes each family once, with every queue's samples in it.
+        assert generate_latest(registry).decode().count("# TYPE ledgerq_pending gauge") == 1
         b.close()
         samples, _ = scrape(registry)
         assert ("ledgerq_pending", (("queue", "a"),)) in samples
         assert ("ledgerq_pending", (("queue", "b"),)) not in samples
 
 
-def test_describe_does_not_call_stats(tmp_path: Path) -> None:
+def test_registering_does_not_call_stats(tmp_path: Path) -> None:
     q = ledgerq.open(tmp_path / "q")
     q.close()
     # The global-style registry (auto_describe) registers a collector of a closed queue.
     registry = CollectorRegistry(auto_describe=True)
     registry.register(QueueCollector(q))
-    names = {m.name for m in QueueCollector(q).describe()}
-    assert {"ledgerq_pending", "ledgerq_enqueued", "ledgerq_reader_acked"} <= names
+    registry.register(QueueCollector(q, name="again"))
+    assert list(QueueCollector(q).describe()) == []
+    assert generate_latest(registry) == b""
 
 
 def test_bad_names(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import subprocess
 import sys
@@ -277,8 +278,17 @@ def test_stats_are_summed_and_kept_per_shard(tmp_path: Path) -> None:
         per_shard = q.shard_stats()
         total = q.stats()
         assert isinstance(total, ledgerq.Stats)
-        for name in ("pending", "in_flight", "enqueued", "acked", "segments", "disk_bytes"):
-            assert getattr(total, name) == sum(getattr(s, name) for s in per_shard), name
+        not_summed = {"oldest_pending_age", "next_id", "readers"}
+        for field in dataclasses.fields(ledgerq.Stats):
+            if field.name not in not_summed:
+                name = field.name
+                assert getattr(total, name) == sum(getattr(s, name) for s in per_shard), name
+        default = total.readers["default"]
+        for name in ("pending", "in_flight", "acked", "nacked", "expired", "dead_lettered"):
+            assert getattr(default, name) == sum(
+                getattr(s.readers["default"], name) for s in per_shard
+            ), name
+        assert (default.name, default.head) == ("default", 0)  # heads are per shard
         assert (total.pending, total.in_flight, total.enqueued, total.acked) == (12, 3, 20, 5)
         assert len(q) == 12
         assert total.readers["default"].pending == 12
