@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 import os
 import time
-from types import TracebackType
 
 from ledgerq._types import Message
+from ledgerq.core.closing import Closing
 from ledgerq.segment.readonly import (
     DirectoryWatcher,
     LogTail,
@@ -33,7 +33,7 @@ __all__ = ["Follower", "follow"]
 _WATCH_MODES = ("auto", "inotify", "poll")
 
 
-class Follower:
+class Follower(Closing):
     """An iterator of the messages of a queue that another process owns.
 
     Returned by :func:`ledgerq.follow`; see there.  Not thread-safe.  Close it (or
@@ -128,17 +128,6 @@ class Follower:
         finally:
             if watcher is not None:
                 watcher.close()
-
-    def __enter__(self) -> Follower:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<ledgerq.Follower {self.path!r} next_id={self.next_id} watch={self.watch}>"

@@ -55,6 +55,7 @@ __all__ = [
     "MIN_SHARDS",
     "SHARD_FILE_FORMAT",
     "ShardedQueue",
+    "existing_shard_counts",
     "global_id",
     "open_sharded",
     "parse_shard_dir_name",
@@ -217,12 +218,12 @@ def write_shard_count(root: str | os.PathLike[str], prefix: str, shards: int) ->
     atomic_write(shard_file_path(root, prefix), json.dumps(body, indent=1).encode() + b"\n")
 
 
-def _existing_shard_counts(root: str, prefix: str) -> set[int]:
+def existing_shard_counts(root: str, prefix: str) -> set[int]:
     """Shard counts implied by the shard directories of ``prefix`` already under ``root``."""
     counts: set[int] = set()
     try:
         names = os.listdir(root)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return counts
     for name in names:
         parsed = parse_shard_dir_name(name)
@@ -298,7 +299,7 @@ class ShardedQueue(Closing):
                 f"cannot open it with {shards} (resharding would move messages between "
                 "shards - drain it and create a new one)"
             )
-        others = _existing_shard_counts(self.root, prefix) - {shards}
+        others = existing_shard_counts(self.root, prefix) - {shards}
         if others:
             raise ConfigError(
                 f"{self.root} already holds shard directories of prefix {prefix!r} for "

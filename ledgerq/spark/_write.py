@@ -61,7 +61,7 @@ from ledgerq import Item, Options
 from ledgerq._errors import ConfigError, QueueLockedError
 from ledgerq.segment.files import fsync_dir
 from ledgerq.shard import (
-    parse_shard_dir_name,
+    existing_shard_counts,
     read_shard_count,
     shard_dir_name,
     shard_index,
@@ -202,7 +202,7 @@ class LedgerqWriter(DataSourceArrowWriter):
                 f"{root} (prefix {prefix!r}) holds {recorded} shards, not {shards}; write "
                 "with the same shard count (resharding would move messages)"
             )
-        existing = _shard_counts_present(root, prefix) - {shards}
+        existing = existing_shard_counts(root, prefix) - {shards}
         if existing:
             raise ConfigError(
                 f"{root} already holds shard directories of prefix {prefix!r} for "
@@ -346,19 +346,6 @@ def _remove_if_empty(path: str) -> None:
         os.rmdir(path)
     except OSError:
         pass  # another job is staging there, or it is gone already
-
-
-def _shard_counts_present(root: str, prefix: str) -> set[int]:
-    counts: set[int] = set()
-    try:
-        names = os.listdir(root)
-    except (FileNotFoundError, NotADirectoryError):
-        return counts
-    for name in names:
-        parsed = parse_shard_dir_name(name)
-        if parsed is not None and parsed[0] == prefix and os.path.isdir(os.path.join(root, name)):
-            counts.add(parsed[1])
-    return counts
 
 
 def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
