@@ -675,6 +675,10 @@ class QueueCore(Closing):
         """Give a leased message back as failed (see :meth:`Reader.nack`)."""
         self._default.nack(message_id, reason)
 
+    def release(self, message_id: int) -> None:
+        """Give a leased message back unused, not as a failure (see :meth:`Reader.release`)."""
+        self._default.release(message_id)
+
     def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` pending messages, without leasing them."""
         return self._default.peek(n)
