@@ -5,8 +5,8 @@ The queue always hands out the first available message in delivery order (id
 order; with priorities, highest priority first, then id); nack, release and
 reopen make leased messages available again; every delivery counts but a
 released one; a message whose failed deliveries reach ``max_retries`` goes to
-the dead-letter queue; an expired message is skipped.  Starvation promotion is off here (it depends on the clock
-and has its own tests).
+the dead-letter queue; an expired message is skipped.  Starvation promotion is
+off here (it depends on the clock and has its own tests).
 """
 
 from __future__ import annotations
