@@ -156,15 +156,16 @@ def positive_int_option(
 
 
 def options_option(func: F) -> F:
-    """``-o NAME=VALUE``: a queue option for ``ledgerq.open`` (repeatable)."""
+    """``-o NAME=VALUE``: a queue option for ``ledgerq.open``, this command only (repeatable)."""
     return click.option(
         "-o",
         "--option",
         "option_pairs",
         multiple=True,
         metavar="NAME=VALUE",
-        help="A queue option passed to ledgerq.open, e.g. -o priorities=true "
-        "-o max_retries=5 (repeatable; see docs/usage.md).",
+        help="A queue option for this command only, e.g. -o priorities=true "
+        "-o max_retries=5 (repeatable; see docs/usage.md).  Not stored with the queue: "
+        "'ledgerq config QUEUE --set NAME=VALUE' does that.",
     )(func)
 
 
