@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -179,3 +180,24 @@ def test_serve_help_documents_every_flag() -> None:
         "--option",
     ):
         assert flag in text, flag
+
+
+def test_a_closed_stdout_does_not_stop_the_server(tmp_path: Path) -> None:
+    # The address goes to stderr instead, and the server serves.
+    command = [sys.executable, "-m", "ledgerq.cli", "serve", str(tmp_path / "data"), "--port", "0"]
+    with subprocess.Popen(
+        ["sh", "-c", 'exec "$0" "$@" >&-', *command],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=environment(),
+    ) as proc:
+        assert proc.stderr is not None
+        line = proc.stderr.readline().decode()
+        found = re.search(r"ledgerq: warning: stdout is closed; listening on 127.0.0.1:(\d+)", line)
+        assert found is not None, line
+        with Raw(int(found[1])) as c:
+            assert c.set("q", b"a") == b"STORED"
+            assert c.get_one("q") == b"a"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert b"Traceback" not in proc.stderr.read()
