@@ -87,7 +87,20 @@ class Queue(QueueCore):
         return removed
 
 
-def open_configured(path: str | os.PathLike[str], options: Options) -> Queue:
+def open_configured(
+    path: str | os.PathLike[str], options: Options, *, remember_options: bool = True
+) -> Queue:
     """Open a queue with exactly ``options`` (not merged with the stored ones) and the
-    features they turn on.  :func:`ledgerq.open` is the public way in."""
-    return Queue(path, options, build_features(options, open_configured))
+    features they turn on; ``remember_options=False``: without storing them (its DLQ
+    neither).  :func:`ledgerq.open` is the public way in."""
+    opener = open_configured if remember_options else _open_unremembered
+    return Queue(
+        path,
+        options,
+        build_features(options, opener),
+        remember_options=remember_options,
+    )
+
+
+def _open_unremembered(path: str | os.PathLike[str], options: Options) -> Queue:
+    return open_configured(path, options, remember_options=False)

@@ -8,7 +8,7 @@
 Where each call runs (see docs/asyncio.md for the measurements):
 
 * Calls that may fsync or do real file I/O - ``enqueue``, ``enqueue_batch``,
-  ``ack``, ``nack`` (an fsync with ``sync="always"``, a segment rotation or a
+  ``ack``, ``nack``, ``release`` (an fsync with ``sync="always"``, a segment rotation or a
   journal checkpoint in any mode), ``stats``, ``peek``, ``close``, opening -
   run in the default executor through :func:`asyncio.to_thread`.  Cancelling
   such a call while it runs does not stop it: it completes in its thread (a
@@ -156,6 +156,10 @@ class AsyncReader:
         """Give a leased message back as failed (see :meth:`ledgerq.Reader.nack`)."""
         await asyncio.to_thread(self._reader.nack, message_id, reason)
 
+    async def release(self, message_id: int) -> None:
+        """Give a leased message back unused, not a failure (see :meth:`ledgerq.Reader.release`)."""
+        await asyncio.to_thread(self._reader.release, message_id)
+
     async def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` messages this reader would get, without leasing them."""
         return await asyncio.to_thread(self._reader.peek, n)
@@ -266,6 +270,10 @@ class AsyncQueue:
     async def nack(self, message_id: int, reason: str = "") -> None:
         """Give a leased message back as failed: delivered again, or dead-lettered."""
         await self._default.nack(message_id, reason)
+
+    async def release(self, message_id: int) -> None:
+        """Give a leased message back unused: same ``attempts`` next time, no step to the DLQ."""
+        await self._default.release(message_id)
 
     async def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` pending messages, without leasing them."""

@@ -512,6 +512,17 @@ class ShardedQueue(Closing):
                 f"message {message_id} is not leased (shard {index}, local id {local})"
             ) from None
 
+    def release(self, message_id: int) -> None:
+        """Give a leased message (a global id) back unused (see ``Queue.release``)."""
+        self._ensure_open()
+        index, local = split_id(self._check_id(message_id), self.shards)
+        try:
+            self.queues[index].release(local)
+        except UnknownMessageError:
+            raise UnknownMessageError(
+                f"message {message_id} is not leased (shard {index}, local id {local})"
+            ) from None
+
     def peek(self, n: int = 1) -> list[Message]:
         """Up to ``n`` pending messages (round-robin over the shards), without leasing them."""
         n = check_count("n", n)

@@ -1,10 +1,12 @@
 """The ``ledgerq`` command group and its entry point.
 
 Every failure is reported as one line ``ledgerq: error: ...`` on stderr with a
-non-zero exit and no traceback: 1 for errors (and a closed output pipe), 2 for
-usage errors and commands not built yet, 3 when ``dequeue`` finds no message, 130
-on Ctrl-C, 143 on SIGTERM (an open queue is closed cleanly first).  Set
-``LEDGERQ_DEBUG=1`` to get the traceback of an unexpected error.
+non-zero exit and no traceback: 1 for errors, 2 for usage errors and commands not
+built yet, 3 when ``dequeue`` finds no message, 130 on Ctrl-C, 141 when stdout went
+away (a closed pipe or a closed stdout; a command that changed a queue says on
+stderr what it did, a reading one stays quiet on a broken pipe), 143 on SIGTERM (an
+open queue is closed cleanly first).  Set ``LEDGERQ_DEBUG=1`` to get the traceback
+of an unexpected error.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from types import FrameType
 import click
 
 import ledgerq
+from ledgerq.cli._common import EXIT_OUTPUT_CLOSED, OutputClosed
+from ledgerq.cli._config import config
 from ledgerq.cli._dlq import dlq
 from ledgerq.cli._messages import dequeue, enqueue, peek, stats
 from ledgerq.cli._services import bench, import_kestrel, serve, ship, worker
@@ -64,6 +68,7 @@ for _command in (
     dump,
     verify,
     compact,
+    config,
     dlq,
     worker,
     serve,
@@ -101,11 +106,37 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise _Terminated(EXIT_TERMINATED)
 
 
+def _occupy_closed_standard_fds() -> None:
+    """Put /dev/null on fds 0-2 when they are closed (``ledgerq ... >&-``).
+
+    Otherwise the next file the queue opens takes fd 1 - a segment, a journal - and
+    anything that writes to "stdout" (a worker's handler, a child process) writes into
+    it.  Python has already set ``sys.stdout`` to None for a closed fd 1, which is how
+    the output helpers still tell that stdout is closed.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so the exit's final flush of stdout meets no EPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         args = ["--help"]
+    _occupy_closed_standard_fds()
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.getsignal(signal.SIGTERM)
@@ -126,8 +157,17 @@ def _run(args: list[str]) -> int:
         _error(exc.format_message().rstrip(".") + hint)
         return EXIT_USAGE
     except click.ClickException as exc:
+        if exc.exit_code == EXIT_OUTPUT_CLOSED:
+            _silence_stdout()
         _error(exc.format_message())
         return exc.exit_code
+    except OutputClosed as exc:
+        # A command that only reads: nothing to report but a closed stdout itself
+        # (`ledgerq dump q | head` is normal use, and quiet like any other tool).
+        _silence_stdout()
+        if exc.stdout_closed:
+            _error("stdout is closed; nothing was printed (and nothing changed)")
+        return EXIT_OUTPUT_CLOSED
     except (_Interrupted, KeyboardInterrupt):
         if sys.stderr.isatty():
             sys.stderr.write("\n")  # after the ^C the terminal echoed
@@ -146,10 +186,9 @@ def _run(args: list[str]) -> int:
         )
         return EXIT_ERROR
     except BrokenPipeError:
-        # The reader of our output went away (e.g. `ledgerq dump q | head`): stop quietly.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_ERROR
+        # Output written past the helpers (click's own echo): stop quietly, as above.
+        _silence_stdout()
+        return EXIT_OUTPUT_CLOSED
     except ledgerq.LedgerQError as exc:
         _error(str(exc))
         return EXIT_ERROR

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
+import os
 import re
 import sys
 import time
@@ -22,38 +24,52 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 __all__ = [
+    "EXIT_OUTPUT_CLOSED",
     "PAYLOAD_MODES",
     "CliError",
     "NotImplementedYetError",
+    "OutputClosed",
+    "OutputClosedError",
+    "Seconds",
     "age_of",
     "encode_payload",
+    "for_one_run",
     "format_age",
     "format_bytes",
+    "ids_text",
     "json_option",
     "message_json",
-    "using_existing",
-    "using_queue",
     "option_overrides",
     "options_option",
     "parse_duration",
     "payload_option",
     "plural",
     "positive_int_option",
+    "printable",
     "progress",
     "queue_argument",
     "report_json",
+    "reporting_if_output_closed",
     "require_queue",
     "stderr_console",
     "stdout_console",
+    "using_existing",
+    "using_queue",
     "write_bytes",
     "write_json",
     "write_line",
+    "write_outcome",
+    "write_rich",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 PAYLOAD_MODES = ("auto", "utf8", "base64")
 EXIT_ERROR = 1
+EXIT_USAGE = 2
+# stdout went away: what a shell reports for a command killed by SIGPIPE (128 + 13),
+# so `set -o pipefail` scripts see what they see with any other tool.
+EXIT_OUTPUT_CLOSED = 141
 
 
 class CliError(click.ClickException):
@@ -65,15 +81,41 @@ class CliError(click.ClickException):
 class NotImplementedYetError(CliError):
     """A command that exists in ``--help`` but comes with a later issue; exits 2."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
+
+
+class OutputClosed(Exception):
+    """stdout cannot take output any more: its reader went away, or it was closed.
+
+    Raised by the ``write_*`` helpers.  A command that changed something catches it
+    (:func:`reporting_if_output_closed`, :func:`write_outcome`) and says on stderr what
+    it did; one that only reads lets it through, and exits 141 without a word for a
+    broken pipe (``ledgerq dump q | head`` is normal use).
+    """
+
+    def __init__(self, why: str, *, stdout_closed: bool) -> None:
+        super().__init__(why)
+        self.why = why
+        self.stdout_closed = stdout_closed  # else: a broken pipe
+
+
+class OutputClosedError(CliError):
+    """stdout went away after the command did something, which the message says; exits 141."""
+
+    exit_code = EXIT_OUTPUT_CLOSED
 
 
 # ---------------------------------------------------------------------- arguments
 
 
 def queue_argument(func: F) -> F:
-    """The QUEUE argument every queue command takes first."""
-    return click.argument("queue", metavar="QUEUE", type=click.Path(path_type=str))(func)
+    """The QUEUE argument every queue command takes first.
+
+    click checks nothing (``readable=False``): an unreadable queue is an error of
+    access, reported as such by :func:`require_queue` (exit 1), not a usage error.
+    """
+    path = click.Path(path_type=str, readable=False)
+    return click.argument("queue", metavar="QUEUE", type=path)(func)
 
 
 def json_option(func: F) -> F:
@@ -114,15 +156,16 @@ def positive_int_option(
 
 
 def options_option(func: F) -> F:
-    """``-o NAME=VALUE``: a queue option for ``ledgerq.open`` (repeatable)."""
+    """``-o NAME=VALUE``: a queue option for ``ledgerq.open``, this command only (repeatable)."""
     return click.option(
         "-o",
         "--option",
         "option_pairs",
         multiple=True,
         metavar="NAME=VALUE",
-        help="A queue option passed to ledgerq.open, e.g. -o priorities=true "
-        "-o max_retries=5 (repeatable; see docs/usage.md).",
+        help="A queue option for this command only, e.g. -o priorities=true "
+        "-o max_retries=5 (repeatable; see docs/usage.md).  Not stored with the queue: "
+        "'ledgerq config QUEUE --set NAME=VALUE' does that.",
     )(func)
 
 
@@ -154,22 +197,76 @@ def _option_value(name: str, text: str, annotation: str) -> Any:
     return value
 
 
-def option_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """Parse ``-o NAME=VALUE`` pairs into keyword arguments of ``ledgerq.open``."""
+def option_overrides(pairs: tuple[str, ...], param_hint: str = "-o") -> dict[str, Any]:
+    """Parse ``-o NAME=VALUE`` pairs into keyword arguments of ``ledgerq.open``.
+
+    Every problem - a malformed pair, an unknown name, a value of the wrong type or
+    out of range - is a usage error (exit 2), found before any queue is touched.
+    """
     options: dict[str, Any] = {}
     for pair in pairs:
         name, sep, text = pair.partition("=")
         name = name.strip().replace("-", "_")
         if not sep or not name:
-            raise click.BadParameter(f"expected NAME=VALUE, got {pair!r}", param_hint="-o")
+            raise click.BadParameter(f"expected NAME=VALUE, got {pair!r}", param_hint=param_hint)
         annotation = _OPTION_FIELDS.get(name)
         if annotation is None:
             valid = ", ".join(sorted(_OPTION_FIELDS))
             raise click.BadParameter(
-                f"unknown queue option {name!r} (valid: {valid})", param_hint="-o"
+                f"unknown queue option {name!r} (valid: {valid})", param_hint=param_hint
             )
-        options[name] = _option_value(name, text, annotation)
+        try:
+            options[name] = _option_value(name, text, annotation)
+        except click.BadParameter as exc:
+            exc.param_hint = param_hint
+            raise
+    try:
+        ledgerq.Options(**options)  # each value on its own: Options has no cross-checks
+    except ledgerq.ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint=param_hint) from None
     return options
+
+
+def for_one_run(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for ``ledgerq.open`` used for this command only: not stored.
+
+    ``-o`` changes how one command works on a queue, never what the application gets
+    at its next open; ``ledgerq config --set`` is the way to change that.
+    """
+    return {**options, "remember_options": False}
+
+
+class Seconds(click.ParamType[float]):
+    """A finite number of seconds (``inf`` too when ``allow_inf``), above a minimum.
+
+    ``nan`` is refused as a usage error: click's FloatRange lets it through (every
+    comparison with it is false), and the library would call it a bad argument.
+    """
+
+    name = "seconds"
+
+    def __init__(self, *, min_open: bool = False, allow_inf: bool = False) -> None:
+        self.min_open = min_open
+        self.allow_inf = allow_inf
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except ValueError:
+                self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if math.isnan(number):
+            self.fail("nan is not a number of seconds", param, ctx)
+        if math.isinf(number) and not (self.allow_inf and number > 0):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        if number < 0 or (self.min_open and number == 0):
+            bound = "> 0" if self.min_open else ">= 0"
+            self.fail(f"{value!r} must be a number of seconds {bound}", param, ctx)
+        return number
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
@@ -191,16 +288,43 @@ def parse_duration(text: str) -> float:
 
 def require_queue(path: str) -> None:
     """Fail unless ``path`` is an existing queue directory (reading never creates one)."""
+    denied = _permission_problem(path)
+    if denied is not None:
+        raise CliError(denied)
     problem = tools.not_a_queue(path)
     if problem is not None:
         raise CliError(problem)
 
 
+def _permission_problem(path: str) -> str | None:
+    """What this user may not do to look at ``path``, or None.
+
+    ``os.path.exists`` says False for a path behind a directory this user cannot
+    search, so "does not exist" would be a lie: ask the system, which says EACCES.
+    """
+    try:
+        os.stat(path)
+        if os.path.isdir(path):
+            os.listdir(path)
+    except PermissionError as exc:
+        what = "be listed" if exc.filename == path and os.path.exists(path) else "be reached"
+        return (
+            f"permission denied: {path!r} cannot {what} by this user; "
+            "run as a user who may read the queue"
+        )
+    except OSError:
+        return None  # missing, not a directory, ...: the queue check says which
+    return None
+
+
 @contextmanager
 def using_queue(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue]:
-    """Open (creating if missing) the queue; closed (and synced) on exit."""
+    """Open (creating if missing) the queue with ``options`` for this command only.
+
+    The options are not stored (see :func:`for_one_run`).  Closed (and synced) on exit.
+    """
     try:
-        queue = ledgerq.open(path, **options)
+        queue = ledgerq.open(path, **for_one_run(options))
     except TypeError as exc:  # an option of the wrong type
         raise CliError(str(exc)) from None
     try:
@@ -226,10 +350,85 @@ def write_line(text: str) -> None:
 
 
 def write_bytes(data: bytes) -> None:
-    """Write raw bytes to stdout (after anything already written as text)."""
-    sys.stdout.flush()
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    """Write raw bytes to stdout (after anything already written as text) and flush.
+
+    When this returns, the bytes are with the OS (a pipe's buffer, a file).  Raises
+    :class:`OutputClosed` when stdout was closed (``>&-``: Python then has no
+    ``sys.stdout``) or its reader went away (EPIPE).
+    """
+    stdout = sys.stdout
+    if stdout is None:
+        raise OutputClosed("stdout is closed", stdout_closed=True)
+    try:
+        stdout.flush()
+        stdout.buffer.write(data)
+        stdout.buffer.flush()
+    except BrokenPipeError:
+        raise OutputClosed(
+            "the output pipe was closed by its reader", stdout_closed=False
+        ) from None
+
+
+def write_rich(*renderables: Any) -> None:
+    """Print rich renderables (tables) to stdout through :func:`write_bytes`.
+
+    Rendered first, then written: rich itself turns a broken pipe into ``SystemExit``.
+    Colour and width follow stdout, as a plain ``Console().print`` would.
+    """
+    console = stdout_console()
+    with console.capture() as capture:
+        for renderable in renderables:
+            console.print(renderable)
+    write_bytes(capture.get().encode("utf-8", "surrogateescape"))
+
+
+@contextmanager
+def reporting_if_output_closed(done: Callable[[], str]) -> Iterator[None]:
+    """Turn :class:`OutputClosed` inside into an error that says what was ``done()``.
+
+    For commands that change a queue before (or while) printing: a script that sees
+    exit 141 learns from stderr what happened, and need not guess whether to retry.
+    """
+    try:
+        yield
+    except OutputClosed as exc:
+        raise OutputClosedError(f"{exc.why}; {done()}") from None
+
+
+def write_outcome(text: str, value: dict[str, Any] | None = None) -> None:
+    """Print what a command did (``value`` as JSON when given, else ``text``).
+
+    If stdout is gone, ``text`` goes to stderr in the error line instead (exit 141).
+    """
+    with reporting_if_output_closed(lambda: text):
+        if value is None:
+            write_line(text)
+        else:
+            write_json(value)
+
+
+def printable(text: str, *, keep: str = "") -> str:
+    """``text`` with every non-printable character escaped (``\x1b`` for ESC).
+
+    Message data (headers, failure reasons, payload previews) is written only so:
+    raw, an escape sequence in it would drive the terminal.  Characters in ``keep``
+    (e.g. a newline) stay as they are.
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or c in keep else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
+def ids_text(ids: list[int]) -> str:
+    """``[7]`` -> ``id 7``; ``[5, 6, 7]`` -> ``ids 5 to 7`` (ids given in increasing order)."""
+    if len(ids) == 1:
+        return f"id {ids[0]}"
+    if ids == list(range(ids[0], ids[-1] + 1)):
+        return f"ids {ids[0]} to {ids[-1]}"
+    return "ids " + ", ".join(str(i) for i in ids)
 
 
 def write_json(value: Any) -> None:

@@ -21,12 +21,14 @@ from ledgerq.cli._common import (
     options_option,
     parse_duration,
     payload_option,
+    printable,
     queue_argument,
-    stdout_console,
     using_existing,
     write_bytes,
     write_json,
     write_line,
+    write_outcome,
+    write_rich,
 )
 
 __all__ = ["dlq"]
@@ -92,12 +94,12 @@ def list_(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
             write_json(_summary_json(message))
         return
     if not messages:
-        write_line(f"{queue}: the dead-letter queue is empty")
+        write_line(f"{printable(queue)}: the dead-letter queue is empty")
         return
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"dead-letter queue of {queue}", title_justify="left")
+    table = Table(title=Text(f"dead-letter queue of {printable(queue)}"), title_justify="left")
     table.add_column("id", justify="right")
     table.add_column("original id", justify="right")
     table.add_column("retries", justify="right")
@@ -112,9 +114,9 @@ def list_(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
             str(info["retries"] if info["retries"] is not None else "-"),
             format_age(info["age"]),
             format_bytes(info["size"]),
-            Text(info["reason"]),
+            Text(printable(info["reason"])),
         )
-    stdout_console().print(table)
+    write_rich(table)
 
 
 @dlq.command()
@@ -146,7 +148,7 @@ def show(
         ("id", str(message.id)),
         ("original id", str(info["original_id"] or "-")),
         ("retries", str(info["retries"] if info["retries"] is not None else "-")),
-        ("last failure", info["reason"] or "-"),
+        ("last failure", printable(info["reason"]) or "-"),
         ("in the DLQ for", format_age(info["age"])),
         ("priority", message.priority.name.lower()),
         ("expires at", "-" if message.expires_at is None else str(message.expires_at)),
@@ -156,10 +158,12 @@ def show(
         write_line(f"{name:<{width}}  {text}")
     write_line("headers:")
     for key, header in sorted(message.headers.items()):
-        write_line(f"  {key}: {header}")
+        write_line(f"  {printable(key)}: {printable(header)}")
     payload, encoding = encode_payload(message.payload, payload_mode.lower(), message.id)
-    write_line(f"payload ({len(message.payload)} bytes, {encoding}):")
-    write_bytes(payload.encode("utf-8") + b"\n")
+    shown = printable(payload, keep="\n\t")
+    escaped = " with control characters escaped" if shown != payload else ""
+    write_line(f"payload ({len(message.payload)} bytes, {encoding}{escaped}):")
+    write_bytes(shown.encode("utf-8") + b"\n")
 
 
 @dlq.command()
@@ -226,10 +230,10 @@ def requeue(
                 ]
             chosen = [m.id for m in pool]
         moved = 0 if chosen == [] or not _has_dlq(q) else q.requeue_dlq(chosen)
-    if as_json:
-        write_json({"queue": queue, "requeued": moved})
-    else:
-        write_line(f"requeued {moved} message{'s' if moved != 1 else ''} to {queue}")
+    write_outcome(
+        f"requeued {moved} message{'s' if moved != 1 else ''} to {queue}",
+        {"queue": queue, "requeued": moved} if as_json else None,
+    )
 
 
 @dlq.command()
@@ -278,8 +282,8 @@ def purge(
                     click.echo("ledgerq: nothing purged", err=True)
                     return 1
             purged = q.dlq.purge([m.id for m in messages])
-    if as_json:
-        write_json({"queue": queue, "purged": purged})
-    else:
-        write_line(f"purged {purged} message{'s' if purged != 1 else ''}")
+    write_outcome(
+        f"purged {purged} message{'s' if purged != 1 else ''}",
+        {"queue": queue, "purged": purged} if as_json else None,
+    )
     return 0

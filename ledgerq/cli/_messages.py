@@ -7,7 +7,7 @@ import math
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO
 
 import click
@@ -15,9 +15,13 @@ import click
 import ledgerq
 from ledgerq import tools
 from ledgerq.cli._common import (
+    OutputClosed,
+    OutputClosedError,
+    Seconds,
     age_of,
     format_age,
     format_bytes,
+    ids_text,
     json_option,
     message_json,
     option_overrides,
@@ -25,13 +29,15 @@ from ledgerq.cli._common import (
     payload_option,
     plural,
     positive_int_option,
+    printable,
     queue_argument,
-    stdout_console,
+    reporting_if_output_closed,
     using_existing,
     using_queue,
     write_bytes,
     write_json,
     write_line,
+    write_rich,
 )
 
 __all__ = ["dequeue", "enqueue", "peek", "stats"]
@@ -117,9 +123,9 @@ def _split_lines(data: bytes) -> Iterator[list[bytes]]:
 )
 @click.option(
     "--ttl",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min_open=True),
     metavar="SECONDS",
-    help="Drop the message if it is not delivered within this time.",
+    help="Drop the message if it is not delivered within this time (a finite number > 0).",
 )
 @options_option
 def enqueue(
@@ -135,20 +141,30 @@ def enqueue(
     """Add messages to QUEUE (created if missing); print their ids.
 
     The payload is DATA, the content of --file, or stdin when DATA is omitted or
-    '-'.  With --lines every line is a message of its own.
+    '-'.  With --lines every line is a message of its own.  If stdout is closed
+    (or its pipe's reader left), it stops, says on stderr which ids it enqueued,
+    and exits 141.
     """
     if file_path is not None and data not in (None, "-"):
         raise click.UsageError("give DATA or --file, not both")
     headers = _parse_headers(header_pairs)
     level = _PRIORITY_NAMES[priority.lower()]
     options = option_overrides(option_pairs)
-    with using_queue(queue, options) as q:
+    enqueued: list[int] = []
+
+    def done() -> str:
+        if not enqueued:
+            return "nothing was enqueued"
+        return f"enqueued {plural(len(enqueued), 'message')} ({ids_text(enqueued)}) to {queue}"
+
+    with using_queue(queue, options) as q, reporting_if_output_closed(done):
         for batch in _batches(data, file_path, lines):
             if len(batch) == 1:
                 ids = [q.enqueue(batch[0], headers=headers, priority=level, ttl=ttl)]
             else:
                 items = [ledgerq.Item(p, headers=headers, priority=level, ttl=ttl) for p in batch]
                 ids = q.enqueue_batch(items)
+            enqueued.extend(ids)
             write_bytes(b"".join(b"%d\n" % i for i in ids))
 
 
@@ -219,7 +235,7 @@ def _notify_ready(fd: int) -> None:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
+    type=Seconds(allow_inf=True),
     default=0.0,
     show_default=True,
     metavar="SECONDS",
@@ -261,7 +277,10 @@ def dequeue(
 
     Prints each payload followed by a newline (--json: one JSON object per line with
     id, timestamp, expires_at, priority, attempts, headers, payload, payload_encoding).
-    The ack comes only after the output was written.  Exits 3 when no message
+    Each message is acked once its output was written (flushed); messages not
+    printed - the output closed, Ctrl-C, SIGTERM - are given back with
+    Queue.release, not counted as failed deliveries, and a closed output exits 141
+    after saying on stderr what was acked and given back.  Exits 3 when no message
     came within --timeout.  --ready-fd FD tells a script when the wait has begun.
     """
     options = option_overrides(option_pairs)
@@ -273,15 +292,63 @@ def dequeue(
         if not messages:
             click.echo(f"ledgerq: no message in {queue}", err=True)
             return EXIT_EMPTY
-        for message in messages:
-            if as_json:
-                write_json(message_json(message, payload_mode.lower()))
-            else:
-                write_bytes(message.payload + b"\n")
-        if not no_ack:
-            for message in messages:
-                source.ack(message.id)
+        mode = payload_mode.lower() if as_json else None
+        _deliver(source, messages, mode=mode, ack=not no_ack)
     return 0
+
+
+def _deliver(
+    source: ledgerq.Queue | ledgerq.Reader,
+    messages: Sequence[ledgerq.Message],
+    *,
+    mode: str | None,
+    ack: bool,
+) -> None:
+    """Print each message (JSON in payload ``mode``, else the payload), then ack it.
+
+    Whatever was not printed when this stops early goes back with ``release``: the
+    consumer never saw it, so it is no failed delivery.
+    """
+    printed = 0
+    try:
+        for message in messages:
+            if mode is None:
+                write_bytes(message.payload + b"\n")
+            else:
+                write_json(message_json(message, mode))
+            printed += 1
+            if ack:
+                source.ack(message.id)
+    except OutputClosed as exc:
+        unreleased = _give_back(source, messages[printed:])
+        raise OutputClosedError(
+            f"{exc.why}; {_delivery_outcome(printed, len(messages), unreleased, ack=ack)}"
+        ) from None
+    except BaseException:  # Ctrl-C, SIGTERM, a failed ack or payload encoding
+        _give_back(source, messages[printed:])
+        raise
+
+
+def _give_back(source: ledgerq.Queue | ledgerq.Reader, rest: Sequence[ledgerq.Message]) -> int:
+    """Release ``rest``; return how many could not be (they come back as failures)."""
+    failed = 0
+    for message in rest:
+        try:
+            source.release(message.id)
+        except (ledgerq.LedgerQError, OSError):
+            failed += 1
+    return failed
+
+
+def _delivery_outcome(printed: int, total: int, unreleased: int, *, ack: bool) -> str:
+    done = "printed and acked" if ack else "printed and left leased (--no-ack)"
+    text = f"of {plural(total, 'message')} taken, {printed} {done}"
+    rest = total - printed
+    if rest:
+        text += f", {rest - unreleased} not printed and given back (no failed delivery)"
+    if unreleased:
+        text += f", {unreleased} could not be given back (they come back as failed deliveries)"
+    return text
 
 
 def _preview(payload: bytes, width: int = 48) -> str:
@@ -289,7 +356,7 @@ def _preview(payload: bytes, width: int = 48) -> str:
         text = payload.decode("utf-8")
     except UnicodeDecodeError:
         return f"<{len(payload)} bytes, binary>"
-    text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    text = printable(text)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -313,12 +380,12 @@ def peek(
             write_json(message_json(message, payload_mode.lower()))
         return
     if not messages:
-        write_line(f"{queue}: no pending message")
+        write_line(f"{printable(queue)}: no pending message")
         return
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"next {len(messages)} of {queue}", title_justify="left")
+    table = Table(title=Text(f"next {len(messages)} of {printable(queue)}"), title_justify="left")
     for name in ("id", "age", "priority", "attempt", "size"):
         table.add_column(name, justify="right" if name != "priority" else "left")
     table.add_column("headers")
@@ -330,10 +397,10 @@ def peek(
             message.priority.name.lower(),
             str(message.attempts),
             format_bytes(len(message.payload)),
-            Text(", ".join(f"{k}={v}" for k, v in message.headers.items())),
+            Text(printable(", ".join(f"{k}={v}" for k, v in message.headers.items()))),
             Text(_preview(message.payload)),
         )
-    stdout_console().print(table)
+    write_rich(table)
 
 
 def _dlq_pending(q: ledgerq.Queue) -> int:
@@ -371,7 +438,7 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     summary.add_column()
     summary.add_column(justify="right")
     rows: list[tuple[str, str | Text]] = [
-        ("queue", Text(queue)),
+        ("queue", Text(printable(queue))),
         ("pending", str(figures.pending)),
         ("in flight", str(figures.in_flight)),
         ("dead-letter queue", str(dlq)),
@@ -401,6 +468,4 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
             str(reader.expired),
             format_age(reader.oldest_pending_age),
         )
-    console = stdout_console()
-    console.print(summary)
-    console.print(readers)
+    write_rich(summary, readers)

@@ -14,15 +14,20 @@ import click
 from ledgerq.cli._common import (
     CliError,
     NotImplementedYetError,
+    OutputClosed,
+    Seconds,
+    for_one_run,
     json_option,
     option_overrides,
     options_option,
     positive_int_option,
     queue_argument,
     report_json,
+    reporting_if_output_closed,
     require_queue,
     write_json,
     write_line,
+    write_outcome,
 )
 
 __all__ = ["bench", "import_kestrel", "serve", "ship", "worker"]
@@ -68,7 +73,7 @@ def load_handler(spec: str) -> Callable[..., Any]:
 @positive_int_option("--processes", default=4, help="Worker processes.")
 @click.option(
     "--task-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min_open=True),
     metavar="SECONDS",
     help="A task running longer is killed and counts as a failed delivery.",
 )
@@ -107,18 +112,16 @@ def worker(
         processes=processes,
         task_timeout=task_timeout,
         until_empty=until_empty,
-        **options,
+        **for_one_run(options),  # workers.run passes them to ledgerq.open
     )
     figures = {
         name: int(getattr(report, name, 0)) for name in ("processed", "failed", "dead_lettered")
     }
-    if as_json:
-        write_json({"queue": queue, **figures})
-    else:
-        write_line(
-            f"processed {figures['processed']}, failed {figures['failed']}, "
-            f"dead-lettered {figures['dead_lettered']}"
-        )
+    write_outcome(
+        f"processed {figures['processed']}, failed {figures['failed']}, "
+        f"dead-lettered {figures['dead_lettered']}",
+        {"queue": queue, **figures} if as_json else None,
+    )
 
 
 @click.command()
@@ -204,7 +207,11 @@ def serve(
 
     def ready(bound_host: str, bound_port: int) -> None:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        write_line(f"listening on {shown}:{bound_port} (serving {os.path.abspath(data_dir)})")
+        line = f"listening on {shown}:{bound_port} (serving {os.path.abspath(data_dir)})"
+        try:
+            write_line(line)
+        except OutputClosed as exc:  # serving needs no stdout: say it where it can be read
+            click.echo(f"ledgerq: warning: {exc.why}; {line}", err=True)
 
     run(config, on_ready=ready)
 
@@ -271,7 +278,7 @@ def import_kestrel(
             keep_expired=keep_expired,
             children_as_queues=children_as_queues,
             on_progress=update,
-            **options,
+            **for_one_run(options),  # go to ledgerq.open for DEST_QUEUE
         )
 
     def damage_json(d: JournalDamage) -> dict[str, Any]:
@@ -330,10 +337,15 @@ def import_kestrel(
         for child in r.children:
             describe(child)
 
-    if as_json:
-        write_json(as_dict(report))
-    else:
-        describe(report)
+    def outcome() -> str:
+        imported = sum(r.imported for r in (report, *report.children))
+        return f"imported {imported} messages into {report.dest}"
+
+    with reporting_if_output_closed(outcome):
+        if as_json:
+            write_json(as_dict(report))
+        else:
+            describe(report)
     for r in (report, *report.children):
         for torn in r.cut:
             click.echo(
@@ -362,7 +374,7 @@ def import_kestrel(
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     metavar="SECONDS",
     help="With --follow: stop after this many seconds without new data (default: never).",
 )
@@ -410,23 +422,33 @@ def ship(
     def on_pass(r: ShipReport) -> None:
         describe(r)
 
-    with progress("shipping") as update:
-        report = ship_queue(
-            src_queue,
-            dest_root,
-            client_id,
-            follow=follow,
-            delete_shipped=delete_shipped,
-            timeout=timeout,
-            on_progress=update,
-            on_pass=on_pass if follow else None,
-        )
-    describe(report)
-    if not as_json:
-        for name, offset, length in report.corrupt:
-            write_line(f"damaged: {name}:{offset}: {length} bytes copied as they are")
-        for note in report.notes:
-            write_line(f"note: {note}")
+    shipped: list[ShipReport] = []
+
+    def outcome() -> str:
+        if not shipped:  # a pass's line could not be printed: ship stopped after it
+            return "stopped shipping; what was shipped stays, and the next run resumes"
+        r = shipped[-1]
+        return f"shipped {r.messages} messages to {r.dest}, last id {r.last_id}"
+
+    with reporting_if_output_closed(outcome):
+        with progress("shipping") as update:
+            report = ship_queue(
+                src_queue,
+                dest_root,
+                client_id,
+                follow=follow,
+                delete_shipped=delete_shipped,
+                timeout=timeout,
+                on_progress=update,
+                on_pass=on_pass if follow else None,
+            )
+        shipped.append(report)
+        describe(report)
+        if not as_json:
+            for name, offset, length in report.corrupt:
+                write_line(f"damaged: {name}:{offset}: {length} bytes copied as they are")
+            for note in report.notes:
+                write_line(f"note: {note}")
 
 
 @click.command(

@@ -21,6 +21,7 @@ from ledgerq.cli._common import (
     positive_int_option,
     progress,
     queue_argument,
+    reporting_if_output_closed,
     require_queue,
     using_existing,
     write_bytes,
@@ -113,23 +114,37 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
             report = result.after
         else:
             report = tools.verify(queue, on_progress=update)
+    if not repair:
+        _print_report(report, None, as_json)  # read-only: a closed stdout is just that
+        return 0 if report.ok else 1
+    summary = _summary(report) + " after repair"
+    fixed = plural(len(result.fixed), "problem")
+    actions = plural(len(result.actions), "repair action")
+    with reporting_if_output_closed(lambda: f"fixed {fixed} ({actions}); {summary}"):
+        _print_report(report, result, as_json)
+    return 0 if report.ok else 1
+
+
+def _print_report(
+    report: tools.VerifyReport, result: tools.RepairReport | None, as_json: bool
+) -> None:
+    """Print a verification (and what a repair did, when ``result`` is given)."""
     if as_json:
         value = _report_json(report)
-        if repair:
+        if result is not None:
             value["repairs"] = list(result.actions)
             value["fixed"] = [_problem_json(p) for p in result.fixed]
             value["found_before_repair"] = [_problem_json(p) for p in result.before.problems]
         write_json(value)
-    else:
-        if repair:
-            for problem in result.fixed:
-                write_line(f"fixed: {problem}")
-            for action in result.actions:
-                write_line(f"repair: {action}")
-        for problem in report.problems:
-            write_line(str(problem))
-        write_line(_summary(report) + (" after repair" if repair else ""))
-    return 0 if report.ok else 1
+        return
+    if result is not None:
+        for problem in result.fixed:
+            write_line(f"fixed: {problem}")
+        for action in result.actions:
+            write_line(f"repair: {action}")
+    for problem in report.problems:
+        write_line(str(problem))
+    write_line(_summary(report) + (" after repair" if result is not None else ""))
 
 
 @click.command()
@@ -139,9 +154,10 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
 def compact(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     """Apply retention to QUEUE (and its dead-letter queue) now.
 
-    Deletes the segments every reader has consumed - honouring the retention
-    options given with -o (retention_max_age, retention_max_bytes), which the queue
-    does not store - and rewrites each reader's journal as a checkpoint.
+    Deletes the segments every reader has consumed - honouring the queue's stored
+    retention options (retention_max_age, retention_max_bytes), or those given with
+    -o for this run only (not stored; 'ledgerq config --set' stores them) - and
+    rewrites each reader's journal as a checkpoint.
     """
     with using_existing(queue, option_overrides(option_pairs)) as q:
         has_dlq = tools.has_dlq(q.path)
@@ -166,16 +182,19 @@ def compact(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
         value["dlq_segments_after"] = dlq_after.segments
         value["dlq_disk_bytes_before"] = dlq_before.disk_bytes
         value["dlq_disk_bytes_after"] = dlq_after.disk_bytes
-    if as_json:
-        write_json(value)
-        return
-    write_line(
+    lines = [
         f"{queue}: {before.segments} -> {plural(after.segments, 'segment')}, "
         f"{format_bytes(before.disk_bytes)} -> {format_bytes(after.disk_bytes)}"
-    )
+    ]
     if dlq_before is not None and dlq_after is not None:
-        write_line(
+        lines.append(
             f"{os.path.join(queue, 'dlq')}: {dlq_before.segments} -> "
             f"{plural(dlq_after.segments, 'segment')}, {format_bytes(dlq_before.disk_bytes)} -> "
             f"{format_bytes(dlq_after.disk_bytes)}"
         )
+    with reporting_if_output_closed(lambda: "compacted " + "; ".join(lines)):
+        if as_json:
+            write_json(value)
+        else:
+            for line in lines:
+                write_line(line)

@@ -93,9 +93,13 @@ class QueueCore(Closing):
         path: str | os.PathLike[str],
         options: Options,
         features: Sequence[Feature] = (),
+        *,
+        remember_options: bool = True,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.options = options
+        # False: meta.json keeps the options it held (a one-run override, e.g. the CLI's -o).
+        self._remember_options = remember_options
         self._features = list(features)
         self._readers: dict[str, Reader] = {}
         self._prepare_directory()
@@ -239,7 +243,8 @@ class QueueCore(Closing):
             "corrupt_skipped": self._corrupt_skipped,
         }
         meta.corrupt_regions = [list(key) for key in self._manager.reported_regions][-10_000:]
-        meta.options = dataclasses.asdict(self.options)
+        if self._remember_options:
+            meta.options = dataclasses.asdict(self.options)
         self._meta_store.save(meta)
 
     # ------------------------------------------------------------------ durability
@@ -674,6 +679,10 @@ class QueueCore(Closing):
     def nack(self, message_id: int, reason: str = "") -> None:
         """Give a leased message back as failed (see :meth:`Reader.nack`)."""
         self._default.nack(message_id, reason)
+
+    def release(self, message_id: int) -> None:
+        """Give a leased message back unused, not as a failure (see :meth:`Reader.release`)."""
+        self._default.release(message_id)
 
     def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` pending messages, without leasing them."""

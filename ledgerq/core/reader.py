@@ -47,6 +47,7 @@ _ACK = StateRecordType.ACK
 _NACK = StateRecordType.NACK
 _DEAD = StateRecordType.DEAD_LETTER
 _EXPIRE = StateRecordType.EXPIRE
+_RELEASE = StateRecordType.RELEASE
 _DATA = int(RecordType.DATA)
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
@@ -355,6 +356,29 @@ class ReaderCore:
             entry, attempt = self._leased.pop(message_id)
             if not self._report_failure(entry, attempt, reason, now_ns):
                 self._selector.give_back(entry)
+        return ticket
+
+    def release(self, ids: list[int]) -> int:
+        """Give leased ids (checked by the caller) back unused; return the journal ticket.
+
+        Not a failed delivery: the RELEASE record undoes the count its LEASE added, so
+        the next delivery has the same attempt number, and no feature hears of it.
+        """
+        ticket = self.journal.append(_RELEASE, ids)  # first: if it fails, nothing changed
+        for message_id in ids:
+            entry, attempt = self._leased.pop(message_id)
+            if attempt > 1:
+                self._deliveries[message_id] = attempt - 1
+            else:
+                self._deliveries.pop(message_id, None)
+            self._selector.give_back(entry)
+        if self._deadlines:
+            # A deadline is matched to its lease by attempt number, and the next lease
+            # of a released id has the same one: drop the stale deadline, or it would
+            # expire that lease early.
+            released = set(ids)
+            self._deadlines[:] = [d for d in self._deadlines if d[1] not in released]
+            heapq.heapify(self._deadlines)
         return ticket
 
     def settle_any(self, message_id: int) -> bool:
@@ -714,6 +738,30 @@ class Reader:
             core.check_leased(message_id)
             ticket = core.nack([message_id], reason, time.time_ns())
             self._retire_if_passed_oldest()  # a move to the DLQ may finish the oldest segment
+            if queue._waiting or queue._listeners:
+                queue._wake()
+        if queue._sync_always:
+            core.journal.commit.wait_durable(ticket)
+
+    def release(self, message_id: int) -> None:
+        """Give a leased message back unused: it is not a failed delivery.
+
+        For a consumer that took a message it will not process (it is shutting down,
+        or could not pass the message on): the message is available again at once,
+        ahead of newer ones as after a nack, its next delivery has the same
+        ``attempts``, and it moves no closer to the dead-letter queue.  With
+        ``sync="always"`` this returns after the release is on disk; otherwise a crash
+        before the next sync may count the lease as a failed delivery after all.
+        Raises :class:`UnknownMessageError` if the id is not leased by this reader.
+        """
+        message_id = check_id(message_id)
+        queue = self._queue
+        core = self._core
+        with queue._lock:
+            self._ensure_usable()
+            core.check_leased(message_id)
+            ticket = core.release([message_id])
+            core.maybe_compact()
             if queue._waiting or queue._listeners:
                 queue._wake()
         if queue._sync_always:

@@ -12,12 +12,13 @@ not-yet-acked message has been delivered.  It lives in an append-only journal
       body    length - 9 bytes
       crc32   u32  CRC-32 of every byte of the record before it
 
-    LEASE, ACK, NACK, DEAD_LETTER, EXPIRE bodies: one or more u64 message ids
+    LEASE, ACK, NACK, DEAD_LETTER, EXPIRE, RELEASE bodies: one or more u64 message ids
       LEASE        delivered once more
       ACK          done
       NACK         delivery failed; delivered again
       DEAD_LETTER  done here: moved to the dead-letter queue
       EXPIRE       done here: its TTL passed before delivery
+      RELEASE      given back unused: undoes its LEASE's delivery (not a failure)
     CHECKPOINT body: a msgpack array
         [head, done_ids, deliveries, counters]
       head        int            lowest id that may still need delivering
@@ -81,6 +82,9 @@ class StateRecordType(IntEnum):
     NACK = 4
     DEAD_LETTER = 5
     EXPIRE = 6
+    # Added after version 1 shipped, without a version bump (see docs/format.md,
+    # "Changing the format"): only a journal of a reader that released holds one.
+    RELEASE = 7
 
 
 # The type byte's member, by a dict lookup: calling the enum costs ten times more, and
@@ -94,6 +98,7 @@ _ID_TYPES = frozenset(
         StateRecordType.NACK,
         StateRecordType.DEAD_LETTER,
         StateRecordType.EXPIRE,
+        StateRecordType.RELEASE,
     )
 )
 
@@ -144,7 +149,7 @@ def encode_id_record(record_type: int, message_id: int) -> bytes:
 
 
 def encode_ids_record(record_type: StateRecordType, ids: list[int] | tuple[int, ...]) -> bytes:
-    """Return a LEASE, ACK, NACK, DEAD_LETTER or EXPIRE record naming ``ids``."""
+    """Return a LEASE, ACK, NACK, DEAD_LETTER, EXPIRE or RELEASE record naming ``ids``."""
     if len(ids) == 1 and record_type in _ID_TYPES and 0 <= ids[0] < 1 << 64:
         framed = _ONE_ID.pack(_ONE_ID_LENGTH, record_type, ids[0])
         return framed + _CRC.pack(checksum(framed))

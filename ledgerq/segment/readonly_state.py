@@ -57,7 +57,7 @@ __all__ = [
     "replay_reader",
 ]
 
-# One record of a journal: its type, its ids (LEASE ... EXPIRE; empty for a CHECKPOINT),
+# One record of a journal: its type, its ids (LEASE ... RELEASE; empty for a CHECKPOINT),
 # its Checkpoint (None for the others) and its offset in the file.  A plain tuple: the
 # queue replays many of them when it opens.
 StateRecord = tuple[StateRecordType, tuple[int, ...], Checkpoint | None, int]
@@ -73,6 +73,7 @@ _LEASE = StateRecordType.LEASE
 _NACK = StateRecordType.NACK
 _ACK = StateRecordType.ACK
 _EXPIRE = StateRecordType.EXPIRE
+_RELEASE = StateRecordType.RELEASE
 
 
 def next_record_after(data: bytes, pos: int) -> int:
@@ -144,7 +145,7 @@ class StateRecords:
                         return
                     pos = resume
                     continue
-                if isinstance(body, tuple):  # LEASE ... EXPIRE: the ids
+                if isinstance(body, tuple):  # LEASE ... RELEASE: the ids
                     yield kind, body, None, base + pos
                 else:  # a CHECKPOINT's msgpack body
                     try:
@@ -226,7 +227,8 @@ class ReaderState:
     """One reader's state as its journal says: the fold of its records.
 
     ``head``: every id below it is done; ``done``: ids acked (or dead-lettered, or
-    expired) out of order; ``deliveries``: times each unfinished id was delivered;
+    expired) out of order; ``deliveries``: times each unfinished id was delivered
+    (a released lease not counted);
     ``counters``: acked, nacked, dead_lettered, expired, ...; ``leased``: ids leased
     since the last checkpoint and not settled since (a checkpoint's deliveries are
     counts, not live leases; none is live once the queue has closed cleanly).
@@ -259,6 +261,18 @@ class ReaderState:
             elif kind is _NACK:
                 leased.difference_update(body)
                 counters["nacked"] = counters.get("nacked", 0) + len(body)
+            elif kind is _RELEASE:
+                # Given back unused: the LEASE before it did not count as a delivery, so
+                # the next one has the same attempt number and a crash after this record
+                # is no failed delivery of that lease.  A count already 0 (a checkpoint
+                # that cannot hold the lease it follows) stays 0.
+                for message_id in body:
+                    count = deliveries.get(message_id, 0) - 1
+                    if count > 0:
+                        deliveries[message_id] = count
+                    else:
+                        deliveries.pop(message_id, None)
+                leased.difference_update(body)
             else:  # ACK, DEAD_LETTER, EXPIRE: done for this reader, and counted
                 for message_id in body:
                     done.add(message_id)

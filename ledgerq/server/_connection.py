@@ -15,10 +15,10 @@ connection yields the event loop (:meth:`Connection._take_turns`).
 
 Open reads (``get q/open``) belong to the connection: ``/close`` acks the oldest
 one on that queue, ``/abort`` gives it back, and a connection that ends for any
-reason gives back every read it still holds.  "Give back" is ``nack``: the item is
-the next one delivered (the FIFO serves given-back items first, lowest id first),
-and - core having no other call - it counts as a failed delivery (see
-docs/server.md).
+reason gives back every read it still holds.  "Give back" is ``release``: the item
+is the next one delivered (the FIFO serves given-back items first, lowest id first)
+and it is not a failed delivery - its attempts stay as they were and it moves no
+closer to the dead-letter queue (see docs/server.md).
 """
 
 from __future__ import annotations
@@ -50,8 +50,6 @@ _READ_HIGH_WATER = 1 << 20  # unexecuted bytes buffered before reading pauses
 _FLUSH_BYTES = 64 << 10  # replies gathered before a write() regardless
 _STEPS_PER_TURN = 32  # commands (or get keys) run before letting other connections run
 _ALREADY_EXPIRED_TTL = 1e-9  # an exptime in the past: stored, and expired at once
-_ABORTED = "memcache: open read aborted"
-_DISCONNECTED = "memcache: client disconnected with an open read"
 FLUSH_BATCH = 1000
 
 
@@ -260,7 +258,7 @@ class Connection(asyncio.Protocol):
     async def _finish(self) -> None:
         try:
             self._flush()
-            await self._give_back_all(_DISCONNECTED)
+            await self._give_back_all()
         finally:
             if self._transport is not None and not self._transport.is_closing():
                 self._transport.close()
@@ -502,7 +500,7 @@ class Connection(asyncio.Protocol):
             elif not key.peek:
                 assert slot is not None
                 if self._is_closing:  # the client left while we waited: give it back
-                    await self._give_back(slot, message.id, _DISCONNECTED)
+                    await self._give_back(slot, message.id)
                     break
                 await self._ack(slot, message.id)
             self._value(key.bare_key if self._bare_keys else key.key, message, command.with_cas)
@@ -550,7 +548,7 @@ class Connection(asyncio.Protocol):
             del self._opens[(queue, reader)]
         if give_back:
             entry.slot.aborted += 1
-            await self._give_back(entry.slot, message_id, _ABORTED)
+            await self._give_back(entry.slot, message_id)
         else:
             await self._ack(entry.slot, message_id)
         return True
@@ -566,16 +564,16 @@ class Connection(asyncio.Protocol):
             # deleted: nothing of ours to confirm any more.
             pass
 
-    async def _give_back(self, slot: ReaderSlot, message_id: int, reason: str) -> None:
+    async def _give_back(self, slot: ReaderSlot, message_id: int) -> None:
         try:
             if slot.queue_slot.is_sync_always:
-                await self._offload(slot.reader.nack, message_id, reason)
-            else:
-                slot.reader.nack(message_id, reason)
+                await self._offload(slot.reader.release, message_id)
+            else:  # a journal write(), no fsync: inline, as an ack
+                slot.reader.release(message_id)
         except (ledgerq.UnknownMessageError, ledgerq.QueueClosedError):
             pass
 
-    async def _give_back_all(self, reason: str) -> None:
+    async def _give_back_all(self) -> None:
         opens, self._opens = self._opens, {}
         for entry in opens.values():
             entry.slot.open_reads -= len(entry.ids)
@@ -584,7 +582,7 @@ class Connection(asyncio.Protocol):
             entry.slot.aborted += len(entry.ids)
             for message_id in entry.ids:
                 try:
-                    await self._give_back(entry.slot, message_id, reason)
+                    await self._give_back(entry.slot, message_id)
                 except Exception:
                     logger.exception("ledgerq serve: giving back an open read failed")
 

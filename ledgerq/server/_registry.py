@@ -2,7 +2,7 @@
 
 Concurrency: everything here runs on the event loop's thread, except the queue
 listener (:meth:`QueueSlot._on_change`), which the queue calls under its lock in
-whichever thread enqueued, nacked or closed.  That listener only reads two plain
+whichever thread enqueued, nacked, released or closed.  That listener only reads two plain
 attributes and schedules :meth:`QueueSlot._dispatch` on the loop; it never touches
 the waiter lists.
 
@@ -164,7 +164,7 @@ class ReaderSlot:
 
     def _watch_expiry(self) -> None:
         # A visibility timeout that expires makes an item available without any
-        # enqueue or nack to wake us: wake up for it too.
+        # enqueue, nack or release to wake us: wake up for it too.
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -238,6 +238,9 @@ class Registry:
     Blocking work (opening, closing, deleting, creating readers) runs in
     ``executor``; opens and deletes of one name are serialised by a lock of that
     name, so a queue is never opened twice (``ledgerq.open`` locks the directory).
+    Every queue is opened with ``queue_options`` over what it stored, for this run
+    only: they are not stored (``remember_options=False``), so the server changes
+    no queue's configuration.
     """
 
     def __init__(
@@ -245,13 +248,11 @@ class Registry:
         data_dir: str,
         *,
         executor: Executor,
-        new_queue_options: Mapping[str, Any],
         queue_options: Mapping[str, Any],
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self._executor = executor
-        self._new_options = dict(new_queue_options)
-        self._options = dict(queue_options)
+        self._options = {**queue_options, "remember_options": False}
         self._slots: dict[str, QueueSlot] = {}
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.is_closing = False
@@ -340,8 +341,7 @@ class Registry:
         is_new = not self._exists(name)
         if is_new and not create:
             return None
-        options = {**self._new_options, **self._options} if is_new else self._options
-        queue = await self.run(ledgerq.open, self.path_of(name), **options)
+        queue = await self.run(ledgerq.open, self.path_of(name), **self._options)
         if self.is_closing:  # shutdown began while we opened: do not leak the lock
             await self.run(queue.close)
             raise ServerClosingError("the server is shutting down")

@@ -37,9 +37,9 @@ class ServerConfig:
     """How ``ledgerq serve`` runs; the fields are its command-line flags.
 
     ``queue_options`` are keyword arguments of :func:`ledgerq.open` for every queue
-    (they override what a queue stored).  A queue the server *creates* also gets
-    ``max_message_size=max_item_size`` and ``max_retries=0`` unless
-    ``queue_options`` says otherwise (see docs/server.md, "Reliable reads").
+    it opens, with ``max_message_size=max_item_size`` unless they say otherwise: they
+    override what a queue stored, for this run only (they are not stored; see
+    docs/server.md).
     """
 
     data_dir: str
@@ -98,13 +98,10 @@ class Server:
         self._executor = ThreadPoolExecutor(
             max_workers=config.threads, thread_name_prefix="ledgerq-serve"
         )
-        new_options = {"max_message_size": config.max_item_size, "max_retries": 0}
-        self.registry = Registry(
-            config.data_dir,
-            executor=self._executor,
-            new_queue_options=new_options,
-            queue_options=config.queue_options,
-        )
+        # The queue's own limit follows --max-item-size, so an item the protocol
+        # accepts is one the queue stores (unless -o says otherwise).
+        options = {"max_message_size": config.max_item_size, **config.queue_options}
+        self.registry = Registry(config.data_dir, executor=self._executor, queue_options=options)
         self.address: tuple[str, int] = (config.host, config.port)
         self._connections: set[Connection] = set()
         self._listener: asyncio.Server | None = None

@@ -59,7 +59,7 @@ def test_bad_ids_options_and_values(tmp_path: Path) -> None:
     assert "no such option" in fails("peek", q, "--bogus", code=2).err
     assert "unknown queue option" in fails("peek", q, "-o", "colour=red", code=2).err
     assert "max_retries" in fails("peek", q, "-o", "max_retries=many", code=2).err
-    assert "segment_size" in fails("peek", q, "-o", "segment_size=0", code=1).err
+    assert "segment_size" in fails("peek", q, "-o", "segment_size=0", code=2).err
     assert "no such command" in fails("frobnicate", code=2).err
 
 

@@ -29,6 +29,7 @@ def test_worker_runs_a_handler_from_the_current_directory(tmp_path: Path) -> Non
         assert len(queue) == 0
         (dead,) = queue.dlq.peek(5)
         assert dead.headers["dlq.failure_reason"] == "ValueError: bad payload"
+        assert queue.options.max_retries == 3  # -o was for that run: nothing stored
 
     assert "no attribute 'nope'" in fails("worker", q, "tasks:nope", cwd=tmp_path).err
     assert "cannot import module" in fails("worker", q, "nothere:f", cwd=tmp_path).err

@@ -2,11 +2,11 @@
 
 The model: every message is available, leased, acked, expired or dead-lettered.
 The queue always hands out the first available message in delivery order (id
-order; with priorities, highest priority first, then id); nack and reopen make
-leased messages available again; every delivery counts; a message whose failed
-deliveries reach ``max_retries`` goes to the dead-letter queue; an expired
-message is skipped.  Starvation promotion is off here (it depends on the clock
-and has its own tests).
+order; with priorities, highest priority first, then id); nack, release and
+reopen make leased messages available again; every delivery counts but a
+released one; a message whose failed deliveries reach ``max_retries`` goes to
+the dead-letter queue; an expired message is skipped.  Starvation promotion is
+off here (it depends on the clock and has its own tests).
 """
 
 from __future__ import annotations
@@ -165,6 +165,15 @@ class QueueMachine(RuleBasedStateMachine):
             self._dead_letter(message_id)
         else:
             model.state = "available"
+
+    @precondition(lambda self: self._ids("leased"))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        message_id = data.draw(st.sampled_from(sorted(self._ids("leased"))))
+        self.q.release(message_id)
+        model = self.messages[message_id]
+        model.deliveries -= 1  # not a failed delivery: the next one has the same attempts
+        model.state = "available"
 
     @rule(offset=st.integers(min_value=0, max_value=50))
     def ack_unknown(self, offset: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ledgerq
-from tests.server._harness import ServerProcess, environment, until, waiters
+from tests.server._harness import Raw, ServerProcess, environment, until, waiters
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -116,18 +117,46 @@ def test_bare_keys_put_the_queue_name_on_value_lines(tmp_path: Path) -> None:
         assert c.get("q/close/open/t=5") == [(b"q", 0, b"b", None)]
 
 
-def test_queue_options_apply_and_new_queues_never_dead_letter(tmp_path: Path) -> None:
+def _canceled(client: Raw, label: str) -> int:
+    return int(client.stats().get(f"queue_{label}_canceled_transactions", "0"))
+
+
+def test_aborts_and_disconnects_are_no_failed_deliveries(tmp_path: Path) -> None:
+    # max_retries=1 for this run: one failed delivery would dead-letter the item.
     data = tmp_path / "data"
-    with ServerProcess(data, "-o", "sync=always") as proc, proc.client() as c:
+    with ServerProcess(data, "-o", "max_retries=1") as proc, proc.client() as c:
         c.set("q", b"a")
-        for _ in range(5):  # more aborts than the library's default max_retries
+        for _ in range(5):
             assert c.get_one("q/open") == b"a"
             assert c.get("q/abort") == []
-        assert c.get_one("q") == b"a"
+        with proc.client() as leaving:
+            assert leaving.get_one("q/open") == b"a"
+        until(lambda: _canceled(c, "q") == 6, "the disconnect's open read given back")
+        assert c.get_one("q/open") == b"a"
+        assert c.get("q/abort") == []
     with ledgerq.open(data / "q") as q:
-        assert q.options.sync == "always"
-        assert q.options.max_retries == 0
-        assert q.stats().dead_lettered == 0
+        stats = q.stats()
+        assert (stats.nacked, stats.dead_lettered) == (0, 0)
+        msg = q.dequeue()
+        assert msg is not None and msg.payload == b"a" and msg.attempts == 1
+
+
+def test_queue_options_apply_for_the_run_and_are_not_stored(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with ledgerq.open(data / "old", max_retries=5, max_message_size=100):
+        pass
+    flags = ("-o", "sync=always", "-o", "max_message_size=10")
+    with ServerProcess(data, *flags) as proc, proc.client() as c:
+        assert c.set("old", b"x" * 10) == b"STORED"
+        assert c.set("old", b"x" * 11).startswith(b"SERVER_ERROR")  # -o applies
+        assert c.set("new", b"y") == b"STORED"  # a queue the server creates
+    with ledgerq.open(data / "old") as q:
+        assert (q.options.max_retries, q.options.max_message_size) == (5, 100)
+        assert q.options.sync == "interval"
+        assert len(q) == 1
+    with ledgerq.open(data / "new") as q:
+        assert q.options == ledgerq.Options()  # nothing stored: the defaults
+        assert len(q) == 1
 
 
 def test_serve_help_documents_every_flag() -> None:
@@ -151,3 +180,24 @@ def test_serve_help_documents_every_flag() -> None:
         "--option",
     ):
         assert flag in text, flag
+
+
+def test_a_closed_stdout_does_not_stop_the_server(tmp_path: Path) -> None:
+    # The address goes to stderr instead, and the server serves.
+    command = [sys.executable, "-m", "ledgerq.cli", "serve", str(tmp_path / "data"), "--port", "0"]
+    with subprocess.Popen(
+        ["sh", "-c", 'exec "$0" "$@" >&-', *command],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=environment(),
+    ) as proc:
+        assert proc.stderr is not None
+        line = proc.stderr.readline().decode()
+        found = re.search(r"ledgerq: warning: stdout is closed; listening on 127.0.0.1:(\d+)", line)
+        assert found is not None, line
+        with Raw(int(found[1])) as c:
+            assert c.set("q", b"a") == b"STORED"
+            assert c.get_one("q") == b"a"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert b"Traceback" not in proc.stderr.read()
