@@ -6,13 +6,16 @@ import logging
 import os
 import threading
 
+from ledgerq.format.errors import DecodeError
 from ledgerq.format.reader_state import (
+    STATE_FILE_HEADER,
     Checkpoint,
     StateRecordType,
     encode_checkpoint,
     encode_id_record,
     encode_ids_record,
     encode_state_file_header,
+    state_file_version,
 )
 from ledgerq.segment.files import (
     StorageError,
@@ -44,6 +47,7 @@ class ReaderJournal:
         self.size = 0
         self._compact_at = _COMPACT_MIN_BYTES
         self.commit = GroupCommit(self._sync)
+        self.version = 1  # of the file on disk: 2 once it may hold a newer record type
 
     def load(self) -> ReaderState:
         """Replay the journal (creating it if missing) and open it for appending.
@@ -56,6 +60,12 @@ class ReaderJournal:
         if not os.path.exists(self.path):
             self.rewrite(Checkpoint(1, [], [], {}))
             return state
+        with open(self.path, "rb") as f:
+            header = f.read(STATE_FILE_HEADER.size)
+        try:
+            self.version = state_file_version(header)
+        except DecodeError:
+            self.version = 1  # the replay below reports the bad header
         tail = JournalTail(self.path)
         state.apply(tail.read())
         end = tail.offset
@@ -114,15 +124,18 @@ class ReaderJournal:
         """Whether the journal has grown enough to be rewritten from a checkpoint."""
         return self.size >= self._compact_at
 
-    def rewrite(self, checkpoint: Checkpoint) -> None:
+    def rewrite(self, checkpoint: Checkpoint, *, version: int = 1) -> None:
         """Replace the journal with one holding only ``checkpoint`` (durably).
 
-        Raises :class:`StorageError` if it cannot; the journal then goes on appending to
+        ``version`` is the file's: 2 before records only version 2 knows are appended
+        (a checkpoint alone is version 1, which every ledgerq reads).  Raises
+        :class:`StorageError` if it cannot; the journal then goes on appending to
         whichever file holds its name (see :func:`replace_and_open`), so no record is
         written where a reopen would not find it.
         """
-        blob = encode_state_file_header() + encode_checkpoint(checkpoint)
+        blob = encode_state_file_header(version) + encode_checkpoint(checkpoint)
         replace_and_open(self.path, blob, lambda fd: self._adopt(fd, len(blob)))
+        self.version = version
         # Everything before the rewrite is now durable (the checkpoint holds it).
         self.commit.note_write()
         self.commit.sync_now()

@@ -34,6 +34,7 @@ from ledgerq.format.reader_state import (
     encode_checkpoint,
     encode_ids_record,
     encode_state_file_header,
+    state_file_version,
 )
 
 __all__ = [
@@ -67,4 +68,5 @@ __all__ = [
     "encode_index_header",
     "encode_state_file_header",
     "peek_length",
+    "state_file_version",
 ]

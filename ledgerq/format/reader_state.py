@@ -47,6 +47,7 @@ __all__ = [
     "STATE_MAGIC",
     "STATE_RECORD_HEADER",
     "STATE_VERSION",
+    "V1_TYPES_END",
     "MIN_STATE_RECORD_SIZE",
     "Checkpoint",
     "StateRecordType",
@@ -58,10 +59,16 @@ __all__ = [
     "encode_ids_record",
     "encode_state_file_header",
     "plausible_record_length",
+    "state_file_version",
 ]
 
 STATE_MAGIC = b"LQRS"
-STATE_VERSION = 1
+STATE_VERSION = 2  # the newest version written; 1 and 2 are read
+# Version 1 files hold only the types below RELEASE.  A file gets version 2 only when a
+# newer record is about to be written into it (the journal is checkpointed first), and a
+# checkpoint-only rewrite is version 1 again: an older ledgerq reads every journal that
+# holds nothing it cannot read, and refuses the others by their version, never misreads.
+V1_TYPES_END = 7
 STATE_FILE_HEADER = struct.Struct("<4sI")
 assert STATE_FILE_HEADER.size == 8
 STATE_RECORD_HEADER = struct.Struct("<IB")  # length, type
@@ -82,9 +89,7 @@ class StateRecordType(IntEnum):
     NACK = 4
     DEAD_LETTER = 5
     EXPIRE = 6
-    # Added after version 1 shipped, without a version bump (see docs/format.md,
-    # "Changing the format"): only a journal of a reader that released holds one.
-    RELEASE = 7
+    RELEASE = 7  # version 2
 
 
 # The type byte's member, by a dict lookup: calling the enum costs ten times more, and
@@ -112,21 +117,33 @@ class Checkpoint(NamedTuple):
     counters: dict[str, int]
 
 
-def encode_state_file_header() -> bytes:
-    """Return the 8-byte header of a reader state file."""
-    return STATE_FILE_HEADER.pack(STATE_MAGIC, STATE_VERSION)
+def encode_state_file_header(version: int = 1) -> bytes:
+    """Return the 8-byte header of a reader state file of ``version``."""
+    if not 1 <= version <= STATE_VERSION:
+        raise ValueError(f"reader state version {version} is not one this ledgerq writes")
+    return STATE_FILE_HEADER.pack(STATE_MAGIC, version)
 
 
 def decode_state_file_header(buf: bytes | bytearray | memoryview) -> int:
     """Validate the file header; return the offset of the first record."""
+    state_file_version(buf)
+    return STATE_FILE_HEADER.size
+
+
+def state_file_version(buf: bytes | bytearray | memoryview) -> int:
+    """Validate the file header; return its version (1 or 2)."""
     if len(buf) < STATE_FILE_HEADER.size:
         raise IncompleteRecord("reader state header cut short", 0, STATE_FILE_HEADER.size)
     magic, version = STATE_FILE_HEADER.unpack_from(buf, 0)
     if magic != STATE_MAGIC:
         raise CorruptRecord(f"bad reader state magic {magic!r}", 0)
-    if version != STATE_VERSION:
-        raise CorruptRecord(f"unsupported reader state version {version}", 0)
-    return STATE_FILE_HEADER.size
+    if not 1 <= version <= STATE_VERSION:
+        raise CorruptRecord(
+            f"unsupported reader state version {version} (this ledgerq reads 1 to "
+            f"{STATE_VERSION}: upgrade ledgerq to open this queue)",
+            0,
+        )
+    return int(version)
 
 
 def _frame(record_type: int, body: bytes) -> bytes:

@@ -227,3 +227,22 @@ def test_sharded_release_routes_by_id(tmp_path: Path) -> None:
         assert sorted(m.id for m in again) == sorted(m.id for m in taken)
         assert {m.attempts for m in again} == {1}
         assert q.stats().dead_lettered == 0
+
+
+def test_a_journal_holding_a_release_is_version_2_and_version_1_again_after_close(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "q"
+    journal = path / "readers" / "default.state"
+    with ledgerq.open(path) as q:
+        q.enqueue(b"m")
+        assert journal.read_bytes()[4:8] == b"\x01\x00\x00\x00"  # nothing new in it
+        message = q.dequeue()
+        assert message is not None
+        q.release(message.id)
+        # A version 1 reader would take the RELEASE for damage: the file says version 2.
+        assert journal.read_bytes()[4:8] == b"\x02\x00\x00\x00"
+    assert journal.read_bytes()[4:8] == b"\x01\x00\x00\x00"  # a checkpoint alone again
+    with ledgerq.open(path) as q:
+        again = q.dequeue()
+        assert again is not None and again.attempts == 1

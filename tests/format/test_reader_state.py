@@ -22,6 +22,7 @@ from ledgerq.format import (
     encode_checkpoint,
     encode_ids_record,
     encode_state_file_header,
+    state_file_version,
 )
 from ledgerq.format.reader_state import (
     STATE_FILE_HEADER,
@@ -80,9 +81,18 @@ def test_file_header_bad_magic_or_version_is_corrupt() -> None:
     for magic in (b"LQRT", b"LQIX", b"\x00" * 4):
         with pytest.raises(CorruptRecord, match="magic"):
             decode_state_file_header(STATE_FILE_HEADER.pack(magic, STATE_VERSION))
-    for version in (0, 2, 0xFFFFFFFF):
+    for version in (0, 3, 0xFFFFFFFF):
         with pytest.raises(CorruptRecord, match="version"):
             decode_state_file_header(STATE_FILE_HEADER.pack(STATE_MAGIC, version))
+
+
+def test_both_versions_are_read_and_version_2_is_written_on_request() -> None:
+    for version in (1, 2):
+        header = encode_state_file_header(version)
+        assert state_file_version(header) == version
+        assert decode_state_file_header(header) == 8
+    with pytest.raises(ValueError, match="version 3"):
+        encode_state_file_header(3)
 
 
 # ---------------------------------------------------------------- round trips
