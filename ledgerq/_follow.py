@@ -13,11 +13,11 @@ what a reader without the lock may rely on from the owner and when it fails fast
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
 from ledgerq._types import Message
+from ledgerq.core.args import check_timeout
 from ledgerq.core.closing import Closing
 from ledgerq.segment.readonly import (
     DirectoryWatcher,
@@ -31,6 +31,7 @@ from ledgerq.segment.readonly import (
 __all__ = ["Follower", "follow"]
 
 _WATCH_MODES = ("auto", "inotify", "poll")
+_MAX_WAIT_SLICE_S = 86_400.0  # one wait of the watcher, at most
 
 
 class Follower(Closing):
@@ -55,11 +56,7 @@ class Follower(Closing):
             raise TypeError(f"from_id must be an int, got {type(from_id).__name__}")
         if from_id < 1:
             raise ValueError(f"from_id must be >= 1 (ids start at 1), got {from_id}")
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-                raise TypeError(f"timeout must be a number or None, got {type(timeout).__name__}")
-            if math.isnan(timeout) or timeout < 0:
-                raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        timeout = check_timeout(timeout)  # the queue's rule: NaN refused, infinity is None
         if watch not in _WATCH_MODES:
             raise ValueError(f"watch must be one of {_WATCH_MODES}, got {watch!r}")
         self.path = os.path.abspath(os.fspath(path))
@@ -113,7 +110,9 @@ class Follower(Closing):
                 patience = self._tail.patience_left()
                 if patience is not None:
                     left = patience if left is None else min(left, patience)
-                watcher.wait(left)
+                # poll() takes at most 2**31 ms (~24 days): wait in slices; the loop
+                # looks again and waits again until the deadline.
+                watcher.wait(_MAX_WAIT_SLICE_S if left is None else min(left, _MAX_WAIT_SLICE_S))
         except BaseException:
             self.close()
             raise

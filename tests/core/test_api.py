@@ -524,7 +524,13 @@ _BAD_VALUES: dict[str, list[tuple[object, type[Exception]]]] = {
         ("middle", ValueError),
     ],
     "processes": [("4", TypeError), (2.0, TypeError), (True, TypeError), (0, ValueError)],
-    "task_timeout": [("5", TypeError), (True, TypeError), (0, ValueError), (-1, ValueError)],
+    "task_timeout": [
+        ("5", TypeError),
+        (True, TypeError),
+        (0, ValueError),
+        (-1, ValueError),
+        (math.nan, ValueError),
+    ],
 }
 
 
