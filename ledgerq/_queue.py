@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from ledgerq._options import Options
 from ledgerq._types import Item
+from ledgerq.core.args import check_ids
 from ledgerq.core.queue import QueueCore
 from ledgerq.features import build_features
 from ledgerq.features.dlq import DeadLetterStore
@@ -47,10 +48,13 @@ class Queue(QueueCore):
         skipped.  A crash mid-way can leave a message in both queues, never in neither;
         so can a power cut, for messages that were durable in the DLQ: the copies are
         written in batches, each fsynced before its messages are settled in the DLQ.
+
+        Raises ``TypeError`` before anything moves if ``ids`` is a str or bytes (not
+        iterated: ``"12"`` is not the ids 1 and 2) or holds anything but ints.
         """
+        wanted = None if ids is None else check_ids(ids)
         self._ensure_open()
         dlq = self.dlq
-        wanted = None if ids is None else {int(i) for i in ids}
         entries = dlq._pending_entries(wanted)
         moved = 0
         for start in range(0, len(entries), _REQUEUE_BATCH):
@@ -77,9 +81,12 @@ class Queue(QueueCore):
         return Item(payload, headers=headers, priority=entry.priority, dedup_id=dedup)
 
     def purge(self, ids: Iterable[int] | None = None) -> int:
-        """Remove pending messages (by id; default all) for good; return how many."""
+        """Remove pending messages (by id; default all) for good; return how many.
+
+        ``ids`` are checked as :meth:`requeue_dlq` checks them, before anything is removed.
+        """
+        wanted = None if ids is None else check_ids(ids)
         self._ensure_open()
-        wanted = None if ids is None else {int(i) for i in ids}
         removed = 0
         for entry, _ in self._pending_entries(wanted):
             if self._settle(entry.id):

@@ -45,7 +45,7 @@ import ledgerq
 from ledgerq import Queue
 from ledgerq._errors import QueueClosedError
 from ledgerq._types import Item, Message, Priority, ReaderStart, ReaderStats, Stats
-from ledgerq.core.args import check_count, check_timeout
+from ledgerq.core.args import check_count, check_ids, check_timeout
 
 __all__ = ["AsyncQueue", "AsyncReader", "open"]
 
@@ -286,7 +286,7 @@ class AsyncQueue:
 
     async def requeue_dlq(self, ids: Iterable[int] | None = None) -> int:
         """Move dead-lettered messages back (see :meth:`ledgerq.Queue.requeue_dlq`)."""
-        wanted = None if ids is None else list(ids)
+        wanted = None if ids is None else check_ids(ids)  # in the caller: errors raise here
         return await asyncio.to_thread(self._queue.requeue_dlq, wanted)
 
     async def sync(self) -> None:
