@@ -7,6 +7,7 @@ from typing import Unpack
 
 from ledgerq._options import OpenOptions, Options
 from ledgerq._queue import Queue, open_configured
+from ledgerq.core.args import check_queue_path
 from ledgerq.segment.meta import stored_options
 
 __all__ = ["open"]
@@ -24,10 +25,11 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     ``ledgerq.open(path)`` reopens a queue as it was configured.
 
     Raises ``TypeError`` for an unknown option, :class:`ConfigError` for an invalid
-    value, :class:`QueueLockedError` if the queue is already open (in this or another
-    process), :class:`NotAQueueError` if ``path`` holds something else.
+    value, ``ValueError`` for an empty path, :class:`QueueLockedError` if the queue is
+    already open (in this or another process), :class:`NotAQueueError` if ``path`` holds
+    something else, :class:`StorageError` if the directory cannot be created or read
+    (permission denied, ...).
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    check_queue_path(path)
     stored = stored_options(os.fspath(path)) if os.path.isdir(path) else {}
     return open_configured(path, Options.from_kwargs(options, kwargs, stored))

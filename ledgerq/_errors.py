@@ -87,7 +87,7 @@ class QueueClosedError(LedgerQError):
 
 
 class MessageTooLargeError(LedgerQError, ValueError):
-    """A payload is larger than ``max_message_size``."""
+    """A payload, or a message's encoded headers, is larger than ``max_message_size``."""
 
 
 class CorruptionError(LedgerQError):
@@ -127,11 +127,13 @@ class StorageError(LedgerQError, OSError):
     """An operating-system error while reading or writing queue files.
 
     Carries the OS ``errno``, the file's ``path`` and the ``action`` that was not done;
-    the message says what to do about the common causes (a full disk, permissions).
+    the message says what to do about the common causes (a full disk, permissions), or
+    what ``hint`` says when the raiser knows better.
     """
 
-    def __init__(self, action: str, path: str, exc: OSError) -> None:
-        hint = _HINTS.get(exc.errno or 0, "")
+    def __init__(self, action: str, path: str, exc: OSError, hint: str | None = None) -> None:
+        if hint is None:
+            hint = _HINTS.get(exc.errno or 0, "")
         reason = exc.strerror or str(exc)
         message = f"could not {action} {path}: {reason}" + (f" ({hint})" if hint else "")
         OSError.__init__(self, exc.errno or 0, message)

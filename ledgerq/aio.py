@@ -39,7 +39,7 @@ import os
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, NoReturn, Unpack
 
 import ledgerq
 from ledgerq import Queue
@@ -189,6 +189,10 @@ class AsyncReader:
     def __repr__(self) -> str:
         return f"<ledgerq.aio.AsyncReader {self.name!r} of {self._queue.path!r}>"
 
+    def __reduce__(self) -> NoReturn:
+        self._reader.__reduce__()  # raises: the reader's TypeError says what to do instead
+        raise AssertionError  # pragma: no cover
+
 
 class AsyncQueue:
     """The asyncio face of a :class:`ledgerq.Queue`; get one from :func:`ledgerq.aio.open`.
@@ -326,6 +330,10 @@ class AsyncQueue:
     def __repr__(self) -> str:
         state = "closed" if self._queue.closed else "open"
         return f"<ledgerq.aio.AsyncQueue {self._queue.path!r} {state}>"
+
+    def __reduce__(self) -> NoReturn:
+        self._queue.__reduce__()  # raises: the queue's TypeError says what to do instead
+        raise AssertionError  # pragma: no cover
 
 
 class _OpenJob:

@@ -37,7 +37,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar, Unpack
+from typing import Any, NoReturn, TypeVar, Unpack
 
 import xxhash
 
@@ -46,8 +46,9 @@ from ledgerq._errors import ConfigError, QueueClosedError, UnknownMessageError
 from ledgerq._options import OpenOptions
 from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
-from ledgerq.core.args import check_count, check_id, check_timeout
+from ledgerq.core.args import check_count, check_id, check_queue_path, check_timeout
 from ledgerq.core.closing import Closing
+from ledgerq.core.processes import unpicklable
 from ledgerq.segment.files import atomic_write
 
 __all__ = [
@@ -285,8 +286,7 @@ class ShardedQueue(Closing):
         prefix: str = "",
         **options: Unpack[OpenOptions],
     ) -> None:
-        if not isinstance(root, (str, os.PathLike)):
-            raise TypeError(f"root must be a str or os.PathLike, got {type(root).__name__}")
+        check_queue_path(root, "root")
         self.shards = _check_shards(shards)
         self.prefix = _check_prefix(prefix)
         self.root = os.path.abspath(os.fspath(root))
@@ -594,6 +594,9 @@ class ShardedQueue(Closing):
         state = "closed" if self._closed else f"{self.shards} shards"
         prefix = f" prefix={self.prefix!r}" if self.prefix else ""
         return f"<ledgerq.ShardedQueue {self.root!r}{prefix} {state}>"
+
+    def __reduce__(self) -> NoReturn:
+        raise unpicklable("a ledgerq.ShardedQueue", self.root)
 
     def _check(self) -> None:
         """Assert every shard's invariants (tests call this after every step)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from typing import get_args
@@ -14,9 +15,11 @@ __all__ = [
     "READER_NAME",
     "check_count",
     "check_dedup_id",
+    "check_headers_size",
     "check_id",
     "check_ids",
     "check_payload",
+    "check_queue_path",
     "check_priority",
     "check_reader_name",
     "check_reader_start",
@@ -30,6 +33,20 @@ READER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
 _READER_STARTS: tuple[ReaderStart, ...] = get_args(ReaderStart)
 
 _BYTES_TYPES = (bytes, bytearray, memoryview)
+
+
+def check_queue_path(path: object, what: str = "path") -> None:
+    """A queue directory's path: a str or ``os.PathLike``, not empty.
+
+    ``""`` would resolve to the current directory and turn it into a queue; a caller
+    who means it says ``"."``.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a str or os.PathLike, got {type(path).__name__}")
+    if os.fspath(path) in ("", b""):
+        raise ValueError(
+            f"{what} is empty; name the queue directory (use '.' to mean the current one)"
+        )
 
 
 def check_payload(payload: object, limit: int) -> bytes | bytearray | memoryview:
@@ -46,6 +63,17 @@ def check_payload(payload: object, limit: int) -> bytes | bytearray | memoryview
     if isinstance(payload, memoryview) and not payload.c_contiguous:
         return payload.tobytes()
     return payload
+
+
+def check_headers_size(blob: bytes, limit: int) -> bytes:
+    """Encoded headers of at most ``limit`` bytes (``max_message_size``: payload and
+    headers are bounded alike, each on its own)."""
+    if len(blob) > limit:
+        raise MessageTooLargeError(
+            f"headers of {len(blob)} bytes (encoded) exceed max_message_size={limit}; "
+            "put large data in the payload, or open the queue with a larger max_message_size"
+        )
+    return blob
 
 
 def check_priority(priority: object) -> int:

@@ -11,22 +11,26 @@ callers share fsyncs.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NoReturn
 
 from ledgerq._errors import (
     CorruptionError,
     NotAQueueError,
     QueueClosedError,
+    StorageError,
 )
 from ledgerq._options import Options
 from ledgerq._types import Item, Message, Priority, ReaderStart, Stats
 from ledgerq.core.args import (
     READER_NAME,
     check_dedup_id,
+    check_headers_size,
     check_payload,
     check_priority,
     check_reader_name,
@@ -37,6 +41,7 @@ from ledgerq.core.closing import Closing
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.meta import ID_BLOCK
+from ledgerq.core.processes import unpicklable
 from ledgerq.core.reader import (
     Reader,
     ReaderCore,
@@ -77,6 +82,27 @@ _NS = 1_000_000_000
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 
 
+_PERMISSION_HINT = (
+    "this user needs read, write and search (x) permission on the "
+    "queue directory and search permission on every directory above it; fix the owner "
+    "or mode, or run as the user that owns the queue"
+)
+
+
+def _look_up(path: str, what: str) -> bool:
+    """Whether ``path`` exists; :class:`StorageError` if this user may not know."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return False
+    except NotADirectoryError:
+        return False  # a file on the way: the caller reports what is there
+    except OSError as exc:
+        hint = _PERMISSION_HINT if exc.errno in (errno.EACCES, errno.EPERM) else None
+        raise StorageError(f"look up {what}", path, exc, hint=hint) from exc
+    return True
+
+
 def _attempt(errors: list[Exception], step: Callable[[], object]) -> None:
     """Run one step of a close; note its error in ``errors`` and go on."""
     try:
@@ -110,12 +136,36 @@ class QueueCore(Closing):
 
     def _prepare_directory(self) -> None:
         path = self.path
-        if os.path.exists(path) and not os.path.isdir(path):
+        # os.path.exists/isdir say False for a path this user may not reach: look with
+        # stat, so that a permission problem is reported as one, not as a directory to
+        # create (mkdir then fails with "permission denied" on a directory that exists).
+        exists = _look_up(path, "the queue directory")
+        if exists and not os.path.isdir(path):
             raise NotAQueueError(f"{path} exists and is not a directory")
-        make_durable_dir(path)  # its entry in the parent must survive a power cut too
-        if not os.path.exists(os.path.join(path, META_NAME)):
+        if not exists:
+            try:
+                make_durable_dir(path)  # its entry in the parent must survive a power cut too
+            except StorageError as exc:
+                cause = exc.__cause__
+                if exc.errno not in (errno.EACCES, errno.EPERM) or not isinstance(cause, OSError):
+                    raise
+                # make_durable_dir creates missing parents too: say where it was refused.
+                refused_in = os.path.dirname(exc.path)
+                raise StorageError(
+                    "create the queue directory",
+                    path,
+                    cause,
+                    hint=f"this user may not create directories in {refused_in}; create "
+                    f"{path} with the right owner, or open a path this user may write",
+                ) from exc
+        if not _look_up(os.path.join(path, META_NAME), "the meta file"):
             with storage_errors("list the queue directory", path):
-                names = os.listdir(path)
+                try:
+                    names = os.listdir(path)
+                except PermissionError as exc:
+                    raise StorageError(
+                        "list the queue directory", path, exc, hint=_PERMISSION_HINT
+                    ) from exc
             foreign = [n for n in names if n not in QUEUE_NAMES]
             if foreign:
                 raise NotAQueueError(
@@ -289,8 +339,9 @@ class QueueCore(Closing):
         ttl: object,
         dedup_id: object,
     ) -> Draft:
-        data = check_payload(payload, self.options.max_message_size)
-        blob = encode_headers(headers) if headers is not None else None
+        limit = self.options.max_message_size
+        data = check_payload(payload, limit)
+        blob = check_headers_size(encode_headers(headers), limit) if headers is not None else None
         level = check_priority(priority) if priority is not Priority.MEDIUM else 1
         seconds = check_ttl(ttl)
         draft = Draft(
@@ -873,6 +924,9 @@ class QueueCore(Closing):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"next_id={self._next_id}"
         return f"<ledgerq.Queue {self.path!r} {state}>"
+
+    def __reduce__(self) -> NoReturn:
+        raise unpicklable("a ledgerq.Queue", self.path)
 
     def _check(self) -> None:
         """Assert the queue's invariants (tests call this after every step)."""

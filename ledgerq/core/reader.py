@@ -25,13 +25,14 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ledgerq._errors import CorruptionError, QueueClosedError, UnknownMessageError
 from ledgerq._types import Message, Priority, ReaderStats
 from ledgerq.core.args import check_count, check_id, check_timeout
 from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
 from ledgerq.core.journal import ReaderJournal
+from ledgerq.core.processes import unpicklable
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
 from ledgerq.segment.cursor import LogCursor
@@ -758,3 +759,6 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"<ledgerq.Reader {self.name!r} of {self._queue.path!r}>"
+
+    def __reduce__(self) -> NoReturn:
+        raise unpicklable(f"ledgerq.Reader {self.name!r}", self._queue.path)
