@@ -35,6 +35,7 @@ from ledgerq._types import (
     Stats,
     SyncMode,
 )
+from ledgerq.core.clock import Clock
 from ledgerq.core.reader import Reader
 from ledgerq.shard import ShardedQueue, open_sharded
 
@@ -54,6 +55,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "Clock",
     "Compression",
     "ConfigError",
     "CorruptionError",

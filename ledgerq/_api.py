@@ -8,13 +8,18 @@ from typing import Unpack
 from ledgerq._options import OpenOptions, Options
 from ledgerq._queue import Queue, open_configured
 from ledgerq.core.args import check_queue_path
+from ledgerq.core.clock import Clock
 from ledgerq.segment.meta import stored_options
 
 __all__ = ["open"]
 
 
 def open(  # noqa: A001 - the stdlib-like verb is the point
-    path: str | os.PathLike[str], options: Options | None = None, **kwargs: Unpack[OpenOptions]
+    path: str | os.PathLike[str],
+    options: Options | None = None,
+    *,
+    clock: Clock | None = None,
+    **kwargs: Unpack[OpenOptions],
 ) -> Queue:
     """Open (creating if missing) the queue in directory ``path``.
 
@@ -24,6 +29,12 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     not given as keywords (and no ``Options`` object) keep their stored values, so
     ``ledgerq.open(path)`` reopens a queue as it was configured.
 
+    ``clock`` (not an option, never stored) replaces the system's clocks: an object
+    with ``time_ns()`` and ``monotonic_ns()`` like the ``time`` module's (see
+    :class:`ledgerq.Clock`) - for tests that step the wall clock or let time pass
+    without sleeping.  Whatever the clock, the queue's time is fixed at open and then
+    only moves with the monotonic clock (docs/usage.md, "Time").
+
     Raises ``TypeError`` for an unknown option, :class:`ConfigError` for an invalid
     value, ``ValueError`` for an empty path, :class:`QueueLockedError` if the queue is
     already open (in this or another process), :class:`NotAQueueError` if ``path`` holds
@@ -32,4 +43,4 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     """
     check_queue_path(path)
     stored = stored_options(os.fspath(path)) if os.path.isdir(path) else {}
-    return open_configured(path, Options.from_kwargs(options, kwargs, stored))
+    return open_configured(path, Options.from_kwargs(options, kwargs, stored), clock)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 
 from ledgerq._options import Options
 from ledgerq._types import Item
 from ledgerq.core.args import check_ids
+from ledgerq.core.clock import Clock
 from ledgerq.core.queue import QueueCore
 from ledgerq.features import build_features
 from ledgerq.features.dlq import DeadLetterStore
@@ -94,7 +96,11 @@ class Queue(QueueCore):
         return removed
 
 
-def open_configured(path: str | os.PathLike[str], options: Options) -> Queue:
+def open_configured(
+    path: str | os.PathLike[str], options: Options, clock: Clock | None = None
+) -> Queue:
     """Open a queue with exactly ``options`` (not merged with the stored ones) and the
-    features they turn on.  :func:`ledgerq.open` is the public way in."""
-    return Queue(path, options, build_features(options, open_configured))
+    features they turn on; its DLQ, when opened, reads the same ``clock``.
+    :func:`ledgerq.open` is the public way in."""
+    opener = open_configured if clock is None else functools.partial(open_configured, clock=clock)
+    return Queue(path, options, build_features(options, opener), clock)

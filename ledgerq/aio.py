@@ -403,12 +403,14 @@ class _Opener:
 def open(  # noqa: A001 - mirrors ledgerq.open
     path: str | os.PathLike[str],
     options: ledgerq.Options | None = None,
+    *,
+    clock: ledgerq.Clock | None = None,
     **kwargs: Unpack[ledgerq.OpenOptions],
 ) -> _Opener:
     """Open (creating if missing) the queue in ``path`` for asyncio, in a worker thread.
 
     Use ``q = await ledgerq.aio.open(path, **options)`` or
     ``async with ledgerq.aio.open(path, **options) as q:`` (closes on exit).
-    Options and errors are those of :func:`ledgerq.open`, raised when awaited.
+    Options, ``clock`` and errors are those of :func:`ledgerq.open`, raised when awaited.
     """
-    return _Opener(functools.partial(ledgerq.open, path, options, **kwargs))
+    return _Opener(functools.partial(ledgerq.open, path, options, clock=clock, **kwargs))

@@ -47,6 +47,7 @@ from ledgerq._options import OpenOptions
 from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
 from ledgerq.core.args import check_count, check_id, check_queue_path, check_timeout
+from ledgerq.core.clock import Clock
 from ledgerq.core.closing import Closing
 from ledgerq.core.processes import unpicklable
 from ledgerq.segment.files import atomic_write
@@ -284,6 +285,8 @@ class ShardedQueue(Closing):
         root: str | os.PathLike[str],
         shards: int,
         prefix: str = "",
+        *,
+        clock: Clock | None = None,
         **options: Unpack[OpenOptions],
     ) -> None:
         check_queue_path(root, "root")
@@ -320,7 +323,7 @@ class ShardedQueue(Closing):
         self._closed = False
         try:
             for path in self.paths:
-                queue = _api.open(path, **options)
+                queue = _api.open(path, clock=clock, **options)
                 self.queues.append(queue)
                 self._removers.append(queue.add_listener(self._on_change))
         except BaseException:
@@ -605,18 +608,23 @@ class ShardedQueue(Closing):
 
 
 def open_sharded(
-    root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Unpack[OpenOptions]
+    root: str | os.PathLike[str],
+    shards: int,
+    prefix: str = "",
+    *,
+    clock: Clock | None = None,
+    **options: Unpack[OpenOptions],
 ) -> ShardedQueue:
     """Open (creating if missing) a queue of ``shards`` ordinary queues under ``root``.
 
     ``shards`` is a power of two from 2 to 1024; shard ``i`` lives in
     ``root/[prefix.]<log2(shards) in hex>.<i:03x>`` (SEJ naming) and the count is
     recorded in ``root/[prefix.]ledgerq-shards.json``.  ``**options`` are passed to
-    :func:`ledgerq.open` for every shard.
+    :func:`ledgerq.open` for every shard, and so is ``clock``.
 
     Raises :class:`ConfigError` for an invalid prefix or shard count, or when the
     directory was created with another shard count; ``TypeError``/``ConfigError``
     for bad options and :class:`QueueLockedError` if a shard is open elsewhere
     (like ``ledgerq.open``).
     """
-    return ShardedQueue(root, shards, prefix, **options)
+    return ShardedQueue(root, shards, prefix, clock=clock, **options)

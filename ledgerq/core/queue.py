@@ -15,7 +15,6 @@ import errno
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NoReturn
 
@@ -37,6 +36,7 @@ from ledgerq.core.args import (
     check_reader_start,
     check_ttl,
 )
+from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
@@ -119,9 +119,11 @@ class QueueCore(Closing):
         path: str | os.PathLike[str],
         options: Options,
         features: Sequence[Feature] = (),
+        clock: Clock | None = None,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.options = options
+        self._clock_source = SYSTEM_CLOCK if clock is None else check_clock(clock)
         self._features = list(features)
         self._readers: dict[str, Reader] = {}
         self._prepare_directory()
@@ -201,6 +203,7 @@ class QueueCore(Closing):
         with storage_errors("open the segments in", self._manager.directory):
             self._manager.open(min_next_id=floor)
         self._next_id = self._manager.next_id
+        self._start_clock()
         # Entries appended after the last counter save were enqueued too (counted up to
         # the last entry in the log, not the reserved ids a crash made us skip).
         self._enqueued = counters.get("enqueued", 0) + max(
@@ -234,6 +237,17 @@ class QueueCore(Closing):
                 daemon=True,
             )
             self._flusher.start()
+
+    def _start_clock(self) -> None:
+        """Start the queue's clock (core/clock.py) at or after the newest stored timestamp."""
+        newest = max(
+            (seg.last_timestamp for seg in self._manager.segments if not seg.is_empty), default=0
+        )
+        clock = QueueClock(self._clock_source, newest)
+        self._clock = clock
+        # The append and dequeue paths add these inline: now = offset + monotonic_ns().
+        self._clock_offset_ns = clock.offset_ns
+        self._clock_mono = clock.monotonic_ns
 
     def _register_hooks(self) -> None:
         def overriding(name: str) -> list[Feature]:
@@ -405,7 +419,7 @@ class QueueCore(Closing):
             if self._closed:
                 self._ensure_open()
             message_id = self._next_id
-            now = time.time_ns()
+            now = self._clock_offset_ns + self._clock_mono()  # the queue's time (core/clock)
             record = encode_plain_entry(message_id, now, payload)
             try:
                 if message_id >= self._reserved_until:
@@ -436,7 +450,7 @@ class QueueCore(Closing):
             if self._closed:
                 self._ensure_open()
             first = self._next_id
-            now = time.time_ns()
+            now = self._clock_offset_ns + self._clock_mono()
             parts, sizes = encode_plain_batch_parts(first, now, payloads)
             segments = len(self._manager.segments)
             try:
@@ -490,7 +504,7 @@ class QueueCore(Closing):
         with self._lock:
             if self._closed:
                 self._ensure_open()
-            now = time.time_ns()
+            now = self._clock_offset_ns + self._clock_mono()
             to_write, existing = self._admit(drafts, now) if self._admitters else (drafts, {})
             if not to_write:
                 return [existing[i] for i in range(len(drafts))]
@@ -768,7 +782,7 @@ class QueueCore(Closing):
         with self._lock:
             self._ensure_open()
             core = self._default._core
-            entries = core.peek(1 << 62, time.time_ns()) + core.leased_entries()
+            entries = core.peek(1 << 62, self._clock.now_ns()) + core.leased_entries()
         found = []
         for entry in sorted(entries, key=lambda e: e.id):
             if wanted is not None and entry.id not in wanted:
@@ -807,7 +821,7 @@ class QueueCore(Closing):
         head = min(r._core.head for r in self._readers.values())
         if segments[0].last_id < head:
             max_age = self.options.retention_max_age
-            cutoff = None if max_age is None else time.time_ns() - int(max_age * _NS)
+            cutoff = None if max_age is None else self._clock.now_ns() - int(max_age * _NS)
             while len(segments) > 1 and segments[0].last_id < head:
                 if cutoff is not None and segments[0].last_timestamp >= cutoff:
                     break
@@ -843,7 +857,7 @@ class QueueCore(Closing):
         """A snapshot of the queue's figures (see :class:`ledgerq.Stats`)."""
         with self._lock:
             self._ensure_open()
-            now = time.time_ns()
+            now = self._clock.now_ns()
             readers = {name: r._core.stats(now) for name, r in self._readers.items()}
             default = readers[DEFAULT_READER]
             return Stats(

@@ -300,7 +300,8 @@ class ReaderCore:
                 self._selector.give_back(lease[0])
 
     def next_deadline(self) -> float | None:
-        """Monotonic time of the next visibility-timeout expiry, if any."""
+        """Lease time (the queue clock's monotonic seconds) of the next visibility-timeout
+        expiry, if any."""
         deadlines = self._deadlines
         while deadlines:
             _, message_id, attempt = deadlines[0]
@@ -592,7 +593,9 @@ class Reader:
             with queue._lock:
                 if queue._closed or self._removed:
                     self._ensure_usable()
-                taken = core.take_one(time.monotonic(), time.time_ns())
+                # One read of the queue's clock (core/clock): lease time and stamp time.
+                monotonic_ns = queue._clock_mono()
+                taken = core.take_one(monotonic_ns * 1e-9, queue._clock_offset_ns + monotonic_ns)
                 if taken is not None:
                     core.maybe_compact()
             if taken is None:
@@ -611,25 +614,27 @@ class Reader:
         wait = check_timeout(timeout)
         queue = self._queue
         core = self._core
+        # The call's own wait is real time; leases and stamps are the queue's clock's.
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             with queue._cond:
                 while True:
                     self._ensure_usable()
-                    now = time.monotonic()
-                    taken = core.take(n, now, time.time_ns())
+                    monotonic_ns = queue._clock_mono()
+                    lease_now = monotonic_ns * 1e-9
+                    taken = core.take(n, lease_now, queue._clock_offset_ns + monotonic_ns)
                     if taken:
                         core.maybe_compact()
                         break
                     if deadline is None:
                         remaining = None
                     else:
-                        remaining = deadline - now
+                        remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             return []
                     lease_deadline = core.next_deadline()
                     if lease_deadline is not None:
-                        until = max(lease_deadline - now, 0.0)
+                        until = max(lease_deadline - lease_now, 0.0)
                         remaining = until if remaining is None else min(remaining, until)
                     queue._waiting += 1
                     try:
@@ -713,7 +718,7 @@ class Reader:
         with queue._lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            ticket = core.nack([message_id], reason, time.time_ns())
+            ticket = core.nack([message_id], reason, queue._clock.now_ns())
             self._retire_if_passed_oldest()  # a move to the DLQ may finish the oldest segment
             if queue._waiting or queue._listeners:
                 queue._wake()
@@ -726,7 +731,7 @@ class Reader:
         queue = self._queue
         with queue._lock:
             self._ensure_usable()
-            entries = self._core.peek(n, time.time_ns())
+            entries = self._core.peek(n, queue._clock.now_ns())
             attempts = [self._core.deliveries(e.id) + 1 for e in entries]
         messages = []
         for entry, attempt in zip(entries, attempts, strict=True):
@@ -741,7 +746,7 @@ class Reader:
         """This reader's figures."""
         with self._queue._lock:
             self._ensure_usable()
-            return self._core.stats(time.time_ns())
+            return self._core.stats(self._queue._clock.now_ns())
 
     def seconds_to_next_expiry(self) -> float | None:
         """Seconds until the next lease's visibility timeout expires (None: no such lease).
@@ -749,9 +754,11 @@ class Reader:
         A waiter that is not blocked in :meth:`dequeue` (e.g. ``ledgerq.aio``) uses
         this to retry when an expired lease makes a message available again.
         """
-        with self._queue._lock:
+        queue = self._queue
+        with queue._lock:
             deadline = self._core.next_deadline()
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
+            now = queue._clock.lease_time()
+        return None if deadline is None else max(0.0, deadline - now)
 
     def __len__(self) -> int:
         with self._queue._lock:

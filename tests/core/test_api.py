@@ -354,6 +354,7 @@ def test_exception_tree() -> None:
 def test_public_exports_are_pinned() -> None:
     # Equality, not a subset (httpx's habit): a name added or dropped is a decision.
     assert ledgerq.__all__ == [
+        "Clock",
         "Compression",
         "ConfigError",
         "CorruptionError",
