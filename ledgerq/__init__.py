@@ -13,6 +13,7 @@ from ledgerq._api import open  # noqa: A004 - ledgerq.open is the public verb
 from ledgerq._errors import (
     ConfigError,
     CorruptionError,
+    ForkedQueueError,
     IncompatibleFormatError,
     LedgerQError,
     MessageTooLargeError,
@@ -59,6 +60,7 @@ __all__ = [
     "Compression",
     "ConfigError",
     "CorruptionError",
+    "ForkedQueueError",
     "IncompatibleFormatError",
     "Item",
     "LedgerQError",

@@ -6,6 +6,7 @@ LedgerQError
 │   └── IncompatibleFormatError        written by a newer ledgerq
 ├── QueueLockedError                   another open() holds the directory
 ├── QueueClosedError                   use after close()
+├── ForkedQueueError                   use in a process forked from the one that opened it
 ├── MessageTooLargeError (also ValueError)
 ├── CorruptionError                    data that cannot be skipped safely
 ├── UnknownMessageError (also KeyError) ack/nack of an id that is not leased
@@ -25,6 +26,7 @@ from typing import Any
 __all__ = [
     "ConfigError",
     "CorruptionError",
+    "ForkedQueueError",
     "IncompatibleFormatError",
     "LedgerQError",
     "MessageTooLargeError",
@@ -74,16 +76,29 @@ class IncompatibleFormatError(ConfigError):
 class QueueLockedError(LedgerQError):
     """Another open queue (in this or another process) holds the directory's lock."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(
-            f"queue {os.fspath(path)!r} is locked by another open queue "
-            "(this or another process); close it first, or read it with ledgerq.follow()"
-        )
+    def __init__(self, path: str | os.PathLike[str], *, in_this_process: bool = False) -> None:
+        if in_this_process:
+            message = (
+                f"queue {os.fspath(path)!r} is open in this process: a ledgerq.Queue of it "
+                "was not closed; close it first (queue.close(), or open it in a `with` "
+                "block), or read it with ledgerq.follow()"
+            )
+        else:
+            message = (
+                f"queue {os.fspath(path)!r} is locked by another open queue "
+                "(this or another process); close it first, or read it with ledgerq.follow()"
+            )
+        super().__init__(message)
         self.path = os.fspath(path)
 
 
 class QueueClosedError(LedgerQError):
     """The queue (or reader) was used after ``close()``."""
+
+
+class ForkedQueueError(LedgerQError):
+    """A queue (or reader, sharded or asyncio queue) was used in a process forked from
+    the one that opened it; open the queue in the child process instead."""
 
 
 class MessageTooLargeError(LedgerQError, ValueError):

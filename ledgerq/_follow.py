@@ -19,6 +19,7 @@ import time
 from ledgerq._types import Message
 from ledgerq.core.args import check_timeout
 from ledgerq.core.closing import Closing
+from ledgerq.core.processes import track, untrack
 from ledgerq.segment.readonly import (
     DirectoryWatcher,
     LogTail,
@@ -65,7 +66,24 @@ class Follower(Closing):
         self._tail = LogTail(self.path, from_id)
         # The watcher exists before the first look at the files, so no change between
         # a look and the next wait can be missed (see ledgerq.segment.watch).
+        self._watch_mode: WatchMode = watch
         self._watcher: DirectoryWatcher | None = watch_segments(self.path, watch)
+        self._watcher_inherited = False
+        track(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: a follower reads with ``pread`` only and locks nothing, so
+        it may go on; but an inotify watcher is one kernel queue of events shared with
+        the parent (each would consume the other's wake-ups): the child opens its own
+        at its next step."""
+        self._watcher_inherited = True
+
+    def _renew_watcher(self) -> None:
+        old, self._watcher = self._watcher, None
+        self._watcher_inherited = False
+        if old is not None:
+            old.close()  # this process's copy of the descriptor; the parent keeps its own
+            self._watcher = watch_segments(self.path, self._watch_mode)
 
     # ------------------------------------------------------------------ public face
 
@@ -94,6 +112,8 @@ class Follower(Closing):
         once closed); :class:`CorruptionError` when data was lost under the
         follower (the follower is then closed).
         """
+        if self._watcher_inherited:
+            self._renew_watcher()
         watcher = self._watcher
         if watcher is None:
             raise StopIteration
@@ -121,6 +141,7 @@ class Follower(Closing):
 
     def close(self) -> None:
         """Release the open segment and the watcher; idempotent.  Iteration then stops."""
+        untrack(self)
         watcher, self._watcher = self._watcher, None
         try:
             self._tail.close()

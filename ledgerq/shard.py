@@ -49,7 +49,7 @@ from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
 from ledgerq.core.args import check_count, check_id, check_queue_path, check_timeout
 from ledgerq.core.clock import Clock
 from ledgerq.core.closing import Closing
-from ledgerq.core.processes import unpicklable
+from ledgerq.core.processes import forked_error, track, unpicklable, untrack
 from ledgerq.segment.files import atomic_write
 
 __all__ = [
@@ -329,6 +329,9 @@ class ShardedQueue(Closing):
         except BaseException:
             self._close_all()
             raise
+        self._owner_pid = os.getpid()
+        self._forked = False
+        track(self)  # unusable in a forked child, as its shards are (core/processes)
 
     # ------------------------------------------------------------------ routing
 
@@ -357,7 +360,16 @@ class ShardedQueue(Closing):
 
     def _ensure_open(self) -> None:
         if self._closed:
+            if self._forked:
+                raise forked_error("sharded queue", self.root, self._owner_pid)
             raise QueueClosedError(f"sharded queue {self.root} is closed")
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: closed, its shards the parent's (see ``Queue``'s)."""
+        self._forked = True
+        self._closed = True
+        self._cond = threading.Condition(threading.Lock())
+        self._rr_lock = threading.Lock()
 
     def _globalize(self, index: int, message: Message) -> Message:
         return dataclasses.replace(message, id=global_id(message.id, index, self.shards))
@@ -574,6 +586,7 @@ class ShardedQueue(Closing):
                 return
             self._closed = True
             self._cond.notify_all()
+        untrack(self)
         self._close_all()
 
     def _close_all(self) -> None:

@@ -26,7 +26,9 @@ import os
 import weakref
 from typing import Protocol
 
-__all__ = ["Inheritable", "track", "unpicklable", "untrack"]
+from ledgerq._errors import ForkedQueueError
+
+__all__ = ["Inheritable", "forked_error", "track", "tracked", "unpicklable", "untrack"]
 
 
 class Inheritable(Protocol):
@@ -47,6 +49,21 @@ def track(obj: Inheritable) -> None:
 def untrack(obj: Inheritable) -> None:
     """Stop tracking ``obj`` (it was closed: a forked child has nothing of it to protect)."""
     _LIVE.discard(obj)
+
+
+def tracked() -> list[Inheritable]:
+    """The objects tracked now (open queues, sharded queues, followers of this process)."""
+    return list(_LIVE)
+
+
+def forked_error(what: str, path: str, owner_pid: int) -> ForkedQueueError:
+    """The error for using ``what`` at ``path``, opened by ``owner_pid``, in a forked child."""
+    return ForkedQueueError(
+        f"{what} {path!r} was opened by process {owner_pid}; this process ({os.getpid()}) "
+        "inherited it through fork() and cannot use it - both would hand out the same ids "
+        "and write the same files: open it in the child process instead (ledgerq.open(path) "
+        "in the child; until the parent closes it, its lock keeps the child out)"
+    )
 
 
 def _after_fork_in_child() -> None:

@@ -10,18 +10,20 @@ callers share fsyncs.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
+import gc
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from ledgerq._errors import (
     CorruptionError,
     NotAQueueError,
     QueueClosedError,
+    QueueLockedError,
     StorageError,
 )
 from ledgerq._options import Options
@@ -40,8 +42,10 @@ from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
+from ledgerq.core.lifecycle import Holdings, Tally, finalize_unclosed, save_meta
+from ledgerq.core.lifecycle import attempt as _attempt
 from ledgerq.core.meta import ID_BLOCK
-from ledgerq.core.processes import unpicklable
+from ledgerq.core.processes import forked_error, track, tracked, unpicklable, untrack
 from ledgerq.core.reader import (
     Reader,
     ReaderCore,
@@ -68,8 +72,6 @@ from ledgerq.segment.naming import (
     STATE_SUFFIX,
     reader_state_path,
 )
-from ledgerq.segment.scanner import CorruptRegion
-from ledgerq.segment.segment import Segment
 from ledgerq.segment.sync import GroupCommit
 
 __all__ = ["DEFAULT_READER", "QueueCore"]
@@ -103,12 +105,23 @@ def _look_up(path: str, what: str) -> bool:
     return True
 
 
-def _attempt(errors: list[Exception], step: Callable[[], object]) -> None:
-    """Run one step of a close; note its error in ``errors`` and go on."""
-    try:
-        step()
-    except Exception as exc:
-        errors.append(exc)
+def _flush_in_background(
+    queue_ref: weakref.ref[QueueCore], stop: threading.Event, interval: float
+) -> None:
+    """The ``sync="interval"`` thread: fsync what is dirty every ``interval`` seconds.
+
+    It holds the queue only weakly, and strongly only during one flush: a queue
+    dropped without ``close()`` is collected (and closed by its finalizer).
+    """
+    while not stop.wait(interval):
+        queue = queue_ref()
+        if queue is None:
+            return
+        try:
+            queue._flush_once()
+        except Exception:  # keep flushing; the next attempt may succeed
+            logger.exception("ledgerq: background sync of %s failed", queue.path)
+        del queue  # the last reference may go here: the finalizer then runs in this thread
 
 
 class QueueCore(Closing):
@@ -126,13 +139,18 @@ class QueueCore(Closing):
         self._clock_source = SYSTEM_CLOCK if clock is None else check_clock(clock)
         self._features = list(features)
         self._readers: dict[str, Reader] = {}
+        self._cores: dict[str, ReaderCore] = {}  # the readers' state, for closing
         self._prepare_directory()
-        self._dirlock = DirLock(self.path)
+        self._dirlock = self._lock_directory()
         try:
             self._open_locked()
         except BaseException:
             self._close_after_failed_open()
             raise
+        # Closed when collected if never closed (core/lifecycle); unusable in a fork.
+        self._finalizer = weakref.finalize(self, finalize_unclosed, self._holdings)
+        self._owner_pid = os.getpid()
+        track(self)
 
     # ------------------------------------------------------------------ opening
 
@@ -175,6 +193,23 @@ class QueueCore(Closing):
                     f"{META_NAME}); use an empty or new directory"
                 )
 
+    def _lock_directory(self) -> DirLock:
+        try:
+            return DirLock(self.path)
+        except QueueLockedError:
+            if not any(
+                isinstance(obj, QueueCore) and obj.path == self.path and not obj._closed
+                for obj in tracked()
+            ):
+                raise
+        # A queue of this process holds it.  Unclosed and unreferenced, it may be
+        # garbage in a reference cycle, which its finalizer closes once collected.
+        gc.collect()
+        try:
+            return DirLock(self.path)
+        except QueueLockedError:
+            raise QueueLockedError(self.path, in_this_process=True) from None
+
     def _open_locked(self) -> None:
         opts = self.options
         self._lock = threading.Lock()
@@ -187,12 +222,12 @@ class QueueCore(Closing):
         meta = self._meta_store.load() if self._meta_store.exists() else Meta()
         self._meta = meta
         counters = meta.counters
-        self._corrupt_skipped = counters.get("corrupt_skipped", 0)
+        self._tally = Tally(counters)
         self._manager = SegmentManager(
             self.path,
             segment_size=opts.segment_size,
             index_interval=opts.index_interval,
-            on_corrupt=self._on_corrupt,
+            on_corrupt=self._tally.on_corrupt,  # not a method of the queue: see lifecycle
             sync_on_rotate=opts.sync == "always",
         )
         # A corrupt region is counted once, however many times it is met (and reopened).
@@ -209,17 +244,17 @@ class QueueCore(Closing):
         self._enqueued = counters.get("enqueued", 0) + max(
             0, self._manager.log_next_id - counters.get("enqueued_through", meta.next_id)
         )
-        self._duplicates = counters.get("duplicates", 0)
-        self._dropped = counters.get("dropped", 0)
         self._reserved_until = self._next_id + ID_BLOCK
         self._save_meta(clean=False)
         self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
         self._register_hooks()
         make_durable_dir(os.path.join(self.path, READERS_DIR))
+        # A weak proxy: a feature that keeps it (the DLQ) must not keep the queue alive.
+        this = cast("QueueCore", weakref.proxy(self))
         for feature in self._features:
             with storage_errors(f"open the {feature.name} files of", self.path):
-                feature.attach(self)
+                feature.attach(this)
         self._default = self._open_reader(DEFAULT_READER, start_latest=False)
         # Every reader on disk holds back retention, opened or not in this run.
         with storage_errors("list the readers of", self.path):
@@ -232,11 +267,25 @@ class QueueCore(Closing):
         self._flusher: threading.Thread | None = None
         if opts.sync == "interval":
             self._flusher = threading.Thread(
-                target=self._flush_loop,
+                target=_flush_in_background,
+                args=(weakref.ref(self), self._stop_flusher, max(opts.sync_interval, 0.001)),
                 name=f"ledgerq-sync:{os.path.basename(self.path)}",
                 daemon=True,
             )
             self._flusher.start()
+        self._holdings = Holdings(
+            self,
+            lock=self._lock,
+            manager=self._manager,
+            cores=self._cores,
+            features=self._features,
+            meta_store=self._meta_store,
+            meta=self._meta,
+            tally=self._tally,
+            dirlock=self._dirlock,
+            stop_flusher=self._stop_flusher,
+            flusher=self._flusher,
+        )
 
     def _start_clock(self) -> None:
         """Start the queue's clock (core/clock.py) at or after the newest stored timestamp."""
@@ -281,46 +330,33 @@ class QueueCore(Closing):
             raise
         reader = Reader(self, core)
         self._readers[name] = reader
+        self._cores[name] = core
         return reader
-
-    def _on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
-        self._corrupt_skipped += 1
 
     def note_corrupt_skipped(self, count: int) -> None:
         """Count damaged records a feature skipped in its own files (``stats()``)."""
-        self._corrupt_skipped += count
+        self._tally.corrupt_skipped += count
 
     def _save_meta(self, *, clean: bool) -> None:
-        meta = self._meta
-        meta.clean = clean
-        meta.next_id = self._next_id
-        meta.reserved_until = self._next_id if clean else self._reserved_until
-        meta.counters = {
-            "enqueued": self._enqueued,
-            "enqueued_through": self._next_id,
-            "duplicates": self._duplicates,
-            "dropped": self._dropped,
-            "corrupt_skipped": self._corrupt_skipped,
-        }
-        meta.corrupt_regions = [list(key) for key in self._manager.reported_regions][-10_000:]
-        meta.options = dataclasses.asdict(self.options)
-        self._meta_store.save(meta)
+        save_meta(
+            self._meta_store,
+            self._meta,
+            self._manager,
+            self.options,
+            self._tally,
+            clean=clean,
+            next_id=self._next_id,
+            reserved_until=self._reserved_until,
+            enqueued=self._enqueued,
+        )
 
     # ------------------------------------------------------------------ durability
-
-    def _flush_loop(self) -> None:
-        interval = max(self.options.sync_interval, 0.001)
-        while not self._stop_flusher.wait(interval):
-            try:
-                self._flush_once()
-            except Exception:  # keep flushing; the next attempt may succeed
-                logger.exception("ledgerq: background sync of %s failed", self.path)
 
     def _flush_once(self) -> None:
         if self._log_commit.is_dirty:
             self._log_commit.sync_now()
-        for reader in list(self._readers.values()):
-            commit = reader._core.journal.commit
+        for core in list(self._cores.values()):
+            commit = core.journal.commit
             if commit.is_dirty:
                 commit.sync_now()
         if self._flushers:
@@ -332,8 +368,8 @@ class QueueCore(Closing):
         """Make everything enqueued, acked and nacked so far durable (fsync)."""
         self._ensure_open()
         self._log_commit.sync_now()
-        for reader in list(self._readers.values()):
-            reader._core.journal.commit.sync_now()
+        for core in list(self._cores.values()):
+            core.journal.commit.sync_now()
         if self._flushers:
             with self._lock:
                 for feature in self._flushers:
@@ -343,6 +379,8 @@ class QueueCore(Closing):
 
     def _ensure_open(self) -> None:
         if self._closed:
+            if self._holdings.forked:
+                raise forked_error("queue", self.path, self._owner_pid)
             raise QueueClosedError(f"queue {self.path} is closed")
 
     def _prepare(
@@ -564,7 +602,7 @@ class QueueCore(Closing):
                     break
             else:
                 fresh.append(draft)
-        self._duplicates += len(existing)
+        self._tally.duplicates += len(existing)
         return fresh, existing
 
     def _reserve_ids(self, end: int) -> None:
@@ -638,7 +676,7 @@ class QueueCore(Closing):
             except CorruptionError as exc:
                 logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, self.path, exc)
                 with self._lock:
-                    self._corrupt_skipped += 1
+                    self._tally.corrupt_skipped += 1
                     if reader._core.settle_any(entry.id):
                         reader._core.counters["acked"] -= 1
                 continue
@@ -832,7 +870,7 @@ class QueueCore(Closing):
                 lost = max(0, seg.last_id - max(seg.first_id, head) + 1) if seg.count else 0
                 manager.delete_first()
                 if lost:
-                    self._dropped += lost
+                    self._tally.dropped += lost
                     logger.warning(
                         "ledgerq: retention_max_bytes=%d dropped %d unconsumed messages "
                         "(ids %d-%d) of %s",
@@ -868,9 +906,9 @@ class QueueCore(Closing):
                 nacked=default.nacked,
                 dead_lettered=default.dead_lettered,
                 expired=default.expired,
-                duplicates=self._duplicates,
-                dropped=self._dropped,
-                corrupt_skipped=self._corrupt_skipped,
+                duplicates=self._tally.duplicates,
+                dropped=self._tally.dropped,
+                corrupt_skipped=self._tally.corrupt_skipped,
                 segments=len(self._manager.segments),
                 disk_bytes=self._manager.disk_bytes,
                 oldest_pending_age=default.oldest_pending_age,
@@ -892,31 +930,20 @@ class QueueCore(Closing):
         step runs even if an earlier one fails - each file is closed, the DLQ too, and
         the lock is released - and then the first error is raised (a
         :class:`StorageError` if the disk refused something); the queue is closed anyway.
+
+        In a process forked from the one that opened the queue, this does nothing: the
+        files and the lock are the parent's.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._wake()
-        self._stop_flusher.set()
-        if self._flusher is not None:
-            self._flusher.join()
-        errors: list[Exception] = []
-        try:
-            with self._lock:
-                _attempt(errors, self._manager.sync)
-                for reader in self._readers.values():
-                    _attempt(errors, reader._core.close)
-                    _attempt(errors, reader._core.journal.close)  # if its checkpoint failed
-                for feature in self._features:
-                    _attempt(errors, feature.flush)
-                    _attempt(errors, feature.close)
-                # "Clean" lets the next open trust next_id alone; after a failure it
-                # skips the reserved ids as after a crash (ids are never reused).
-                _attempt(errors, lambda: self._save_meta(clean=not errors))
-                _attempt(errors, self._manager.close)
-        finally:
-            self._dirlock.release()
+        self._finalizer.detach()
+        untrack(self)
+        errors = self._holdings.release(
+            next_id=self._next_id, reserved_until=self._reserved_until, enqueued=self._enqueued
+        )
         if errors:
             raise errors[0]
 
@@ -941,6 +968,20 @@ class QueueCore(Closing):
 
     def __reduce__(self) -> NoReturn:
         raise unpicklable("a ledgerq.Queue", self.path)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (core/processes): this copy is closed, its files the parent's.
+
+        Every call then raises :class:`ForkedQueueError`; ``close()`` and the finalizer
+        do nothing.  The locks are new ones: a thread of the parent may have held the
+        old ones at the fork, and it does not exist here to release them.
+        """
+        self._holdings.forked = True
+        self._closed = True
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0
+        self._listeners = {}  # wakers of the parent's event loops and pools
 
     def _check(self) -> None:
         """Assert the queue's invariants (tests call this after every step)."""
