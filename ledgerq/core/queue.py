@@ -256,6 +256,12 @@ class QueueCore(Closing):
             with storage_errors(f"open the {feature.name} files of", self.path):
                 feature.attach(this)
         self._default = self._open_reader(DEFAULT_READER, start_latest=False)
+        # stats().dropped is the default reader's count, checkpointed with its state;
+        # meta.json's copy (all an older ledgerq kept) may lag it after a crash.
+        kept = self._default._core.counters
+        if "dropped" not in kept and self._tally.dropped:
+            kept["dropped"] = self._tally.dropped
+        self._tally.dropped = kept.get("dropped", 0)
         # Every reader on disk holds back retention, opened or not in this run.
         with storage_errors("list the readers of", self.path):
             reader_files = sorted(os.listdir(os.path.join(self.path, READERS_DIR)))
@@ -848,8 +854,8 @@ class QueueCore(Closing):
         A sealed segment every reader has consumed is deleted at once, or - with
         ``retention_max_age`` - once its newest message is older than that.
         Unconsumed data is never deleted by age; only ``retention_max_bytes`` drops
-        the oldest segments even if unconsumed, counting their unconsumed messages
-        in ``stats().dropped``.  The active segment is never deleted.
+        the oldest segments even if unconsumed (:meth:`_drop_oldest_segment`).  The
+        active segment is never deleted.
         """
         manager = self._manager
         segments = manager.segments
@@ -866,20 +872,48 @@ class QueueCore(Closing):
                 manager.delete_first()
         if max_bytes is not None:
             while len(segments) > 1 and manager.disk_bytes > max_bytes:
-                seg = segments[0]
-                lost = max(0, seg.last_id - max(seg.first_id, head) + 1) if seg.count else 0
-                manager.delete_first()
-                if lost:
+                if not self._drop_oldest_segment(max_bytes):
+                    break
+
+    def _drop_oldest_segment(self, max_bytes: int) -> bool:
+        """Delete the oldest segment for ``retention_max_bytes`` (lock held); False if
+        it must wait.
+
+        Every reader settles what it had not settled there - unread, given back or
+        leased - as dropped (``ReaderCore.drop_segment``; ``stats().dropped`` is the
+        default reader's count, so that enqueued = acked + dead-lettered + expired +
+        dropped + pending + in flight).  Each reader that lost messages is
+        checkpointed before the bytes go: a crash in between finds them settled, not
+        lost uncounted.  If a checkpoint fails (a full disk), the drop stands in memory
+        and the segment stays until a later pass finds it consumed.
+        """
+        seg = self._manager.segments[0]
+        if seg.count:
+            for name, core in self._cores.items():
+                lost, leased = core.drop_segment(seg.first_id, seg.last_id)
+                if not lost:
+                    continue
+                if name == DEFAULT_READER:
                     self._tally.dropped += lost
-                    logger.warning(
-                        "ledgerq: retention_max_bytes=%d dropped %d unconsumed messages "
-                        "(ids %d-%d) of %s",
-                        max_bytes,
-                        lost,
-                        max(seg.first_id, head),
-                        seg.last_id,
-                        self.path,
-                    )
+                logger.warning(
+                    "ledgerq: retention_max_bytes=%d deleted segment %d-%d of %s with %d "
+                    "messages reader %r had not acked (%d of them leased: their ack or nack "
+                    "now raises UnknownMessageError); counted as dropped",
+                    max_bytes,
+                    seg.first_id,
+                    seg.last_id,
+                    self.path,
+                    lost,
+                    name,
+                    leased,
+                )
+                try:
+                    core.checkpoint()
+                except StorageError as exc:
+                    logger.warning("ledgerq: the segment stays for now: %s", exc)
+                    return False
+        self._manager.delete_first()
+        return True
 
     def compact(self) -> None:
         """Apply retention now: delete segments that every reader has consumed."""
@@ -907,7 +941,7 @@ class QueueCore(Closing):
                 dead_lettered=default.dead_lettered,
                 expired=default.expired,
                 duplicates=self._tally.duplicates,
-                dropped=self._tally.dropped,
+                dropped=self._default._core.counters.get("dropped", 0),
                 corrupt_skipped=self._tally.corrupt_skipped,
                 segments=len(self._manager.segments),
                 disk_bytes=self._manager.disk_bytes,

@@ -52,6 +52,7 @@ _DATA = int(RecordType.DATA)
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
 _PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
+_REVOKED_KEPT = 10_000
 
 
 class ReaderHooks:
@@ -107,6 +108,9 @@ class ReaderCore:
         # id -> (failures, reason) of a report whose feature raised: to report again
         self._unreported: dict[int, tuple[int, str]] = {}
         self._deadlines: list[tuple[float, int, int]] = []  # (monotonic deadline, id, delivery)
+        # Leases revoked because retention_max_bytes deleted their segment (the newest
+        # _REVOKED_KEPT), for the error their ack or nack then raises.
+        self._revoked: dict[int, None] = {}
         self._selector: Selector = self._make_selector()
         if is_new:
             self.checkpoint()
@@ -314,6 +318,12 @@ class ReaderCore:
     def check_leased(self, message_id: int) -> None:
         """Raise :class:`UnknownMessageError` unless ``message_id`` is leased here."""
         if message_id not in self._leased:
+            if message_id in self._revoked:
+                raise UnknownMessageError(
+                    f"message {message_id} was leased by reader {self.name!r} when "
+                    "retention_max_bytes deleted its segment: it was dropped (counted in "
+                    "stats().dropped) and can no longer be acked or nacked"
+                )
             raise UnknownMessageError(
                 f"message {message_id} is not leased by reader {self.name!r} "
                 "(never dequeued, already acked or nacked, or its lease expired)"
@@ -381,6 +391,37 @@ class ReaderCore:
         self._forget(message_id)
         self.counters["acked"] += 1
         return True
+
+    def drop_segment(self, first_id: int, last_id: int) -> tuple[int, int]:
+        """Retention is deleting the oldest segment, ids ``first_id..last_id``: settle
+        everything of it this reader had not settled; return (how many, how many leased).
+
+        Unread messages, messages given back (held by the selector) and leased ones
+        alike are dropped and counted in ``counters["dropped"]``.  A lease is revoked:
+        its ack or nack raises :class:`UnknownMessageError` saying so (the message
+        cannot be delivered again: its bytes are gone).  The reader's head moves past
+        ``last_id``, so the caller's checkpoint records the drop durably.
+        """
+        revoked = [i for i in self._leased if i <= last_id]
+        for message_id in revoked:
+            del self._leased[message_id]
+            self._revoked[message_id] = None
+        while len(self._revoked) > _REVOKED_KEPT:
+            del self._revoked[next(iter(self._revoked))]
+        lost = len(revoked) + len(self._selector.drop_through(last_id))
+        start = max(self._cursor.next_id, first_id)
+        if start <= last_id:
+            # Ids are contiguous inside a segment (as pending() counts them).
+            lost += last_id - start + 1 - sum(1 for i in self._skip if start <= i <= last_id)
+            self._cursor.seek(last_id + 1)
+        self._skip = {i for i in self._skip if i > last_id}
+        failed = [i for i in self._deliveries if i <= last_id]
+        for message_id in failed:
+            self._forget(message_id)
+        for feature in self._hooks.settled:  # e.g. the retry tracker forgets them
+            feature.settled(self, failed)
+        self.counters["dropped"] = self.counters.get("dropped", 0) + lost
+        return lost, len(revoked)
 
     def leased_entries(self) -> list[Entry]:
         """Entries currently leased."""
