@@ -757,6 +757,7 @@ class QueueCore(Closing):
             reader = self._readers.pop(name, None)
             if reader is None:
                 return False
+            del self._cores[name]  # nothing of it is saved again, at close or by retention
             reader._removed = True
             reader._core.journal.close()
             os.unlink(reader._core.journal.path)

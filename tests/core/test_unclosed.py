@@ -124,3 +124,23 @@ def test_a_queue_left_open_at_exit_is_closed_cleanly(tmp_path: Path) -> None:
     assert _meta(path)["clean"] is True
     with ledgerq.open(path) as q:
         assert [m.payload for m in q.dequeue_batch(5)] == [b"b"]
+
+
+@pytest.mark.parametrize("closing", ["close", "collect"])
+def test_a_removed_reader_stays_removed_whichever_way_the_queue_closes(
+    tmp_path: Path, closing: str
+) -> None:
+    path = tmp_path / "q"
+    q = ledgerq.open(path, segment_size=200, retention_max_bytes=400)
+    q.reader("gone")
+    assert q.remove_reader("gone")
+    q.enqueue_batch([b"x" * 100] * 10)  # retention drops segments: no reader state rewritten
+    if closing == "close":
+        q.close()
+    else:
+        del q
+        with pytest.warns(ResourceWarning):
+            gc.collect()
+    assert not (path / "readers" / "gone.state").exists()
+    with ledgerq.open(path) as again:
+        assert set(again.stats().readers) == {"default"}
