@@ -28,6 +28,16 @@ def _attempt(label: str, call: Callable[[], object]) -> None:
         print(f"{label}: returned {result!r}", flush=True)
 
 
+def _files(path: str) -> list[tuple[str, int, int]]:
+    """Every file under ``path`` with its size and modification time."""
+    found = []
+    for directory, _, names in os.walk(path):
+        for name in names:
+            st = os.stat(os.path.join(directory, name))
+            found.append((os.path.join(directory, name), st.st_size, st.st_mtime_ns))
+    return sorted(found)
+
+
 def use_after_fork(path: str) -> None:
     """The parent enqueues, forks; the child tries every call, closes, drops, exits."""
     q = ledgerq.open(path, sync="interval", max_retries=1)
@@ -37,6 +47,8 @@ def use_after_fork(path: str) -> None:
     reader = q.reader("audit")
     sharded = ledgerq.open_sharded(os.path.join(path + "-sharded"), 2)
     aq = ledgerq.aio.AsyncQueue(q)
+    q.sync()  # nothing left for the parent's flusher to write while the child runs
+    before = _files(path)
     pid = os.fork()
     if pid == 0:
         _attempt("child enqueue", lambda: q.enqueue(b"child"))
@@ -58,6 +70,8 @@ def use_after_fork(path: str) -> None:
         sys.exit(0)  # atexit and finalizers run: they must touch nothing of the parent's
     _, status = os.waitpid(pid, 0)
     print(f"child exit: {os.waitstatus_to_exitcode(status)}", flush=True)
+    print(f"files untouched by the child: {_files(path) == before}", flush=True)
+    _attempt("open while the parent holds it", lambda: ledgerq.open(path))
     print(f"parent enqueue: {q.enqueue(b'parent-3')}", flush=True)
     q.ack(leased.id)
     q.close()

@@ -46,7 +46,7 @@ def _scenario(name: str, path: Path) -> list[str]:
 def test_every_call_in_a_forked_child_raises_and_the_parent_goes_on(tmp_path: Path) -> None:
     path = tmp_path / "q"
     lines = _scenario("use_after_fork", path)
-    closes = ("child close:", "child sharded close:", "child exit:")
+    closes = ("child close:", "child sharded close:", "child exit:", "open while")
     calls = [line for line in lines if line.startswith("child ") and not line.startswith(closes)]
     assert len(calls) == 12, lines
     for line in calls:
@@ -56,6 +56,10 @@ def test_every_call_in_a_forked_child_raises_and_the_parent_goes_on(tmp_path: Pa
     assert "child close: returned None" in lines
     assert "child sharded close: returned None" in lines
     assert "child exit: 0" in lines
+    assert "files untouched by the child: True" in lines, "no sync, checkpoint or meta save"
+    assert any(
+        line.startswith("open while the parent holds it: QueueLockedError") for line in lines
+    ), "the child's exit released nothing of the parent's"
     # The parent's next id is the one it would have had: the child wrote nothing.
     assert "parent enqueue: 3" in lines
     assert lines[-1] == "parent closed"
