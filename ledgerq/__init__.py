@@ -13,6 +13,7 @@ from ledgerq._api import open  # noqa: A004 - ledgerq.open is the public verb
 from ledgerq._errors import (
     ConfigError,
     CorruptionError,
+    ForkedQueueError,
     IncompatibleFormatError,
     LedgerQError,
     MessageTooLargeError,
@@ -35,6 +36,7 @@ from ledgerq._types import (
     Stats,
     SyncMode,
 )
+from ledgerq.core.clock import Clock
 from ledgerq.core.reader import Reader
 from ledgerq.shard import ShardedQueue, open_sharded
 
@@ -54,9 +56,11 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "Clock",
     "Compression",
     "ConfigError",
     "CorruptionError",
+    "ForkedQueueError",
     "IncompatibleFormatError",
     "Item",
     "LedgerQError",

@@ -7,6 +7,8 @@ from typing import Unpack
 
 from ledgerq._options import OpenOptions, Options
 from ledgerq._queue import Queue, open_configured
+from ledgerq.core.args import check_queue_path
+from ledgerq.core.clock import Clock
 from ledgerq.segment.meta import stored_options
 
 __all__ = ["open"]
@@ -16,6 +18,7 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     path: str | os.PathLike[str],
     options: Options | None = None,
     *,
+    clock: Clock | None = None,
     remember_options: bool = True,
     **kwargs: Unpack[OpenOptions],
 ) -> Queue:
@@ -30,15 +33,25 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     not stored: the queue keeps the options it had stored (none, for a new queue),
     as a tool that overrides an option for one run needs.
 
+    ``clock`` (not an option, never stored) replaces the system's clocks: an object
+    with ``time_ns()`` and ``monotonic_ns()`` like the ``time`` module's (see
+    :class:`ledgerq.Clock`) - for tests that step the wall clock or let time pass
+    without sleeping.  Whatever the clock, the queue's time is fixed at open and then
+    only moves with the monotonic clock (docs/usage.md, "Time").
+
     Raises ``TypeError`` for an unknown option, :class:`ConfigError` for an invalid
-    value, :class:`QueueLockedError` if the queue is already open (in this or another
-    process), :class:`NotAQueueError` if ``path`` holds something else.
+    value, ``ValueError`` for an empty path, :class:`QueueLockedError` if the queue is
+    already open (in this or another process), :class:`NotAQueueError` if ``path`` holds
+    something else, :class:`StorageError` if the directory cannot be created or read
+    (permission denied, ...).
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    check_queue_path(path)
     if not isinstance(remember_options, bool):
         raise TypeError(f"remember_options must be a bool, got {type(remember_options).__name__}")
     stored = stored_options(os.fspath(path)) if os.path.isdir(path) else {}
     return open_configured(
-        path, Options.from_kwargs(options, kwargs, stored), remember_options=remember_options
+        path,
+        Options.from_kwargs(options, kwargs, stored),
+        clock,
+        remember_options=remember_options,
     )

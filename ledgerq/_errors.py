@@ -6,6 +6,7 @@ LedgerQError
 │   └── IncompatibleFormatError        written by a newer ledgerq
 ├── QueueLockedError                   another open() holds the directory
 ├── QueueClosedError                   use after close()
+├── ForkedQueueError                   use in a process forked from the one that opened it
 ├── MessageTooLargeError (also ValueError)
 ├── CorruptionError                    data that cannot be skipped safely
 ├── UnknownMessageError (also KeyError) ack/nack of an id that is not leased
@@ -25,6 +26,7 @@ from typing import Any
 __all__ = [
     "ConfigError",
     "CorruptionError",
+    "ForkedQueueError",
     "IncompatibleFormatError",
     "LedgerQError",
     "MessageTooLargeError",
@@ -74,11 +76,19 @@ class IncompatibleFormatError(ConfigError):
 class QueueLockedError(LedgerQError):
     """Another open queue (in this or another process) holds the directory's lock."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(
-            f"queue {os.fspath(path)!r} is locked by another open queue "
-            "(this or another process); close it first, or read it with ledgerq.follow()"
-        )
+    def __init__(self, path: str | os.PathLike[str], *, in_this_process: bool = False) -> None:
+        if in_this_process:
+            message = (
+                f"queue {os.fspath(path)!r} is open in this process: a ledgerq.Queue of it "
+                "was not closed; close it first (queue.close(), or open it in a `with` "
+                "block), or read it with ledgerq.follow()"
+            )
+        else:
+            message = (
+                f"queue {os.fspath(path)!r} is locked by another open queue "
+                "(this or another process); close it first, or read it with ledgerq.follow()"
+            )
+        super().__init__(message)
         self.path = os.fspath(path)
 
 
@@ -86,8 +96,13 @@ class QueueClosedError(LedgerQError):
     """The queue (or reader) was used after ``close()``."""
 
 
+class ForkedQueueError(LedgerQError):
+    """A queue (or reader, sharded or asyncio queue) was used in a process forked from
+    the one that opened it; open the queue in the child process instead."""
+
+
 class MessageTooLargeError(LedgerQError, ValueError):
-    """A payload is larger than ``max_message_size``."""
+    """A payload, or a message's encoded headers, is larger than ``max_message_size``."""
 
 
 class CorruptionError(LedgerQError):
@@ -127,11 +142,13 @@ class StorageError(LedgerQError, OSError):
     """An operating-system error while reading or writing queue files.
 
     Carries the OS ``errno``, the file's ``path`` and the ``action`` that was not done;
-    the message says what to do about the common causes (a full disk, permissions).
+    the message says what to do about the common causes (a full disk, permissions), or
+    what ``hint`` says when the raiser knows better.
     """
 
-    def __init__(self, action: str, path: str, exc: OSError) -> None:
-        hint = _HINTS.get(exc.errno or 0, "")
+    def __init__(self, action: str, path: str, exc: OSError, hint: str | None = None) -> None:
+        if hint is None:
+            hint = _HINTS.get(exc.errno or 0, "")
         reason = exc.strerror or str(exc)
         message = f"could not {action} {path}: {reason}" + (f" ({hint})" if hint else "")
         OSError.__init__(self, exc.errno or 0, message)

@@ -13,12 +13,13 @@ what a reader without the lock may rely on from the owner and when it fails fast
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
 from ledgerq._types import Message
+from ledgerq.core.args import check_timeout
 from ledgerq.core.closing import Closing
+from ledgerq.core.processes import track, untrack
 from ledgerq.segment.readonly import (
     DirectoryWatcher,
     LogTail,
@@ -31,6 +32,7 @@ from ledgerq.segment.readonly import (
 __all__ = ["Follower", "follow"]
 
 _WATCH_MODES = ("auto", "inotify", "poll")
+_MAX_WAIT_SLICE_S = 86_400.0  # one wait of the watcher, at most
 
 
 class Follower(Closing):
@@ -55,11 +57,7 @@ class Follower(Closing):
             raise TypeError(f"from_id must be an int, got {type(from_id).__name__}")
         if from_id < 1:
             raise ValueError(f"from_id must be >= 1 (ids start at 1), got {from_id}")
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-                raise TypeError(f"timeout must be a number or None, got {type(timeout).__name__}")
-            if math.isnan(timeout) or timeout < 0:
-                raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        timeout = check_timeout(timeout)  # the queue's rule: NaN refused, infinity is None
         if watch not in _WATCH_MODES:
             raise ValueError(f"watch must be one of {_WATCH_MODES}, got {watch!r}")
         self.path = os.path.abspath(os.fspath(path))
@@ -68,7 +66,24 @@ class Follower(Closing):
         self._tail = LogTail(self.path, from_id)
         # The watcher exists before the first look at the files, so no change between
         # a look and the next wait can be missed (see ledgerq.segment.watch).
+        self._watch_mode: WatchMode = watch
         self._watcher: DirectoryWatcher | None = watch_segments(self.path, watch)
+        self._watcher_inherited = False
+        track(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: a follower reads with ``pread`` only and locks nothing, so
+        it may go on; but an inotify watcher is one kernel queue of events shared with
+        the parent (each would consume the other's wake-ups): the child opens its own
+        at its next step."""
+        self._watcher_inherited = True
+
+    def _renew_watcher(self) -> None:
+        old, self._watcher = self._watcher, None
+        self._watcher_inherited = False
+        if old is not None:
+            old.close()  # this process's copy of the descriptor; the parent keeps its own
+            self._watcher = watch_segments(self.path, self._watch_mode)
 
     # ------------------------------------------------------------------ public face
 
@@ -97,6 +112,8 @@ class Follower(Closing):
         once closed); :class:`CorruptionError` when data was lost under the
         follower (the follower is then closed).
         """
+        if self._watcher_inherited:
+            self._renew_watcher()
         watcher = self._watcher
         if watcher is None:
             raise StopIteration
@@ -113,7 +130,9 @@ class Follower(Closing):
                 patience = self._tail.patience_left()
                 if patience is not None:
                     left = patience if left is None else min(left, patience)
-                watcher.wait(left)
+                # poll() takes at most 2**31 ms (~24 days): wait in slices; the loop
+                # looks again and waits again until the deadline.
+                watcher.wait(_MAX_WAIT_SLICE_S if left is None else min(left, _MAX_WAIT_SLICE_S))
         except BaseException:
             self.close()
             raise
@@ -122,6 +141,7 @@ class Follower(Closing):
 
     def close(self) -> None:
         """Release the open segment and the watcher; idempotent.  Iteration then stops."""
+        untrack(self)
         watcher, self._watcher = self._watcher, None
         try:
             self._tail.close()

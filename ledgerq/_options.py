@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, get_args
@@ -12,7 +11,7 @@ from typing import Any, TypedDict, get_args
 from ledgerq._errors import ConfigError
 from ledgerq._types import Compression, SyncMode
 
-__all__ = ["COMPRESSIONS", "SYNC_MODES", "OpenOptions", "Options"]
+__all__ = ["COMPRESSIONS", "MAX_SECONDS", "SYNC_MODES", "OpenOptions", "Options"]
 
 logger = logging.getLogger("ledgerq")
 
@@ -20,23 +19,47 @@ SYNC_MODES: tuple[SyncMode, ...] = get_args(SyncMode)
 COMPRESSIONS: tuple[Compression, ...] = get_args(Compression)
 _MIB = 1024 * 1024
 
+MAX_SECONDS = 100 * 365.25 * 24 * 3600
+"""The longest duration ledgerq takes, in seconds (100 years): a ``ttl``, a duration
+option.  Beyond it (infinity included) a ``ttl`` or an option is refused, a wait
+``timeout`` means forever.  Times are stored as integer nanoseconds since the epoch,
+which a signed 64-bit field holds until the year 2262: now + 100 years fits."""
 
-def _number(name: str, value: object, *, minimum: float, allow_none: bool = False) -> None:
+
+def _seconds(name: str, value: object, *, positive: bool, allow_none: bool) -> None:
+    """A duration option: a number of seconds >= 0 (> 0 if ``positive``), finite and at
+    most :data:`MAX_SECONDS`; the message states the bound that was broken."""
     if value is None and allow_none:
         return
+    bound = "> 0" if positive else ">= 0"
+    disable = ", or None to disable" if allow_none else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"option {name} must be a number, got {type(value).__name__}")
-    if math.isnan(value) or value < minimum:
-        raise ConfigError(f"option {name} must be >= {minimum}, got {value!r}")
+        raise ConfigError(
+            f"option {name} must be a number of seconds{disable}, got {type(value).__name__}"
+        )
+    low_ok = value > 0 if positive else value >= 0  # NaN fails both
+    if not (low_ok and value <= MAX_SECONDS):
+        raise ConfigError(
+            f"option {name} must be a number of seconds {bound} and at most "
+            f"{MAX_SECONDS:.0f} (100 years){disable}; got {value!r}"
+        )
 
 
-def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False) -> None:
+def _integer(
+    name: str,
+    value: object,
+    *,
+    minimum: int,
+    maximum: int | None = None,
+    allow_none: bool = False,
+) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"option {name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ConfigError(f"option {name} must be >= {minimum}, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ConfigError(f"option {name} must be an int {bound}, got {value!r}")
 
 
 def _still_valid(
@@ -98,30 +121,23 @@ class Options:
         _integer("index_interval", self.index_interval, minimum=1)
         if self.sync not in SYNC_MODES:
             raise ConfigError(f"option sync must be one of {SYNC_MODES}, got {self.sync!r}")
-        _number("sync_interval", self.sync_interval, minimum=0.0)
+        _seconds("sync_interval", self.sync_interval, positive=False, allow_none=False)
         if not isinstance(self.priorities, bool):
             raise ConfigError("option priorities must be True or False")
-        _number("starvation_after", self.starvation_after, minimum=0.0, allow_none=True)
-        if self.starvation_after == 0:
-            raise ConfigError("option starvation_after must be > 0 (or None to disable)")
+        _seconds("starvation_after", self.starvation_after, positive=True, allow_none=True)
         _integer("max_retries", self.max_retries, minimum=0)
-        _number("visibility_timeout", self.visibility_timeout, minimum=0.0, allow_none=True)
-        if self.visibility_timeout == 0:
-            raise ConfigError("option visibility_timeout must be > 0 (or None to disable)")
-        _number("dedup_window", self.dedup_window, minimum=0.0, allow_none=True)
+        _seconds("visibility_timeout", self.visibility_timeout, positive=True, allow_none=True)
+        _seconds("dedup_window", self.dedup_window, positive=False, allow_none=True)
         _integer("dedup_max_entries", self.dedup_max_entries, minimum=1)
         if self.compression not in COMPRESSIONS:
             raise ConfigError(
                 f"option compression must be one of {COMPRESSIONS}, got {self.compression!r}"
             )
-        _integer("compression_level", self.compression_level, minimum=-131072)
-        if self.compression_level > 22:
-            raise ConfigError("option compression_level must be <= 22 (zstd's maximum)")
+        # zstd's own range of levels (negative levels are its fast modes)
+        _integer("compression_level", self.compression_level, minimum=-131072, maximum=22)
         _integer("compression_min_size", self.compression_min_size, minimum=0)
-        _integer("max_message_size", self.max_message_size, minimum=1)
-        if self.max_message_size > 1 << 30:
-            raise ConfigError("option max_message_size must be <= 1 GiB")
-        _number("retention_max_age", self.retention_max_age, minimum=0.0, allow_none=True)
+        _integer("max_message_size", self.max_message_size, minimum=1, maximum=1 << 30)
+        _seconds("retention_max_age", self.retention_max_age, positive=False, allow_none=True)
         _integer("retention_max_bytes", self.retention_max_bytes, minimum=1, allow_none=True)
 
     @classmethod

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 
 from ledgerq._options import Options
 from ledgerq._types import Item
+from ledgerq.core.args import check_ids
+from ledgerq.core.clock import Clock
 from ledgerq.core.queue import QueueCore
 from ledgerq.features import build_features
 from ledgerq.features.dlq import DeadLetterStore
@@ -47,10 +50,13 @@ class Queue(QueueCore):
         skipped.  A crash mid-way can leave a message in both queues, never in neither;
         so can a power cut, for messages that were durable in the DLQ: the copies are
         written in batches, each fsynced before its messages are settled in the DLQ.
+
+        Raises ``TypeError`` before anything moves if ``ids`` is a str or bytes (not
+        iterated: ``"12"`` is not the ids 1 and 2) or holds anything but ints.
         """
+        wanted = None if ids is None else check_ids(ids)
         self._ensure_open()
         dlq = self.dlq
-        wanted = None if ids is None else {int(i) for i in ids}
         entries = dlq._pending_entries(wanted)
         moved = 0
         for start in range(0, len(entries), _REQUEUE_BATCH):
@@ -77,9 +83,12 @@ class Queue(QueueCore):
         return Item(payload, headers=headers, priority=entry.priority, dedup_id=dedup)
 
     def purge(self, ids: Iterable[int] | None = None) -> int:
-        """Remove pending messages (by id; default all) for good; return how many."""
+        """Remove pending messages (by id; default all) for good; return how many.
+
+        ``ids`` are checked as :meth:`requeue_dlq` checks them, before anything is removed.
+        """
+        wanted = None if ids is None else check_ids(ids)
         self._ensure_open()
-        wanted = None if ids is None else {int(i) for i in ids}
         removed = 0
         for entry, _ in self._pending_entries(wanted):
             if self._settle(entry.id):
@@ -88,19 +97,21 @@ class Queue(QueueCore):
 
 
 def open_configured(
-    path: str | os.PathLike[str], options: Options, *, remember_options: bool = True
+    path: str | os.PathLike[str],
+    options: Options,
+    clock: Clock | None = None,
+    *,
+    remember_options: bool = True,
 ) -> Queue:
     """Open a queue with exactly ``options`` (not merged with the stored ones) and the
-    features they turn on; ``remember_options=False``: without storing them (its DLQ
-    neither).  :func:`ledgerq.open` is the public way in."""
-    opener = open_configured if remember_options else _open_unremembered
+    features they turn on.  Its DLQ, when opened, reads the same ``clock``; with
+    ``remember_options=False`` neither stores its options.  :func:`ledgerq.open` is the
+    public way in."""
+    opener = functools.partial(open_configured, clock=clock, remember_options=remember_options)
     return Queue(
         path,
         options,
         build_features(options, opener),
+        clock,
         remember_options=remember_options,
     )
-
-
-def _open_unremembered(path: str | os.PathLike[str], options: Options) -> Queue:
-    return open_configured(path, options, remember_options=False)

@@ -39,13 +39,13 @@ import os
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, NoReturn, Unpack
 
 import ledgerq
 from ledgerq import Queue
 from ledgerq._errors import QueueClosedError
 from ledgerq._types import Item, Message, Priority, ReaderStart, ReaderStats, Stats
-from ledgerq.core.args import check_count, check_timeout
+from ledgerq.core.args import check_count, check_ids, check_timeout
 
 __all__ = ["AsyncQueue", "AsyncReader", "open"]
 
@@ -193,6 +193,10 @@ class AsyncReader:
     def __repr__(self) -> str:
         return f"<ledgerq.aio.AsyncReader {self.name!r} of {self._queue.path!r}>"
 
+    def __reduce__(self) -> NoReturn:
+        self._reader.__reduce__()  # raises: the reader's TypeError says what to do instead
+        raise AssertionError  # pragma: no cover
+
 
 class AsyncQueue:
     """The asyncio face of a :class:`ledgerq.Queue`; get one from :func:`ledgerq.aio.open`.
@@ -294,7 +298,7 @@ class AsyncQueue:
 
     async def requeue_dlq(self, ids: Iterable[int] | None = None) -> int:
         """Move dead-lettered messages back (see :meth:`ledgerq.Queue.requeue_dlq`)."""
-        wanted = None if ids is None else list(ids)
+        wanted = None if ids is None else check_ids(ids)  # in the caller: errors raise here
         return await asyncio.to_thread(self._queue.requeue_dlq, wanted)
 
     async def sync(self) -> None:
@@ -334,6 +338,10 @@ class AsyncQueue:
     def __repr__(self) -> str:
         state = "closed" if self._queue.closed else "open"
         return f"<ledgerq.aio.AsyncQueue {self._queue.path!r} {state}>"
+
+    def __reduce__(self) -> NoReturn:
+        self._queue.__reduce__()  # raises: the queue's TypeError says what to do instead
+        raise AssertionError  # pragma: no cover
 
 
 class _OpenJob:
@@ -403,12 +411,14 @@ class _Opener:
 def open(  # noqa: A001 - mirrors ledgerq.open
     path: str | os.PathLike[str],
     options: ledgerq.Options | None = None,
+    *,
+    clock: ledgerq.Clock | None = None,
     **kwargs: Unpack[ledgerq.OpenOptions],
 ) -> _Opener:
     """Open (creating if missing) the queue in ``path`` for asyncio, in a worker thread.
 
     Use ``q = await ledgerq.aio.open(path, **options)`` or
     ``async with ledgerq.aio.open(path, **options) as q:`` (closes on exit).
-    Options and errors are those of :func:`ledgerq.open`, raised when awaited.
+    Options, ``clock`` and errors are those of :func:`ledgerq.open`, raised when awaited.
     """
-    return _Opener(functools.partial(ledgerq.open, path, options, **kwargs))
+    return _Opener(functools.partial(ledgerq.open, path, options, clock=clock, **kwargs))

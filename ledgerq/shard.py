@@ -37,7 +37,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar, Unpack
+from typing import Any, NoReturn, TypeVar, Unpack
 
 import xxhash
 
@@ -46,8 +46,10 @@ from ledgerq._errors import ConfigError, QueueClosedError, UnknownMessageError
 from ledgerq._options import OpenOptions
 from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
-from ledgerq.core.args import check_count, check_id, check_timeout
+from ledgerq.core.args import check_count, check_id, check_queue_path, check_timeout
+from ledgerq.core.clock import Clock
 from ledgerq.core.closing import Closing
+from ledgerq.core.processes import forked_error, track, unpicklable, untrack
 from ledgerq.segment.files import atomic_write
 
 __all__ = [
@@ -283,10 +285,11 @@ class ShardedQueue(Closing):
         root: str | os.PathLike[str],
         shards: int,
         prefix: str = "",
+        *,
+        clock: Clock | None = None,
         **options: Unpack[OpenOptions],
     ) -> None:
-        if not isinstance(root, (str, os.PathLike)):
-            raise TypeError(f"root must be a str or os.PathLike, got {type(root).__name__}")
+        check_queue_path(root, "root")
         self.shards = _check_shards(shards)
         self.prefix = _check_prefix(prefix)
         self.root = os.path.abspath(os.fspath(root))
@@ -320,12 +323,15 @@ class ShardedQueue(Closing):
         self._closed = False
         try:
             for path in self.paths:
-                queue = _api.open(path, **options)
+                queue = _api.open(path, clock=clock, **options)
                 self.queues.append(queue)
                 self._removers.append(queue.add_listener(self._on_change))
         except BaseException:
             self._close_all()
             raise
+        self._owner_pid = os.getpid()
+        self._forked = False
+        track(self)  # unusable in a forked child, as its shards are (core/processes)
 
     # ------------------------------------------------------------------ routing
 
@@ -354,7 +360,16 @@ class ShardedQueue(Closing):
 
     def _ensure_open(self) -> None:
         if self._closed:
+            if self._forked:
+                raise forked_error("sharded queue", self.root, self._owner_pid)
             raise QueueClosedError(f"sharded queue {self.root} is closed")
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: closed, its shards the parent's (see ``Queue``'s)."""
+        self._forked = True
+        self._closed = True
+        self._cond = threading.Condition(threading.Lock())
+        self._rr_lock = threading.Lock()
 
     def _globalize(self, index: int, message: Message) -> Message:
         return dataclasses.replace(message, id=global_id(message.id, index, self.shards))
@@ -582,6 +597,7 @@ class ShardedQueue(Closing):
                 return
             self._closed = True
             self._cond.notify_all()
+        untrack(self)
         self._close_all()
 
     def _close_all(self) -> None:
@@ -606,6 +622,9 @@ class ShardedQueue(Closing):
         prefix = f" prefix={self.prefix!r}" if self.prefix else ""
         return f"<ledgerq.ShardedQueue {self.root!r}{prefix} {state}>"
 
+    def __reduce__(self) -> NoReturn:
+        raise unpicklable("a ledgerq.ShardedQueue", self.root)
+
     def _check(self) -> None:
         """Assert every shard's invariants (tests call this after every step)."""
         for queue in self.queues:
@@ -613,18 +632,23 @@ class ShardedQueue(Closing):
 
 
 def open_sharded(
-    root: str | os.PathLike[str], shards: int, prefix: str = "", **options: Unpack[OpenOptions]
+    root: str | os.PathLike[str],
+    shards: int,
+    prefix: str = "",
+    *,
+    clock: Clock | None = None,
+    **options: Unpack[OpenOptions],
 ) -> ShardedQueue:
     """Open (creating if missing) a queue of ``shards`` ordinary queues under ``root``.
 
     ``shards`` is a power of two from 2 to 1024; shard ``i`` lives in
     ``root/[prefix.]<log2(shards) in hex>.<i:03x>`` (SEJ naming) and the count is
     recorded in ``root/[prefix.]ledgerq-shards.json``.  ``**options`` are passed to
-    :func:`ledgerq.open` for every shard.
+    :func:`ledgerq.open` for every shard, and so is ``clock``.
 
     Raises :class:`ConfigError` for an invalid prefix or shard count, or when the
     directory was created with another shard count; ``TypeError``/``ConfigError``
     for bad options and :class:`QueueLockedError` if a shard is open elsewhere
     (like ``ledgerq.open``).
     """
-    return ShardedQueue(root, shards, prefix, **options)
+    return ShardedQueue(root, shards, prefix, clock=clock, **options)

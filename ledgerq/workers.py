@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Unpack
 
 import ledgerq
+from ledgerq._options import MAX_SECONDS
 from ledgerq._types import Message
 
 __all__ = ["WorkerReport", "run"]
@@ -43,6 +44,7 @@ Handler = Callable[[Message], Any]
 # exit code; it is already exiting, so this is a bound, not a delay.
 _REAP_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_MAX_WAIT_SLICE_S = 86_400.0  # one wait of the owner, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +180,8 @@ def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
 
 
 def _check_positive(name: str, value: object, kinds: type | tuple[type, ...], what: str) -> None:
-    """TypeError unless ``value`` is one of ``kinds`` (a bool is not), ValueError unless > 0."""
+    """TypeError unless ``value`` is one of ``kinds`` (a bool is not), ValueError unless > 0
+    (NaN is not)."""
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
     if not value > 0:  # type: ignore[operator]  # an int or a float, checked above
@@ -198,13 +201,16 @@ def run(
 
     ``handler(message)`` returning means ack, raising means nack with the exception's
     text, and a crash or a run past ``task_timeout`` seconds is a failed delivery like
-    a nack.  Queue options (``max_retries``, ``visibility_timeout``, ...) pass through
-    ``options``.  Runs until SIGINT/SIGTERM (graceful: in-flight tasks finish) or, with
-    ``until_empty``, until no message is pending or in flight.
+    a nack (``None``, infinity or more than 100 years: no limit).  Queue options
+    (``max_retries``, ``visibility_timeout``, ...) pass through ``options``.  Runs until
+    SIGINT/SIGTERM (graceful: in-flight tasks finish) or, with ``until_empty``, until no
+    message is pending or in flight.
     """
     _check_positive("processes", processes, int, "an int")
     if task_timeout is not None:
         _check_positive("task_timeout", task_timeout, (int, float), "a number of seconds")
+        if task_timeout > MAX_SECONDS:  # infinity too: as long as it takes, like None
+            task_timeout = None
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {type(handler).__name__}")
     methods = multiprocessing.get_all_start_methods()
@@ -246,6 +252,10 @@ def run(
                     hint = queue.reader("default").seconds_to_next_expiry()
                     if hint is not None:
                         timeout = hint if timeout is None else min(timeout, hint)
+                    if timeout is not None:
+                        # wait() polls, which takes at most 2**31 ms (~24 days): look again
+                        # after a day at most.
+                        timeout = min(timeout, _MAX_WAIT_SLICE_S)
                     ready = wait(
                         [c.conn for c in busy]
                         + [c.process.sentinel for c in children]

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterable
 from typing import get_args
 
 from ledgerq._errors import MessageTooLargeError
+from ledgerq._options import MAX_SECONDS
 from ledgerq._types import ReaderStart
 
 __all__ = [
     "READER_NAME",
     "check_count",
     "check_dedup_id",
+    "check_headers_size",
     "check_id",
+    "check_ids",
     "check_payload",
+    "check_queue_path",
     "check_priority",
     "check_reader_name",
     "check_reader_start",
@@ -27,6 +33,20 @@ READER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
 _READER_STARTS: tuple[ReaderStart, ...] = get_args(ReaderStart)
 
 _BYTES_TYPES = (bytes, bytearray, memoryview)
+
+
+def check_queue_path(path: object, what: str = "path") -> None:
+    """A queue directory's path: a str or ``os.PathLike``, not empty.
+
+    ``""`` would resolve to the current directory and turn it into a queue; a caller
+    who means it says ``"."``.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a str or os.PathLike, got {type(path).__name__}")
+    if os.fspath(path) in ("", b""):
+        raise ValueError(
+            f"{what} is empty; name the queue directory (use '.' to mean the current one)"
+        )
 
 
 def check_payload(payload: object, limit: int) -> bytes | bytearray | memoryview:
@@ -45,6 +65,17 @@ def check_payload(payload: object, limit: int) -> bytes | bytearray | memoryview
     return payload
 
 
+def check_headers_size(blob: bytes, limit: int) -> bytes:
+    """Encoded headers of at most ``limit`` bytes (``max_message_size``: payload and
+    headers are bounded alike, each on its own)."""
+    if len(blob) > limit:
+        raise MessageTooLargeError(
+            f"headers of {len(blob)} bytes (encoded) exceed max_message_size={limit}; "
+            "put large data in the payload, or open the queue with a larger max_message_size"
+        )
+    return blob
+
+
 def check_priority(priority: object) -> int:
     """A priority level: an int (or ``Priority``) from 0 to 2."""
     if isinstance(priority, bool) or not isinstance(priority, int):
@@ -55,13 +86,21 @@ def check_priority(priority: object) -> int:
 
 
 def check_ttl(ttl: object) -> float | None:
-    """None, or a positive number of seconds."""
+    """None (no expiry), or a number of seconds above 0 and at most :data:`MAX_SECONDS`.
+
+    NaN, infinity and anything beyond 100 years raise ``ValueError``: an expiry
+    time must be a real instant that fits the entry's nanosecond field.
+    """
     if ttl is None:
         return None
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise TypeError(f"ttl must be a number of seconds, got {type(ttl).__name__}")
-    if not ttl > 0:
-        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        raise TypeError(f"ttl must be a number of seconds or None, got {type(ttl).__name__}")
+    # Compared before any conversion: float() of a huge int raises OverflowError.
+    if not 0 < ttl <= MAX_SECONDS:  # NaN fails both
+        raise ValueError(
+            f"ttl must be a number of seconds > 0 and at most {MAX_SECONDS:.0f} (100 years), "
+            f"got {ttl!r}; use None for a message that never expires"
+        )
     return float(ttl)
 
 
@@ -72,16 +111,35 @@ def check_id(message_id: object) -> int:
     return message_id
 
 
+def check_ids(ids: object) -> set[int]:
+    """The message ids of an iterable, each an int as :func:`check_id` wants it.
+
+    A str or bytes is refused (``TypeError``), not iterated: ``"12"`` is not the ids
+    1 and 2.  Every id is checked before the caller moves anything.
+    """
+    if isinstance(ids, (str, bytes, bytearray, memoryview)) or not isinstance(ids, Iterable):
+        raise TypeError(f"ids must be an iterable of int message ids, got {type(ids).__name__}")
+    return {check_id(message_id) for message_id in ids}
+
+
 def check_timeout(timeout: object) -> float | None:
-    """None (forever), or a number of seconds >= 0."""
+    """None (forever), or a number of seconds >= 0; infinity (or more than 100 years) is None.
+
+    NaN raises ``ValueError``: a wait of NaN seconds has no end, and compares false
+    with every deadline (a wait loop would spin).
+    """
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(
             f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
         )
-    if not timeout >= 0:  # NaN too: a wait of NaN seconds has no end
-        raise ValueError(f"timeout must be >= 0, got {timeout!r}")
+    if not timeout >= 0:  # NaN too
+        raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+    if timeout > MAX_SECONDS:
+        # Waits take at most threading.TIMEOUT_MAX (~292 years) and float() of a huge
+        # int overflows: beyond 100 years, a wait is as good as forever.
+        return None
     return float(timeout)
 
 

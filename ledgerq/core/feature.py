@@ -87,6 +87,10 @@ class Selector(Protocol):
     def discard(self, message_id: int) -> bool:
         """Forget an available id (it was settled elsewhere); True if it was held."""
 
+    def drop_through(self, last_id: int) -> list[int]:
+        """Forget every entry held with an id <= ``last_id`` (retention deleted their
+        segment); return their ids."""
+
     def held(self) -> int:
         """Entries held available beyond what the reader's cursor has not read yet."""
 
@@ -124,6 +128,12 @@ class FifoSelector:
 
     def discard(self, message_id: int) -> bool:
         return self._returned.pop(message_id, None) is not None
+
+    def drop_through(self, last_id: int) -> list[int]:
+        dropped = [i for i in self._returned if i <= last_id]
+        for message_id in dropped:
+            del self._returned[message_id]  # their heap slots are skipped lazily
+        return dropped
 
     def held(self) -> int:
         return len(self._returned)

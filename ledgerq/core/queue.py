@@ -10,33 +10,42 @@ callers share fsyncs.
 
 from __future__ import annotations
 
-import dataclasses
+import errno
+import gc
 import logging
 import os
 import threading
-import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NoReturn, cast
 
 from ledgerq._errors import (
     CorruptionError,
     NotAQueueError,
     QueueClosedError,
+    QueueLockedError,
+    StorageError,
 )
 from ledgerq._options import Options
 from ledgerq._types import Item, Message, Priority, ReaderStart, Stats
 from ledgerq.core.args import (
     READER_NAME,
     check_dedup_id,
+    check_headers_size,
     check_payload,
     check_priority,
     check_reader_name,
     check_reader_start,
     check_ttl,
 )
+from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
+from ledgerq.core.lifecycle import Holdings, Tally, finalize_unclosed, save_meta
+from ledgerq.core.lifecycle import attempt as _attempt
 from ledgerq.core.meta import ID_BLOCK
+from ledgerq.core.processes import forked_error, track, tracked, unpicklable, untrack
 from ledgerq.core.reader import (
     Reader,
     ReaderCore,
@@ -63,8 +72,6 @@ from ledgerq.segment.naming import (
     STATE_SUFFIX,
     reader_state_path,
 )
-from ledgerq.segment.scanner import CorruptRegion
-from ledgerq.segment.segment import Segment
 from ledgerq.segment.sync import GroupCommit
 
 __all__ = ["DEFAULT_READER", "QueueCore"]
@@ -77,12 +84,44 @@ _NS = 1_000_000_000
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 
 
-def _attempt(errors: list[Exception], step: Callable[[], object]) -> None:
-    """Run one step of a close; note its error in ``errors`` and go on."""
+_PERMISSION_HINT = (
+    "this user needs read, write and search (x) permission on the "
+    "queue directory and search permission on every directory above it; fix the owner "
+    "or mode, or run as the user that owns the queue"
+)
+
+
+def _look_up(path: str, what: str) -> bool:
+    """Whether ``path`` exists; :class:`StorageError` if this user may not know."""
     try:
-        step()
-    except Exception as exc:
-        errors.append(exc)
+        os.stat(path)
+    except FileNotFoundError:
+        return False
+    except NotADirectoryError:
+        return False  # a file on the way: the caller reports what is there
+    except OSError as exc:
+        hint = _PERMISSION_HINT if exc.errno in (errno.EACCES, errno.EPERM) else None
+        raise StorageError(f"look up {what}", path, exc, hint=hint) from exc
+    return True
+
+
+def _flush_in_background(
+    queue_ref: weakref.ref[QueueCore], stop: threading.Event, interval: float
+) -> None:
+    """The ``sync="interval"`` thread: fsync what is dirty every ``interval`` seconds.
+
+    It holds the queue only weakly, and strongly only during one flush: a queue
+    dropped without ``close()`` is collected (and closed by its finalizer).
+    """
+    while not stop.wait(interval):
+        queue = queue_ref()
+        if queue is None:
+            return
+        try:
+            queue._flush_once()
+        except Exception:  # keep flushing; the next attempt may succeed
+            logger.exception("ledgerq: background sync of %s failed", queue.path)
+        del queue  # the last reference may go here: the finalizer then runs in this thread
 
 
 class QueueCore(Closing):
@@ -93,39 +132,87 @@ class QueueCore(Closing):
         path: str | os.PathLike[str],
         options: Options,
         features: Sequence[Feature] = (),
+        clock: Clock | None = None,
         *,
         remember_options: bool = True,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.options = options
+        self._clock_source = SYSTEM_CLOCK if clock is None else check_clock(clock)
         # False: meta.json keeps the options it held (a one-run override, e.g. the CLI's -o).
         self._remember_options = remember_options
         self._features = list(features)
         self._readers: dict[str, Reader] = {}
+        self._cores: dict[str, ReaderCore] = {}  # the readers' state, for closing
         self._prepare_directory()
-        self._dirlock = DirLock(self.path)
+        self._dirlock = self._lock_directory()
         try:
             self._open_locked()
         except BaseException:
             self._close_after_failed_open()
             raise
+        # Closed when collected if never closed (core/lifecycle); unusable in a fork.
+        self._finalizer = weakref.finalize(self, finalize_unclosed, self._holdings)
+        self._owner_pid = os.getpid()
+        track(self)
 
     # ------------------------------------------------------------------ opening
 
     def _prepare_directory(self) -> None:
         path = self.path
-        if os.path.exists(path) and not os.path.isdir(path):
+        # os.path.exists/isdir say False for a path this user may not reach: look with
+        # stat, so that a permission problem is reported as one, not as a directory to
+        # create (mkdir then fails with "permission denied" on a directory that exists).
+        exists = _look_up(path, "the queue directory")
+        if exists and not os.path.isdir(path):
             raise NotAQueueError(f"{path} exists and is not a directory")
-        make_durable_dir(path)  # its entry in the parent must survive a power cut too
-        if not os.path.exists(os.path.join(path, META_NAME)):
+        if not exists:
+            try:
+                make_durable_dir(path)  # its entry in the parent must survive a power cut too
+            except StorageError as exc:
+                cause = exc.__cause__
+                if exc.errno not in (errno.EACCES, errno.EPERM) or not isinstance(cause, OSError):
+                    raise
+                # make_durable_dir creates missing parents too: say where it was refused.
+                refused_in = os.path.dirname(exc.path)
+                raise StorageError(
+                    "create the queue directory",
+                    path,
+                    cause,
+                    hint=f"this user may not create directories in {refused_in}; create "
+                    f"{path} with the right owner, or open a path this user may write",
+                ) from exc
+        if not _look_up(os.path.join(path, META_NAME), "the meta file"):
             with storage_errors("list the queue directory", path):
-                names = os.listdir(path)
+                try:
+                    names = os.listdir(path)
+                except PermissionError as exc:
+                    raise StorageError(
+                        "list the queue directory", path, exc, hint=_PERMISSION_HINT
+                    ) from exc
             foreign = [n for n in names if n not in QUEUE_NAMES]
             if foreign:
                 raise NotAQueueError(
                     f"{path} is not a ledgerq queue (it holds {sorted(foreign)[:3]} but no "
                     f"{META_NAME}); use an empty or new directory"
                 )
+
+    def _lock_directory(self) -> DirLock:
+        try:
+            return DirLock(self.path)
+        except QueueLockedError:
+            if not any(
+                isinstance(obj, QueueCore) and obj.path == self.path and not obj._closed
+                for obj in tracked()
+            ):
+                raise
+        # A queue of this process holds it.  Unclosed and unreferenced, it may be
+        # garbage in a reference cycle, which its finalizer closes once collected.
+        gc.collect()
+        try:
+            return DirLock(self.path)
+        except QueueLockedError:
+            raise QueueLockedError(self.path, in_this_process=True) from None
 
     def _open_locked(self) -> None:
         opts = self.options
@@ -139,12 +226,12 @@ class QueueCore(Closing):
         meta = self._meta_store.load() if self._meta_store.exists() else Meta()
         self._meta = meta
         counters = meta.counters
-        self._corrupt_skipped = counters.get("corrupt_skipped", 0)
+        self._tally = Tally(counters)
         self._manager = SegmentManager(
             self.path,
             segment_size=opts.segment_size,
             index_interval=opts.index_interval,
-            on_corrupt=self._on_corrupt,
+            on_corrupt=self._tally.on_corrupt,  # not a method of the queue: see lifecycle
             sync_on_rotate=opts.sync == "always",
         )
         # A corrupt region is counted once, however many times it is met (and reopened).
@@ -155,23 +242,30 @@ class QueueCore(Closing):
         with storage_errors("open the segments in", self._manager.directory):
             self._manager.open(min_next_id=floor)
         self._next_id = self._manager.next_id
+        self._start_clock()
         # Entries appended after the last counter save were enqueued too (counted up to
         # the last entry in the log, not the reserved ids a crash made us skip).
         self._enqueued = counters.get("enqueued", 0) + max(
             0, self._manager.log_next_id - counters.get("enqueued_through", meta.next_id)
         )
-        self._duplicates = counters.get("duplicates", 0)
-        self._dropped = counters.get("dropped", 0)
         self._reserved_until = self._next_id + ID_BLOCK
         self._save_meta(clean=False)
         self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
         self._register_hooks()
         make_durable_dir(os.path.join(self.path, READERS_DIR))
+        # A weak proxy: a feature that keeps it (the DLQ) must not keep the queue alive.
+        this = cast("QueueCore", weakref.proxy(self))
         for feature in self._features:
             with storage_errors(f"open the {feature.name} files of", self.path):
-                feature.attach(self)
+                feature.attach(this)
         self._default = self._open_reader(DEFAULT_READER, start_latest=False)
+        # stats().dropped is the default reader's count, checkpointed with its state;
+        # meta.json's copy (all an older ledgerq kept) may lag it after a crash.
+        kept = self._default._core.counters
+        if "dropped" not in kept and self._tally.dropped:
+            kept["dropped"] = self._tally.dropped
+        self._tally.dropped = kept.get("dropped", 0)
         # Every reader on disk holds back retention, opened or not in this run.
         with storage_errors("list the readers of", self.path):
             reader_files = sorted(os.listdir(os.path.join(self.path, READERS_DIR)))
@@ -183,11 +277,36 @@ class QueueCore(Closing):
         self._flusher: threading.Thread | None = None
         if opts.sync == "interval":
             self._flusher = threading.Thread(
-                target=self._flush_loop,
+                target=_flush_in_background,
+                args=(weakref.ref(self), self._stop_flusher, max(opts.sync_interval, 0.001)),
                 name=f"ledgerq-sync:{os.path.basename(self.path)}",
                 daemon=True,
             )
             self._flusher.start()
+        self._holdings = Holdings(
+            self,
+            lock=self._lock,
+            manager=self._manager,
+            cores=self._cores,
+            features=self._features,
+            meta_store=self._meta_store,
+            meta=self._meta,
+            tally=self._tally,
+            dirlock=self._dirlock,
+            stop_flusher=self._stop_flusher,
+            flusher=self._flusher,
+        )
+
+    def _start_clock(self) -> None:
+        """Start the queue's clock (core/clock.py) at or after the newest stored timestamp."""
+        newest = max(
+            (seg.last_timestamp for seg in self._manager.segments if not seg.is_empty), default=0
+        )
+        clock = QueueClock(self._clock_source, newest)
+        self._clock = clock
+        # The append and dequeue paths add these inline: now = offset + monotonic_ns().
+        self._clock_offset_ns = clock.offset_ns
+        self._clock_mono = clock.monotonic_ns
 
     def _register_hooks(self) -> None:
         def overriding(name: str) -> list[Feature]:
@@ -221,47 +340,33 @@ class QueueCore(Closing):
             raise
         reader = Reader(self, core)
         self._readers[name] = reader
+        self._cores[name] = core
         return reader
-
-    def _on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
-        self._corrupt_skipped += 1
 
     def note_corrupt_skipped(self, count: int) -> None:
         """Count damaged records a feature skipped in its own files (``stats()``)."""
-        self._corrupt_skipped += count
+        self._tally.corrupt_skipped += count
 
     def _save_meta(self, *, clean: bool) -> None:
-        meta = self._meta
-        meta.clean = clean
-        meta.next_id = self._next_id
-        meta.reserved_until = self._next_id if clean else self._reserved_until
-        meta.counters = {
-            "enqueued": self._enqueued,
-            "enqueued_through": self._next_id,
-            "duplicates": self._duplicates,
-            "dropped": self._dropped,
-            "corrupt_skipped": self._corrupt_skipped,
-        }
-        meta.corrupt_regions = [list(key) for key in self._manager.reported_regions][-10_000:]
-        if self._remember_options:
-            meta.options = dataclasses.asdict(self.options)
-        self._meta_store.save(meta)
+        save_meta(
+            self._meta_store,
+            self._meta,
+            self._manager,
+            self.options if self._remember_options else None,
+            self._tally,
+            clean=clean,
+            next_id=self._next_id,
+            reserved_until=self._reserved_until,
+            enqueued=self._enqueued,
+        )
 
     # ------------------------------------------------------------------ durability
-
-    def _flush_loop(self) -> None:
-        interval = max(self.options.sync_interval, 0.001)
-        while not self._stop_flusher.wait(interval):
-            try:
-                self._flush_once()
-            except Exception:  # keep flushing; the next attempt may succeed
-                logger.exception("ledgerq: background sync of %s failed", self.path)
 
     def _flush_once(self) -> None:
         if self._log_commit.is_dirty:
             self._log_commit.sync_now()
-        for reader in list(self._readers.values()):
-            commit = reader._core.journal.commit
+        for core in list(self._cores.values()):
+            commit = core.journal.commit
             if commit.is_dirty:
                 commit.sync_now()
         if self._flushers:
@@ -273,8 +378,8 @@ class QueueCore(Closing):
         """Make everything enqueued, acked and nacked so far durable (fsync)."""
         self._ensure_open()
         self._log_commit.sync_now()
-        for reader in list(self._readers.values()):
-            reader._core.journal.commit.sync_now()
+        for core in list(self._cores.values()):
+            core.journal.commit.sync_now()
         if self._flushers:
             with self._lock:
                 for feature in self._flushers:
@@ -284,6 +389,8 @@ class QueueCore(Closing):
 
     def _ensure_open(self) -> None:
         if self._closed:
+            if self._holdings.forked:
+                raise forked_error("queue", self.path, self._owner_pid)
             raise QueueClosedError(f"queue {self.path} is closed")
 
     def _prepare(
@@ -294,8 +401,9 @@ class QueueCore(Closing):
         ttl: object,
         dedup_id: object,
     ) -> Draft:
-        data = check_payload(payload, self.options.max_message_size)
-        blob = encode_headers(headers) if headers is not None else None
+        limit = self.options.max_message_size
+        data = check_payload(payload, limit)
+        blob = check_headers_size(encode_headers(headers), limit) if headers is not None else None
         level = check_priority(priority) if priority is not Priority.MEDIUM else 1
         seconds = check_ttl(ttl)
         draft = Draft(
@@ -359,7 +467,7 @@ class QueueCore(Closing):
             if self._closed:
                 self._ensure_open()
             message_id = self._next_id
-            now = time.time_ns()
+            now = self._clock_offset_ns + self._clock_mono()  # the queue's time (core/clock)
             record = encode_plain_entry(message_id, now, payload)
             try:
                 if message_id >= self._reserved_until:
@@ -390,7 +498,7 @@ class QueueCore(Closing):
             if self._closed:
                 self._ensure_open()
             first = self._next_id
-            now = time.time_ns()
+            now = self._clock_offset_ns + self._clock_mono()
             parts, sizes = encode_plain_batch_parts(first, now, payloads)
             segments = len(self._manager.segments)
             try:
@@ -444,7 +552,7 @@ class QueueCore(Closing):
         with self._lock:
             if self._closed:
                 self._ensure_open()
-            now = time.time_ns()
+            now = self._clock_offset_ns + self._clock_mono()
             to_write, existing = self._admit(drafts, now) if self._admitters else (drafts, {})
             if not to_write:
                 return [existing[i] for i in range(len(drafts))]
@@ -504,7 +612,7 @@ class QueueCore(Closing):
                     break
             else:
                 fresh.append(draft)
-        self._duplicates += len(existing)
+        self._tally.duplicates += len(existing)
         return fresh, existing
 
     def _reserve_ids(self, end: int) -> None:
@@ -578,7 +686,7 @@ class QueueCore(Closing):
             except CorruptionError as exc:
                 logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, self.path, exc)
                 with self._lock:
-                    self._corrupt_skipped += 1
+                    self._tally.corrupt_skipped += 1
                     if reader._core.settle_any(entry.id):
                         reader._core.counters["acked"] -= 1
                 continue
@@ -653,6 +761,7 @@ class QueueCore(Closing):
             reader = self._readers.pop(name, None)
             if reader is None:
                 return False
+            del self._cores[name]  # nothing of it is saved again, at close or by retention
             reader._removed = True
             reader._core.journal.close()
             os.unlink(reader._core.journal.path)
@@ -726,7 +835,7 @@ class QueueCore(Closing):
         with self._lock:
             self._ensure_open()
             core = self._default._core
-            entries = core.peek(1 << 62, time.time_ns()) + core.leased_entries()
+            entries = core.peek(1 << 62, self._clock.now_ns()) + core.leased_entries()
         found = []
         for entry in sorted(entries, key=lambda e: e.id):
             if wanted is not None and entry.id not in wanted:
@@ -754,8 +863,8 @@ class QueueCore(Closing):
         A sealed segment every reader has consumed is deleted at once, or - with
         ``retention_max_age`` - once its newest message is older than that.
         Unconsumed data is never deleted by age; only ``retention_max_bytes`` drops
-        the oldest segments even if unconsumed, counting their unconsumed messages
-        in ``stats().dropped``.  The active segment is never deleted.
+        the oldest segments even if unconsumed (:meth:`_drop_oldest_segment`).  The
+        active segment is never deleted.
         """
         manager = self._manager
         segments = manager.segments
@@ -765,27 +874,55 @@ class QueueCore(Closing):
         head = min(r._core.head for r in self._readers.values())
         if segments[0].last_id < head:
             max_age = self.options.retention_max_age
-            cutoff = None if max_age is None else time.time_ns() - int(max_age * _NS)
+            cutoff = None if max_age is None else self._clock.now_ns() - int(max_age * _NS)
             while len(segments) > 1 and segments[0].last_id < head:
                 if cutoff is not None and segments[0].last_timestamp >= cutoff:
                     break
                 manager.delete_first()
         if max_bytes is not None:
             while len(segments) > 1 and manager.disk_bytes > max_bytes:
-                seg = segments[0]
-                lost = max(0, seg.last_id - max(seg.first_id, head) + 1) if seg.count else 0
-                manager.delete_first()
-                if lost:
-                    self._dropped += lost
-                    logger.warning(
-                        "ledgerq: retention_max_bytes=%d dropped %d unconsumed messages "
-                        "(ids %d-%d) of %s",
-                        max_bytes,
-                        lost,
-                        max(seg.first_id, head),
-                        seg.last_id,
-                        self.path,
-                    )
+                if not self._drop_oldest_segment(max_bytes):
+                    break
+
+    def _drop_oldest_segment(self, max_bytes: int) -> bool:
+        """Delete the oldest segment for ``retention_max_bytes`` (lock held); False if
+        it must wait.
+
+        Every reader settles what it had not settled there - unread, given back or
+        leased - as dropped (``ReaderCore.drop_segment``; ``stats().dropped`` is the
+        default reader's count, so that enqueued = acked + dead-lettered + expired +
+        dropped + pending + in flight).  Each reader that lost messages is
+        checkpointed before the bytes go: a crash in between finds them settled, not
+        lost uncounted.  If a checkpoint fails (a full disk), the drop stands in memory
+        and the segment stays until a later pass finds it consumed.
+        """
+        seg = self._manager.segments[0]
+        if seg.count:
+            for name, core in self._cores.items():
+                lost, leased = core.drop_segment(seg.first_id, seg.last_id)
+                if not lost:
+                    continue
+                if name == DEFAULT_READER:
+                    self._tally.dropped += lost
+                logger.warning(
+                    "ledgerq: retention_max_bytes=%d deleted segment %d-%d of %s with %d "
+                    "messages reader %r had not acked (%d of them leased: their ack or nack "
+                    "now raises UnknownMessageError); counted as dropped",
+                    max_bytes,
+                    seg.first_id,
+                    seg.last_id,
+                    self.path,
+                    lost,
+                    name,
+                    leased,
+                )
+                try:
+                    core.checkpoint()
+                except StorageError as exc:
+                    logger.warning("ledgerq: the segment stays for now: %s", exc)
+                    return False
+        self._manager.delete_first()
+        return True
 
     def compact(self) -> None:
         """Apply retention now: delete segments that every reader has consumed."""
@@ -801,7 +938,7 @@ class QueueCore(Closing):
         """A snapshot of the queue's figures (see :class:`ledgerq.Stats`)."""
         with self._lock:
             self._ensure_open()
-            now = time.time_ns()
+            now = self._clock.now_ns()
             readers = {name: r._core.stats(now) for name, r in self._readers.items()}
             default = readers[DEFAULT_READER]
             return Stats(
@@ -812,9 +949,9 @@ class QueueCore(Closing):
                 nacked=default.nacked,
                 dead_lettered=default.dead_lettered,
                 expired=default.expired,
-                duplicates=self._duplicates,
-                dropped=self._dropped,
-                corrupt_skipped=self._corrupt_skipped,
+                duplicates=self._tally.duplicates,
+                dropped=self._default._core.counters.get("dropped", 0),
+                corrupt_skipped=self._tally.corrupt_skipped,
                 segments=len(self._manager.segments),
                 disk_bytes=self._manager.disk_bytes,
                 oldest_pending_age=default.oldest_pending_age,
@@ -836,31 +973,20 @@ class QueueCore(Closing):
         step runs even if an earlier one fails - each file is closed, the DLQ too, and
         the lock is released - and then the first error is raised (a
         :class:`StorageError` if the disk refused something); the queue is closed anyway.
+
+        In a process forked from the one that opened the queue, this does nothing: the
+        files and the lock are the parent's.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._wake()
-        self._stop_flusher.set()
-        if self._flusher is not None:
-            self._flusher.join()
-        errors: list[Exception] = []
-        try:
-            with self._lock:
-                _attempt(errors, self._manager.sync)
-                for reader in self._readers.values():
-                    _attempt(errors, reader._core.close)
-                    _attempt(errors, reader._core.journal.close)  # if its checkpoint failed
-                for feature in self._features:
-                    _attempt(errors, feature.flush)
-                    _attempt(errors, feature.close)
-                # "Clean" lets the next open trust next_id alone; after a failure it
-                # skips the reserved ids as after a crash (ids are never reused).
-                _attempt(errors, lambda: self._save_meta(clean=not errors))
-                _attempt(errors, self._manager.close)
-        finally:
-            self._dirlock.release()
+        self._finalizer.detach()
+        untrack(self)
+        errors = self._holdings.release(
+            next_id=self._next_id, reserved_until=self._reserved_until, enqueued=self._enqueued
+        )
         if errors:
             raise errors[0]
 
@@ -882,6 +1008,23 @@ class QueueCore(Closing):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"next_id={self._next_id}"
         return f"<ledgerq.Queue {self.path!r} {state}>"
+
+    def __reduce__(self) -> NoReturn:
+        raise unpicklable("a ledgerq.Queue", self.path)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (core/processes): this copy is closed, its files the parent's.
+
+        Every call then raises :class:`ForkedQueueError`; ``close()`` and the finalizer
+        do nothing.  The locks are new ones: a thread of the parent may have held the
+        old ones at the fork, and it does not exist here to release them.
+        """
+        self._holdings.forked = True
+        self._closed = True
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0
+        self._listeners = {}  # wakers of the parent's event loops and pools
 
     def _check(self) -> None:
         """Assert the queue's invariants (tests call this after every step)."""

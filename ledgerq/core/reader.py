@@ -25,13 +25,14 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ledgerq._errors import CorruptionError, QueueClosedError, UnknownMessageError
 from ledgerq._types import Message, Priority, ReaderStats
 from ledgerq.core.args import check_count, check_id, check_timeout
 from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
 from ledgerq.core.journal import ReaderJournal
+from ledgerq.core.processes import unpicklable
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
 from ledgerq.segment.cursor import LogCursor
@@ -52,6 +53,7 @@ _DATA = int(RecordType.DATA)
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
 _PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
+_REVOKED_KEPT = 10_000
 
 
 class ReaderHooks:
@@ -107,6 +109,9 @@ class ReaderCore:
         # id -> (failures, reason) of a report whose feature raised: to report again
         self._unreported: dict[int, tuple[int, str]] = {}
         self._deadlines: list[tuple[float, int, int]] = []  # (monotonic deadline, id, delivery)
+        # Leases revoked because retention_max_bytes deleted their segment (the newest
+        # _REVOKED_KEPT), for the error their ack or nack then raises.
+        self._revoked: dict[int, None] = {}
         self._selector: Selector = self._make_selector()
         if is_new:
             self.checkpoint()
@@ -300,7 +305,8 @@ class ReaderCore:
                 self._selector.give_back(lease[0])
 
     def next_deadline(self) -> float | None:
-        """Monotonic time of the next visibility-timeout expiry, if any."""
+        """Lease time (the queue clock's monotonic seconds) of the next visibility-timeout
+        expiry, if any."""
         deadlines = self._deadlines
         while deadlines:
             _, message_id, attempt = deadlines[0]
@@ -313,6 +319,12 @@ class ReaderCore:
     def check_leased(self, message_id: int) -> None:
         """Raise :class:`UnknownMessageError` unless ``message_id`` is leased here."""
         if message_id not in self._leased:
+            if message_id in self._revoked:
+                raise UnknownMessageError(
+                    f"message {message_id} was leased by reader {self.name!r} when "
+                    "retention_max_bytes deleted its segment: it was dropped (counted in "
+                    "stats().dropped) and can no longer be acked or nacked"
+                )
             raise UnknownMessageError(
                 f"message {message_id} is not leased by reader {self.name!r} "
                 "(never dequeued, already acked or nacked, or its lease expired)"
@@ -407,6 +419,37 @@ class ReaderCore:
         self._forget(message_id)
         self.counters["acked"] += 1
         return True
+
+    def drop_segment(self, first_id: int, last_id: int) -> tuple[int, int]:
+        """Retention is deleting the oldest segment, ids ``first_id..last_id``: settle
+        everything of it this reader had not settled; return (how many, how many leased).
+
+        Unread messages, messages given back (held by the selector) and leased ones
+        alike are dropped and counted in ``counters["dropped"]``.  A lease is revoked:
+        its ack or nack raises :class:`UnknownMessageError` saying so (the message
+        cannot be delivered again: its bytes are gone).  The reader's head moves past
+        ``last_id``, so the caller's checkpoint records the drop durably.
+        """
+        revoked = [i for i in self._leased if i <= last_id]
+        for message_id in revoked:
+            del self._leased[message_id]
+            self._revoked[message_id] = None
+        while len(self._revoked) > _REVOKED_KEPT:
+            del self._revoked[next(iter(self._revoked))]
+        lost = len(revoked) + len(self._selector.drop_through(last_id))
+        start = max(self._cursor.next_id, first_id)
+        if start <= last_id:
+            # Ids are contiguous inside a segment (as pending() counts them).
+            lost += last_id - start + 1 - sum(1 for i in self._skip if start <= i <= last_id)
+            self._cursor.seek(last_id + 1)
+        self._skip = {i for i in self._skip if i > last_id}
+        failed = [i for i in self._deliveries if i <= last_id]
+        for message_id in failed:
+            self._forget(message_id)
+        for feature in self._hooks.settled:  # e.g. the retry tracker forgets them
+            feature.settled(self, failed)
+        self.counters["dropped"] = self.counters.get("dropped", 0) + lost
+        return lost, len(revoked)
 
     def leased_entries(self) -> list[Entry]:
         """Entries currently leased."""
@@ -623,7 +666,9 @@ class Reader:
             with queue._lock:
                 if queue._closed or self._removed:
                     self._ensure_usable()
-                taken = core.take_one(time.monotonic(), time.time_ns())
+                # One read of the queue's clock (core/clock): lease time and stamp time.
+                monotonic_ns = queue._clock_mono()
+                taken = core.take_one(monotonic_ns * 1e-9, queue._clock_offset_ns + monotonic_ns)
                 if taken is not None:
                     core.maybe_compact()
             if taken is None:
@@ -642,25 +687,27 @@ class Reader:
         wait = check_timeout(timeout)
         queue = self._queue
         core = self._core
+        # The call's own wait is real time; leases and stamps are the queue's clock's.
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             with queue._cond:
                 while True:
                     self._ensure_usable()
-                    now = time.monotonic()
-                    taken = core.take(n, now, time.time_ns())
+                    monotonic_ns = queue._clock_mono()
+                    lease_now = monotonic_ns * 1e-9
+                    taken = core.take(n, lease_now, queue._clock_offset_ns + monotonic_ns)
                     if taken:
                         core.maybe_compact()
                         break
                     if deadline is None:
                         remaining = None
                     else:
-                        remaining = deadline - now
+                        remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             return []
                     lease_deadline = core.next_deadline()
                     if lease_deadline is not None:
-                        until = max(lease_deadline - now, 0.0)
+                        until = max(lease_deadline - lease_now, 0.0)
                         remaining = until if remaining is None else min(remaining, until)
                     queue._waiting += 1
                     try:
@@ -744,7 +791,7 @@ class Reader:
         with queue._lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            ticket = core.nack([message_id], reason, time.time_ns())
+            ticket = core.nack([message_id], reason, queue._clock.now_ns())
             self._retire_if_passed_oldest()  # a move to the DLQ may finish the oldest segment
             if queue._waiting or queue._listeners:
                 queue._wake()
@@ -781,7 +828,7 @@ class Reader:
         queue = self._queue
         with queue._lock:
             self._ensure_usable()
-            entries = self._core.peek(n, time.time_ns())
+            entries = self._core.peek(n, queue._clock.now_ns())
             attempts = [self._core.deliveries(e.id) + 1 for e in entries]
         messages = []
         for entry, attempt in zip(entries, attempts, strict=True):
@@ -796,7 +843,7 @@ class Reader:
         """This reader's figures."""
         with self._queue._lock:
             self._ensure_usable()
-            return self._core.stats(time.time_ns())
+            return self._core.stats(self._queue._clock.now_ns())
 
     def seconds_to_next_expiry(self) -> float | None:
         """Seconds until the next lease's visibility timeout expires (None: no such lease).
@@ -804,9 +851,11 @@ class Reader:
         A waiter that is not blocked in :meth:`dequeue` (e.g. ``ledgerq.aio``) uses
         this to retry when an expired lease makes a message available again.
         """
-        with self._queue._lock:
+        queue = self._queue
+        with queue._lock:
             deadline = self._core.next_deadline()
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
+            now = queue._clock.lease_time()
+        return None if deadline is None else max(0.0, deadline - now)
 
     def __len__(self) -> int:
         with self._queue._lock:
@@ -814,3 +863,6 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"<ledgerq.Reader {self.name!r} of {self._queue.path!r}>"
+
+    def __reduce__(self) -> NoReturn:
+        raise unpicklable(f"ledgerq.Reader {self.name!r}", self._queue.path)

@@ -19,6 +19,7 @@ which is the unconsumed part of the log.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from array import array
 from typing import TYPE_CHECKING
@@ -162,6 +163,25 @@ class PrioritySelector:
                 level.discarded.add(message_id)
                 return True
         return False
+
+    def drop_through(self, last_id: int) -> list[int]:
+        # Columns are in id order: the dropped ids are a prefix of each level's.
+        dropped: list[int] = []
+        for level in self._levels:
+            end = bisect.bisect_right(level.ids, last_id, lo=level.head)
+            gone = [*level.ids[level.head : end]]
+            level.head = end
+            kept = [item for item in level.returned if item[0] > last_id]
+            if len(kept) != len(level.returned):
+                gone.extend(item[0] for item in level.returned if item[0] <= last_id)
+                heapq.heapify(kept)
+                level.returned = kept
+            for message_id in gone:
+                if message_id in level.discarded:
+                    level.discarded.discard(message_id)  # settled already: not held
+                else:
+                    dropped.append(message_id)
+        return dropped
 
     def held(self) -> int:
         return sum(level.size() for level in self._levels)

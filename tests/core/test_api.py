@@ -342,6 +342,7 @@ def test_exception_tree() -> None:
         ledgerq.ConfigError,
         ledgerq.QueueLockedError,
         ledgerq.QueueClosedError,
+        ledgerq.ForkedQueueError,
         ledgerq.MessageTooLargeError,
         ledgerq.CorruptionError,
         ledgerq.UnknownMessageError,
@@ -354,9 +355,11 @@ def test_exception_tree() -> None:
 def test_public_exports_are_pinned() -> None:
     # Equality, not a subset (httpx's habit): a name added or dropped is a decision.
     assert ledgerq.__all__ == [
+        "Clock",
         "Compression",
         "ConfigError",
         "CorruptionError",
+        "ForkedQueueError",
         "IncompatibleFormatError",
         "Item",
         "LedgerQError",
@@ -524,7 +527,13 @@ _BAD_VALUES: dict[str, list[tuple[object, type[Exception]]]] = {
         ("middle", ValueError),
     ],
     "processes": [("4", TypeError), (2.0, TypeError), (True, TypeError), (0, ValueError)],
-    "task_timeout": [("5", TypeError), (True, TypeError), (0, ValueError), (-1, ValueError)],
+    "task_timeout": [
+        ("5", TypeError),
+        (True, TypeError),
+        (0, ValueError),
+        (-1, ValueError),
+        (math.nan, ValueError),
+    ],
 }
 
 

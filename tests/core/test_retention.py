@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -157,3 +159,186 @@ RetentionMachine.TestCase.settings = settings(
     max_examples=30, stateful_step_count=40, deadline=None
 )
 TestRetentionModel = RetentionMachine.TestCase
+
+
+# ---------------------------------------------------------------- retention_max_bytes counts
+# Issue 15 item 15: a leased message whose segment was dropped was counted as dropped and,
+# after its ack (which succeeded), as acked too; the counters did not add up.
+
+
+def _adds_up(stats: ledgerq.Stats) -> None:
+    settled = stats.acked + stats.dead_lettered + stats.expired + stats.dropped
+    assert stats.enqueued == settled + stats.pending + stats.in_flight, stats
+
+
+def test_a_leased_message_whose_segment_is_dropped_is_dropped_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with ledgerq.open(
+        tmp_path / "q", sync="never", segment_size=1000, retention_max_bytes=3000
+    ) as q:
+        q.enqueue_batch([b"x" * 100] * 5)
+        leased = q.dequeue_batch(2)
+        with caplog.at_level(logging.WARNING, logger="ledgerq"):
+            q.enqueue_batch([b"y" * 100] * 60)
+        stats = q.stats()
+        assert stats.in_flight == 0, "the leases went with their segment"
+        assert stats.dropped >= 5
+        _adds_up(stats)
+        for message in leased:
+            with pytest.raises(ledgerq.UnknownMessageError, match="retention_max_bytes"):
+                q.ack(message.id)
+            with pytest.raises(ledgerq.UnknownMessageError, match="dropped"):
+                q.nack(message.id)
+        assert q.stats() == stats, "a refused ack changes no counter"
+        assert "2 of them leased" in caplog.text
+        assert "unconsumed" not in caplog.text
+        consume_all(q)
+        _adds_up(q.stats())
+    with ledgerq.open(tmp_path / "q") as q:
+        assert q.stats().dropped == stats.dropped
+        _adds_up(q.stats())
+
+
+def test_a_nacked_message_waiting_in_a_dropped_segment_is_not_delivered(tmp_path: Path) -> None:
+    with ledgerq.open(
+        tmp_path / "q", sync="never", segment_size=1000, retention_max_bytes=3000, max_retries=0
+    ) as q:
+        first = q.enqueue(b"first")
+        message = q.dequeue()
+        assert message is not None and message.id == first
+        q.nack(message.id)  # held, given back: delivered again next
+        q.enqueue_batch([b"y" * 100] * 60)
+        assert all(m.id != first for m in q.dequeue_batch(100))
+        _adds_up(q.stats())
+
+
+_CHILD_DROPS = """
+import os, sys
+import ledgerq
+q = ledgerq.open(sys.argv[1], sync="always", segment_size=1000, retention_max_bytes=3000)
+q.enqueue_batch([b"x" * 100] * 5)
+for m in q.dequeue_batch(3):
+    q.ack(m.id)
+q.dequeue_batch(1)
+q.enqueue_batch([b"y" * 100] * 60)
+print(q.stats().dropped, flush=True)
+os._exit(0)  # a crash: no close, no meta.json save
+"""
+
+
+def test_the_counts_add_up_after_a_crash_that_followed_a_drop(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD_DROPS, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    dropped_before_crash = int(proc.stdout)
+    with ledgerq.open(path) as q:
+        stats = q.stats()
+        assert stats.dropped == dropped_before_crash
+        _adds_up(stats)
+
+
+class CountersMachine(RuleBasedStateMachine):
+    """Random workloads under retention_max_bytes: the default reader's counters add up."""
+
+    priorities = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.mkdtemp(prefix="ledgerq-counters-")
+        self.path = f"{self.tmp}/q"
+        self.clock = _StepClock()
+        self.leased: list[int] = []
+        self.q = self._open()
+        self.q.reader("audit")  # a reader that never reads: retention ignores it by bytes
+
+    def _open(self) -> ledgerq.Queue:
+        return ledgerq.open(
+            self.path,
+            sync="never",
+            segment_size=600,
+            retention_max_bytes=1800,
+            max_retries=2,
+            priorities=self.priorities,
+            clock=self.clock,
+        )
+
+    @rule(
+        n=st.integers(min_value=1, max_value=8),
+        ttl=st.sampled_from([None, None, 5]),
+        priority=st.sampled_from(list(ledgerq.Priority)),
+    )
+    def enqueue(self, n: int, ttl: float | None, priority: ledgerq.Priority) -> None:
+        self.q.enqueue_batch([ledgerq.Item(b"p" * 60, ttl=ttl, priority=priority)] * n)
+
+    @rule(n=st.integers(min_value=1, max_value=4))
+    def lease(self, n: int) -> None:
+        self.leased.extend(m.id for m in self.q.dequeue_batch(n))
+
+    @rule(data=st.data(), nack=st.booleans())
+    def settle(self, data: st.DataObject, nack: bool) -> None:
+        if not self.leased:
+            return
+        message_id = self.leased.pop(data.draw(st.integers(0, len(self.leased) - 1)))
+        refused = None
+        try:
+            if nack:
+                self.q.nack(message_id, "failed")
+            else:
+                self.q.ack(message_id)
+        except ledgerq.UnknownMessageError as exc:
+            refused = str(exc)
+        # Only a lease that retention revoked may be refused.
+        assert refused is None or "retention_max_bytes" in refused, refused
+
+    @rule()
+    def time_passes(self) -> None:
+        self.clock.mono_ns += 3 * 10**9
+
+    @rule()
+    def requeue_dead_letters(self) -> None:
+        self.q.requeue_dlq()
+
+    @rule()
+    def reopen(self) -> None:
+        self.q.close()
+        self.leased.clear()  # leases are lost: delivered again
+        self.q = self._open()
+
+    @invariant()
+    def counters_add_up(self) -> None:
+        _adds_up(self.q.stats())
+        self.q._check()
+
+    def teardown(self) -> None:
+        self.q.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class _StepClock:
+    """A clock whose time passes only when the machine says (TTL expiries)."""
+
+    def __init__(self) -> None:
+        self.mono_ns = 0
+
+    def time_ns(self) -> int:
+        return 1_750_000_000 * 10**9 + self.mono_ns
+
+    def monotonic_ns(self) -> int:
+        return self.mono_ns
+
+
+class PriorityCountersMachine(CountersMachine):
+    priorities = True
+
+
+_COUNTER_SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None)
+CountersMachine.TestCase.settings = _COUNTER_SETTINGS
+PriorityCountersMachine.TestCase.settings = _COUNTER_SETTINGS
+TestCountersAddUp = CountersMachine.TestCase
+TestCountersAddUpWithPriorities = PriorityCountersMachine.TestCase

@@ -1,0 +1,236 @@
+"""Closing a queue: by ``close()``, by the collector when it was never closed, never twice.
+
+A queue dropped without ``close()`` kept its directory locked for the life of the
+process (its sync thread kept it alive): in a notebook, running
+``q = ledgerq.open(path)`` again failed.  STYLE.md forbids closing files in
+``__del__``, so an open queue registers a :func:`weakref.finalize` instead, which holds
+its :class:`Holdings` - everything the close needs, and nothing that refers back to the
+queue object:
+
+* the background flusher reaches the queue through a weak reference;
+* features get a weak proxy of the queue at ``attach`` (the DLQ feature keeps one);
+* the counters the close saves live in a :class:`Tally`, not on the queue;
+* the segment manager reports corruption to the tally, not to a bound method.
+
+So an unclosed queue that nothing uses any more is collected, and its finalizer does
+what ``close()`` does - sync, checkpoint every reader, flush and close the features (its
+DLQ too), save ``meta.json`` as a clean close, release the lock - and then warns with a
+``ResourceWarning``, as an unclosed file does.  At interpreter exit a queue still open
+is closed through its own ``close()`` (waiters woken, the lock taken), also with the
+warning.  In a process forked from the one that opened it, neither does anything: the
+files and the lock are the parent's (see :mod:`ledgerq.core.processes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ledgerq._options import Options
+from ledgerq.core.feature import Feature
+from ledgerq.segment.lock import DirLock
+from ledgerq.segment.manager import SegmentManager
+from ledgerq.segment.meta import Meta, MetaStore
+from ledgerq.segment.scanner import CorruptRegion
+from ledgerq.segment.segment import Segment
+
+if TYPE_CHECKING:
+    from ledgerq.core.queue import QueueCore
+    from ledgerq.core.reader import ReaderCore
+
+__all__ = ["Holdings", "Tally", "attempt", "finalize_unclosed", "save_meta"]
+
+logger = logging.getLogger("ledgerq")
+
+
+def attempt(errors: list[Exception], step: Callable[[], object]) -> None:
+    """Run one step of a close; note its error in ``errors`` and go on."""
+    try:
+        step()
+    except Exception as exc:
+        errors.append(exc)
+
+
+class Tally:
+    """Queue-wide counters off the hot paths, saved in ``meta.json``."""
+
+    __slots__ = ("corrupt_skipped", "dropped", "duplicates")
+
+    def __init__(self, counters: dict[str, int]) -> None:
+        self.duplicates = counters.get("duplicates", 0)
+        self.dropped = counters.get("dropped", 0)
+        self.corrupt_skipped = counters.get("corrupt_skipped", 0)
+
+    def on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
+        """The segment manager met a corrupt region (counted once per region)."""
+        self.corrupt_skipped += 1
+
+
+def save_meta(
+    meta_store: MetaStore,
+    meta: Meta,
+    manager: SegmentManager,
+    options: Options | None,
+    tally: Tally,
+    *,
+    clean: bool,
+    next_id: int,
+    reserved_until: int,
+    enqueued: int,
+) -> None:
+    """Durably record the id reservation, the counters and the options in ``meta.json``.
+
+    ``options`` None keeps the options meta.json holds (a handle that does not remember
+    the options it was opened with).
+    """
+    meta.clean = clean
+    meta.next_id = next_id
+    meta.reserved_until = next_id if clean else reserved_until
+    meta.counters = {
+        "enqueued": enqueued,
+        "enqueued_through": next_id,
+        "duplicates": tally.duplicates,
+        "dropped": tally.dropped,
+        "corrupt_skipped": tally.corrupt_skipped,
+    }
+    meta.corrupt_regions = [list(key) for key in manager.reported_regions][-10_000:]
+    if options is not None:
+        meta.options = dataclasses.asdict(options)
+    meta_store.save(meta)
+
+
+class Holdings:
+    """What an open queue must release, reachable without the queue object.
+
+    ``cores`` is the queue's own dict of reader cores (readers opened later are in
+    it too); ``queue`` a weak reference to the queue, alive only when the finalizer
+    runs at interpreter exit.
+    """
+
+    __slots__ = (
+        "cores",
+        "dirlock",
+        "features",
+        "flusher",
+        "forked",
+        "lock",
+        "manager",
+        "meta",
+        "meta_store",
+        "options",
+        "path",
+        "queue",
+        "stop_flusher",
+        "tally",
+    )
+
+    def __init__(
+        self,
+        queue: QueueCore,
+        *,
+        lock: threading.Lock,
+        manager: SegmentManager,
+        cores: dict[str, ReaderCore],
+        features: list[Feature],
+        meta_store: MetaStore,
+        meta: Meta,
+        tally: Tally,
+        dirlock: DirLock,
+        stop_flusher: threading.Event,
+        flusher: threading.Thread | None,
+    ) -> None:
+        self.path = queue.path
+        # None: the handle does not store its options (``remember_options=False``).
+        self.options: Options | None = queue.options if queue._remember_options else None
+        self.queue = weakref.ref(queue)
+        self.lock = lock
+        self.manager = manager
+        self.cores = cores
+        self.features = features
+        self.meta_store = meta_store
+        self.meta = meta
+        self.tally = tally
+        self.dirlock = dirlock
+        self.stop_flusher = stop_flusher
+        self.flusher = flusher
+        self.forked = False  # set in a forked child: nothing here is this process's
+
+    def release(self, *, next_id: int, reserved_until: int, enqueued: int) -> list[Exception]:
+        """Stop the flusher, sync, persist every reader and feature, save, unlock.
+
+        Every step runs even if an earlier one fails - each file is closed, the DLQ
+        too, and the lock is released; returns the errors in order.
+        """
+        self.stop_flusher.set()
+        flusher = self.flusher
+        # The finalizer may run in the flusher itself (it dropped the last reference).
+        if flusher is not None and flusher is not threading.current_thread():
+            flusher.join()
+        errors: list[Exception] = []
+        try:
+            with self.lock:
+                attempt(errors, self.manager.sync)
+                for core in self.cores.values():
+                    attempt(errors, core.close)
+                    attempt(errors, core.journal.close)  # if its checkpoint failed
+                for feature in self.features:
+                    attempt(errors, feature.flush)
+                    attempt(errors, feature.close)
+                # "Clean" lets the next open trust next_id alone; after a failure it
+                # skips the reserved ids as after a crash (ids are never reused).
+                attempt(
+                    errors,
+                    lambda: save_meta(
+                        self.meta_store,
+                        self.meta,
+                        self.manager,
+                        self.options,
+                        self.tally,
+                        clean=not errors,
+                        next_id=next_id,
+                        reserved_until=reserved_until,
+                        enqueued=enqueued,
+                    ),
+                )
+                attempt(errors, self.manager.close)
+        finally:
+            self.dirlock.release()
+        return errors
+
+
+def finalize_unclosed(holdings: Holdings) -> None:
+    """Close a queue that was never closed (``weakref.finalize``), then warn.
+
+    Called when the queue is collected (it is gone: the holdings are all there is) or
+    at interpreter exit (it may still be alive: then its own ``close()`` runs).
+    """
+    if holdings.forked:
+        return
+    queue = holdings.queue()
+    errors: list[Exception] = []
+    if queue is not None:
+        attempt(errors, queue.close)
+    else:
+        manager = holdings.manager
+        meta = holdings.meta
+        counters = meta.counters
+        next_id = manager.next_id
+        # Every id handed out since the last save was one enqueued message.
+        enqueued = counters.get("enqueued", 0) + next_id - counters.get("enqueued_through", next_id)
+        errors = holdings.release(
+            next_id=next_id, reserved_until=meta.reserved_until, enqueued=enqueued
+        )
+    for exc in errors:  # nobody to raise them to
+        logger.error("ledgerq: closing the unclosed queue %s: %s", holdings.path, exc)
+    # After the close: where warnings are errors, the files are closed all the same.
+    warnings.warn(
+        f"unclosed ledgerq queue {holdings.path!r}: closed when collected; call close() "
+        "or open it in a `with` block",
+        ResourceWarning,
+        stacklevel=2,
+    )
