@@ -38,6 +38,7 @@ __all__ = [
     "list_reader_names",
     "list_segment_ids",
     "log_path",
+    "parse_log_name",
     "reader_state_path",
 ]
 
@@ -69,6 +70,12 @@ def log_path(segments_dir: str, first_id: int) -> str:
 def idx_path(segments_dir: str, first_id: int) -> str:
     """Path of the sparse index of the segment whose first id is ``first_id``."""
     return os.path.join(segments_dir, f"{first_id:020d}{INDEX_SUFFIX}")
+
+
+def parse_log_name(name: str) -> int | None:
+    """The id a segment log's file name says (``None`` for any other name)."""
+    match = _LOG_NAME.match(name)
+    return int(match.group(1)) if match else None
 
 
 def list_segment_ids(segments_dir: str) -> list[int]:
