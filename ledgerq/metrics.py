@@ -59,6 +59,7 @@ _COUNTERS = (
     ("ledgerq_duplicates", "duplicates", "Enqueues dropped as duplicates by dedup_id."),
     ("ledgerq_dropped", "dropped", "Unconsumed messages dropped by retention_max_bytes."),
     ("ledgerq_corrupt_skipped", "corrupt_skipped", "Corrupt entries skipped while reading."),
+    ("ledgerq_lost", "lost", "Unconsumed messages whose segment file was found missing."),
 )
 _READER_GAUGES = (
     ("ledgerq_reader_pending", "pending", "Messages waiting for delivery to the reader."),

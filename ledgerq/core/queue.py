@@ -52,6 +52,7 @@ from ledgerq.format.entry import (
     encode_plain_entry,
 )
 from ledgerq.segment.files import make_durable_dir, storage_errors
+from ledgerq.segment.layout import subtract_ranges
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import Meta, MetaStore
@@ -62,6 +63,7 @@ from ledgerq.segment.naming import (
     STATE_SUFFIX,
     reader_state_path,
 )
+from ledgerq.segment.readonly_state import replay_reader
 from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.sync import GroupCommit
@@ -149,6 +151,7 @@ class QueueCore:
             segment_size=opts.segment_size,
             index_interval=opts.index_interval,
             on_corrupt=self._on_corrupt,
+            on_gap=self._record_gap,
             sync_on_rotate=opts.sync == "always",
         )
         # A corrupt region is counted once, however many times it is met (and reopened).
@@ -158,6 +161,11 @@ class QueueCore:
         floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
         with storage_errors("open the segments in", self._manager.directory):
             self._manager.open(min_next_id=floor)
+        if meta.gaps_from is None:
+            # First open by a ledgerq that records its gaps: the gaps below this id (of
+            # an older ledgerq) cannot be told from lost ids, so they raise no alarm.
+            meta.gaps_from = self._manager.log_next_id
+        self._lost = counters.get("lost", 0)
         self._next_id = self._manager.next_id
         # Entries appended after the last counter save were enqueued too (counted up to
         # the last entry in the log, not the reserved ids a crash made us skip).
@@ -183,6 +191,8 @@ class QueueCore:
             stem = name.removesuffix(STATE_SUFFIX)
             if stem != name and stem != DEFAULT_READER and _READER_NAME.match(stem):
                 self._open_reader(stem, start_latest=False)
+        if self._judge_gaps():
+            self._save_meta(clean=False)  # the newly counted lost ids, counted once
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         if opts.sync == "interval":
@@ -227,6 +237,61 @@ class QueueCore:
         self._readers[name] = reader
         return reader
 
+    def _record_gap(self, first: int, last: int) -> None:
+        """Record, durably, that ids ``first..last`` will never be written (a rotation
+        skips them); called before the segment that leaves them out exists."""
+        meta = self._meta
+        if meta.gaps_from is None:
+            meta.gaps_from = first
+        meta.gaps.append([first, last])
+        self._meta_store.save(meta)
+
+    def _judge_gaps(self) -> bool:
+        """Log the ids missing between segments that no record explains; count new ones.
+
+        A gap is fine when the queue recorded it (``Meta.gaps``), when it lies below
+        ``gaps_from`` (an older ledgerq's), or a repair accepted it as lost; ids that a
+        set-aside file holds are reported as such.  The others were in a segment file
+        that is gone: logged at every open until ``verify --repair`` accepts them, and
+        counted once in ``stats().lost`` (those the default reader had not consumed).
+        Returns whether a new range was counted.
+        """
+        meta = self._meta
+        layout = self._manager.layout
+        explained = [*meta.gaps, *meta.known_lost, *((a, b) for a, b, _ in layout.held_aside)]
+        floor = meta.gaps_from if meta.gaps_from is not None else 1
+        counted = False
+        for first, last, before, after in layout.gaps:
+            for lo, hi in subtract_ranges(max(first, floor), last, explained):
+                news = ""
+                if [lo, hi] not in meta.lost:  # counted once, however often reopened
+                    lost = replay_reader(self.path, DEFAULT_READER).unfinished_in(lo, hi)
+                    self._lost += lost
+                    meta.lost.append([lo, hi])
+                    counted = True
+                    news = f": {lost} not consumed by the default reader are lost"
+                logger.warning(
+                    "ledgerq: ids %d-%d are missing between the segment files %s and %s of %s "
+                    "(a segment file deleted or moved?)%s; `ledgerq verify --repair` records "
+                    "them as known lost",
+                    lo,
+                    hi,
+                    before.file_name,
+                    after.file_name,
+                    self.path,
+                    news,
+                )
+        for lo, hi, holder in layout.held_aside:
+            logger.warning(
+                "ledgerq: ids %d-%d of %s are only in the set-aside segment file %s, not "
+                "read; `ledgerq verify --repair` brings them back",
+                lo,
+                hi,
+                self.path,
+                holder.file_name,
+            )
+        return counted
+
     def _on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
         self._corrupt_skipped += 1
 
@@ -245,8 +310,13 @@ class QueueCore:
             "duplicates": self._duplicates,
             "dropped": self._dropped,
             "corrupt_skipped": self._corrupt_skipped,
+            "lost": self._lost,
         }
         meta.corrupt_regions = [list(key) for key in self._manager.reported_regions][-10_000:]
+        # Ranges below the oldest segment are no longer between segments: forget them.
+        oldest = self._manager.segments[0].first_id
+        for ranges in (meta.gaps, meta.lost, meta.known_lost):
+            ranges[:] = [r for r in ranges if r[1] >= oldest]
         meta.options = dataclasses.asdict(self.options)
         self._meta_store.save(meta)
 
@@ -782,6 +852,7 @@ class QueueCore:
                 oldest_pending_age=default.oldest_pending_age,
                 next_id=self._next_id,
                 readers=readers,
+                lost=self._lost,
             )
 
     @property

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ledgerq.format.entry import ENTRY_HEADER
 from ledgerq.segment.index_file import read_index_ends
@@ -48,6 +49,7 @@ __all__ = [
     "SegmentFile",
     "arrange",
     "content_first_id",
+    "newest_first",
     "subtract_ranges",
 ]
 
@@ -133,6 +135,24 @@ class Layout:
         return [f for f in self.used if f.is_misnamed]
 
 
+class _Identified(Protocol):
+    @property
+    def first_id(self) -> int: ...
+    @property
+    def name_id(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def is_misnamed(self) -> bool: ...
+
+
+def newest_first(f: _Identified) -> tuple[int, int, bool, int]:
+    """Sort key whose maximum is the newest segment by content (the one appended to):
+    the highest first id; among files starting there the larger, then the correctly
+    named one (the choice :func:`arrange` makes among them)."""
+    return (f.first_id, f.size, not f.is_misnamed, -f.name_id)
+
+
 def _preference(f: SegmentFile) -> tuple[int, int, int, bool, int]:
     # Among files starting at one id: the one holding the most (last id, then size),
     # then the correctly named one, then the lowest name - the same choice everywhere.
@@ -167,7 +187,7 @@ def subtract_ranges(
     first: int, last: int, ranges: Iterable[Sequence[int]]
 ) -> list[tuple[int, int]]:
     """The parts of ids ``first..last`` (inclusive) outside every ``[a, b]`` of ``ranges``."""
-    parts = [(first, last)]
+    parts = [(first, last)] if first <= last else []
     for a, b in sorted((int(r[0]), int(r[1])) for r in ranges):
         kept = []
         for lo, hi in parts:

@@ -36,6 +36,7 @@ from ledgerq.segment.layout import (
     SegmentFile,
     arrange,
     content_first_id,
+    newest_first,
 )
 from ledgerq.segment.naming import (
     INDEX_SUFFIX,
@@ -75,12 +76,6 @@ def _holds_older_entry(fd: int, start: int, end: int, below: int) -> bool:
             return True
         pos = scanner.pos  # a copy of an entry of this segment (cut with the tail): go on
     return False
-
-
-def _newest_first(seg: Segment) -> tuple[int, int, bool, int]:
-    # The newest segment by content; among files starting at one id the larger, then the
-    # correctly named one (the order segment.layout.arrange prefers them in).
-    return (seg.first_id, seg.size, not seg.is_misnamed, -seg.name_id)
 
 
 class _BatchStart:
@@ -177,7 +172,7 @@ class SegmentManager:
         ]
         # The active segment is the newest by content - not by name: a copy of an old
         # segment under a later name must not be scanned as a tail (and cut).
-        active = max(segments, key=_newest_first, default=None)
+        active = max(segments, key=newest_first, default=None)
         for seg in segments:
             if seg is not active and not seg.sealed:
                 self._recover_tail(seg, is_newest=False)

@@ -38,6 +38,15 @@ class Meta:
     counters: dict[str, int] = field(default_factory=dict)
     corrupt_regions: list[list[int]] = field(default_factory=list)
     options: dict[str, object] = field(default_factory=dict)
+    # Ids between segments (see segment.layout): ``gaps`` the queue left out on purpose
+    # (recorded before the segment that makes the gap exists), from ``gaps_from`` on
+    # (None: a queue of an older ledgerq, whose gaps below the id it first opened at
+    # were never recorded); ``lost`` the ranges found missing and counted (once) in
+    # counters["lost"]; ``known_lost`` those a repair accepted as lost (no more alarms).
+    gaps: list[list[int]] = field(default_factory=list)
+    gaps_from: int | None = 1
+    lost: list[list[int]] = field(default_factory=list)
+    known_lost: list[list[int]] = field(default_factory=list)
 
 
 def stored_options(directory: str) -> dict[str, object]:
@@ -49,6 +58,17 @@ def stored_options(directory: str) -> dict[str, object]:
         return store.load().options
     except (NotAQueueError, IncompatibleFormatError):
         return {}  # open() itself reports these
+
+
+def _pairs(value: object) -> list[list[int]]:
+    """The ``[int, int]`` pairs of a JSON array (anything else in it is dropped)."""
+    if not isinstance(value, list):
+        return []
+    return [
+        [int(r[0]), int(r[1])]
+        for r in value
+        if isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
+    ]
 
 
 class MetaStore:
@@ -92,13 +112,12 @@ class MetaStore:
         stored = raw.get("options", {})
         if isinstance(stored, dict):
             meta.options = {str(k): v for k, v in stored.items()}
-        regions = raw.get("corrupt_regions", [])
-        if isinstance(regions, list):
-            meta.corrupt_regions = [
-                [int(r[0]), int(r[1])]
-                for r in regions
-                if isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r)
-            ]
+        meta.corrupt_regions = _pairs(raw.get("corrupt_regions"))
+        gaps_from = raw.get("gaps_from")
+        meta.gaps_from = gaps_from if type(gaps_from) is int else None
+        meta.gaps = _pairs(raw.get("gaps"))
+        meta.lost = _pairs(raw.get("lost"))
+        meta.known_lost = _pairs(raw.get("known_lost"))
         return meta
 
     def save(self, meta: Meta) -> None:

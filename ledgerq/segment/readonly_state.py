@@ -270,6 +270,14 @@ class ReaderState:
                 )
                 counters[counter] = counters.get(counter, 0) + len(body)
 
+    def unfinished_in(self, first: int, last: int) -> int:
+        """How many of ids ``first..last`` the reader has not finished (at or above its
+        head and not done): what it loses when those messages are gone."""
+        lo = max(first, self.head)
+        if lo > last:
+            return 0
+        return last - lo + 1 - sum(1 for i in self.done if lo <= i <= last)
+
     def durable_head(self) -> int:
         """The lowest id the reader may still need: ``head`` moved past done ids."""
         head, done = self.head, self.done
