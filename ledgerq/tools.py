@@ -32,14 +32,23 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ledgerq._api import open as open_path
-from ledgerq._errors import CorruptionError, LedgerQError, QueueLockedError
+from ledgerq._errors import LedgerQError, QueueLockedError
 from ledgerq._options import Options
 from ledgerq._queue import Queue
 from ledgerq._types import Message
+from ledgerq.core.journal import ReaderJournal  # repair only: it writes
+from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.reader import Reader
+from ledgerq.format.reader_state import Checkpoint
 from ledgerq.segment.index_file import write_index  # repair only: it writes
 from ledgerq.segment.lock import DirLock  # repair only: it writes
-from ledgerq.segment.meta import MetaStore  # repair only: it writes
+from ledgerq.segment.meta import (  # repair only: it writes
+    DamagedMetaError,
+    MetaStore,
+    OptionsStore,
+    holds_queue_data,
+)
+from ledgerq.segment.meta_rebuild import rebuild_meta  # repair only: it writes
 from ledgerq.segment.readonly import (
     DAMAGED_DIR,
     DLQ_DIR,
@@ -59,6 +68,7 @@ from ledgerq.segment.readonly import (
     arrange,
     content_first_id,
     find_queues,
+    has_valid_header,
     idx_path,
     journal_records,
     list_reader_names,
@@ -315,20 +325,28 @@ def _check_meta(queue_dir: str, tally: _Tally) -> _MetaFacts | None:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        tally.add(
-            path, None, META, "missing: the queue was never opened to its end (open writes it)"
-        )
+        if holds_queue_data(queue_dir):
+            tally.add(path, None, META, f"missing, though the queue holds data; {_REBUILDS}")
+        else:
+            tally.add(
+                path, None, META, "missing: the queue was never opened to its end (open writes it)"
+            )
         return None
     try:
         value = json.loads(raw)
     except ValueError as exc:
-        tally.add(path, None, META, f"not valid JSON ({exc})")
+        tally.add(path, None, META, f"not valid JSON ({exc or 'empty'}); {_REBUILDS}")
+        return None
+    except RecursionError:
+        tally.add(path, None, META, f"not valid JSON (nested too deep); {_REBUILDS}")
         return None
     if not isinstance(value, dict):
-        tally.add(path, None, META, "not a JSON object")
+        tally.add(path, None, META, f"not a JSON object; {_REBUILDS}")
         return None
     if value.get("format") != "ledgerq":
-        tally.add(path, None, META, f"format is {value.get('format')!r}, not 'ledgerq'")
+        tally.add(
+            path, None, META, f"format is {value.get('format')!r}, not 'ledgerq'; {_REBUILDS}"
+        )
         return None
     version = value.get("version")
     if type(version) is not int or version < 1:
@@ -369,6 +387,12 @@ def _check_meta(queue_dir: str, tally: _Tally) -> _MetaFacts | None:
         gaps_from if type(gaps_from) is int else None,
         _int_pairs(value.get("known_lost")),
     )
+
+
+_REBUILDS = (
+    "--repair rebuilds it from the segments, the reader journals and options.json (and says "
+    "what it cannot know)"
+)
 
 
 def _int_pairs(value: object) -> list[list[int]]:
@@ -678,11 +702,17 @@ def _check_journal(path: str, data: bytes, tally: _Tally) -> None:
         )
         return True
 
-    try:
-        records = journal_records(data, path, on_damage=damaged)
-    except CorruptionError as exc:
-        tally.add(path, 0, READER_STATE, f"bad file header ({exc}); the queue refuses to open")
+    if not has_valid_header(data):
+        restart = (
+            "; --repair restarts this reader at the oldest retained message (what it had "
+            "finished is delivered again)"
+            if has_valid_header(data) is False
+            else ""
+        )
+        what = "empty" if not data else "no valid file header"
+        tally.add(path, 0, READER_STATE, f"{what}: the queue refuses to open{restart}")
         return
+    records = journal_records(data, path, on_damage=damaged)
     for kind, _, _, offset in records:
         if not seen and kind is not StateRecordType.CHECKPOINT:
             tally.add(path, offset, READER_STATE, "the journal does not start with a CHECKPOINT")
@@ -730,6 +760,9 @@ def repair(
     root = os.fspath(path)
     before = verify(root, on_progress=on_progress)
     actions: list[str] = []
+    for queue_dir in _queue_dirs(root):
+        if queue_dir_problem(queue_dir) is None:
+            actions.extend(_repair_metadata(queue_dir))
     collect = _Collect()
     logger.addHandler(collect)
     try:
@@ -763,6 +796,49 @@ def repair(
                 lock.release()
     after = verify(root)
     return RepairReport(before, after, tuple(actions))
+
+
+def _repair_metadata(queue_dir: str) -> list[str]:
+    """Rebuild what the queue refuses to open without (under its lock): a missing or
+    damaged ``meta.json`` of a queue that holds data, and reader journals without a
+    valid header (restarted at the oldest retained message)."""
+    lock = DirLock(queue_dir)
+    actions = []
+    try:
+        store = MetaStore(queue_dir)
+        try:
+            problem = None if store.exists() else "was missing"
+            if problem is None:
+                store.load()
+        except DamagedMetaError as exc:
+            problem = f"was damaged ({exc.reason})"
+        if problem is not None and holds_queue_data(queue_dir):
+            copy = OptionsStore(queue_dir).load()
+            meta, notes = rebuild_meta(queue_dir, copy, margin=ID_BLOCK)
+            store.save(meta)
+            actions.append(f"rebuilt {store.path}, which {problem}: " + "; ".join(notes))
+        for name in list_reader_names(queue_dir):
+            path = reader_state_path(queue_dir, name)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(64)
+            except FileNotFoundError:
+                continue
+            if has_valid_header(data) is False:
+                journal = ReaderJournal(path)
+                try:
+                    journal.rewrite(Checkpoint(1, [], [], {}))  # atomic, durable
+                finally:
+                    journal.close()
+                actions.append(
+                    f"restarted reader {name!r} at the oldest retained message: its state file "
+                    f"{path} was {'empty' if not data else 'without a valid header'}, so which "
+                    "messages it had finished is unknown - they are delivered to it again "
+                    "(at-least-once), and its counters (acked, nacked, ...) restart at 0"
+                )
+    finally:
+        lock.release()
+    return actions
 
 
 # Names a repair gives a misnamed file on its way to its right name (when that name is

@@ -55,9 +55,18 @@ from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.layout import subtract_ranges
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
-from ledgerq.segment.meta import Meta, MetaStore
+from ledgerq.segment.meta import (
+    DamagedMetaError,
+    Meta,
+    MetaStore,
+    OptionsCopy,
+    OptionsStore,
+    holds_queue_data,
+)
+from ledgerq.segment.meta_rebuild import rebuild_meta
 from ledgerq.segment.naming import (
     META_NAME,
+    OPTIONS_NAME,
     QUEUE_NAMES,
     READERS_DIR,
     STATE_SUFFIX,
@@ -142,7 +151,10 @@ class QueueCore:
         self._next_listener = 0
         self._closed = False
         self._meta_store = MetaStore(self.path)
-        meta = self._meta_store.load() if self._meta_store.exists() else Meta()
+        self._options_store = OptionsStore(self.path)
+        copy = self._options_store.load()
+        self._copied_options = copy.options if copy is not None else None
+        meta = self._load_meta(copy)
         self._meta = meta
         counters = meta.counters
         self._corrupt_skipped = counters.get("corrupt_skipped", 0)
@@ -191,7 +203,14 @@ class QueueCore:
             stem = name.removesuffix(STATE_SUFFIX)
             if stem != name and stem != DEFAULT_READER and _READER_NAME.match(stem):
                 self._open_reader(stem, start_latest=False)
-        if self._judge_gaps():
+        counted = self._judge_gaps()
+        if "enqueued" not in counters:
+            # meta.json was rebuilt: what the default reader finished and what is retained
+            # unfinished is what was enqueued, as far as the files tell.
+            core = self._default._core
+            finished = sum(core.counters[k] for k in ("acked", "dead_lettered", "expired"))
+            self._enqueued = finished + core.pending() + core.in_flight()
+        if counted or "enqueued" not in counters:
             self._save_meta(clean=False)  # the newly counted lost ids, counted once
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -236,6 +255,45 @@ class QueueCore:
         reader = Reader(self, core)
         self._readers[name] = reader
         return reader
+
+    def _load_meta(self, copy: OptionsCopy | None) -> Meta:
+        """``meta.json``, or a new one for a new queue, or one rebuilt when it is lost.
+
+        A missing or damaged ``meta.json`` in a directory that holds messages or reader
+        state is rebuilt from the segments, the reader journals and ``options.json``
+        (with a warning saying what could not be known); without ``options.json`` the
+        stored options are lost too, and the queue refuses to open rather than start
+        over with defaults: ``ledgerq verify --repair`` rebuilds it and says so.
+        """
+        store = self._meta_store
+        try:
+            if store.exists():
+                return store.load()
+            problem = "is missing"
+        except DamagedMetaError as exc:
+            problem = f"is damaged ({exc.reason})"
+        if not holds_queue_data(self.path):
+            return Meta()  # a new queue (or a first open killed before its meta.json)
+        if copy is None:
+            raise CorruptionError(
+                f"{META_NAME} {problem}, and {OPTIONS_NAME}, the copy of the stored options, is "
+                "missing or damaged too: opening now would lose the id reservation and the "
+                "stored options. Run `ledgerq verify --repair` on the queue to rebuild "
+                f"{META_NAME} from the segments and reader journals (it says what it cannot "
+                "know), then open it with the options it should have",
+                self.path,
+            )
+        meta, notes = rebuild_meta(self.path, copy, margin=ID_BLOCK)
+        store.save(meta)
+        logger.warning(
+            "ledgerq: %s of %s %s; rebuilt it from the segments, the reader journals and %s: %s",
+            META_NAME,
+            self.path,
+            problem,
+            OPTIONS_NAME,
+            "; ".join(notes),
+        )
+        return meta
 
     def _record_gap(self, first: int, last: int) -> None:
         """Record, durably, that ids ``first..last`` will never be written (a rotation
@@ -318,6 +376,11 @@ class QueueCore:
         for ranges in (meta.gaps, meta.lost, meta.known_lost):
             ranges[:] = [r for r in ranges if r[1] >= oldest]
         meta.options = dataclasses.asdict(self.options)
+        if meta.options != self._copied_options:
+            # The second copy of the options, written only when they change: a lost or
+            # damaged meta.json must not lose them (see segment.meta).
+            self._options_store.save(OptionsCopy(created_ns=meta.created_ns, options=meta.options))
+            self._copied_options = meta.options
         self._meta_store.save(meta)
 
     # ------------------------------------------------------------------ durability

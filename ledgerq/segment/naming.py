@@ -5,6 +5,7 @@
     QUEUE/
       LOCK                      LOCK_NAME: flock'ed while the queue is open
       meta.json                 META_NAME: format version, next id, stored options
+      options.json              OPTIONS_NAME: a second copy of the stored options
       segments/                 SEGMENTS_DIR
         <first-id:020d>.log     log_path(): entries
         <first-id:020d>.idx     idx_path(): the sparse index
@@ -29,6 +30,7 @@ __all__ = [
     "LOCK_NAME",
     "LOG_SUFFIX",
     "META_NAME",
+    "OPTIONS_NAME",
     "QUEUE_NAMES",
     "READERS_DIR",
     "SEGMENTS_DIR",
@@ -47,6 +49,7 @@ READERS_DIR = "readers"
 FEATURES_DIR = "features"
 DLQ_DIR = "dlq"
 META_NAME = "meta.json"
+OPTIONS_NAME = "options.json"
 LOCK_NAME = "LOCK"
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".idx"
@@ -56,7 +59,17 @@ TMP_SUFFIX = ".tmp"
 # Everything a queue directory may hold: a directory holding anything else and no
 # meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).
 QUEUE_NAMES = frozenset(
-    (LOCK_NAME, META_NAME, META_NAME + TMP_SUFFIX, SEGMENTS_DIR, READERS_DIR, FEATURES_DIR, DLQ_DIR)
+    (
+        LOCK_NAME,
+        META_NAME,
+        META_NAME + TMP_SUFFIX,
+        OPTIONS_NAME,
+        OPTIONS_NAME + TMP_SUFFIX,
+        SEGMENTS_DIR,
+        READERS_DIR,
+        FEATURES_DIR,
+        DLQ_DIR,
+    )
 )
 
 _LOG_NAME = re.compile(r"^(\d{20})" + re.escape(LOG_SUFFIX) + r"$")

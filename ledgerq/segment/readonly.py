@@ -103,9 +103,11 @@ from ledgerq.segment.naming import (
     reader_state_path,
 )
 from ledgerq.segment.readonly_state import (
+    HEADER_ADVICE,
     JournalTail,
     ReaderState,
     StateRecord,
+    has_valid_header,
     journal_records,
     reader_heads,
     replay_reader,
@@ -132,6 +134,7 @@ __all__ = [
     "DLQ_DIR",
     "ENTRY_HEADER",
     "FORMAT_VERSION",
+    "HEADER_ADVICE",
     "IN_FLIGHT_GRACE_S",
     "LOCK_NAME",
     "MAX_ENTRY_SIZE",
@@ -172,6 +175,7 @@ __all__ = [
     "count_valid_records",
     "decode_entry",
     "find_queues",
+    "has_valid_header",
     "idx_path",
     "is_cleanly_closed",
     "is_queue_dir",

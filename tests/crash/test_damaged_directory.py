@@ -16,6 +16,7 @@ would, and then checks what a user relies on, on real files:
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -250,10 +251,88 @@ def test_a_log_renamed_without_its_index_is_read_by_its_content(
     assert len(drain(queue, ack=True)) == MESSAGES + 1
 
 
+def crash_copy(path: Path, to: Path, more: int) -> list[int]:
+    """Enqueue ``more`` messages and copy the directory while the queue is open (what a
+    kill -9 leaves: every write in the OS, no close); return the ids enqueued."""
+    with ledgerq.open(path) as q:
+        ids = [q.enqueue(payload(i % 1000)) for i in range(more)]
+        shutil.copytree(path, to)
+    return ids
+
+
+def test_gaps_the_queue_made_raise_no_alarm(
+    tmp_path: Path, queue: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a crash the next segment starts past the reserved ids: a gap the queue
+    records before it makes it, so no open and no verify takes it for a lost segment."""
+    crashed = tmp_path / "crashed"
+    crash_copy(queue, crashed, 30)
+    with caplog.at_level(logging.WARNING, logger="ledgerq"), ledgerq.open(crashed) as q:
+        after_crash = q.enqueue(b"after the crash")
+        for i in range(40):  # fill past a rotation or two
+            q.enqueue(payload(i))
+        assert q.stats().lost == 0
+    assert after_crash > MESSAGES + 30 + 1000  # past the reservation: a gap
+    assert "missing" not in warnings(caplog)
+    assert ok("verify", crashed).out.startswith("ok: ")
+    with caplog.at_level(logging.WARNING, logger="ledgerq"), ledgerq.open(crashed) as q:
+        assert len(q) == MESSAGES + 30 + 41
+    assert warnings(caplog) == ""
+
+
+def test_an_older_queues_unrecorded_gaps_raise_no_alarm(
+    tmp_path: Path, queue: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    crashed = tmp_path / "crashed"
+    crash_copy(queue, crashed, 30)
+    with ledgerq.open(crashed) as q:
+        q.enqueue(b"after the crash")
+    meta_path = crashed / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    for key in ("gaps", "gaps_from", "lost", "known_lost"):  # as an older ledgerq wrote it
+        del meta[key]
+    meta_path.write_text(json.dumps(meta))
+    assert ok("verify", crashed).out.startswith("ok: ")
+    with caplog.at_level(logging.WARNING, logger="ledgerq"), ledgerq.open(crashed) as q:
+        q.enqueue(b"later")
+        assert q.stats().lost == 0
+    assert warnings(caplog) == ""
+    assert json.loads(meta_path.read_text())["gaps_from"] > MESSAGES + 30
+    assert ok("verify", crashed).out.startswith("ok: ")
+
+
+@pytest.mark.parametrize("what", ["copy", "misnamed"])
+def test_a_misplaced_file_under_a_name_the_queue_needs_is_moved_out_of_the_way(
+    queue: Path, caplog: pytest.LogCaptureFixture, what: str
+) -> None:
+    """The newest segment (169-170) fills up at 180 and the next one is named 181: a
+    misplaced file there is moved (a copy into damaged/, a misnamed file to its
+    content's name) instead of failing the rotation."""
+    taken = seg(queue, 181)
+    if what == "copy":
+        shutil.copy(seg(queue, 1), taken)
+    else:
+        seg(queue, 61).rename(taken)
+        seg(queue, 61, ".idx").rename(taken.with_suffix(".idx"))
+    with caplog.at_level(logging.WARNING, logger="ledgerq"), ledgerq.open(queue) as q:
+        ids = [q.enqueue(payload(i)) for i in range(20)]
+        assert ids == list(range(MESSAGES + 1, MESSAGES + 21))
+        assert len(q) == MESSAGES + 20
+    assert "(its name is needed)" in warnings(caplog)
+    if what == "copy":
+        assert (queue / "segments" / "damaged" / taken.name).exists()
+    else:
+        assert seg(queue, 61).exists()
+    assert entry_spans(taken.read_bytes())[0][2] == 181  # the queue's own segment now
+    assert ok("verify", queue).out.startswith("ok: ")
+    assert [i for i, _ in drain(queue, ack=True)] == list(range(1, MESSAGES + 21))
+
+
 # ---------------------------------------------------------------------- any damage
 
 
 DAMAGES = ["delete", "swap", "copy-later", "copy-earlier", "rename", "rename-log-only"]
+META_DAMAGES = ["meta-empty", "meta-deleted", "options-deleted", "reader-empty"]
 
 
 def damage(path: Path, kind: str, a: int, b: int) -> None:
@@ -285,6 +364,14 @@ def damage(path: Path, kind: str, a: int, b: int) -> None:
         target = seg(path, fy + 2)
         if not target.exists():
             y.rename(target)
+    elif kind == "meta-empty":
+        (path / "meta.json").write_bytes(b"")
+    elif kind == "meta-deleted":
+        (path / "meta.json").unlink(missing_ok=True)
+    elif kind == "options-deleted":
+        (path / "options.json").unlink(missing_ok=True)
+    elif kind == "reader-empty":
+        (path / "readers" / "default.state").write_bytes(b"")
 
 
 @settings(
@@ -294,9 +381,9 @@ def damage(path: Path, kind: str, a: int, b: int) -> None:
 )
 @given(
     damages=st.lists(
-        st.tuples(st.sampled_from(DAMAGES), st.integers(0, 12), st.integers(1, 13)),
+        st.tuples(st.sampled_from(DAMAGES + META_DAMAGES), st.integers(0, 12), st.integers(1, 13)),
         min_size=1,
-        max_size=3,
+        max_size=4,
     ),
     consume=st.integers(0, 60),
 )
@@ -321,9 +408,18 @@ def test_no_valid_entry_is_ever_cut_or_deleted_by_open_or_repair(
         a, b = min(a, len(logs) - 2), min(max(b, a + 1), len(logs) - 1)
         if a < b:
             damage(path, kind, a, b)
+    kinds = {kind for kind, _, _ in damages}
     on_disk = valid_entries(path)
-    with ledgerq.open(path) as q:
-        q._check()
+    refusable = "reader-empty" in kinds or (
+        "options-deleted" in kinds and bool(kinds & {"meta-empty", "meta-deleted"})
+    )
+    if refusable:
+        # Refused, never started over: the reader state, or meta.json and its copy, lost.
+        with pytest.raises(ledgerq.CorruptionError, match="verify --repair"):
+            ledgerq.open(path).close()
+    else:
+        with ledgerq.open(path) as q:
+            q._check()
     assert valid_entries(path) >= on_disk
     result = run("verify", path, "--repair")
     assert result.code in (0, 1), result
@@ -332,7 +428,123 @@ def test_no_valid_entry_is_ever_cut_or_deleted_by_open_or_repair(
     delivered = drain(path, ack=True)
     ids = [i for i, _ in delivered]
     assert ids == sorted(set(ids))  # in order, each once
-    wanted = {i for i, _ in on_disk if i > consume}
+    restarted = "reader-empty" in kinds  # at-least-once: the consumed ones come again
+    wanted = {i for i, _ in on_disk if restarted or i > consume}
     assert set(ids) == wanted
     for i, data in delivered:
         assert data == payload(i - 1)
+
+
+# ---------------------------------------------------------------------- metadata
+
+
+OPTIONS = {"max_retries": 7, "dedup_window": 600.0, "priorities": True}
+
+
+@pytest.fixture
+def configured(tmp_path: Path) -> Path:
+    """A closed queue with stored options: 40 messages, the first two acked (but kept:
+    retention_max_age), a dedup id recorded."""
+    path = tmp_path / "c"
+    with ledgerq.open(path, segment_size=SEGMENT_SIZE, retention_max_age=3600, **OPTIONS) as q:
+        q.enqueue(payload(0), dedup_id="once")
+        for i in range(1, 40):
+            q.enqueue(payload(i))
+        for _ in range(2):
+            m = q.dequeue()
+            assert m is not None
+            q.ack(m.id)
+    return path
+
+
+def check_options(q: ledgerq.Queue, *, kept: bool) -> None:
+    got = {name: getattr(q.options, name) for name in OPTIONS}
+    assert got == (
+        OPTIONS if kept else {"max_retries": 3, "dedup_window": None, "priorities": False}
+    )
+
+
+@pytest.mark.parametrize("how", ["truncated", "deleted", "garbage"])
+def test_a_lost_meta_json_is_rebuilt_at_open_with_the_stored_options(
+    configured: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    meta = configured / "meta.json"
+    if how == "truncated":
+        meta.write_bytes(b"")
+    elif how == "deleted":
+        meta.unlink()
+    else:
+        meta.write_bytes(b'{"format": "ledgerq", "ver\x00\xff')
+    with caplog.at_level(logging.WARNING, logger="ledgerq"), ledgerq.open(configured) as q:
+        check_options(q, kept=True)
+        stats = q.stats()
+        assert (stats.pending, stats.acked, stats.enqueued) == (38, 2, 40)
+        assert q.enqueue(b"again", dedup_id="once") == 1  # the dedup table is still honoured
+        new_id = q.enqueue(b"new")
+    said = warnings(caplog)
+    assert "meta.json" in said and "rebuilt it" in said and "options.json" in said
+    assert "restart at 0" in said  # says what it could not know
+    assert new_id > 40 + 2**20 - 1  # never an id that may have been handed out
+    assert ok("verify", configured).out.startswith("ok: ")
+    got = drain(configured, ack=True)
+    assert got == [*expected(list(range(3, 41))), (new_id, b"new")]
+
+
+def test_meta_json_and_its_options_copy_both_lost_refuse_to_open_until_repaired(
+    configured: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (configured / "meta.json").write_bytes(b"")
+    (configured / "options.json").unlink()
+    with pytest.raises(ledgerq.CorruptionError, match="ledgerq verify --repair"):
+        ledgerq.open(configured)
+    assert (configured / "meta.json").read_bytes() == b""  # refused: nothing started over
+    problems = verify_problems(configured)
+    assert [p["kind"] for p in problems] == ["meta"]
+    result = ok("verify", configured, "--repair")
+    assert "the stored options were lost" in result.out  # said, not guessed
+    assert result.out.rstrip().endswith("after repair")
+    with ledgerq.open(configured) as q:
+        check_options(q, kept=False)
+        assert q.stats().pending == 38
+        assert q.enqueue(b"new") > 40 + 2**20 - 1
+    assert len(drain(configured, ack=True)) == 39
+
+
+def test_a_lost_options_copy_is_written_again(configured: Path) -> None:
+    copy = configured / "options.json"
+    copy.unlink()
+    with ledgerq.open(configured) as q:
+        check_options(q, kept=True)
+    assert json.loads(copy.read_text())["options"]["max_retries"] == 7
+    (configured / "meta.json").unlink()
+    with ledgerq.open(configured) as q:  # and it serves when meta.json goes
+        check_options(q, kept=True)
+
+
+@pytest.mark.parametrize("reader", ["default", "other"])
+@pytest.mark.parametrize("content", [b"", b"garbage!", b"\x00" * 300])
+def test_an_empty_or_headerless_reader_state_is_restarted_by_repair(
+    configured: Path, reader: str, content: bytes
+) -> None:
+    with ledgerq.open(configured) as q:
+        other = q.reader("other")
+        for m in other.dequeue_batch(5):
+            other.ack(m.id)
+        assert (len(q), len(other)) == (38, 35)
+    state = configured / "readers" / f"{reader}.state"
+    state.write_bytes(content)
+    with pytest.raises(ledgerq.CorruptionError, match="ledgerq verify --repair") as raised:
+        ledgerq.open(configured)
+    assert "delete" not in str(raised.value)
+    problems = verify_problems(configured)
+    assert [p["kind"] for p in problems] == ["reader-state"]
+    assert "restarts this reader" in str(problems[0]["message"])
+    result = ok("verify", configured, "--repair")
+    assert f"restarted reader '{reader}' at the oldest retained message" in result.out
+    with ledgerq.open(configured) as q:
+        # At-least-once: the restarted reader gets every retained message again; the
+        # other reader is untouched.
+        assert len(q.reader(reader)) == 40
+        assert len(q.reader("default" if reader == "other" else "other")) == (
+            38 if reader == "other" else 35
+        )

@@ -83,8 +83,12 @@ def _layouts(root: Path) -> dict[str, tuple[Path, bool]]:
     (root / "foreign" / "segments").mkdir(parents=True)
     (root / "foreign" / "notes.txt").write_text("mine")
     made["segments/ beside foreign files"] = (root / "foreign", False)
-    partial = _queue(root / "partial", 3)
-    os.unlink(partial / "meta.json")  # what a first open killed before its meta.json leaves
+    partial = _queue(root / "partial")
+    # What a first open killed before its meta.json leaves: no reader state yet either.
+    os.unlink(partial / "meta.json")
+    for state in (partial / "readers").iterdir():
+        state.unlink()
+    (partial / "readers").rmdir()
     made["segments/ and queue names, no meta.json"] = (partial, True)
     made["a queue"] = (_queue(root / "queue", 3), True)
     return made
