@@ -464,6 +464,8 @@ class SegmentManager:
         is renamed to its content's name, a set-aside copy moved into ``damaged/``.
         """
         seg = self._misplaced.pop(name_id)
+        if seg.deleted:
+            return  # consumed and deleted by retention since: the name is free
         seg.close_read_fd()
         with storage_errors("move a misplaced segment out of the way in", self.directory):
             if seg in self.set_aside:

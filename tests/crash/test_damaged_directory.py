@@ -301,31 +301,40 @@ def test_an_older_queues_unrecorded_gaps_raise_no_alarm(
     assert ok("verify", crashed).out.startswith("ok: ")
 
 
-@pytest.mark.parametrize("what", ["copy", "misnamed"])
+@pytest.mark.parametrize("what", ["copy", "misnamed", "misnamed-consumed"])
 def test_a_misplaced_file_under_a_name_the_queue_needs_is_moved_out_of_the_way(
     queue: Path, caplog: pytest.LogCaptureFixture, what: str
 ) -> None:
     """The newest segment (169-170) fills up at 180 and the next one is named 181: a
     misplaced file there is moved (a copy into damaged/, a misnamed file to its
-    content's name) instead of failing the rotation."""
+    content's name) instead of failing the rotation - or is gone already, consumed."""
     taken = seg(queue, 181)
+    moved_from = 1 if what == "misnamed-consumed" else 61
     if what == "copy":
         shutil.copy(seg(queue, 1), taken)
     else:
-        seg(queue, 61).rename(taken)
-        seg(queue, 61, ".idx").rename(taken.with_suffix(".idx"))
+        seg(queue, moved_from).rename(taken)
+        seg(queue, moved_from, ".idx").rename(taken.with_suffix(".idx"))
     with caplog.at_level(logging.WARNING, logger="ledgerq"), ledgerq.open(queue) as q:
+        if what == "misnamed-consumed":
+            for _ in range(12):  # ids 1-12: retention deletes the misnamed file
+                m = q.dequeue()
+                assert m is not None
+                q.ack(m.id)
+            assert not taken.exists()
         ids = [q.enqueue(payload(i)) for i in range(20)]
         assert ids == list(range(MESSAGES + 1, MESSAGES + 21))
-        assert len(q) == MESSAGES + 20
-    assert "(its name is needed)" in warnings(caplog)
+        assert len(q) == MESSAGES + 20 - (12 if what == "misnamed-consumed" else 0)
     if what == "copy":
+        assert "(its name is needed)" in warnings(caplog)
         assert (queue / "segments" / "damaged" / taken.name).exists()
-    else:
+    elif what == "misnamed":
+        assert "(its name is needed)" in warnings(caplog)
         assert seg(queue, 61).exists()
     assert entry_spans(taken.read_bytes())[0][2] == 181  # the queue's own segment now
     assert ok("verify", queue).out.startswith("ok: ")
-    assert [i for i, _ in drain(queue, ack=True)] == list(range(1, MESSAGES + 21))
+    first = 13 if what == "misnamed-consumed" else 1
+    assert [i for i, _ in drain(queue, ack=True)] == list(range(first, MESSAGES + 21))
 
 
 # ---------------------------------------------------------------------- any damage
