@@ -18,10 +18,11 @@ import logging
 import os
 import time
 
-from ledgerq._errors import CorruptionError
+from ledgerq._errors import CorruptionError, IncompatibleFormatError, NotAQueueError
 from ledgerq.format.entry import Entry
 from ledgerq.segment.index_file import read_index, read_index_tail
-from ledgerq.segment.layout import SegmentDirectory, SegmentFile
+from ledgerq.segment.layout import SegmentDirectory, SegmentFile, subtract_ranges
+from ledgerq.segment.meta import MetaStore
 from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, log_path
 from ledgerq.segment.scanner import TailScanner, checked_start
 
@@ -309,6 +310,8 @@ class LogTail:
                 "up, or read again from a later id",
                 seg.path,
             )
+        if successor > scanner.last_id + 1 and scanner.last_id:
+            self._report_gap(scanner.last_id + 1, successor - 1, seg.path, later[0].file_name)
         try:
             following = SegmentTail(self.segments_dir, successor, later[0].name_id)
         except FileNotFoundError:
@@ -325,6 +328,25 @@ class LogTail:
         seg.close()
         self._enter(following, max(self.next_id, successor))
         return True
+
+    def _report_gap(self, first: int, last: int, before: str, after: str) -> None:
+        """Warn about ids ``first..last`` missing between two segments, unless the owner
+        recorded them in ``meta.json`` as a gap it made (or a repair as known lost)."""
+        try:
+            meta = MetaStore(self.path).load()
+        except (NotAQueueError, IncompatibleFormatError):
+            return  # the owner rebuilds a damaged meta.json; nothing to judge by
+        floor = meta.gaps_from if meta.gaps_from is not None else meta.next_id
+        explained = [*meta.gaps, *meta.known_lost]
+        for lo, hi in subtract_ranges(max(first, floor), last, explained):
+            logger.warning(
+                "ledgerq: ids %d-%d are missing between the segment files %s and %s "
+                "(a segment file deleted or moved?); reading on after them",
+                lo,
+                hi,
+                before,
+                after,
+            )
 
     def _is_present(self, seg: SegmentTail) -> bool:
         return seg.is_present(hint=f" - read again from id {self.next_id} if that is intended")

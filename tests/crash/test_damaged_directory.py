@@ -100,6 +100,14 @@ def expected(ids: list[int]) -> list[tuple[int, bytes]]:
     return [(i, payload(i - 1)) for i in ids]
 
 
+def follow_ids(path: Path, caplog: pytest.LogCaptureFixture) -> list[int]:
+    with (
+        caplog.at_level(logging.WARNING, logger="ledgerq"),
+        ledgerq.follow(path, timeout=0) as messages,
+    ):
+        return [m.id for m in messages]
+
+
 def warnings(caplog: pytest.LogCaptureFixture) -> str:
     return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
 
@@ -130,6 +138,10 @@ def test_a_deleted_middle_segment_is_reported_counted_and_accepted_by_repair(
 ) -> None:
     seg(queue, 37).unlink()
     seg(queue, 37, ".idx").unlink()
+    survivors = [i for i in range(1, MESSAGES + 1) if not 37 <= i <= 48]
+    assert follow_ids(queue, caplog) == survivors  # a follower says so too
+    assert "ids 37-48 are missing" in warnings(caplog)
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ledgerq"), ledgerq.open(queue) as q:
         stats = q.stats()
     said = warnings(caplog)
@@ -137,7 +149,6 @@ def test_a_deleted_middle_segment_is_reported_counted_and_accepted_by_repair(
     assert f"{25:020d}.log" in said and f"{49:020d}.log" in said
     assert "12 not consumed by the default reader are lost" in said
     assert (stats.pending, stats.lost) == (MESSAGES - 12, 12)
-    survivors = [i for i in range(1, MESSAGES + 1) if not 37 <= i <= 48]
     assert drain(queue, ack=False) == expected(survivors)
     # Every open says it again until a repair; the count does not grow.
     caplog.clear()
@@ -151,6 +162,9 @@ def test_a_deleted_middle_segment_is_reported_counted_and_accepted_by_repair(
     assert any(r.startswith("recorded ids 37-48") and "known lost" in r for r in repairs)
     with ledgerq.open(queue) as q:
         assert q.stats().lost == 12  # still counted, once
+    caplog.clear()
+    assert follow_ids(queue, caplog) == survivors
+    assert warnings(caplog) == ""  # accepted as lost: no more alarms
     assert drain(queue, ack=True) == expected(survivors)
 
 
