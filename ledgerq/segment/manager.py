@@ -66,15 +66,13 @@ _ANY_ID = (1 << 64) - 1  # above every id: "the newest point that checks out"
 def _holds_older_entry(fd: int, start: int, end: int, below: int) -> bool:
     """Whether a valid entry with an id below ``below`` starts in bytes ``[start, end)``
     of the log ``fd``: a message of another segment, perhaps its only copy."""
-    pos = start
-    while pos < end:
-        scanner = EntryScanner(fd, pos, end, after_id=0)
-        entry = scanner.next()
-        if entry is None:
-            return False
+    # One scanner for the whole search, so that its checksum allowance (see scanner.py)
+    # bounds the work on a crafted tail, as it bounds the recovery scan itself.
+    scanner = EntryScanner(fd, start, end, after_id=0)
+    while (entry := scanner.next()) is not None:
         if entry.id < below:
             return True
-        pos = scanner.pos  # a copy of an entry of this segment (cut with the tail): go on
+        scanner.seek(scanner.pos, 0)  # an entry of this segment (cut with the tail): go on
     return False
 
 

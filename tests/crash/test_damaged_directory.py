@@ -265,6 +265,29 @@ def test_a_log_renamed_without_its_index_is_read_by_its_content(
     assert len(drain(queue, ack=True)) == MESSAGES + 1
 
 
+def test_a_tail_holding_an_entry_of_another_segment_is_kept_not_cut(
+    queue: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes after the newest segment's last entry that hold a valid entry of an earlier
+    segment (perhaps its only copy) are reported as damage and kept, never cut as a
+    torn tail because of their id."""
+    newest = seg(queue, 169)
+    stale = entry_spans(seg(queue, 1).read_bytes())[0]
+    with open(newest, "ab") as f:
+        f.write(b"\0" * 7 + seg(queue, 1).read_bytes()[stale[0] : stale[1]])
+    size = newest.stat().st_size
+    with caplog.at_level(logging.WARNING, logger="ledgerq"), ledgerq.open(queue) as q:
+        assert newest.stat().st_size == size
+        assert q.stats().corrupt_skipped == 1
+        new_id = q.enqueue(b"after")
+    assert "corrupt bytes" in warnings(caplog) and "truncating" not in warnings(caplog)
+    assert (1, seg(queue, 1).read_bytes()[stale[0] : stale[1]]) in valid_entries(queue)
+    got = drain(queue, ack=False)
+    assert got == [*expected(list(range(1, MESSAGES + 1))), (new_id, b"after")]
+    with ledgerq.open(queue) as q:
+        assert q.stats().corrupt_skipped == 1  # counted once
+
+
 def crash_copy(path: Path, to: Path, more: int) -> list[int]:
     """Enqueue ``more`` messages and copy the directory while the queue is open (what a
     kill -9 leaves: every write in the OS, no close); return the ids enqueued."""
