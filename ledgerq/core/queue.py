@@ -341,8 +341,9 @@ class QueueCore:
                 )
         for lo, hi, holder in layout.held_aside:
             logger.warning(
-                "ledgerq: ids %d-%d of %s are only in the set-aside segment file %s, not "
-                "read; `ledgerq verify --repair` brings them back",
+                "ledgerq: ids %d-%d of %s are only in the set-aside segment file %s, which "
+                "starts inside another segment's ids: not read, and no repair can split it - "
+                "move the overlapping file away by hand once its messages are consumed",
                 lo,
                 hi,
                 self.path,

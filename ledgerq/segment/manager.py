@@ -464,7 +464,7 @@ class SegmentManager:
         seg = self._misplaced.pop(name_id)
         if seg.deleted:
             return  # consumed and deleted by retention since: the name is free
-        seg.close_read_fd()
+        # (A renamed file keeps its inode: the read descriptors of readers stay valid.)
         with storage_errors("move a misplaced segment out of the way in", self.directory):
             if seg in self.set_aside:
                 self.set_aside.remove(seg)
