@@ -81,7 +81,10 @@ class Stats:
 
     ``pending``, ``in_flight``, ``acked``, ``nacked``, ``expired``,
     ``dead_lettered`` and ``oldest_pending_age`` are the default reader's;
-    ``readers`` holds every open reader's own figures.
+    ``readers`` holds every open reader's own figures.  ``lost`` counts messages the
+    default reader had not consumed whose segment file was found missing (deleted or
+    moved by hand; ``dropped`` counts those retention removed, ``corrupt_skipped``
+    damaged regions skipped).
     """
 
     pending: int
@@ -99,3 +102,4 @@ class Stats:
     oldest_pending_age: float
     next_id: int = 0
     readers: dict[str, ReaderStats] = field(default_factory=dict)
+    lost: int = 0

@@ -59,6 +59,7 @@ _SERIES = (
     ("duplicates", "counter", "Enqueues dropped as duplicates by dedup_id.", _QUEUE),
     ("dropped", "counter", "Unconsumed messages dropped by retention_max_bytes.", _QUEUE),
     ("corrupt_skipped", "counter", "Corrupt entries skipped while reading.", _QUEUE),
+    ("lost", "counter", "Unconsumed messages whose segment file was found missing.", _QUEUE),
 )
 _QUEUE_LABELS = ["queue"]
 _READER_LABELS = ["queue", "reader"]

@@ -261,6 +261,7 @@ def _sum_stats(parts: list[Stats], shards: int) -> Stats:
         oldest_pending_age=max((p.oldest_pending_age for p in parts), default=0.0),
         next_id=max(global_id(p.next_id, i, shards) for i, p in enumerate(parts)),
         readers=readers,
+        lost=sum(p.lost for p in parts),
     )
 
 

@@ -68,6 +68,7 @@ from ledgerq.segment.readonly import (
     IndexEntry,
     SegmentTail,
     WatchMode,
+    content_first_id,
     decode_entry,
     idx_path,
     list_segment_ids,
@@ -525,10 +526,20 @@ class Shipper:
             source.close()
             self._source = None
         try:
-            self._source = SegmentTail(self.src_segments, first_id)
+            self._source = source = SegmentTail(self.src_segments, first_id)
         except FileNotFoundError:
             return None
-        return self._source
+        held = content_first_id(source.fd, source.size, first_id) if source.size else first_id
+        if held != first_id:
+            # The shared naming rule (segment.layout): never copy a file under the ids its
+            # name says when its entries say otherwise - the copy would be misnamed too.
+            raise CorruptionError(
+                f"the source segment file holds ids from {held}, not from {first_id} as its "
+                "name says (renamed, swapped or copied by hand): run `ledgerq verify "
+                "--repair` on the source queue, then ship again (nothing is lost meanwhile)",
+                source.path,
+            )
+        return source
 
     def _lost(self, seg: _DestSegment, why: str) -> None:
         self.totals.notes.append(
@@ -691,6 +702,9 @@ class Shipper:
             reserved_until=next_id,
             counters={"enqueued": entries, "enqueued_through": next_id},
             options=dict(self._source_meta.options),
+            # The copy's gaps are its source's (ids skipped after a crash, segments deleted
+            # before they were shipped: see the notes); not for the copy to alarm about.
+            gaps_from=None,
         )
         atomic_write(
             os.path.join(self.dest, META_NAME),

@@ -2,7 +2,10 @@
 
 :func:`verify` reads every byte a queue keeps - the CRC of every entry in every
 segment, every sparse index against its log, every reader's state journal and
-``meta.json`` - and reports each problem with its file and byte offset.  It takes no
+``meta.json`` - and reports each problem with its file and byte offset, and checks the
+segment files against each other by their contents (``segment.layout``): a misnamed
+file, a copy or overlap, and ids missing between segments that the queue did not leave
+out on purpose.  It takes no
 lock and writes nothing, so it can run beside the process that owns the queue (then a
 torn tail at the very end of the newest segment or of a journal may be a write still in
 flight; verify a closed queue for an exact answer).  The dead-letter queue in ``dlq/``
@@ -11,9 +14,11 @@ is a queue of the same format and is checked the same way.
 :func:`repair` is the only function here that writes.  It takes the queue's lock by
 opening it with :func:`ledgerq.open` - whose recovery cuts a torn tail of the newest
 segment and of reader journals, and rebuilds the index of a sealed segment that fails
-its check - then rebuilds, under the lock, any index that is still wrong, and verifies
-again.  It never deletes a valid entry: a corrupt entry in the middle of a log stays
-(and stays reported); readers skip it.
+its check - then rebuilds, under the lock, any index that is still wrong, renames a
+misnamed segment file to its content's name, moves a copy into ``segments/damaged/``,
+records ids no file holds any more as known lost, and verifies again.  It never deletes
+a valid entry: a corrupt entry in the middle of a log stays (and stays reported);
+readers skip it.
 
 :func:`iter_messages` walks the retained log read-only (``ledgerq dump``).
 """
@@ -27,14 +32,25 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ledgerq._api import open as open_path
-from ledgerq._errors import CorruptionError, LedgerQError, QueueLockedError
+from ledgerq._errors import LedgerQError, QueueLockedError
 from ledgerq._options import Options
 from ledgerq._queue import Queue
 from ledgerq._types import Message
+from ledgerq.core.journal import ReaderJournal  # repair only: it writes
+from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.reader import Reader
+from ledgerq.format.reader_state import Checkpoint
 from ledgerq.segment.index_file import write_index  # repair only: it writes
 from ledgerq.segment.lock import DirLock  # repair only: it writes
+from ledgerq.segment.meta import (  # repair only: it writes
+    DamagedMetaError,
+    MetaStore,
+    OptionsStore,
+    holds_queue_data,
+)
+from ledgerq.segment.meta_rebuild import rebuild_meta  # repair only: it writes
 from ledgerq.segment.readonly import (
+    DAMAGED_DIR,
     DLQ_DIR,
     FORMAT_VERSION,
     META_NAME,
@@ -43,10 +59,16 @@ from ledgerq.segment.readonly import (
     DecodeError,
     EntryScanner,
     IndexEntry,
+    Layout,
+    SegmentDirectory,
+    SegmentFile,
     SegmentTail,
     StateRecordType,
     TailScanner,
+    arrange,
+    content_first_id,
     find_queues,
+    has_valid_header,
     idx_path,
     journal_records,
     list_reader_names,
@@ -54,19 +76,26 @@ from ledgerq.segment.readonly import (
     load_index,
     log_path,
     log_skipped,
+    newest_first,
     queue_dir_problem,
     reader_state_path,
+    replay_reader,
     segment_ids,
     stored_options,
+    subtract_ranges,
     view_message,
 )
+from ledgerq.segment.setaside import move_to_damaged, rename_segment  # repair only
 
 __all__ = [
     "CORRUPT_ENTRY",
     "CORRUPT_TAIL",
+    "GAP",
     "ID_ORDER",
     "INDEX",
     "META",
+    "MISNAMED",
+    "OVERLAP",
     "READER_STATE",
     "READER_STATE_TAIL",
     "TORN_TAIL",
@@ -88,7 +117,10 @@ META = "meta"  # meta.json missing, unreadable, invalid or inconsistent with the
 CORRUPT_ENTRY = "corrupt-entry"  # bytes in a log that are not a valid entry, valid ones after
 TORN_TAIL = "torn-tail"  # incomplete bytes at the end of the newest segment
 CORRUPT_TAIL = "corrupt-tail"  # invalid bytes at the end of a sealed segment
-ID_ORDER = "id-order"  # ids not consecutive inside a segment, or segments overlapping
+ID_ORDER = "id-order"  # ids not consecutive inside a segment
+MISNAMED = "misnamed"  # a segment file whose name is not its first entry's id
+OVERLAP = "overlap"  # a segment file holding ids another one holds (a copy), set aside
+GAP = "gap"  # ids missing between segments that the queue did not leave out on purpose
 INDEX = "index"  # a sparse index missing, unreadable or not matching its log
 READER_STATE = "reader-state"  # a reader journal the queue refuses to open
 READER_STATE_TAIL = "reader-state-tail"  # a torn last record, cut when the queue opens
@@ -147,17 +179,32 @@ class RepairReport:
 
 @dataclass
 class _Rebuild:
-    """An index that a repair should rebuild from its log."""
+    """An index that a repair should rebuild from its log (named ``name_id``, its first
+    entry ``first_id``)."""
 
     queue_dir: str
+    name_id: int
     first_id: int
     sealed: bool
+
+
+@dataclass
+class _MetaFacts:
+    """What verify needs of a usable meta.json."""
+
+    clean: bool
+    next_id: int
+    reserved_until: int
+    gaps: list[list[int]]
+    gaps_from: int | None
+    known_lost: list[list[int]]
 
 
 @dataclass
 class _Tally:
     problems: list[Problem] = field(default_factory=list)
     rebuilds: list[_Rebuild] = field(default_factory=list)
+    layouts: dict[str, tuple[Layout, list[tuple[int, int]]]] = field(default_factory=dict)
     segments: int = 0
     entries: int = 0
     bytes_checked: int = 0
@@ -257,11 +304,10 @@ def _check_queue(queue_dir: str, tally: _Tally) -> None:
         tally.add(os.path.join(queue_dir, META_NAME), None, META, problem)
         return
     meta = _check_meta(queue_dir, tally)
-    last_id = _check_segments(queue_dir, tally)
+    last_id = _check_segments(queue_dir, tally, meta)
     if meta is not None and last_id:
-        clean, next_id, reserved_until = meta
-        floor = next_id if clean else max(next_id, reserved_until)
-        if clean and floor <= last_id:
+        clean, next_id = meta.clean, meta.next_id
+        if clean and next_id <= last_id:
             tally.add(
                 os.path.join(queue_dir, META_NAME),
                 None,
@@ -272,27 +318,35 @@ def _check_queue(queue_dir: str, tally: _Tally) -> None:
     _check_readers(queue_dir, tally)
 
 
-def _check_meta(queue_dir: str, tally: _Tally) -> tuple[bool, int, int] | None:
-    """Check meta.json; return (clean, next_id, reserved_until) when usable."""
+def _check_meta(queue_dir: str, tally: _Tally) -> _MetaFacts | None:
+    """Check meta.json; return what verify needs of it when it is usable."""
     path = os.path.join(queue_dir, META_NAME)
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        tally.add(
-            path, None, META, "missing: the queue was never opened to its end (open writes it)"
-        )
+        if holds_queue_data(queue_dir):
+            tally.add(path, None, META, f"missing, though the queue holds data; {_REBUILDS}")
+        else:
+            tally.add(
+                path, None, META, "missing: the queue was never opened to its end (open writes it)"
+            )
         return None
     try:
         value = json.loads(raw)
     except ValueError as exc:
-        tally.add(path, None, META, f"not valid JSON ({exc})")
+        tally.add(path, None, META, f"not valid JSON ({exc or 'empty'}); {_REBUILDS}")
+        return None
+    except RecursionError:
+        tally.add(path, None, META, f"not valid JSON (nested too deep); {_REBUILDS}")
         return None
     if not isinstance(value, dict):
-        tally.add(path, None, META, "not a JSON object")
+        tally.add(path, None, META, f"not a JSON object; {_REBUILDS}")
         return None
     if value.get("format") != "ledgerq":
-        tally.add(path, None, META, f"format is {value.get('format')!r}, not 'ledgerq'")
+        tally.add(
+            path, None, META, f"format is {value.get('format')!r}, not 'ledgerq'; {_REBUILDS}"
+        )
         return None
     version = value.get("version")
     if type(version) is not int or version < 1:
@@ -324,7 +378,31 @@ def _check_meta(queue_dir: str, tally: _Tally) -> tuple[bool, int, int] | None:
     if not usable:
         return None
     next_id = int(value.get("next_id", 1))
-    return value.get("clean") is True, next_id, int(value.get("reserved_until", next_id))
+    gaps_from = value.get("gaps_from")
+    return _MetaFacts(
+        value.get("clean") is True,
+        next_id,
+        int(value.get("reserved_until", next_id)),
+        _int_pairs(value.get("gaps")),
+        gaps_from if type(gaps_from) is int else None,
+        _int_pairs(value.get("known_lost")),
+    )
+
+
+_REBUILDS = (
+    "--repair rebuilds it from the segments, the reader journals and options.json (and says "
+    "what it cannot know)"
+)
+
+
+def _int_pairs(value: object) -> list[list[int]]:
+    if not isinstance(value, list):
+        return []
+    return [
+        [r[0], r[1]]
+        for r in value
+        if isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
+    ]
 
 
 def _read_index(path: str) -> tuple[list[IndexEntry], bool] | DecodeError | None:
@@ -341,53 +419,107 @@ def _in_regions(offset: int, regions: list[CorruptRegion]) -> bool:
     return any(r.start <= offset < r.stop for r in regions)
 
 
-def _check_segments(queue_dir: str, tally: _Tally) -> int:
-    """Check every segment log and index; return the last valid id found (0: none)."""
+def _check_segments(queue_dir: str, tally: _Tally, meta: _MetaFacts | None) -> int:
+    """Check every segment log and index, and the order of the segments (by content, as
+    every reader takes them); return the last valid id found (0: none)."""
     seg_dir = os.path.join(queue_dir, SEGMENTS_DIR)
     if not os.path.isdir(seg_dir):
         tally.add(seg_dir, None, META, "the segments directory is missing")
         return 0
-    ids = list_segment_ids(seg_dir)
-    prev_last = 0
-    for position, first_id in enumerate(ids):
-        newest = position == len(ids) - 1
-        lpath = log_path(seg_dir, first_id)
-        ipath = idx_path(seg_dir, first_id)
+    files = []
+    for name_id in list_segment_ids(seg_dir):
+        try:
+            fd = os.open(log_path(seg_dir, name_id), os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # deleted by retention while we looked
+        try:
+            size = os.fstat(fd).st_size
+            first_id = content_first_id(fd, size, name_id) if size else name_id
+        finally:
+            os.close(fd)
+        files.append(SegmentFile(name_id, first_id, size))
+    newest = max(files, key=newest_first, default=None)
+    for f in files:
+        lpath = log_path(seg_dir, f.name_id)
         # Read the index before the log's size: an owner appends to the log before the
         # index, so every point read refers to bytes that exist when the size is taken.
-        index = _read_index(ipath)
+        index = _read_index(idx_path(seg_dir, f.name_id))
         try:
             fd = os.open(lpath, os.O_RDONLY)
         except FileNotFoundError:
             continue  # deleted by retention while we looked
         try:
-            last = _check_log(fd, lpath, first_id, prev_last, newest, index, tally, queue_dir)
+            f.last_id = _check_log(fd, lpath, f, f is newest, index, tally, queue_dir)
         finally:
             os.close(fd)
         tally.segments += 1
-        if last:
-            prev_last = last
-    return prev_last
+    layout = arrange(files)
+    unexplained = _check_layout(seg_dir, layout, meta, tally)
+    tally.layouts[queue_dir] = (layout, unexplained)
+    return max((f.last_id for f in layout.used), default=0)
+
+
+def _check_layout(
+    seg_dir: str, layout: Layout, meta: _MetaFacts | None, tally: _Tally
+) -> list[tuple[int, int]]:
+    """Report misnamed files, copies and overlaps, and the gaps no record explains
+    (returned: what a repair records as known lost)."""
+    damaged = os.path.join(seg_dir, DAMAGED_DIR)
+    for f in layout.misnamed:
+        tally.add(
+            os.path.join(seg_dir, f.file_name),
+            None,
+            MISNAMED,
+            f"holds ids {f.ids()}, not ids from {f.name_id} as its name says (renamed, swapped "
+            f"or copied by hand?); readers take it by its content; --repair renames it to "
+            f"{f.first_id:020d}.log",
+        )
+    for f, holder in layout.set_aside:
+        tally.add(
+            os.path.join(seg_dir, f.file_name),
+            None,
+            OVERLAP,
+            f"holds ids {f.ids()}, which {holder.file_name} holds already (a copy, or another "
+            f"history); readers skip it; --repair moves it into {damaged}/",
+        )
+    for lo, hi, holder in layout.held_aside:
+        tally.add(
+            os.path.join(seg_dir, holder.file_name),
+            None,
+            OVERLAP,
+            f"ids {lo}-{hi} are only in this set-aside file (it starts inside another "
+            "segment's ids): readers skip them; --repair cannot split the file - move the "
+            "overlapping segment away by hand once its messages are consumed",
+        )
+    if meta is None:
+        return []  # which gaps were made on purpose is in meta.json (reported above)
+    explained = [*meta.gaps, *meta.known_lost, *((a, b) for a, b, _ in layout.held_aside)]
+    floor = meta.gaps_from if meta.gaps_from is not None else meta.next_id
+    unexplained = []
+    for first, last, before, after in layout.gaps:
+        for lo, hi in subtract_ranges(max(first, floor), last, explained):
+            unexplained.append((lo, hi))
+            tally.add(
+                os.path.join(seg_dir, after.file_name),
+                None,
+                GAP,
+                f"ids {lo}-{hi} are missing between {before.file_name} and {after.file_name} "
+                "(a segment file deleted or moved?); --repair records them as known lost",
+            )
+    return unexplained
 
 
 def _check_log(
     fd: int,
     lpath: str,
-    first_id: int,
-    prev_last: int,
+    f: SegmentFile,
     newest: bool,
     index: tuple[list[IndexEntry], bool] | DecodeError | None,
     tally: _Tally,
     queue_dir: str,
 ) -> int:
     size = os.fstat(fd).st_size
-    if first_id <= prev_last:
-        tally.add(
-            lpath,
-            None,
-            ID_ORDER,
-            f"the segment starts at id {first_id} but the previous one ends at id {prev_last}",
-        )
+    first_id = f.first_id
     points: list[IndexEntry] = index[0] if isinstance(index, tuple) else []
     wanted = {p.offset for p in points}
     matched: dict[int, tuple[int, int]] = {}
@@ -428,7 +560,7 @@ def _check_log(
                 offset,
                 ID_ORDER,
                 f"expected id {prev_id + 1}, found id {entry.id} (ids inside a segment are "
-                "consecutive from the one in its file name)",
+                "consecutive from its first entry's)",
             )
         if offset in wanted:
             matched[offset] = (entry.id, entry.timestamp)
@@ -466,7 +598,7 @@ def _check_log(
                 "readers skip them",
             )
     _check_index(
-        idx_path(os.path.dirname(lpath), first_id),
+        idx_path(os.path.dirname(lpath), f.name_id),
         index,
         matched,
         regions,
@@ -474,7 +606,7 @@ def _check_log(
         last_offset,
         newest,
         tally,
-        _Rebuild(queue_dir, first_id, sealed=not newest),
+        _Rebuild(queue_dir, f.name_id, first_id, sealed=not newest),
     )
     return prev_id if count else 0
 
@@ -570,11 +702,17 @@ def _check_journal(path: str, data: bytes, tally: _Tally) -> None:
         )
         return True
 
-    try:
-        records = journal_records(data, path, on_damage=damaged)
-    except CorruptionError as exc:
-        tally.add(path, 0, READER_STATE, f"bad file header ({exc}); the queue refuses to open")
+    if not has_valid_header(data):
+        restart = (
+            "; --repair restarts this reader at the oldest retained message (what it had "
+            "finished is delivered again)"
+            if has_valid_header(data) is False
+            else ""
+        )
+        what = "empty" if not data else "no valid file header"
+        tally.add(path, 0, READER_STATE, f"{what}: the queue refuses to open{restart}")
         return
+    records = journal_records(data, path, on_damage=damaged)
     for kind, _, _, offset in records:
         if not seen and kind is not StateRecordType.CHECKPOINT:
             tally.add(path, offset, READER_STATE, "the journal does not start with a CHECKPOINT")
@@ -613,12 +751,18 @@ def repair(
     elsewhere).  Opening the queue runs its recovery: the torn tail of the newest
     segment and of reader journals is cut, the index of a sealed segment that fails
     its check is rebuilt.  Indexes still wrong after that are rebuilt from their logs
-    (atomically, durably).  Corrupt entries inside a log are left in place: readers
-    skip them, and the report after the repair still lists them.
+    (atomically, durably).  A misnamed segment file is renamed to the id of its first
+    entry, a copy (whose ids another file holds) is moved into ``segments/damaged/``,
+    and ids missing between segments are recorded in ``meta.json`` as known lost (no
+    longer reported; counted in ``stats().lost``).  Corrupt entries inside a log are
+    left in place: readers skip them, and the report after the repair still lists them.
     """
     root = os.fspath(path)
     before = verify(root, on_progress=on_progress)
     actions: list[str] = []
+    for queue_dir in _queue_dirs(root):
+        if queue_dir_problem(queue_dir) is None:
+            actions.extend(_repair_metadata(queue_dir))
     collect = _Collect()
     logger.addHandler(collect)
     try:
@@ -641,10 +785,117 @@ def repair(
             points = _rebuild_index(rebuild)
         finally:
             lock.release()
-        where = idx_path(os.path.join(rebuild.queue_dir, SEGMENTS_DIR), rebuild.first_id)
+        where = idx_path(os.path.join(rebuild.queue_dir, SEGMENTS_DIR), rebuild.name_id)
         actions.append(f"rebuilt {where} from its log ({points} points)")
+    for queue_dir, (layout, unexplained) in tally.layouts.items():
+        if layout.misnamed or layout.set_aside or unexplained:
+            lock = DirLock(queue_dir)
+            try:
+                actions.extend(_repair_layout(queue_dir, layout, unexplained))
+            finally:
+                lock.release()
     after = verify(root)
     return RepairReport(before, after, tuple(actions))
+
+
+def _repair_metadata(queue_dir: str) -> list[str]:
+    """Rebuild what the queue refuses to open without (under its lock): a missing or
+    damaged ``meta.json`` of a queue that holds data, and reader journals without a
+    valid header (restarted at the oldest retained message)."""
+    lock = DirLock(queue_dir)
+    actions = []
+    try:
+        store = MetaStore(queue_dir)
+        try:
+            problem = None if store.exists() else "was missing"
+            if problem is None:
+                store.load()
+        except DamagedMetaError as exc:
+            problem = f"was damaged ({exc.reason})"
+        if problem is not None and holds_queue_data(queue_dir):
+            copy = OptionsStore(queue_dir).load()
+            meta, notes = rebuild_meta(queue_dir, copy, margin=ID_BLOCK)
+            store.save(meta)
+            actions.append(f"rebuilt {store.path}, which {problem}: " + "; ".join(notes))
+        for name in list_reader_names(queue_dir):
+            path = reader_state_path(queue_dir, name)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(64)
+            except FileNotFoundError:
+                continue
+            if has_valid_header(data) is False:
+                journal = ReaderJournal(path)
+                try:
+                    journal.rewrite(Checkpoint(1, [], [], {}))  # atomic, durable
+                finally:
+                    journal.close()
+                actions.append(
+                    f"restarted reader {name!r} at the oldest retained message: its state file "
+                    f"{path} was {'empty' if not data else 'without a valid header'}, so which "
+                    "messages it had finished is unknown - they are delivered to it again "
+                    "(at-least-once), and its counters (acked, nacked, ...) restart at 0"
+                )
+    finally:
+        lock.release()
+    return actions
+
+
+# Names a repair gives a misnamed file on its way to its right name (when that name is
+# taken by another misnamed file - a swap): above every id (2^64 - 1 < 10^20 - 1), so
+# never a new segment's name.  A crash mid-way leaves the file misnamed there, which
+# every reader takes by its content; the next repair finishes the move.
+_STAGING_NAME = 10**20 - 1
+
+
+def _repair_layout(queue_dir: str, layout: Layout, unexplained: list[tuple[int, int]]) -> list[str]:
+    """Move copies into ``segments/damaged/``, rename misnamed files to their content's
+    name, and record ``unexplained`` gaps as known lost (the queue's lock held)."""
+    seg_dir = os.path.join(queue_dir, SEGMENTS_DIR)
+    actions = []
+    held = {f.name_id for _, _, f in layout.held_aside}
+    for f, holder in layout.set_aside:
+        if f.name_id in held:
+            continue  # its later ids are nowhere else: left where it is (reported)
+        where = move_to_damaged(seg_dir, f.name_id)
+        actions.append(
+            f"moved {f.file_name} (ids {f.ids()}, which {holder.file_name} holds) to {where}"
+        )
+    taken = {f.name_id for f in layout.used} | held
+    staged: list[tuple[int, SegmentFile]] = []
+    for f in layout.misnamed:
+        if f.first_id not in taken:
+            rename_segment(seg_dir, f.name_id, f.first_id)
+            taken.discard(f.name_id)
+            taken.add(f.first_id)
+            actions.append(f"renamed {f.file_name} to {f.first_id:020d}.log (ids {f.ids()})")
+            continue
+        staging = _STAGING_NAME - len(staged)
+        while staging in taken or os.path.exists(log_path(seg_dir, staging)):
+            staging -= 1
+        rename_segment(seg_dir, f.name_id, staging)
+        taken.discard(f.name_id)
+        taken.add(staging)
+        staged.append((staging, f))
+    for staging, f in staged:
+        rename_segment(seg_dir, staging, f.first_id)
+        actions.append(f"renamed {f.file_name} to {f.first_id:020d}.log (ids {f.ids()})")
+    if unexplained:
+        store = MetaStore(queue_dir)
+        meta = store.load()
+        for lo, hi in unexplained:
+            if [lo, hi] not in meta.lost:
+                # Not counted yet (the queue was not opened since): count it now.
+                meta.lost.append([lo, hi])
+                lost = replay_reader(queue_dir, "default").unfinished_in(lo, hi)
+                meta.counters["lost"] = meta.counters.get("lost", 0) + lost
+            meta.known_lost.append([lo, hi])
+            actions.append(
+                f"recorded ids {lo}-{hi} of {queue_dir} as known lost (no segment file holds "
+                "them; restore it from a backup to get them back): no longer reported"
+            )
+        store.save(meta)
+    return actions
 
 
 def _rebuild_index(rebuild: _Rebuild) -> int:
@@ -652,7 +903,7 @@ def _rebuild_index(rebuild: _Rebuild) -> int:
     seg_dir = os.path.join(rebuild.queue_dir, SEGMENTS_DIR)
     stored = stored_options(rebuild.queue_dir).get("index_interval")
     interval = stored if isinstance(stored, int) and stored > 0 else Options().index_interval
-    fd = os.open(log_path(seg_dir, rebuild.first_id), os.O_RDONLY)
+    fd = os.open(log_path(seg_dir, rebuild.name_id), os.O_RDONLY)
     try:
         scanner = EntryScanner(fd, 0, os.fstat(fd).st_size, after_id=rebuild.first_id - 1)
         points: list[IndexEntry] = []
@@ -665,7 +916,7 @@ def _rebuild_index(rebuild: _Rebuild) -> int:
         os.close(fd)
     if rebuild.sealed and last is not None and points[-1] != last:
         points.append(last)  # a sealed index ends with the segment's last entry
-    write_index(idx_path(seg_dir, rebuild.first_id), points, sealed=rebuild.sealed)
+    write_index(idx_path(seg_dir, rebuild.name_id), points, sealed=rebuild.sealed)
     return len(points)
 
 
@@ -682,12 +933,12 @@ def iter_messages(path: str | os.PathLike[str], from_id: int = 1) -> Iterator[Me
     end of the newest segment (an append in flight is not read).
     """
     seg_dir = os.path.join(os.fspath(path), SEGMENTS_DIR)
-    ids = list_segment_ids(seg_dir)
-    for position, first_id in enumerate(ids):
-        if position + 1 < len(ids) and ids[position + 1] <= from_id:
+    files = SegmentDirectory(seg_dir).layout().used  # by content: as every reader orders them
+    for position, f in enumerate(files):
+        if position + 1 < len(files) and files[position + 1].first_id <= from_id:
             continue  # every id of this segment is below from_id
         try:
-            seg = SegmentTail(seg_dir, first_id)
+            seg = SegmentTail(seg_dir, f.first_id, f.name_id)
         except FileNotFoundError:
             continue  # deleted by retention while we walked
         try:

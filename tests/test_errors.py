@@ -13,6 +13,7 @@ import pytest
 
 import ledgerq
 from ledgerq import LedgerQError
+from ledgerq.segment.meta import DamagedMetaError
 
 # Arguments for the error classes whose __init__ is not (message: str); a new class with
 # its own __init__ must be added here (test_every_error_class_has_an_example says so).
@@ -24,6 +25,7 @@ _EXAMPLES: dict[type[LedgerQError], tuple[object, ...]] = {
         "/data/jobs/segments/1.log",
         OSError(errno.ENOSPC, "No space left on device"),
     ),
+    DamagedMetaError: ("/data/jobs/meta.json", "cut short: 0 bytes"),
 }
 
 

@@ -417,7 +417,7 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     """Show the figures of QUEUE and of each of its readers.
 
     --json prints one object: pending, in_flight, enqueued, acked, nacked,
-    dead_lettered, expired, duplicates, dropped, corrupt_skipped, segments,
+    dead_lettered, expired, duplicates, dropped, corrupt_skipped, lost, segments,
     disk_bytes (integers), oldest_pending_age (seconds), next_id, readers (an object
     per reader) and dlq (messages waiting in the dead-letter queue).
     """
@@ -448,6 +448,7 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
         ("duplicates", str(figures.duplicates)),
         ("dropped", str(figures.dropped)),
         ("corrupt skipped", str(figures.corrupt_skipped)),
+        ("lost", str(figures.lost)),
         ("disk", f"{format_bytes(figures.disk_bytes)} in {plural(figures.segments, 'segment')}"),
         ("next id", str(figures.next_id)),
     ]

@@ -35,7 +35,7 @@ from ledgerq._options import Options
 from ledgerq.core.feature import Feature
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
-from ledgerq.segment.meta import Meta, MetaStore
+from ledgerq.segment.meta import Meta, MetaStore, OptionsCopy, OptionsStore
 from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
     from ledgerq.core.reader import ReaderCore
 
-__all__ = ["Holdings", "Tally", "attempt", "finalize_unclosed", "save_meta"]
+__all__ = ["Holdings", "Tally", "MetaKeeper", "attempt", "finalize_unclosed"]
 
 logger = logging.getLogger("ledgerq")
 
@@ -59,49 +59,91 @@ def attempt(errors: list[Exception], step: Callable[[], object]) -> None:
 class Tally:
     """Queue-wide counters off the hot paths, saved in ``meta.json``."""
 
-    __slots__ = ("corrupt_skipped", "dropped", "duplicates")
+    __slots__ = ("corrupt_skipped", "dropped", "duplicates", "lost")
 
     def __init__(self, counters: dict[str, int]) -> None:
         self.duplicates = counters.get("duplicates", 0)
         self.dropped = counters.get("dropped", 0)
         self.corrupt_skipped = counters.get("corrupt_skipped", 0)
+        self.lost = counters.get("lost", 0)  # ids found missing between segments
 
     def on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
         """The segment manager met a corrupt region (counted once per region)."""
         self.corrupt_skipped += 1
 
 
-def save_meta(
-    meta_store: MetaStore,
-    meta: Meta,
-    manager: SegmentManager,
-    options: Options | None,
-    tally: Tally,
-    *,
-    clean: bool,
-    next_id: int,
-    reserved_until: int,
-    enqueued: int,
-) -> None:
-    """Durably record the id reservation, the counters and the options in ``meta.json``.
+class MetaKeeper:
+    """``meta.json`` and the second copy of the stored options (``options.json``).
 
-    ``options`` None keeps the options meta.json holds (a handle that does not remember
-    the options it was opened with).
+    Reachable without the queue (the finalizer saves through it).  ``options.json`` is
+    rewritten only when the options change: a lost or damaged ``meta.json`` must not
+    lose them (see ``segment.meta``).
     """
-    meta.clean = clean
-    meta.next_id = next_id
-    meta.reserved_until = next_id if clean else reserved_until
-    meta.counters = {
-        "enqueued": enqueued,
-        "enqueued_through": next_id,
-        "duplicates": tally.duplicates,
-        "dropped": tally.dropped,
-        "corrupt_skipped": tally.corrupt_skipped,
-    }
-    meta.corrupt_regions = [list(key) for key in manager.reported_regions][-10_000:]
-    if options is not None:
-        meta.options = dataclasses.asdict(options)
-    meta_store.save(meta)
+
+    __slots__ = ("copied_options", "meta", "options_store", "store")
+
+    def __init__(
+        self,
+        store: MetaStore,
+        meta: Meta,
+        options_store: OptionsStore,
+        copied_options: dict[str, object] | None,
+    ) -> None:
+        self.store = store
+        self.meta = meta
+        self.options_store = options_store
+        self.copied_options = copied_options
+
+    def record_gap(self, first: int, last: int) -> None:
+        """Record, durably, that ids ``first..last`` will never be written (a rotation
+        skips them); called before the segment that leaves them out exists."""
+        meta = self.meta
+        if meta.gaps_from is None:
+            meta.gaps_from = first
+        meta.gaps.append([first, last])
+        self.store.save(meta)
+
+    def save(
+        self,
+        manager: SegmentManager,
+        options: Options | None,
+        tally: Tally,
+        *,
+        clean: bool,
+        next_id: int,
+        reserved_until: int,
+        enqueued: int,
+    ) -> None:
+        """Durably record the id reservation, the counters and the options.
+
+        ``options`` None keeps the options meta.json holds (a handle that does not
+        remember the options it was opened with).
+        """
+        meta = self.meta
+        meta.clean = clean
+        meta.next_id = next_id
+        meta.reserved_until = next_id if clean else reserved_until
+        meta.counters = {
+            "enqueued": enqueued,
+            "enqueued_through": next_id,
+            "duplicates": tally.duplicates,
+            "dropped": tally.dropped,
+            "corrupt_skipped": tally.corrupt_skipped,
+            "lost": tally.lost,
+        }
+        meta.corrupt_regions = [list(key) for key in manager.reported_regions][-10_000:]
+        # Ranges below the oldest segment are no longer between segments: forget them.
+        oldest = manager.segments[0].first_id
+        for ranges in (meta.gaps, meta.lost, meta.known_lost):
+            ranges[:] = [r for r in ranges if r[1] >= oldest]
+        if options is not None:
+            meta.options = dataclasses.asdict(options)
+            if meta.options != self.copied_options:
+                self.options_store.save(
+                    OptionsCopy(created_ns=meta.created_ns, options=meta.options)
+                )
+                self.copied_options = meta.options
+        self.store.save(meta)
 
 
 class Holdings:
@@ -118,10 +160,9 @@ class Holdings:
         "features",
         "flusher",
         "forked",
+        "keeper",
         "lock",
         "manager",
-        "meta",
-        "meta_store",
         "options",
         "path",
         "queue",
@@ -137,8 +178,7 @@ class Holdings:
         manager: SegmentManager,
         cores: dict[str, ReaderCore],
         features: list[Feature],
-        meta_store: MetaStore,
-        meta: Meta,
+        keeper: MetaKeeper,
         tally: Tally,
         dirlock: DirLock,
         stop_flusher: threading.Event,
@@ -152,8 +192,7 @@ class Holdings:
         self.manager = manager
         self.cores = cores
         self.features = features
-        self.meta_store = meta_store
-        self.meta = meta
+        self.keeper = keeper
         self.tally = tally
         self.dirlock = dirlock
         self.stop_flusher = stop_flusher
@@ -185,9 +224,7 @@ class Holdings:
                 # skips the reserved ids as after a crash (ids are never reused).
                 attempt(
                     errors,
-                    lambda: save_meta(
-                        self.meta_store,
-                        self.meta,
+                    lambda: self.keeper.save(
                         self.manager,
                         self.options,
                         self.tally,
@@ -217,7 +254,7 @@ def finalize_unclosed(holdings: Holdings) -> None:
         attempt(errors, queue.close)
     else:
         manager = holdings.manager
-        meta = holdings.meta
+        meta = holdings.keeper.meta
         counters = meta.counters
         next_id = manager.next_id
         # Every id handed out since the last save was one enqueued message.

@@ -42,7 +42,7 @@ from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
-from ledgerq.core.lifecycle import Holdings, Tally, finalize_unclosed, save_meta
+from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed
 from ledgerq.core.lifecycle import attempt as _attempt
 from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.processes import forked_error, track, tracked, unpicklable, untrack
@@ -62,16 +62,27 @@ from ledgerq.format.entry import (
     encode_plain_entry,
 )
 from ledgerq.segment.files import make_durable_dir, storage_errors
+from ledgerq.segment.layout import subtract_ranges
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
-from ledgerq.segment.meta import Meta, MetaStore
+from ledgerq.segment.meta import (
+    DamagedMetaError,
+    Meta,
+    MetaStore,
+    OptionsCopy,
+    OptionsStore,
+    holds_queue_data,
+)
+from ledgerq.segment.meta_rebuild import rebuild_meta
 from ledgerq.segment.naming import (
     META_NAME,
+    OPTIONS_NAME,
     QUEUE_NAMES,
     READERS_DIR,
     STATE_SUFFIX,
     reader_state_path,
 )
+from ledgerq.segment.readonly_state import replay_reader
 from ledgerq.segment.sync import GroupCommit
 
 __all__ = ["DEFAULT_READER", "QueueCore"]
@@ -223,15 +234,21 @@ class QueueCore(Closing):
         self._next_listener = 0
         self._closed = False
         self._meta_store = MetaStore(self.path)
-        meta = self._meta_store.load() if self._meta_store.exists() else Meta()
+        self._options_store = OptionsStore(self.path)
+        copy = self._options_store.load()
+        meta = self._load_meta(copy)
         self._meta = meta
+        self._keeper = MetaKeeper(
+            self._meta_store, meta, self._options_store, copy.options if copy else None
+        )
         counters = meta.counters
         self._tally = Tally(counters)
         self._manager = SegmentManager(
             self.path,
             segment_size=opts.segment_size,
             index_interval=opts.index_interval,
-            on_corrupt=self._tally.on_corrupt,  # not a method of the queue: see lifecycle
+            on_corrupt=self._tally.on_corrupt,  # not methods of the queue: see lifecycle
+            on_gap=self._keeper.record_gap,
             sync_on_rotate=opts.sync == "always",
         )
         # A corrupt region is counted once, however many times it is met (and reopened).
@@ -241,6 +258,10 @@ class QueueCore(Closing):
         floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
         with storage_errors("open the segments in", self._manager.directory):
             self._manager.open(min_next_id=floor)
+        if meta.gaps_from is None:
+            # First open by a ledgerq that records its gaps: the gaps below this id (of
+            # an older ledgerq) cannot be told from lost ids, so they raise no alarm.
+            meta.gaps_from = self._manager.log_next_id
         self._next_id = self._manager.next_id
         self._start_clock()
         # Entries appended after the last counter save were enqueued too (counted up to
@@ -273,6 +294,15 @@ class QueueCore(Closing):
             stem = name.removesuffix(STATE_SUFFIX)
             if stem != name and stem != DEFAULT_READER and READER_NAME.match(stem):
                 self._open_reader(stem, start_latest=False)
+        counted = self._judge_gaps()
+        if "enqueued" not in counters:
+            # meta.json was rebuilt: what the default reader finished and what is retained
+            # unfinished is what was enqueued, as far as the files tell.
+            core = self._default._core
+            finished = sum(core.counters[k] for k in ("acked", "dead_lettered", "expired"))
+            self._enqueued = finished + core.pending() + core.in_flight()
+        if counted or "enqueued" not in counters:
+            self._save_meta(clean=False)  # the newly counted lost ids, counted once
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         if opts.sync == "interval":
@@ -289,8 +319,7 @@ class QueueCore(Closing):
             manager=self._manager,
             cores=self._cores,
             features=self._features,
-            meta_store=self._meta_store,
-            meta=self._meta,
+            keeper=self._keeper,
             tally=self._tally,
             dirlock=self._dirlock,
             stop_flusher=self._stop_flusher,
@@ -343,14 +372,98 @@ class QueueCore(Closing):
         self._cores[name] = core
         return reader
 
+    def _load_meta(self, copy: OptionsCopy | None) -> Meta:
+        """``meta.json``, or a new one for a new queue, or one rebuilt when it is lost.
+
+        A missing or damaged ``meta.json`` in a directory that holds messages or reader
+        state is rebuilt from the segments, the reader journals and ``options.json``
+        (with a warning saying what could not be known); without ``options.json`` the
+        stored options are lost too, and the queue refuses to open rather than start
+        over with defaults: ``ledgerq verify --repair`` rebuilds it and says so.
+        """
+        store = self._meta_store
+        try:
+            if store.exists():
+                return store.load()
+            problem = "is missing"
+        except DamagedMetaError as exc:
+            problem = f"is damaged ({exc.reason})"
+        if not holds_queue_data(self.path):
+            return Meta()  # a new queue (or a first open killed before its meta.json)
+        if copy is None:
+            raise CorruptionError(
+                f"{META_NAME} {problem}, and {OPTIONS_NAME}, the copy of the stored options, is "
+                "missing or damaged too: opening now would lose the id reservation and the "
+                "stored options. Run `ledgerq verify --repair` on the queue to rebuild "
+                f"{META_NAME} from the segments and reader journals (it says what it cannot "
+                "know), then open it with the options it should have",
+                self.path,
+            )
+        meta, notes = rebuild_meta(self.path, copy, margin=ID_BLOCK)
+        store.save(meta)
+        logger.warning(
+            "ledgerq: %s of %s %s; rebuilt it from the segments, the reader journals and %s: %s",
+            META_NAME,
+            self.path,
+            problem,
+            OPTIONS_NAME,
+            "; ".join(notes),
+        )
+        return meta
+
+    def _judge_gaps(self) -> bool:
+        """Log the ids missing between segments that no record explains; count new ones.
+
+        A gap is fine when the queue recorded it (``Meta.gaps``), when it lies below
+        ``gaps_from`` (an older ledgerq's), or a repair accepted it as lost; ids that a
+        set-aside file holds are reported as such.  The others were in a segment file
+        that is gone: logged at every open until ``verify --repair`` accepts them, and
+        counted once in ``stats().lost`` (those the default reader had not consumed).
+        Returns whether a new range was counted.
+        """
+        meta = self._meta
+        layout = self._manager.layout
+        explained = [*meta.gaps, *meta.known_lost, *((a, b) for a, b, _ in layout.held_aside)]
+        floor = meta.gaps_from if meta.gaps_from is not None else 1
+        counted = False
+        for first, last, before, after in layout.gaps:
+            for lo, hi in subtract_ranges(max(first, floor), last, explained):
+                news = ""
+                if [lo, hi] not in meta.lost:  # counted once, however often reopened
+                    lost = replay_reader(self.path, DEFAULT_READER).unfinished_in(lo, hi)
+                    self._tally.lost += lost
+                    meta.lost.append([lo, hi])
+                    counted = True
+                    news = f": {lost} not consumed by the default reader are lost"
+                logger.warning(
+                    "ledgerq: ids %d-%d are missing between the segment files %s and %s of %s "
+                    "(a segment file deleted or moved?)%s; `ledgerq verify --repair` records "
+                    "them as known lost",
+                    lo,
+                    hi,
+                    before.file_name,
+                    after.file_name,
+                    self.path,
+                    news,
+                )
+        for lo, hi, holder in layout.held_aside:
+            logger.warning(
+                "ledgerq: ids %d-%d of %s are only in the set-aside segment file %s, which "
+                "starts inside another segment's ids: not read, and no repair can split it - "
+                "move the overlapping file away by hand once its messages are consumed",
+                lo,
+                hi,
+                self.path,
+                holder.file_name,
+            )
+        return counted
+
     def note_corrupt_skipped(self, count: int) -> None:
         """Count damaged records a feature skipped in its own files (``stats()``)."""
         self._tally.corrupt_skipped += count
 
     def _save_meta(self, *, clean: bool) -> None:
-        save_meta(
-            self._meta_store,
-            self._meta,
+        self._keeper.save(
             self._manager,
             self.options if self._remember_options else None,
             self._tally,
@@ -957,6 +1070,7 @@ class QueueCore(Closing):
                 oldest_pending_age=default.oldest_pending_age,
                 next_id=self._next_id,
                 readers=readers,
+                lost=self._tally.lost,
             )
 
     @property

@@ -30,6 +30,14 @@ from ledgerq.segment.files import (
     write_parts,
 )
 from ledgerq.segment.index_file import read_index, write_index
+from ledgerq.segment.layout import (
+    DAMAGED_DIR,
+    Layout,
+    SegmentFile,
+    arrange,
+    content_first_id,
+    newest_first,
+)
 from ledgerq.segment.naming import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -37,8 +45,15 @@ from ledgerq.segment.naming import (
     TMP_SUFFIX,
     list_segment_ids,
 )
-from ledgerq.segment.scanner import CorruptRegion, EntryScanner, checked_point, sealed_index_holds
+from ledgerq.segment.scanner import (
+    CorruptRegion,
+    EntryScanner,
+    checked_point,
+    entry_id_at,
+    sealed_index_holds,
+)
 from ledgerq.segment.segment import Segment
+from ledgerq.segment.setaside import move_to_damaged, rename_segment
 
 __all__ = ["SegmentManager"]
 
@@ -46,6 +61,19 @@ logger = logging.getLogger("ledgerq")
 
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 _ANY_ID = (1 << 64) - 1  # above every id: "the newest point that checks out"
+
+
+def _holds_older_entry(fd: int, start: int, end: int, below: int) -> bool:
+    """Whether a valid entry with an id below ``below`` starts in bytes ``[start, end)``
+    of the log ``fd``: a message of another segment, perhaps its only copy."""
+    # One scanner for the whole search, so that its checksum allowance (see scanner.py)
+    # bounds the work on a crafted tail, as it bounds the recovery scan itself.
+    scanner = EntryScanner(fd, start, end, after_id=0)
+    while (entry := scanner.next()) is not None:
+        if entry.id < below:
+            return True
+        scanner.seek(scanner.pos, 0)  # an entry of this segment (cut with the tail): go on
+    return False
 
 
 class _BatchStart:
@@ -88,6 +116,7 @@ class SegmentManager:
         segment_size: int,
         index_interval: int,
         on_corrupt: Callable[[Segment, CorruptRegion], None] | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
         sync_on_rotate: bool = True,
     ) -> None:
         self.directory = os.path.join(directory, SEGMENTS_DIR)
@@ -96,6 +125,12 @@ class SegmentManager:
         self.segments: list[Segment] = []
         self._first_ids: list[int] = []
         self._on_corrupt = on_corrupt
+        # Called with (first, last) before a segment that leaves ids first..last unused
+        # is created (the queue records the gap durably: see rotate()).
+        self._on_gap = on_gap
+        self.layout = Layout()  # after open: the files as found (gaps, copies, misnamed)
+        self.set_aside: list[Segment] = []  # copies and overlaps found at open, not read
+        self._misplaced: dict[int, Segment] = {}  # name id -> misnamed or set-aside segment
         self._log_fd: int | None = None  # None after close(), or a failed rotation
         self._closed = False
         self._fd_lock = threading.Lock()
@@ -119,37 +154,108 @@ class SegmentManager:
         """Find, check and recover the segments; make the newest one writable.
 
         ``min_next_id`` is the lowest id the next append may take (ids are never
-        reused, even when a torn tail was cut off).
+        reused, even when a torn tail was cut off).  Segment files are taken by their
+        content (``segment.layout``): a misnamed file is read under its entries' ids,
+        a copy or an overlapping file is set aside (left in place, read by nobody,
+        logged) - nothing that holds a valid entry is deleted or cut because of its
+        ids.  The gaps between the segments are left in :attr:`layout` for the queue
+        to judge (it knows which gaps it made on purpose).
         """
         make_durable_dir(self.directory)
         self._remove_leftovers()
-        ids = list_segment_ids(self.directory)
-        segments = [Segment(self.directory, first_id) for first_id in ids]
-        for seg in segments[:-1]:
-            if not self._load_sealed(seg):
+        names = list_segment_ids(self.directory)
+        segments = [
+            self._identify(name_id, trust_index=i < len(names) - 1)
+            for i, name_id in enumerate(names)
+        ]
+        # The active segment is the newest by content - not by name: a copy of an old
+        # segment under a later name must not be scanned as a tail (and cut).
+        active = max(segments, key=newest_first, default=None)
+        for seg in segments:
+            if seg is not active and not seg.sealed:
                 self._recover_tail(seg, is_newest=False)
                 self._seal(seg, durable=True)
-        if segments:
-            self._recover_tail(segments[-1], is_newest=True)
-        # An empty segment before the newest one holds nothing; drop it.
-        kept = [s for s in segments[:-1] if not s.is_empty] + segments[-1:]
-        for seg in segments[:-1]:
-            if seg.is_empty:
+        if active is not None:
+            self._recover_tail(active, is_newest=True)
+        # An empty segment other than the active one holds nothing; drop it.
+        for seg in segments:
+            if seg.is_empty and seg is not active:
                 self._unlink(seg)
-        self.segments = kept
-        self._first_ids = [s.first_id for s in kept]
+        self._arrange([s for s in segments if not s.is_empty or s is active])
         if not self.segments:
             self.log_next_id = 1
             self._create(max(1, min_next_id))
+            return
+        last = self.segments[-1]
+        natural = last.last_id + 1 if not last.is_empty else last.first_id
+        self.log_next_id = natural
+        if last is active and not last.is_misnamed:
+            self._open_writer(last)
         else:
-            active = self.segments[-1]
-            self._open_writer(active)
-            natural = active.last_id + 1 if not active.is_empty else active.first_id
-            self.log_next_id = natural
-            if min_next_id > natural:
-                # Ids were handed out before a crash that lost them: keep them unused by
-                # starting a new segment at min_next_id (ids inside a segment are consecutive).
-                self.rotate(min_next_id)
+            # Never append to a misnamed file (the ids appended would make its name lie
+            # more) nor to a sealed one: the next segment starts after it.
+            if not last.sealed:
+                self._seal(last, durable=True)
+            self._create(natural)
+        if min_next_id > natural:
+            # Ids were handed out before a crash that lost them: keep them unused by
+            # starting a new segment at min_next_id (ids inside a segment are consecutive).
+            self.rotate(min_next_id)
+
+    def _identify(self, name_id: int, *, trust_index: bool) -> Segment:
+        """The segment in the log named ``name_id``, with its content's first id.
+
+        A sealed segment whose index holds (``_load_sealed``) is taken from its index,
+        whose first point names the first entry (checked against the log when it is
+        not the file's name); any other is identified by one read of its first entry.
+        """
+        seg = Segment(self.directory, name_id)
+        if trust_index and self._load_sealed(seg):
+            first = seg.index[0].id
+            if first == name_id or entry_id_at(seg.read_fd(), 0, seg.size) == first:
+                seg.first_id = first
+                return seg
+            seg.sealed = False  # the index is not this log's: identify it from the log
+            seg.last_id, seg.last_offset = 0, -1
+            seg.set_index([])
+        seg.size = os.stat(seg.log_path).st_size
+        seg.first_id = content_first_id(seg.read_fd(), seg.size, name_id)
+        return seg
+
+    def _arrange(self, segments: list[Segment]) -> None:
+        """Keep the segments :func:`arrange` uses, in id order; log the misplaced ones."""
+        by_name = {seg.name_id: seg for seg in segments}
+        self.layout = arrange(
+            SegmentFile(s.name_id, s.first_id, s.size, s.last_id) for s in segments
+        )
+        self.segments = [by_name[f.name_id] for f in self.layout.used]
+        self._first_ids = [s.first_id for s in self.segments]
+        self.set_aside = [by_name[f.name_id] for f, _ in self.layout.set_aside]
+        self._misplaced = {s.name_id: s for s in self.set_aside}
+        for seg in self.segments:
+            if seg.is_misnamed:
+                self._misplaced[seg.name_id] = seg
+                logger.warning(
+                    "ledgerq: segment file %s holds ids %d-%d, not ids from %d as its name "
+                    "says (renamed, swapped or copied by hand?); it is read by its content. "
+                    "`ledgerq verify --repair` renames it",
+                    seg.log_path,
+                    seg.first_id,
+                    seg.last_id,
+                    seg.name_id,
+                )
+        for f, holder in self.layout.set_aside:
+            seg = by_name[f.name_id]
+            seg.close_read_fd()
+            logger.warning(
+                "ledgerq: segment file %s holds ids %s, which %s holds already (a copy, "
+                "or another history); it is set aside and not read. `ledgerq verify "
+                "--repair` moves it into %s/",
+                seg.log_path,
+                f.ids(),
+                by_name[holder.name_id].log_path,
+                os.path.join(self.directory, DAMAGED_DIR),
+            )
 
     def _remove_leftovers(self) -> None:
         for name in os.listdir(self.directory):
@@ -209,7 +315,12 @@ class SegmentManager:
                 self.report_corrupt(seg, region)
         if batch is not None:
             self._cut(seg, end, "an incomplete batch and what follows it")
-        elif end < seg.size and not is_newest:
+        elif end < seg.size and (
+            not is_newest or _holds_older_entry(fd, end, seg.size, seg.first_id)
+        ):
+            # In a sealed segment, or holding valid entries of earlier segments (whose
+            # ids do not follow on, so the scan stopped at them): damage to report,
+            # never a torn tail to cut - recovery never cuts a valid entry for its id.
             self.report_corrupt(seg, CorruptRegion(end, seg.size))
         elif end < seg.size:
             self._cut(seg, end, "incomplete data")
@@ -319,6 +430,8 @@ class SegmentManager:
         return active.last_id + 1 if not active.is_empty else active.first_id
 
     def _create(self, first_id: int) -> None:
+        if first_id in self._misplaced:
+            self._clear_name(first_id)
         seg = Segment(self.directory, first_id)
         created = False
         try:
@@ -341,6 +454,37 @@ class SegmentManager:
         self._first_ids.append(first_id)
         self._last_indexed_offset = -1
         self._open_writer(seg)
+
+    def _clear_name(self, name_id: int) -> None:
+        """Free the file name of segment ``name_id`` for a new segment of that first id.
+
+        The name is held by a misplaced file found at open: a misnamed segment in use
+        is renamed to its content's name, a set-aside copy moved into ``damaged/``.
+        """
+        seg = self._misplaced.pop(name_id)
+        if seg.deleted:
+            return  # consumed and deleted by retention since: the name is free
+        # (A renamed file keeps its inode: the read descriptors of readers stay valid.)
+        with storage_errors("move a misplaced segment out of the way in", self.directory):
+            if seg in self.set_aside:
+                self.set_aside.remove(seg)
+                where = move_to_damaged(self.directory, name_id)
+                logger.warning(
+                    "ledgerq: moved the set-aside segment file %s to %s (its name is needed)",
+                    seg.log_path,
+                    where,
+                )
+                return
+            if seg.first_id in self._misplaced:
+                self._clear_name(seg.first_id)
+            rename_segment(self.directory, name_id, seg.first_id)
+        old = seg.log_path
+        seg.rename(self.directory, seg.first_id)
+        logger.warning(
+            "ledgerq: renamed the misnamed segment file %s to %s (its name is needed)",
+            old,
+            seg.log_path,
+        )
 
     def _open_writer(self, seg: Segment) -> None:
         """Open ``seg``'s log and index for appending (both, or neither on an error)."""
@@ -484,6 +628,12 @@ class SegmentManager:
         it wrote before the rotation as appended (``next_id`` moved past them).
         """
         seg = self.segments[-1]
+        natural = seg.last_id + 1 if not seg.is_empty else seg.first_id
+        if next_first_id > natural and self._on_gap is not None:
+            # Ids natural..next_first_id-1 will never be written: the queue records that
+            # durably before the segment that leaves them out exists, so that the gap is
+            # told apart from the ids of a segment file deleted by hand.
+            self._on_gap(natural, next_first_id - 1)
         if seg.is_empty:
             # Nothing to seal: rename by recreating with the new first id.
             self._close_writer()

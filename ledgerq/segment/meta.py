@@ -1,10 +1,17 @@
-"""``meta.json``: the queue's format version, id reservation and queue-wide counters.
+"""``meta.json``: the queue's format version, id reservation and queue-wide counters;
+``options.json``: a second copy of the stored options.
 
-The file is JSON (``docs/format.md`` lists its fields; a test keeps the two in step).
-It is read by the queue when it opens and by every reader that works without the
-queue's lock (``ledgerq.segment.readonly``), and replaced atomically (temp file, fsync,
-rename, fsync of the directory) - so a reader sees the old file or the new one.
-Why ids are *reserved* through it is explained in ``ledgerq.core.meta``.
+The files are JSON (``docs/format.md`` lists their fields; a test keeps the two in
+step).  ``meta.json`` is read by the queue when it opens and by every reader that works
+without the queue's lock (``ledgerq.segment.readonly``), and replaced atomically (temp
+file, fsync, rename, fsync of the directory) - so a reader sees the old file or the new
+one.  Why ids are *reserved* through it is explained in ``ledgerq.core.meta``.
+
+``meta.json`` is rewritten often (every id block, every open and close); a file
+rewritten often is the one a full disk, a careless script or a bad restore damages.
+Losing it must not lose the options the application set (``max_retries``, dedup, ...):
+``options.json`` holds them too, written only when they change, and is what a lost or
+damaged ``meta.json`` is rebuilt with (``segment.meta_rebuild``).
 """
 
 from __future__ import annotations
@@ -18,11 +25,38 @@ from typing import Any
 
 from ledgerq._errors import IncompatibleFormatError, NotAQueueError
 from ledgerq.segment.files import atomic_write
-from ledgerq.segment.naming import META_NAME
+from ledgerq.segment.naming import (
+    META_NAME,
+    OPTIONS_NAME,
+    READERS_DIR,
+    SEGMENTS_DIR,
+    STATE_SUFFIX,
+    parse_log_name,
+)
 
-__all__ = ["FORMAT_VERSION", "Meta", "MetaStore", "stored_options"]
+__all__ = [
+    "FORMAT_VERSION",
+    "OPTIONS_FORMAT",
+    "DamagedMetaError",
+    "Meta",
+    "MetaStore",
+    "OptionsCopy",
+    "OptionsStore",
+    "holds_queue_data",
+    "stored_options",
+]
 
 FORMAT_VERSION = 1
+OPTIONS_FORMAT = "ledgerq-options"
+
+
+class DamagedMetaError(NotAQueueError):
+    """``meta.json`` exists but its content is not a ledgerq meta file (cut, garbage);
+    ``reason`` says what is wrong with it."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path} is damaged ({reason}); this is not a usable ledgerq queue")
+        self.reason = reason
 
 
 @dataclass
@@ -38,17 +72,103 @@ class Meta:
     counters: dict[str, int] = field(default_factory=dict)
     corrupt_regions: list[list[int]] = field(default_factory=list)
     options: dict[str, object] = field(default_factory=dict)
+    # Ids between segments (see segment.layout): ``gaps`` the queue left out on purpose
+    # (recorded before the segment that makes the gap exists), from ``gaps_from`` on
+    # (None: a queue of an older ledgerq, whose gaps below the id it first opened at
+    # were never recorded); ``lost`` the ranges found missing and counted (once) in
+    # counters["lost"]; ``known_lost`` those a repair accepted as lost (no more alarms).
+    gaps: list[list[int]] = field(default_factory=list)
+    gaps_from: int | None = 1
+    lost: list[list[int]] = field(default_factory=list)
+    known_lost: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class OptionsCopy:
+    """The content of ``options.json``: the stored options, and when the queue was made."""
+
+    format: str = OPTIONS_FORMAT
+    version: int = FORMAT_VERSION
+    created_ns: int = 0
+    options: dict[str, object] = field(default_factory=dict)
 
 
 def stored_options(directory: str) -> dict[str, object]:
-    """The options a queue was last opened with ({} for a new or unreadable queue)."""
+    """The options a queue was last opened with ({} for a new or unreadable queue).
+
+    From ``meta.json``, or from ``options.json`` when ``meta.json`` is missing or
+    damaged (the queue then rebuilds ``meta.json`` with them, or refuses to open).
+    """
     store = MetaStore(directory)
-    if not store.exists():
-        return {}
     try:
-        return store.load().options
-    except (NotAQueueError, IncompatibleFormatError):
-        return {}  # open() itself reports these
+        if store.exists():
+            return store.load().options
+    except IncompatibleFormatError:
+        return {}  # open() itself reports it
+    except DamagedMetaError:
+        pass
+    except NotAQueueError:
+        return {}
+    copy = OptionsStore(directory).load()
+    return copy.options if copy is not None else {}
+
+
+def holds_queue_data(directory: str) -> bool:
+    """Whether ``directory`` holds messages or reader state: a segment log that is not
+    empty, or a reader state file (what a first open killed early never leaves)."""
+    segments = os.path.join(directory, SEGMENTS_DIR)
+    try:
+        with os.scandir(segments) as entries:
+            for entry in entries:
+                if parse_log_name(entry.name) is not None and entry.stat().st_size > 0:
+                    return True
+    except FileNotFoundError:
+        pass
+    try:
+        names = os.listdir(os.path.join(directory, READERS_DIR))
+    except FileNotFoundError:
+        return False
+    return any(name.endswith(STATE_SUFFIX) for name in names)
+
+
+class OptionsStore:
+    """Reads and durably replaces ``options.json`` (rarely: when the options change)."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, OPTIONS_NAME)
+
+    def load(self) -> OptionsCopy | None:
+        """The copy, or None when it is missing or not a valid options file."""
+        try:
+            with open(self.path, "rb") as f:
+                raw: Any = json.loads(f.read())
+        except (OSError, ValueError, RecursionError):
+            return None
+        if not isinstance(raw, dict) or raw.get("format") != OPTIONS_FORMAT:
+            return None
+        version, created, options = raw.get("version"), raw.get("created_ns"), raw.get("options")
+        if type(version) is not int or version > FORMAT_VERSION or not isinstance(options, dict):
+            return None
+        return OptionsCopy(
+            version=version,
+            created_ns=created if type(created) is int else 0,
+            options={str(k): v for k, v in options.items()},
+        )
+
+    def save(self, copy: OptionsCopy) -> None:
+        """Durably replace the file (temp file, fsync, rename, fsync dir)."""
+        atomic_write(self.path, json.dumps(asdict(copy), sort_keys=True, indent=1).encode())
+
+
+def _pairs(value: object) -> list[list[int]]:
+    """The ``[int, int]`` pairs of a JSON array (anything else in it is dropped)."""
+    if not isinstance(value, list):
+        return []
+    return [
+        [int(r[0]), int(r[1])]
+        for r in value
+        if isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
+    ]
 
 
 class MetaStore:
@@ -67,14 +187,17 @@ class MetaStore:
         try:
             with open(self.path, "rb") as f:
                 raw: Any = json.loads(f.read())
-        except (OSError, ValueError, RecursionError) as exc:
-            # RecursionError: json nests arrays and objects on the C stack, so a damaged
-            # or hostile file of a thousand "[" is bad JSON like any other.
+        except OSError as exc:
             raise NotAQueueError(
                 f"{self.path} is unreadable ({exc}); this is not a usable ledgerq queue"
             ) from exc
+        except (ValueError, RecursionError) as exc:
+            # RecursionError: json nests arrays and objects on the C stack, so a damaged
+            # or hostile file of a thousand "[" is bad JSON like any other.
+            empty = os.path.getsize(self.path) == 0
+            raise DamagedMetaError(self.path, "empty" if empty else f"not JSON: {exc}") from exc
         if not isinstance(raw, dict) or raw.get("format") != "ledgerq":
-            raise NotAQueueError(f"{self.path} is not a ledgerq meta file")
+            raise DamagedMetaError(self.path, "not a ledgerq meta file")
         version = raw.get("version")
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise IncompatibleFormatError(
@@ -92,13 +215,12 @@ class MetaStore:
         stored = raw.get("options", {})
         if isinstance(stored, dict):
             meta.options = {str(k): v for k, v in stored.items()}
-        regions = raw.get("corrupt_regions", [])
-        if isinstance(regions, list):
-            meta.corrupt_regions = [
-                [int(r[0]), int(r[1])]
-                for r in regions
-                if isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r)
-            ]
+        meta.corrupt_regions = _pairs(raw.get("corrupt_regions"))
+        gaps_from = raw.get("gaps_from")
+        meta.gaps_from = gaps_from if type(gaps_from) is int else None
+        meta.gaps = _pairs(raw.get("gaps"))
+        meta.lost = _pairs(raw.get("lost"))
+        meta.known_lost = _pairs(raw.get("known_lost"))
         return meta
 
     def save(self, meta: Meta) -> None:

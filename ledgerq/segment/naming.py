@@ -5,6 +5,7 @@
     QUEUE/
       LOCK                      LOCK_NAME: flock'ed while the queue is open
       meta.json                 META_NAME: format version, next id, stored options
+      options.json              OPTIONS_NAME: a second copy of the stored options
       segments/                 SEGMENTS_DIR
         <first-id:020d>.log     log_path(): entries
         <first-id:020d>.idx     idx_path(): the sparse index
@@ -29,6 +30,7 @@ __all__ = [
     "LOCK_NAME",
     "LOG_SUFFIX",
     "META_NAME",
+    "OPTIONS_NAME",
     "QUEUE_NAMES",
     "READERS_DIR",
     "SEGMENTS_DIR",
@@ -38,6 +40,7 @@ __all__ = [
     "list_reader_names",
     "list_segment_ids",
     "log_path",
+    "parse_log_name",
     "reader_state_path",
 ]
 
@@ -46,6 +49,7 @@ READERS_DIR = "readers"
 FEATURES_DIR = "features"
 DLQ_DIR = "dlq"
 META_NAME = "meta.json"
+OPTIONS_NAME = "options.json"
 LOCK_NAME = "LOCK"
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".idx"
@@ -55,7 +59,17 @@ TMP_SUFFIX = ".tmp"
 # Everything a queue directory may hold: a directory holding anything else and no
 # meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).
 QUEUE_NAMES = frozenset(
-    (LOCK_NAME, META_NAME, META_NAME + TMP_SUFFIX, SEGMENTS_DIR, READERS_DIR, FEATURES_DIR, DLQ_DIR)
+    (
+        LOCK_NAME,
+        META_NAME,
+        META_NAME + TMP_SUFFIX,
+        OPTIONS_NAME,
+        OPTIONS_NAME + TMP_SUFFIX,
+        SEGMENTS_DIR,
+        READERS_DIR,
+        FEATURES_DIR,
+        DLQ_DIR,
+    )
 )
 
 _LOG_NAME = re.compile(r"^(\d{20})" + re.escape(LOG_SUFFIX) + r"$")
@@ -69,6 +83,12 @@ def log_path(segments_dir: str, first_id: int) -> str:
 def idx_path(segments_dir: str, first_id: int) -> str:
     """Path of the sparse index of the segment whose first id is ``first_id``."""
     return os.path.join(segments_dir, f"{first_id:020d}{INDEX_SUFFIX}")
+
+
+def parse_log_name(name: str) -> int | None:
+    """The id a segment log's file name says (``None`` for any other name)."""
+    match = _LOG_NAME.match(name)
+    return int(match.group(1)) if match else None
 
 
 def list_segment_ids(segments_dir: str) -> list[int]:

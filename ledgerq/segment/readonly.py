@@ -8,8 +8,11 @@ so the rules below exist once:
 
 * what a queue directory is (:func:`queue_dir_problem`), and where the queues under a
   directory are (:func:`find_queues`);
-* the segments of a queue, their sparse indexes read tolerantly (an index is a hint),
-  and a checked start point for an id (``checked_start``);
+* the segments of a queue in the order of their contents - a misnamed file (renamed,
+  swapped, copied by hand) read under its entries' ids, a copy set aside, gaps
+  listed - as the owner orders them (``SegmentDirectory``, ``arrange``,
+  ``content_first_id``: ``segment.layout``), their sparse indexes read tolerantly (an
+  index is a hint), and a checked start point for an id (``checked_start``);
 * one live-tail scanner (``TailScanner``), which stops at an append or a batch still in
   flight instead of searching past it, and the readers built on it: ``SegmentTail``
   (one segment, with the patience rule), ``LogTail`` (the whole log, as it grows, across
@@ -28,7 +31,9 @@ What a reader without the lock may rely on, from the owner's side (``docs/format
 * a ``write()`` is not atomic for readers: the end of the newest segment may hold the
   first bytes of an entry still being written, which look like damage - a reader waits
   at them for a grace period (``IN_FLIGHT_GRACE_S``) before searching past them;
-* ids inside a segment are consecutive, and between segments they only increase;
+* ids inside a segment are consecutive, and between segments they only increase; a
+  segment file is named after its first entry's id - unless someone renamed, swapped
+  or copied files by hand, which ``segment.layout`` detects (by content, never by name);
 * a segment is sealed (its last write done) before the next segment's file is created,
   so once a newer ``.log`` exists, the older file's size is final;
 * only sealed segments are ever deleted, oldest first, and the active (newest) one only
@@ -71,6 +76,16 @@ from ledgerq.format.compression import restore_zstd
 from ledgerq.format.entry import ENTRY_HEADER
 from ledgerq.segment.files import pread_exact
 from ledgerq.segment.index_file import load_index, read_index, read_index_ends, read_index_tail
+from ledgerq.segment.layout import (
+    DAMAGED_DIR,
+    Layout,
+    SegmentDirectory,
+    SegmentFile,
+    arrange,
+    content_first_id,
+    newest_first,
+    subtract_ranges,
+)
 from ledgerq.segment.meta import FORMAT_VERSION, Meta, MetaStore, stored_options
 from ledgerq.segment.naming import (
     DLQ_DIR,
@@ -88,9 +103,11 @@ from ledgerq.segment.naming import (
     reader_state_path,
 )
 from ledgerq.segment.readonly_state import (
+    HEADER_ADVICE,
     JournalTail,
     ReaderState,
     StateRecord,
+    has_valid_header,
     journal_records,
     reader_heads,
     replay_reader,
@@ -113,9 +130,11 @@ from ledgerq.segment.watch import DirectoryWatcher, WatchMode, open_watcher
 
 __all__ = [
     "CHECKSUM",
+    "DAMAGED_DIR",
     "DLQ_DIR",
     "ENTRY_HEADER",
     "FORMAT_VERSION",
+    "HEADER_ADVICE",
     "IN_FLIGHT_GRACE_S",
     "LOCK_NAME",
     "MAX_ENTRY_SIZE",
@@ -136,21 +155,27 @@ __all__ = [
     "EntryScanner",
     "IndexEntry",
     "JournalTail",
+    "Layout",
     "LogTail",
     "Meta",
     "QueueDir",
     "ReaderState",
     "RecordType",
+    "SegmentDirectory",
+    "SegmentFile",
     "SegmentTail",
     "StateRecord",
     "StateRecordType",
     "TailScanner",
     "WatchMode",
+    "arrange",
     "check_queue_dir",
     "checked_start",
+    "content_first_id",
     "count_valid_records",
     "decode_entry",
     "find_queues",
+    "has_valid_header",
     "idx_path",
     "is_cleanly_closed",
     "is_queue_dir",
@@ -162,6 +187,7 @@ __all__ = [
     "load_meta",
     "log_path",
     "log_skipped",
+    "newest_first",
     "pread_exact",
     "queue_dir_problem",
     "read_index",
@@ -174,6 +200,7 @@ __all__ = [
     "sealed_index_holds",
     "segment_ids",
     "stored_options",
+    "subtract_ranges",
     "view_message",
     "watch_segments",
 ]

@@ -37,6 +37,8 @@ from ledgerq.format.checksum import recovery_crc_allowance
 from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
 from ledgerq.format.reader_state import (
     MIN_STATE_RECORD_SIZE,
+    STATE_FILE_HEADER,
+    STATE_MAGIC,
     Checkpoint,
     StateRecordType,
     decode_checkpoint,
@@ -47,10 +49,12 @@ from ledgerq.format.reader_state import (
 from ledgerq.segment.naming import list_reader_names, reader_state_path
 
 __all__ = [
+    "HEADER_ADVICE",
     "JournalTail",
     "ReaderState",
     "StateRecord",
     "StateRecords",
+    "has_valid_header",
     "journal_records",
     "next_record_after",
     "reader_heads",
@@ -69,6 +73,12 @@ StateRecord = tuple[StateRecordType, tuple[int, ...], Checkpoint | None, int]
 DamageHandler = Callable[[int, int, str], bool]
 
 _ADVICE = "restore the file or delete it to restart this reader from the oldest message"
+# An empty or headerless file holds no state to keep: the repair restarts the reader.
+HEADER_ADVICE = (
+    "run `ledgerq verify --repair` on the queue, which restarts this reader at the oldest "
+    "retained message (at-least-once: what it had finished is delivered again, nothing is "
+    "lost), or restore the file from a backup"
+)
 _LEASE = StateRecordType.LEASE
 _NACK = StateRecordType.NACK
 _ACK = StateRecordType.ACK
@@ -166,6 +176,19 @@ class StateRecords:
         return self._on_damage(at, self.base + resume if resume >= 0 else -1, problem)
 
 
+def has_valid_header(data: bytes) -> bool | None:
+    """Whether a journal's bytes start with a valid file header: True; False when they
+    are empty or start with anything but the magic (no state to keep: a repair restarts
+    the reader); None for the magic of another version (not this ledgerq's to touch)."""
+    try:
+        decode_state_file_header(data)
+    except DecodeError:
+        if data[: len(STATE_MAGIC)] == STATE_MAGIC and len(data) >= STATE_FILE_HEADER.size:
+            return None
+        return False
+    return True
+
+
 def journal_records(
     data: bytes, path: str, *, on_damage: DamageHandler | None = None
 ) -> StateRecords:
@@ -176,7 +199,19 @@ def journal_records(
     try:
         pos = decode_state_file_header(data)
     except DecodeError as exc:
-        raise CorruptionError(f"reader state file is damaged ({exc}); {_ADVICE}", path, 0) from None
+        if has_valid_header(data) is None:
+            raise CorruptionError(
+                f"reader state file is of another version ({exc}): written by a newer "
+                "ledgerq? Open the queue with that version",
+                path,
+                0,
+            ) from None
+        raise CorruptionError(
+            f"reader state file has no valid header ({'empty' if not data else exc}); "
+            f"{HEADER_ADVICE}",
+            path,
+            0,
+        ) from None
     return StateRecords(data, pos, path, on_damage=on_damage)
 
 
@@ -283,6 +318,14 @@ class ReaderState:
                     "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
                 )
                 counters[counter] = counters.get(counter, 0) + len(body)
+
+    def unfinished_in(self, first: int, last: int) -> int:
+        """How many of ids ``first..last`` the reader has not finished (at or above its
+        head and not done): what it loses when those messages are gone."""
+        lo = max(first, self.head)
+        if lo > last:
+            return 0
+        return last - lo + 1 - sum(1 for i in self.done if lo <= i <= last)
 
     def durable_head(self) -> int:
         """The lowest id the reader may still need: ``head`` moved past done ids."""

@@ -18,10 +18,12 @@ import logging
 import os
 import time
 
-from ledgerq._errors import CorruptionError
+from ledgerq._errors import CorruptionError, IncompatibleFormatError, NotAQueueError
 from ledgerq.format.entry import Entry
 from ledgerq.segment.index_file import read_index, read_index_tail
-from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, list_segment_ids, log_path
+from ledgerq.segment.layout import SegmentDirectory, SegmentFile, subtract_ranges
+from ledgerq.segment.meta import MetaStore
+from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, log_path
 from ledgerq.segment.scanner import TailScanner, checked_start
 
 __all__ = ["IN_FLIGHT_GRACE_S", "LogTail", "SegmentTail", "last_complete_id", "log_skipped"]
@@ -49,12 +51,15 @@ class SegmentTail:
     The descriptor stays open, so a segment that retention deletes while it is read is
     still read to its end.  A ``FileIO`` owns it, so it is closed (with a
     ``ResourceWarning``) even if the object is dropped without :meth:`close`.  Raises
-    ``FileNotFoundError`` when the segment does not exist (any more).
+    ``FileNotFoundError`` when the segment does not exist (any more).  ``first_id`` is
+    the id of its first entry, ``name_id`` the id its file name says when that is
+    another (a misnamed file, read by its content: see ``segment.layout``).
     """
 
-    def __init__(self, segments_dir: str, first_id: int) -> None:
+    def __init__(self, segments_dir: str, first_id: int, name_id: int | None = None) -> None:
         self.first_id = first_id
-        self.path = log_path(segments_dir, first_id)
+        name_id = first_id if name_id is None else name_id
+        self.path = log_path(segments_dir, name_id)
         self.file = io.FileIO(self.path, "rb")
         try:
             self.fd = self.file.fileno()
@@ -64,7 +69,7 @@ class SegmentTail:
             self.mtime_ns = st.st_mtime_ns  # and the time of the last write then
             # Read the index after the log's size: the owner appends to the log before
             # the index, so every point read refers to bytes below a size seen later.
-            self.points, _ = read_index(idx_path(segments_dir, first_id))
+            self.points, _ = read_index(idx_path(segments_dir, name_id))
         except BaseException:
             self.file.close()
             raise
@@ -161,12 +166,15 @@ class LogTail:
     It fails fast with :class:`CorruptionError` when it would otherwise silently miss or
     misread data: the file it reads shrinks below what it has read, is replaced, or is
     deleted while it is the newest segment; or the next segment was deleted before it
-    could be opened.  Not thread-safe.
+    could be opened.  Segment files are taken in the order of their contents
+    (``segment.layout``): a misnamed file is read under its entries' ids, a copy is
+    skipped.  Not thread-safe.
     """
 
     def __init__(self, queue_dir: str, from_id: int = 1) -> None:
         self.path = queue_dir
         self.segments_dir = os.path.join(queue_dir, SEGMENTS_DIR)
+        self._directory = SegmentDirectory(self.segments_dir)
         self.next_id = from_id  # the lowest id not yet passed
         self.segment_path: str | None = None  # the log file being read
         self._seg: SegmentTail | None = None
@@ -266,7 +274,7 @@ class LogTail:
         # found gone shows that successor (or a later one) - unless the file was
         # removed while it was the newest.
         present = self._is_present(seg)
-        later = [first_id for first_id in self._list_segments() if first_id > seg.first_id]
+        later = [f for f in self._list_segments() if f.first_id > seg.first_id]
         if not later:
             if not present and os.fstat(seg.fd).st_size > 0:
                 raise CorruptionError(
@@ -291,7 +299,7 @@ class LogTail:
         if scanner.pos < seg.size and not self._tail_reported:
             self._tail_reported = True
             log_skipped(seg.path, scanner.pos, seg.size)
-        successor = later[0]
+        successor = later[0].first_id
         if successor > scanner.last_id + 1 and seg.size > 0 and not self._is_present(seg):
             # Ids jump, and our (finished) segment has been deleted meanwhile: retention
             # may have deleted whole segments after it before we could open them.
@@ -302,8 +310,10 @@ class LogTail:
                 "up, or read again from a later id",
                 seg.path,
             )
+        if successor > scanner.last_id + 1 and scanner.last_id:
+            self._report_gap(scanner.last_id + 1, successor - 1, seg.path, later[0].file_name)
         try:
-            following = SegmentTail(self.segments_dir, successor)
+            following = SegmentTail(self.segments_dir, successor, later[0].name_id)
         except FileNotFoundError:
             # Deleted between the listing and now: an empty segment dropped by a
             # restarting owner, or retention - look again (the checks above tell which).
@@ -312,12 +322,31 @@ class LogTail:
                     f"segment {successor} was deleted (by the owner's retention) before this "
                     f"reader could read it; messages from id {successor} on may be lost to "
                     "it - read with enough retention (retention_max_age) to keep up",
-                    log_path(self.segments_dir, successor),
+                    os.path.join(self.segments_dir, later[0].file_name),
                 ) from None
             return True
         seg.close()
         self._enter(following, max(self.next_id, successor))
         return True
+
+    def _report_gap(self, first: int, last: int, before: str, after: str) -> None:
+        """Warn about ids ``first..last`` missing between two segments, unless the owner
+        recorded them in ``meta.json`` as a gap it made (or a repair as known lost)."""
+        try:
+            meta = MetaStore(self.path).load()
+        except (NotAQueueError, IncompatibleFormatError):
+            return  # the owner rebuilds a damaged meta.json; nothing to judge by
+        floor = meta.gaps_from if meta.gaps_from is not None else meta.next_id
+        explained = [*meta.gaps, *meta.known_lost]
+        for lo, hi in subtract_ranges(max(first, floor), last, explained):
+            logger.warning(
+                "ledgerq: ids %d-%d are missing between the segment files %s and %s "
+                "(a segment file deleted or moved?); reading on after them",
+                lo,
+                hi,
+                before,
+                after,
+            )
 
     def _is_present(self, seg: SegmentTail) -> bool:
         return seg.is_present(hint=f" - read again from id {self.next_id} if that is intended")
@@ -325,20 +354,22 @@ class LogTail:
     def _open_first(self) -> bool:
         """Open the segment holding ``next_id`` (or the oldest one); False if none yet."""
         while True:
-            ids = self._list_segments()
-            if not ids:
+            files = self._list_segments()
+            if not files:
                 return False
-            first_id = ids[max(bisect.bisect_right(ids, self.next_id) - 1, 0)]
+            ids = [f.first_id for f in files]
+            found = files[max(bisect.bisect_right(ids, self.next_id) - 1, 0)]
             try:
-                seg = SegmentTail(self.segments_dir, first_id)
+                seg = SegmentTail(self.segments_dir, found.first_id, found.name_id)
             except FileNotFoundError:
                 continue  # deleted by retention meanwhile: list again
-            self._enter(seg, max(self.next_id, first_id))
+            self._enter(seg, max(self.next_id, found.first_id))
             return True
 
-    def _list_segments(self) -> list[int]:
+    def _list_segments(self) -> list[SegmentFile]:
+        """The segment files to read, in id order (copies left out)."""
         try:
-            return list_segment_ids(self.segments_dir)
+            return self._directory.layout().used
         except FileNotFoundError:
             raise CorruptionError(
                 "the queue's segments directory was removed while this reader was reading "
@@ -357,18 +388,18 @@ def last_complete_id(queue_dir: str) -> int:
     """
     seg_dir = os.path.join(queue_dir, SEGMENTS_DIR)
     try:
-        ids = list_segment_ids(seg_dir)
+        files = SegmentDirectory(seg_dir).layout().used
     except FileNotFoundError:
         return 0
-    for first_id in reversed(ids):
+    for f in reversed(files):
         try:
-            fd = os.open(log_path(seg_dir, first_id), os.O_RDONLY)
+            fd = os.open(os.path.join(seg_dir, f.file_name), os.O_RDONLY)
         except FileNotFoundError:
             continue
         try:
             size = os.fstat(fd).st_size
-            points = read_index_tail(idx_path(seg_dir, first_id))
-            pos, after = checked_start(fd, points, size, _ANY_ID, first_id)
+            points = read_index_tail(idx_path(seg_dir, f.name_id))
+            pos, after = checked_start(fd, points, size, _ANY_ID, f.first_id)
             scanner = TailScanner(
                 fd=fd,
                 pos=pos,

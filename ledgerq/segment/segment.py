@@ -14,9 +14,12 @@ __all__ = ["Segment"]
 class Segment:
     """What the manager knows of one segment without reading its entries.
 
-    ``last_id`` is 0 while the segment holds no entry.  Ids inside a segment are
-    consecutive, so ``count`` is ``last_id - first_id + 1`` unless corruption
-    removed some (then ``missing`` says how many).
+    ``first_id`` is the id of its first entry and ``name_id`` the id its file name
+    says: the two differ only for a misnamed file (renamed, swapped or copied by hand;
+    see ``segment.layout``), which is read by its content.  ``last_id`` is 0 while the
+    segment holds no entry.  Ids inside a segment are consecutive, so ``count`` is
+    ``last_id - first_id + 1`` unless corruption removed some (then ``missing`` says
+    how many).
     """
 
     __slots__ = (
@@ -31,14 +34,16 @@ class Segment:
         "last_timestamp",
         "log_path",
         "missing",
+        "name_id",
         "sealed",
         "size",
     )
 
-    def __init__(self, segments_dir: str, first_id: int) -> None:
+    def __init__(self, segments_dir: str, first_id: int, name_id: int | None = None) -> None:
         self.first_id = first_id
-        self.log_path = log_path(segments_dir, first_id)
-        self.idx_path = idx_path(segments_dir, first_id)
+        self.name_id = first_id if name_id is None else name_id
+        self.log_path = log_path(segments_dir, self.name_id)
+        self.idx_path = idx_path(segments_dir, self.name_id)
         self.size = 0
         self.last_id = 0
         self.last_offset = -1
@@ -58,9 +63,20 @@ class Segment:
         return self.last_id - self.first_id + 1 - self.missing
 
     @property
+    def is_misnamed(self) -> bool:
+        """Whether the file's name is not the id of its first entry."""
+        return self.name_id != self.first_id
+
+    @property
     def is_empty(self) -> bool:
         """Whether the segment holds no entry."""
         return self.last_id == 0
+
+    def rename(self, segments_dir: str, name_id: int) -> None:
+        """Take the file names of ``name_id`` (the files were renamed on disk)."""
+        self.name_id = name_id
+        self.log_path = log_path(segments_dir, name_id)
+        self.idx_path = idx_path(segments_dir, name_id)
 
     def add_index_entry(self, entry: IndexEntry) -> None:
         """Record a sparse-index point in memory (the caller persists it)."""
@@ -94,7 +110,8 @@ class Segment:
             os.close(fd)
 
     def __repr__(self) -> str:
+        named = f", name_id={self.name_id}" if self.is_misnamed else ""
         return (
-            f"Segment(first_id={self.first_id}, last_id={self.last_id}, size={self.size}, "
-            f"sealed={self.sealed})"
+            f"Segment(first_id={self.first_id}{named}, last_id={self.last_id}, "
+            f"size={self.size}, sealed={self.sealed})"
         )

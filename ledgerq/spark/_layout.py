@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 from ledgerq.segment.readonly import (
     SEGMENTS_DIR,
+    SegmentDirectory,
     idx_path,
     is_cleanly_closed,
-    log_path,
     read_index_ends,
     replay_reader,
-    segment_ids,
 )
 
 __all__ = [
@@ -39,9 +38,12 @@ __all__ = [
 class SegmentInfo:
     """What the planner knows of one segment without reading its log.
 
-    ``next_first_id`` is the first id of the next segment (ids of this one are below
-    it), None for the newest segment.  ``first_ts``/``last_ts`` are the timestamps of
-    the first and (sealed index) last entries, when the index says so.
+    ``first_id`` is its first entry's id; ``name_id`` the id in its file name, which
+    differs for a misnamed file (renamed or swapped by hand: read by its content, as
+    every reader does - ``segment.layout``).  ``next_first_id`` is the first id of the
+    next segment (ids of this one are below it), None for the newest segment.
+    ``first_ts``/``last_ts`` are the timestamps of the first and (sealed index) last
+    entries, when the index says so.
     """
 
     first_id: int
@@ -49,6 +51,7 @@ class SegmentInfo:
     size: int
     first_ts: int | None
     last_ts: int | None
+    name_id: int | None = None
 
     @property
     def is_newest(self) -> bool:
@@ -59,26 +62,30 @@ class SegmentInfo:
 def list_segments(queue_path: str) -> list[SegmentInfo]:
     """The segments of a queue, oldest first (an empty list if it has none).
 
-    Reads two points of each sparse index (its first and its last), never the whole
-    file: planning stays fast however large the segments are.
+    Reads the header of each log's first entry and two points of each sparse index
+    (its first and its last), never the whole file: planning stays fast however large
+    the segments are.  Segments are in the order of their contents; a copy of another
+    segment's ids is left out (``segment.layout``, the rule every reader applies).
     """
     seg_dir = os.path.join(queue_path, SEGMENTS_DIR)
-    ids = segment_ids(queue_path)
+    try:
+        files = SegmentDirectory(seg_dir, last_ids=True).layout().used
+    except FileNotFoundError:
+        return []
     infos = []
-    for position, first_id in enumerate(ids):
-        try:
-            size = os.stat(log_path(seg_dir, first_id)).st_size
-        except FileNotFoundError:
-            continue  # deleted by retention while we listed
-        first, last = read_index_ends(idx_path(seg_dir, first_id))
-        next_first = ids[position + 1] if position + 1 < len(ids) else None
+    for position, f in enumerate(files):
+        first, last = read_index_ends(idx_path(seg_dir, f.name_id))
+        if first is not None and (first.id, first.offset) != (f.first_id, 0):
+            first = last = None  # not this log's index
+        next_first = files[position + 1].first_id if position + 1 < len(files) else None
         infos.append(
             SegmentInfo(
-                first_id,
+                f.first_id,
                 next_first,
-                size,
-                first.timestamp if first is not None and first.offset == 0 else None,
+                f.size if f.size >= 0 else os.stat(os.path.join(seg_dir, f.file_name)).st_size,
+                first.timestamp if first is not None else None,
                 last.timestamp if last is not None else None,
+                f.name_id if f.is_misnamed else None,
             )
         )
     return infos

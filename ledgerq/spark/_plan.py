@@ -170,6 +170,7 @@ def plan_queue(
                 seek_by_time=by_time,
                 state=None if state is None else state.restricted(seg.first_id, seg.next_first_id),
                 failfast=options.failfast,
+                name_id=seg.name_id,
             )
         )
     return tasks

@@ -139,16 +139,17 @@ class SegmentTask:
     seek_by_time: bool = False
     state: ReaderSnapshot | None = None
     failfast: bool = False
+    name_id: int | None = None  # the id in the file's name, when it is not first_id
 
     @property
     def log_path(self) -> str:
         """Path of the segment's log file."""
-        return log_path(os.path.join(self.path, SEGMENTS_DIR), self.first_id)
+        return log_path(os.path.join(self.path, SEGMENTS_DIR), self.name_id or self.first_id)
 
     @property
     def index_path(self) -> str:
         """Path of the segment's sparse index file."""
-        return idx_path(os.path.join(self.path, SEGMENTS_DIR), self.first_id)
+        return idx_path(os.path.join(self.path, SEGMENTS_DIR), self.name_id or self.first_id)
 
 
 class ScanStats:

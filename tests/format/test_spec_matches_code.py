@@ -49,6 +49,7 @@ CHECKED_TABLES = {
     "state-types",
     "checkpoint",
     "meta",
+    "options",
     "constants",
 }
 
@@ -355,9 +356,12 @@ def test_files() -> None:
     assert state.format(name="r") == naming.reader_state_path("", "r")
     named = {naming.LOCK_NAME, naming.META_NAME, naming.FEATURES_DIR + "/", naming.DLQ_DIR + "/"}
     assert named <= paths
-    # Every name a queue directory may hold is in the table (the temp file aside).
+    # Every name a queue directory may hold is in the table (the temp files aside).
     tops = {p.split("/")[0] for p in paths}
-    assert naming.QUEUE_NAMES - {naming.META_NAME + naming.TMP_SUFFIX} == tops
+    assert {n for n in naming.QUEUE_NAMES if not n.endswith(naming.TMP_SUFFIX)} == tops
+    from ledgerq.segment.layout import DAMAGED_DIR
+
+    assert f"{segments}/{DAMAGED_DIR}/" in paths
 
 
 def test_meta_fields() -> None:
@@ -371,6 +375,20 @@ def test_meta_fields() -> None:
         assert type(saved[r["field"]]) is json_types[r["json type"]], r
     assert f"`{saved['format']}`" in row("meta", "format")["meaning"]
     assert f", {saved['version']};" in row("meta", "version")["meaning"]
+
+
+def test_options_fields() -> None:
+    from ledgerq.segment.meta import OPTIONS_FORMAT, OptionsCopy
+
+    rows = table("options")
+    assert [r["field"] for r in rows] == [f.name for f in dataclasses.fields(OptionsCopy)]
+    json_types = {"string": str, "integer": int, "object": dict}
+    saved = json.loads(json.dumps(dataclasses.asdict(OptionsCopy())))
+    for r in rows:
+        assert type(saved[r["field"]]) is json_types[r["json type"]], r
+    assert OPTIONS_FORMAT in row("options", "format")["meaning"]
+    assert saved["format"] == OPTIONS_FORMAT
+    assert row("options", "version")["meaning"].startswith(f"{saved['version']};")
 
 
 def test_checkpoint_table() -> None:

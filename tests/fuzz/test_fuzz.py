@@ -21,6 +21,7 @@ import ledgerq.format.entry as entry_format
 import ledgerq.format.reader_state as state_format
 from ledgerq.format.feature_state import encode_feature_file_header, encode_feature_record
 from ledgerq.format.reader_state import encode_state_file_header
+from ledgerq.segment import readonly
 from tests.fuzz import _corpus
 from tests.fuzz._strategies import inputs
 from tests.fuzz._targets import TARGETS, run_target, scratch_cleanup
@@ -126,12 +127,18 @@ def test_meta_json_nested_deeply() -> None:
     run_target("meta", b"[" * 1000)
 
 
-def test_meta_json_nested_deeply_is_not_a_queue(tmp_path: Path) -> None:
+def test_meta_json_nested_deeply_is_damage_not_a_crash(tmp_path: Path) -> None:
     path = tmp_path / "q"
-    with ledgerq.open(path):
+    with ledgerq.open(path, max_retries=5):
         pass
     (path / "meta.json").write_bytes(b"[" * 100_000)
-    with pytest.raises(ledgerq.NotAQueueError, match="unreadable"):
+    with pytest.raises(ledgerq.NotAQueueError, match="damaged"):  # read-only readers
+        readonly.check_queue_dir(path)
+    with ledgerq.open(path) as q:  # rebuilt from the segments and options.json
+        assert q.options.max_retries == 5
+    (path / "meta.json").write_bytes(b"[" * 100_000)
+    (path / "options.json").unlink()
+    with pytest.raises(ledgerq.CorruptionError, match="verify --repair"):
         ledgerq.open(path)
 
 

@@ -83,8 +83,12 @@ def _layouts(root: Path) -> dict[str, tuple[Path, bool]]:
     (root / "foreign" / "segments").mkdir(parents=True)
     (root / "foreign" / "notes.txt").write_text("mine")
     made["segments/ beside foreign files"] = (root / "foreign", False)
-    partial = _queue(root / "partial", 3)
-    os.unlink(partial / "meta.json")  # what a first open killed before its meta.json leaves
+    partial = _queue(root / "partial")
+    # What a first open killed before its meta.json leaves: no reader state yet either.
+    os.unlink(partial / "meta.json")
+    for state in (partial / "readers").iterdir():
+        state.unlink()
+    (partial / "readers").rmdir()
     made["segments/ and queue names, no meta.json"] = (partial, True)
     made["a queue"] = (_queue(root / "queue", 3), True)
     return made
@@ -401,3 +405,43 @@ def test_follow_and_dump_yield_the_same_messages_with_the_same_attempts(tmp_path
     assert [m.id for m in followed] == [1, 2]  # the reserved record is no message
     assert {m.attempts for m in followed} == {readonly.VIEW_ATTEMPTS} == {0}
     assert followed[1].payload == b"z" * 500 and followed[1].headers == {"k": "v"}
+
+
+# ---------------------------------------------------------------------- which file holds which ids
+
+
+def test_every_reader_takes_a_misnamed_segment_by_its_content_and_skips_a_copy(
+    tmp_path: Path,
+) -> None:
+    """Two segments swapped and one copied under a later name: the owner, follow, dump,
+    last_complete_id and the Spark planner read the same ids from the same files; ship
+    refuses to copy a file under a name its entries contradict."""
+    from ledgerq.spark._layout import list_segments
+
+    path = _queue(tmp_path / "q", 60, segment_size=1024)
+    logs = _logs(path)
+    assert len(logs) >= 5
+    a, b = logs[1], logs[2]
+    for suffix in (".log", ".idx"):
+        x, y, tmp = a.with_suffix(suffix), b.with_suffix(suffix), tmp_path / "tmp"
+        x.rename(tmp)
+        y.rename(x)
+        tmp.rename(y)
+    copy = path / "segments" / f"{10_000:020d}.log"
+    copy.write_bytes(logs[0].read_bytes())
+    everything = list(range(1, 61))
+
+    assert _follow_ids(path) == everything
+    assert _follow_ids(path, from_id=int(a.stem) + 1) == everything[int(a.stem) :]
+    assert _dump_ids(path) == everything
+    assert last_complete_id(str(path)) == 60
+    planned = list_segments(str(path))
+    assert [s.first_id for s in planned] == sorted(int(log.stem) for log in logs)
+    assert {s.name_id for s in planned} == {None, int(a.stem), int(b.stem)}
+    layout = readonly.SegmentDirectory(str(path / "segments")).layout()
+    assert [f.file_name for f, _ in layout.set_aside] == [copy.name]
+    assert {f.file_name for f in layout.misnamed} == {a.name, b.name}
+    with pytest.raises(ledgerq.CorruptionError, match="verify --repair"):
+        ship_queue(path, tmp_path / "hub", "c")
+    with ledgerq.open(path) as q:
+        assert [m.id for m in q.peek(100)] == everything
