@@ -1101,7 +1101,8 @@ def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> l
         add(
             f"| ledgerq `shared=True` | {_ms_cell(res, tid, 'p50_ns')} | "
             f"{_ms_cell(res, tid, 'p90_ns')} | {_ms_cell(res, tid, 'p99_ns')} | "
-            f"{_ms_cell(res, tid, 'max_ns')} | {n:,} in {len(runs)} runs ({nb:,}) |"
+            f"{_ms_cell(res, tid, 'max_ns')} | {n:,} in {len(runs)} run"
+            f"{'s' if len(runs) > 1 else ''} ({nb:,}) |"
         )
     elif tid in res.errors:
         add(f"| ledgerq `shared=True` | failed: {res.errors[tid][:100]} | | | | |")
