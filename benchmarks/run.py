@@ -43,6 +43,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 ANALYSIS = REPO / "benchmarks" / "analysis.md"  # hand-written, quoted in the report
+# analysis.md's part from this heading on is quoted in the shared-mode section instead.
+ANALYSIS_MP_HEADING = "### How to read the shared-mode numbers"
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(REPO))
 
@@ -899,6 +901,14 @@ def mp_targets(res: Results, unavailable: str | None) -> list[Target]:
     return out
 
 
+def analysis() -> tuple[str, str]:
+    """benchmarks/analysis.md split in two: the part quoted after the issue-5 targets,
+    and the part quoted in the shared-mode section (from ``ANALYSIS_MP_HEADING`` on)."""
+    text = ANALYSIS.read_text() if ANALYSIS.exists() else ""
+    head, mark, tail = text.partition(ANALYSIS_MP_HEADING)
+    return head.rstrip(), (mark + tail).rstrip()
+
+
 def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> list[str]:
     """The shared-mode section of the report (method first, then targets and tables)."""
     lines: list[str] = []
@@ -980,8 +990,8 @@ def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> l
         "over the messages between them. Measured once."
     )
     add(
-        f"- Repeats: {mp['repeats']}, interleaved with the rest of the run; tables show the "
-        "median and (min-max). No means."
+        f"- Repeats: {mp['repeats']}, interleaved (repeat 1 of every scenario, then repeat "
+        "2, ...); tables show the median and (min-max). No means."
     )
     add("")
     if mp.get("separate"):
@@ -995,16 +1005,13 @@ def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> l
         add("```")
         add("")
         differs = {k: v for k, v in mp["machine"].items() if env.get(k) != v and k != "bench_dir"}
-        if differs:
-            add("Its machine, where it differs from the one above:")
-            add("")
-            add("| | |")
-            add("|---|---|")
-            for k, v in differs.items():
-                add(f"| {k} | {v} |")
-            for k, v in mp.get("versions", {}).items():
-                add(f"| {k} | {v} |")
-            add("")
+        add("Its machine where it differs from the one above, and the versions it ran:")
+        add("")
+        add("| | |")
+        add("|---|---|")
+        for k, v in [*differs.items(), *mp.get("versions", {}).items()]:
+            add(f"| {k} | {v} |")
+        add("")
     else:
         add("Measured in the same run as the rest of this report (command and machine above).")
         add("")
@@ -1017,6 +1024,9 @@ def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> l
         req = ("<= " if t.is_upper else ">= ") + fmt_target_value(t, t.bound)
         add(f"| {t.name} | {fmt_target_value(t, t.measured)} | {req} | {t.verdict} | {t.basis} |")
     add("")
+    if analysis()[1]:
+        add(analysis()[1])  # written by hand: how to read what follows
+        add("")
 
     add("### Shared mode alone: one process, `shared=True` against exclusive")
     add("")
@@ -1308,10 +1318,10 @@ def report(
         req = ("<= " if t.is_upper else ">= ") + fmt_target_value(t, t.bound)
         add(f"| {t.name} | {fmt_target_value(t, t.measured)} | {req} | {t.verdict} | {t.basis} |")
     add("")
-    if ANALYSIS.exists():
+    if analysis()[0]:
         # Written by hand from a profile run (it names its own command and numbers):
         # why a target is not met, and what the floor of that path is.
-        add(ANALYSIS.read_text().rstrip())
+        add(analysis()[0])
         add("")
 
     # throughput
