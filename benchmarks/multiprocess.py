@@ -458,6 +458,7 @@ def mp_pc(spec: dict[str, Any]) -> dict[str, Any]:
         "first_error": next((r["first_error"] for r in everyone if r["first_error"]), ""),
         "wrong_size": sum(r["wrong_size"] for r in took),
         "timed_out": any(r["timed_out"] for r in everyone),
+        "cap_seconds": spec["cap_seconds"],
         "per_process": [
             {k: r[k] for k in ("role", "index", "count", "errors")}
             | {"seconds": (r["end_ns"] - r["start_ns"]) / 1e9}

@@ -744,38 +744,32 @@ def _mp_peer(res: Results, key: str) -> tuple[str | None, float | None]:
     return best
 
 
-def _delivery(res: Results, tid: str, cap: float) -> str:
-    """What the verification found, over every repeat of a 4 + 4 run."""
+def _delivery(res: Results, tid: str) -> str:
+    """What the delivery check found, over every repeat of a 4 + 4 run."""
     runs = res.values.get(tid, [])
     if not runs:
         return ""
-    wrong = [
-        r
-        for r in runs
-        if r["missing"] or r["duplicated"] or r["unexpected"] or r.get("wrong_size", 0)
-    ]
+    n = len(runs)
     capped = sum(1 for r in runs if r.get("timed_out"))
-    note = f"; stopped at the {cap:g} s cap in {capped} of {len(runs)}" if capped else ""
-    if not wrong:
-        return f"exactly once ({len(runs)} of {len(runs)} runs){note}"
-    parts = []
-    dup = sum(r["duplicated"] for r in runs)
-    lost = sum(r["missing"] for r in runs if not r.get("timed_out"))
+    seconds = runs[0].get("cap_seconds", 0)
+    cap = f"the {seconds:g} s cap stopped {capped} of {n} run{'s' if n > 1 else ''}"
     late = sum(r["missing"] for r in runs if r.get("timed_out"))
-    unexpected = sum(r["unexpected"] for r in runs)
-    wrong_size = sum(r.get("wrong_size", 0) for r in runs)
-    if dup:
-        parts.append(f"**{dup:,} delivered twice**")
-    if lost:
-        parts.append(f"**{lost:,} lost**")
+    parts = []
+    for count, what in (
+        (sum(r["duplicated"] for r in runs), "delivered twice"),
+        (sum(r["missing"] for r in runs if not r.get("timed_out")), "lost"),
+        (sum(r["unexpected"] for r in runs), "never produced"),
+        (sum(r.get("wrong_size", 0) for r in runs), "of the wrong size"),
+    ):
+        if count:
+            parts.append(f"**{count:,} {what}**")
     if late:
-        parts.append(f"{late:,} not consumed before the cap (left or lost: not told apart)")
-    if unexpected:
-        parts.append(f"**{unexpected:,} never produced**")
-    if wrong_size:
-        parts.append(f"**{wrong_size:,} of the wrong size**")
-    runs_n = f"{len(runs)} run{'s' if len(runs) > 1 else ''}"
-    return "; ".join(parts) + f" (sums over {runs_n}, {len(wrong)} not exactly once){note}"
+        parts.append(
+            f"{late:,} not consumed when {cap} (left in the queue or lost: not told apart)"
+        )
+    if not parts:
+        return f"exactly once ({n} of {n} runs)" + (f"; {cap}" if capped else "")
+    return (f"over {n} runs: " if n > 1 else "") + "; ".join(parts)
 
 
 def _errors(res: Results, tid: str) -> str:
@@ -856,7 +850,7 @@ def mp_targets(res: Results, unavailable: str | None) -> list[Target]:
         peer, rate = _mp_peer(res, key)
         them = f"{ADAPTERS[peer].label} {fmt_rate(rate)}/s" if peer else "no peer measured"
         if peer:
-            them += f" (delivery: {_delivery(res, f'mp/pc/{peer}', 0).replace('**', '')})"
+            them += f" (delivery: {_delivery(res, f'mp/pc/{peer}').replace('**', '')})"
         out.append(
             Target(
                 f"4 + 4 processes, aggregate {what}: vs the fastest multi-process peer",
@@ -1074,9 +1068,7 @@ def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> l
             ratio = "" if key == "ledgerq" else fmt_ratio(_ratio(mine, res.median(tid, rate)))
             cols += [_mp_cell(res, tid, rate, unavailable if key == "ledgerq" else None), ratio]
         add(
-            f"| {label} | "
-            + " | ".join(cols)
-            + f" | {_delivery(res, tid, c.mp_cap_seconds)} | {_errors(res, tid)} |"
+            f"| {label} | " + " | ".join(cols) + f" | {_delivery(res, tid)} | {_errors(res, tid)} |"
         )
     spread = [
         f"{ADAPTERS[k].label if k in ADAPTERS else k} {m / 1000:.1f} ms"
