@@ -31,7 +31,9 @@ so one process's start and another's end can be subtracted.
                  the tags it got to a file; the coordinator checks that every produced
                  message was consumed exactly once (lost, duplicated, unexpected counts).
 ``mp_exclusive`` the same total work in one process on an exclusive ledgerq: enqueue all
-                 one at a time, then dequeue + ack all one at a time; both timed.
+                 one at a time, then dequeue + ack all one at a time; both timed, and the
+                 whole (``through_rate``: from the start to the last ack, as the consumers
+                 of ``mp_pc`` count).
 ``mp_wake``      wake-up latency: a consumer process blocked in ``dequeue(timeout=...)`` on
                  a shared queue; before each call it writes a byte to the *armed* pipe; a
                  producer process reads that byte, pauses ``pause_seconds`` (so the
@@ -442,9 +444,12 @@ def mp_pc(spec: dict[str, Any]) -> dict[str, Any]:
     check = verify({r["index"]: r["count"] for r in made}, consumed)
     enq_s, deq_s = _window(made), _window(took)
     everyone = made + took
+    through_s = (max(r["end_ns"] for r in took) - min(r["start_ns"] for r in everyone)) / 1e9
     return {
         "enqueue_rate": check["produced"] / enq_s,
         "dequeue_rate": check["consumed"] / deq_s,
+        # messages through the queue: from the start to the last dequeue + ack
+        "through_rate": check["consumed"] / through_s,
         "enqueue_seconds": enq_s,
         "dequeue_seconds": deq_s,
         # how far apart the workers left the barrier, and how long after the release
@@ -488,7 +493,9 @@ def mp_exclusive(spec: dict[str, Any]) -> dict[str, Any]:
     check = verify({0: total}, consumed)
     return {
         "enqueue_rate": total / ((t1 - t0) / 1e9),
-        "dequeue_rate": len(consumed) / ((t2 - t1) / 1e9),
+        "dequeue_rate": len(consumed) / ((t2 - t1) / 1e9),  # the dequeue phase alone
+        # from the start to the last dequeue + ack, as a 4 + 4 run's consumers count
+        "through_rate": len(consumed) / ((t2 - t0) / 1e9),
         "enqueue_seconds": (t1 - t0) / 1e9,
         "dequeue_seconds": (t2 - t1) / 1e9,
         **check,
