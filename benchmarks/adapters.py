@@ -20,6 +20,14 @@ loses it), which is one write per message instead of two; ``Adapter.keeps_unacke
 False for those, and they do not count as crash-safe peers for dequeue + ack.
 
 Imports of the peers are lazy (inside ``open``), so a missing peer only disables itself.
+
+The multi-process face (``benchmarks/multiprocess.py``): ``open_shared(path, level)`` opens
+the queue as one of several processes that have it open at the same time, and
+``get_and_ack_shared()`` takes one message while other processes take from it too.  Both
+default to the single-process calls; an adapter overrides them where several processes
+need something else (ledgerq's ``shared=True``, a claim in ``BEGIN IMMEDIATE``, a count
+that only sees this process).  ``Adapter.multiprocess`` says what the library itself
+promises about several processes; None: the adapter is not run with several processes.
 """
 
 from __future__ import annotations
@@ -74,9 +82,19 @@ class Adapter:
     # (lease + ack, get + task_done in an open transaction, pop + done).  A *delete on
     # get* queue loses it: such a peer does not count as crash-safe for dequeue + ack.
     keeps_unacked: ClassVar[bool] = True
+    # What the library promises when several processes open one queue (None: not run so).
+    multiprocess: ClassVar[str | None] = None
 
     def open(self, path: str, level: str) -> None:
         raise NotImplementedError
+
+    def open_shared(self, path: str, level: str) -> None:
+        """Open the queue as one of several processes that have it open at once."""
+        self.open(path, level)
+
+    def get_and_ack_shared(self) -> bytes | None:
+        """Take one message (get + ack) while other processes take from the queue too."""
+        return self.get_and_ack()
 
     def put(self, payload: bytes) -> None:
         raise NotImplementedError
@@ -140,10 +158,21 @@ class LedgerQ(Adapter):
         ),
     }
 
+    multiprocess = (
+        "`ledgerq.open(path, shared=True)` in every process: the documented multi-process "
+        "mode (leases owned by a handle, ids unique across processes)"
+    )
+
     def open(self, path: str, level: str) -> None:
         import ledgerq
 
         self.q = ledgerq.open(path, sync="interval" if level == "kill9" else "always")
+
+    def open_shared(self, path: str, level: str) -> None:
+        import ledgerq
+
+        # A tree without shared mode raises TypeError ("unknown option") here.
+        self.q = ledgerq.open(path, shared=True, sync="interval" if level == "kill9" else "always")
 
     def put(self, payload: bytes) -> None:
         self.q.enqueue(payload)
@@ -298,6 +327,12 @@ class PersistQueueSQLiteAck(Adapter):
     )
     note = "acked rows stay in the table until clear_acked_data(), which we call every 100 acks"
     is_thread_safe = True
+    multiprocess = (
+        "documented thread-safe, not process-safe: its maintainer says multiprocessing "
+        '"is not supported and verified" (persist-queue #132); opened with '
+        "`multithreading=True`; its `qsize()` counts this process's puts only (#76), so a "
+        "consumer process calls `get(block=False)` and catches `Empty`"
+    )
     levels = _sqlite_levels(
         "set on its two connections through the private _putter/_getter",
         "its default",
@@ -320,7 +355,20 @@ class PersistQueueSQLiteAck(Adapter):
     def get_and_ack(self) -> bytes | None:
         if self.q.qsize() == 0:
             return None
-        item = self.q.get(block=False, raw=True)
+        return self._ack(self.q.get(block=False, raw=True))
+
+    def get_and_ack_shared(self) -> bytes | None:
+        from persistqueue.exceptions import Empty
+
+        # qsize() is this process's own count (its puts minus its gets): another
+        # process's puts never show in it, so ask the table instead.
+        try:
+            item = self.q.get(block=False, raw=True)
+        except Empty:
+            return None
+        return self._ack(item)
+
+    def _ack(self, item: dict[str, Any]) -> bytes:
         self.q.ack(id=item["pqid"])
         self._acked += 1
         if self._acked % 100 == 0:
@@ -345,6 +393,10 @@ class DiskcacheDeque(Adapter):
     batch_note = "`with deque.transact():` around 100 appends / 100 poplefts (one commit)"
     note = "Deque's own Cache settings (eviction_policy='none'); values < 32 KiB live in SQLite"
     is_thread_safe = True
+    multiprocess = (
+        "documented thread-safe and process-safe; Deque is its cross-process deque "
+        "(popleft in one SQLite transaction)"
+    )
     levels: ClassVar[dict[str, Level | None]] = {
         "kill9": Level(
             "Cache(sqlite_synchronous=1): diskcache's default WAL + synchronous=NORMAL",
@@ -417,6 +469,10 @@ class LiteQueueAdapter(Adapter):
         "as the queue grows"
     )
     is_thread_safe = True
+    multiprocess = (
+        'its maintainer: "Yes, this can be used across processes" (litequeue #5); '
+        "pop claims a row in BEGIN IMMEDIATE"
+    )
     levels: ClassVar[dict[str, Level | None]] = {
         "kill9": Level(
             "litequeue's own WAL + synchronous=NORMAL",
@@ -569,6 +625,10 @@ class PlainSQLite(Adapter):
     batch_note = "executemany INSERT in one transaction; one DELETE ... LIMIT 100 RETURNING"
     is_thread_safe = True  # one connection, guarded by a lock
     levels = _sqlite_levels("set at open", "set at open")
+    multiprocess = (
+        "one connection per process on the same file; SQLite's file locks serialise the "
+        "writers; the claim (`DELETE ... RETURNING`) runs in `BEGIN IMMEDIATE`"
+    )
 
     def open(self, path: str, level: str) -> None:
         os.makedirs(path, exist_ok=True)
@@ -598,6 +658,23 @@ class PlainSQLite(Adapter):
                 "DELETE FROM q WHERE id = (SELECT id FROM q ORDER BY id LIMIT 1) RETURNING payload"
             ).fetchone()
         return None if row is None else row[0]  # type: ignore[no-any-return]
+
+    def get_and_ack_shared(self) -> bytes | None:
+        # BEGIN IMMEDIATE takes the write lock before the SELECT inside the DELETE reads:
+        # two processes never claim the same row, and the busy handler (the connection's
+        # 5 s timeout) makes the other process wait for the lock instead of failing.
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                rows = self.db.execute(
+                    "DELETE FROM q WHERE id = (SELECT id FROM q ORDER BY id LIMIT 1) "
+                    "RETURNING payload"
+                ).fetchall()  # all rows: the statement is done before the COMMIT
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        return rows[0][0] if rows else None
 
     def get_batch_and_ack(self, n: int) -> list[bytes]:
         with self.lock:

@@ -11,7 +11,14 @@ other; the repeats are interleaved (repeat 1 of every scenario, then repeat 2, .
 a drift of the machine hits every queue alike.  Results are medians with min-max; every
 ratio is computed from the medians of this one run.  ``--only`` takes task ids or
 prefixes or glob patterns, e.g. ``throughput``, ``throughput/dequeue_one/100``,
-``*/ledgerq``, ``threads``, ``depth``, ``reopen``, ``memory``, ``disk``, ``raw``.
+``*/ledgerq``, ``threads``, ``depth``, ``reopen``, ``memory``, ``disk``, ``raw``, ``mp``.
+
+The ``mp/...`` tasks are the shared-mode scenarios of issue 16 (many processes on one
+queue, ``benchmarks/multiprocess.py``).  Their ledgerq rows need
+``ledgerq.open(path, shared=True)``: in a tree without it they are reported as not
+available, not as failures.  To re-run only them into a saved run and its report::
+
+    python benchmarks/run.py --update docs/benchmarks.json --write docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 ANALYSIS = REPO / "benchmarks" / "analysis.md"  # hand-written, quoted in the report
+# analysis.md's part from this heading on is quoted in the shared-mode section instead.
+ANALYSIS_MP_HEADING = "### How to read the shared-mode numbers"
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(REPO))
 
@@ -71,6 +80,10 @@ class Counts:
     seq_seconds: float
     warm_bytes: int  # written and deleted right before a timed part that writes
     repeats: int
+    mp_per_producer: int  # messages each producer process enqueues (4 + 4 processes)
+    mp_cap_seconds: float  # a multi-process run stops here, whatever is left
+    wake_samples: int
+    wake_pause_seconds: float  # between the consumer's "about to wait" and the enqueue
 
 
 FULL = Counts(
@@ -89,6 +102,10 @@ FULL = Counts(
     seq_seconds=1.0,
     warm_bytes=512 << 20,
     repeats=3,
+    mp_per_producer=20_000,
+    mp_cap_seconds=20.0,
+    wake_samples=1_000,
+    wake_pause_seconds=0.005,
 )
 QUICK = Counts(
     seconds=0.1,
@@ -106,6 +123,10 @@ QUICK = Counts(
     seq_seconds=0.3,
     warm_bytes=64 << 20,
     repeats=1,
+    mp_per_producer=1_000,
+    mp_cap_seconds=5.0,
+    wake_samples=100,
+    wake_pause_seconds=0.005,
 )
 
 
@@ -116,6 +137,7 @@ class Task:
     tid: str
     spec: dict[str, Any]
     once: bool = False  # deterministic: run in the first repeat only
+    needs_shared: bool = False  # needs ledgerq.open(path, shared=True)
 
 
 @dataclass
@@ -217,7 +239,84 @@ def build_plan(c: Counts, adapters: list[str]) -> list[Task]:
         "warm_bytes": c.warm_bytes,
     }
     tasks.append(Task("raw/seq1m", spec))
+    return tasks + build_mp_plan(c, adapters)
+
+
+# The shared-mode scenarios (issue 16, benchmarks/multiprocess.py).
+MP_PROCESSES = 4  # producer processes, and as many consumer processes
+MP_PEERS = ("sqlite", "litequeue", "pq-sqlite-ack", "diskcache")  # opened by every process
+MP_OPS = {"enqueue_one": "enqueue one at a time", "dequeue_one": "dequeue + ack one at a time"}
+
+
+def build_mp_plan(c: Counts, adapters: list[str]) -> list[Task]:
+    tasks: list[Task] = []
+    has_ledgerq = "ledgerq" in adapters
+    if has_ledgerq:
+        for op in MP_OPS:
+            for mode in ("exclusive", "shared"):
+                spec = {
+                    "kind": "throughput",
+                    "adapter": "ledgerq",
+                    "op": op,
+                    "size": 100,
+                    "level": "kill9",
+                    "seconds": c.seconds,
+                    "max_ops": c.max_ops,
+                    "prefill": c.prefill[100],
+                    "prefill_seconds": c.prefill_seconds,
+                    "warm_bytes": c.warm_bytes,
+                    "shared": mode == "shared",
+                }
+                tasks.append(Task(f"mp/single/{op}/{mode}", spec, needs_shared=mode == "shared"))
+        spec = {
+            "kind": "mp_exclusive",
+            "messages": MP_PROCESSES * c.mp_per_producer,
+            "size": 100,
+            "level": "kill9",
+            "warm_bytes": c.warm_bytes,
+        }
+        tasks.append(Task("mp/pc/ledgerq-exclusive", spec))
+    for key in ("ledgerq", *MP_PEERS):
+        if key in adapters:
+            spec = {
+                "kind": "mp_pc",
+                "adapter": key,
+                "producers": MP_PROCESSES,
+                "consumers": MP_PROCESSES,
+                "per_producer": c.mp_per_producer,
+                "cap_seconds": c.mp_cap_seconds,
+                "size": 100,
+                "level": "kill9",
+                "warm_bytes": c.warm_bytes,
+            }
+            tasks.append(Task(f"mp/pc/{key}", spec, needs_shared=key == "ledgerq"))
+    if has_ledgerq:
+        spec = {
+            "kind": "mp_wake",
+            "samples": c.wake_samples,
+            "pause_seconds": c.wake_pause_seconds,
+            "size": 100,
+        }
+        tasks.append(Task("mp/wake/ledgerq", spec, needs_shared=True))
+        for d in c.depths:
+            spec = {"kind": "mp_memory", "depth": d, "size": 100, "modes": ["exclusive", "shared"]}
+            tasks.append(Task(f"mp/memory/{d}", spec, once=True))
     return tasks
+
+
+def shared_unavailable() -> str | None:
+    """Return None when this tree has ``ledgerq.open(path, shared=True)``, else why not."""
+    probe = run_scenario({"kind": "mp_probe"}, timeout=120)
+    return None if probe["shared"] else str(probe["why"])
+
+
+def without_shared(tasks: list[Task]) -> list[Task]:
+    """The tasks that do not need shared mode; memory measured in exclusive mode only."""
+    kept = [t for t in tasks if not t.needs_shared]
+    for t in kept:
+        if t.spec["kind"] == "mp_memory":
+            t.spec["modes"] = ["exclusive"]
+    return kept
 
 
 def selected(tid: str, only: list[str]) -> bool:
@@ -231,7 +330,8 @@ def selected(tid: str, only: list[str]) -> bool:
 
 def run_scenario(spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
     """Run one scenario in a fresh interpreter; return its JSON result (last line)."""
-    cmd = [sys.executable, "-m", "benchmarks.scenarios", json.dumps(spec)]
+    module = "benchmarks.multiprocess" if spec["kind"].startswith("mp_") else "benchmarks.scenarios"
+    cmd = [sys.executable, "-m", module, json.dumps(spec)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     expect_kill = spec["kind"] == "reopen_build"
@@ -302,6 +402,20 @@ def execute(tasks: list[Task], repeats: int, root: str, res: Results) -> None:
 
 
 def _short(result: dict[str, Any]) -> str:
+    if "enqueue_rate" in result:
+        checked = f", {result['missing']} missing, {result['duplicated']} duplicated"
+        return (
+            f"enqueue {result['enqueue_rate']:,.0f}/s, dequeue + ack "
+            f"{result['through_rate']:,.0f}/s{checked}"
+        )
+    if "p99_ns" in result:
+        return f"p50 {result['p50_ns'] / 1e6:.2f} ms, p99 {result['p99_ns'] / 1e6:.2f} ms"
+    if "depth" in result:
+        return ", ".join(
+            f"{m} +{result[m]['rss_growth'] / 2**20:.1f} MiB"
+            for m in ("exclusive", "shared")
+            if m in result
+        )
     if "rate" in result:
         return f"{result['rate']:,.0f}/s"
     if "bytes_per_message" in result:
@@ -601,7 +715,454 @@ def fmt_target_value(t: Target, x: float | None) -> str:
         return f"{x:.2f}x"
     if t.unit == "s":
         return f"{x * 1000:,.0f} ms" if x < 10 else f"{x:.1f} s"
+    if t.unit == "ms":
+        return f"{x:.2f} ms"
     return f"{x:.1f} {t.unit}"
+
+
+# --------------------------------------------------------- shared mode (issue 16)
+
+# What a peer's blocking get does when another process enqueues (the wake-up table).
+MP_WAKE_PEERS = {
+    "sqlite": "no blocking wait: a consumer re-runs its query",
+    "litequeue": "no blocking wait: `pop()` returns None at once",
+    "pq-sqlite-ack": (
+        "`get(timeout=...)` waits on an in-process `threading.Event` that another "
+        "process's `put` never sets: it looks again only when its timeout (or a 10 s tick) ends"
+    ),
+    "diskcache": "no blocking wait: `popleft()` raises IndexError at once",
+}
+
+
+def _mp_peer(res: Results, key: str) -> tuple[str | None, float | None]:
+    """The multi-process peer with the highest median ``key`` (enqueue_rate, ...)."""
+    best: tuple[str | None, float | None] = (None, None)
+    for peer in MP_PEERS:
+        m = res.median(f"mp/pc/{peer}", key)
+        if m is not None and (best[1] is None or m > best[1]):
+            best = (peer, m)
+    return best
+
+
+def _delivery(res: Results, tid: str) -> str:
+    """What the delivery check found, over every repeat of a 4 + 4 run."""
+    runs = res.values.get(tid, [])
+    if not runs:
+        return ""
+    n = len(runs)
+    capped = sum(1 for r in runs if r.get("timed_out"))
+    seconds = runs[0].get("cap_seconds", 0)
+    cap = f"the {seconds:g} s cap stopped {capped} of {n} run{'s' if n > 1 else ''}"
+    late = sum(r["missing"] for r in runs if r.get("timed_out"))
+    parts = []
+    for count, what in (
+        (sum(r["duplicated"] for r in runs), "delivered twice"),
+        (sum(r["missing"] for r in runs if not r.get("timed_out")), "lost"),
+        (sum(r["unexpected"] for r in runs), "never produced"),
+        (sum(r.get("wrong_size", 0) for r in runs), "of the wrong size"),
+    ):
+        if count:
+            parts.append(f"**{count:,} {what}**")
+    if late:
+        parts.append(
+            f"{late:,} not consumed when {cap} (left in the queue or lost: not told apart)"
+        )
+    if not parts:
+        return f"exactly once ({n} of {n} runs)" + (f"; {cap}" if capped else "")
+    return (f"over {n} runs: " if n > 1 else "") + "; ".join(parts)
+
+
+def _errors(res: Results, tid: str) -> str:
+    runs = res.values.get(tid, [])
+    n = sum(r.get("errors", 0) for r in runs)
+    if not n:
+        return "none" if runs else ""
+    first = next((r["first_error"] for r in runs if r.get("first_error")), "")
+    return f"**{n:,}** (retried); first: `{first[:100]}`"
+
+
+def _ms_cell(res: Results, tid: str, key: str) -> str:
+    xs = [x / 1e6 for x in res.samples(tid, key)]
+    if not xs:
+        return "-"
+    med = statistics.median(xs)
+    if len(xs) == 1:
+        return f"{med:.2f}"
+    return f"{med:.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def _mp_cell(res: Results, tid: str, key: str, unavailable: str | None) -> str:
+    if tid not in res.values and tid not in res.errors and unavailable:
+        return "not available in this tree"
+    return cell(res, tid, key)
+
+
+def mp_memory_slopes(res: Results) -> tuple[dict[str, float], tuple[int, int] | None]:
+    """Bytes of RSS per pending message, per mode, between the shallowest and the deepest
+    queue measured; and those two depths (pending messages after the first dequeue)."""
+    runs = sorted(
+        (r[0] for t, r in res.values.items() if t.startswith("mp/memory/") and r),
+        key=lambda r: r["depth"],
+    )
+    if len(runs) < 2:
+        return {}, None
+    lo, hi = runs[0], runs[-1]
+    slopes = {}
+    for mode in ("exclusive", "shared"):
+        if mode in lo and mode in hi:
+            grew = hi[mode]["rss_growth"] - lo[mode]["rss_growth"]
+            slopes[mode] = grew / (hi[mode]["pending"] - lo[mode]["pending"])
+    return slopes, (lo["exclusive"]["pending"], hi["exclusive"]["pending"])
+
+
+def mp_targets(res: Results, unavailable: str | None) -> list[Target]:
+    """The targets of issue 16's "Speed" section."""
+    out: list[Target] = []
+    med = res.median
+    na = "shared mode not available in this tree" if unavailable else "not measured"
+    for op, what in MP_OPS.items():
+        ex, sh = med(f"mp/single/{op}/exclusive"), med(f"mp/single/{op}/shared")
+        basis = f"shared {fmt_rate(sh)}/s vs exclusive {fmt_rate(ex)}/s"
+        out.append(
+            Target(
+                f"shared mode in one process: {what}, 100 B, vs exclusive",
+                _ratio(sh, ex),
+                0.6,
+                False,
+                "x",
+                basis if sh is not None else f"{na}; exclusive {fmt_rate(ex)}/s",
+            )
+        )
+    for key, what in (("enqueue_rate", "enqueue"), ("through_rate", "dequeue + ack")):
+        mine = med("mp/pc/ledgerq", key)
+        one = med("mp/pc/ledgerq-exclusive", key)
+        shown = f"ledgerq 4 + 4 {fmt_rate(mine)}/s" if mine is not None else na
+        basis = f"{shown} vs one exclusive process {fmt_rate(one)}/s"
+        if key == "through_rate":
+            basis += " (both from the start to the last ack)"
+        out.append(
+            Target(
+                f"4 + 4 processes, aggregate {what}: vs one exclusive process, same work",
+                _ratio(mine, one),
+                1.0,
+                False,
+                "x",
+                basis,
+            )
+        )
+        peer, rate = _mp_peer(res, key)
+        them = f"{ADAPTERS[peer].label} {fmt_rate(rate)}/s" if peer else "no peer measured"
+        if peer:
+            them += f" (delivery: {_delivery(res, f'mp/pc/{peer}').replace('**', '')})"
+        out.append(
+            Target(
+                f"4 + 4 processes, aggregate {what}: vs the fastest multi-process peer",
+                _ratio(mine, rate),
+                3.0,
+                False,
+                "x",
+                f"{shown} vs {them}",
+            )
+        )
+    p99 = med("mp/wake/ledgerq", "p99_ns")
+    p50 = med("mp/wake/ledgerq", "p50_ns")
+    out.append(
+        Target(
+            "wake-up of a consumer blocked in dequeue(timeout) by another process's enqueue: p99",
+            None if p99 is None else p99 / 1e6,
+            5.0,
+            True,
+            "ms",
+            na if p99 is None else f"p50 {p50 / 1e6:.2f} ms" if p50 is not None else "",
+        )
+    )
+    slopes, depths = mp_memory_slopes(res)
+    if "shared" in slopes and depths:
+        diff: float | None = slopes["shared"] - slopes["exclusive"]
+        basis = (
+            f"RSS per pending message: shared {slopes['shared']:.2f} B, exclusive "
+            f"{slopes['exclusive']:.2f} B ({depths[0]:,} to {depths[1]:,} pending)"
+        )
+    else:
+        diff, basis = None, na
+    out.append(
+        Target(
+            "memory of a consumer process per pending message: shared minus exclusive",
+            diff,
+            1.0,
+            True,
+            "B",
+            basis,
+        )
+    )
+    return out
+
+
+def analysis() -> tuple[str, str]:
+    """benchmarks/analysis.md split in two: the part quoted after the issue-5 targets,
+    and the part quoted in the shared-mode section (from ``ANALYSIS_MP_HEADING`` on)."""
+    text = ANALYSIS.read_text() if ANALYSIS.exists() else ""
+    head, mark, tail = text.partition(ANALYSIS_MP_HEADING)
+    return head.rstrip(), (mark + tail).rstrip()
+
+
+def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> list[str]:
+    """The shared-mode section of the report (method first, then targets and tables)."""
+    lines: list[str] = []
+    add = lines.append
+    add("## Many processes on one queue (shared mode, issue 16)")
+    add("")
+    if not mp or not any(t.startswith("mp/") for t in [*res.values, *res.errors]):
+        add("Not run (`run.py --only mp`, or `run.py --update JSON` to add it to a saved run).")
+        add("")
+        return lines
+    c = QUICK if mp["quick"] else FULL
+    unavailable = mp.get("unavailable", {}).get("shared")
+    total = MP_PROCESSES * c.mp_per_producer
+    if mp["quick"]:
+        add(
+            "> **A `--quick` smoke run of this section:** small counts and one repeat; the "
+            "numbers only show that the scenarios work."
+        )
+        add("")
+    if unavailable:
+        add(
+            f"> **ledgerq's shared mode is not available in the tree measured** ({unavailable}): "
+            "its rows say so; the peers and exclusive ledgerq were measured."
+        )
+        add("")
+    add("### Method")
+    add("")
+    add(
+        "- Every process is a fresh interpreter started by the scenario's process "
+        "(`benchmarks/multiprocess.py`), which first creates the queue (opens and closes it "
+        "once, so no two processes race to create its files). Each process then opens the "
+        "queue itself: ledgerq with `ledgerq.open(path, shared=True)`, each peer with its own "
+        "constructor (one connection per process; what each promises for several processes "
+        "is in the table below). The start: a process whose queue is open writes one byte "
+        "into a *ready* pipe and blocks reading a *go* pipe; when every byte has arrived, one "
+        "`write()` of one byte per process releases them all. Start-up and opens are not "
+        "timed. Every time is `time.clock_gettime_ns(CLOCK_MONOTONIC)`, one clock for all "
+        "processes."
+    )
+    add(
+        f"- **4 + 4**: {MP_PROCESSES} producer processes each enqueue {c.mp_per_producer:,} "
+        f"messages of 100 B one at a time (default sync; the first 8 bytes name the producer "
+        f"and the message) while {MP_PROCESSES} consumer processes dequeue + ack one at a "
+        "time. Each process reports its count, its start and the time its last operation "
+        "returned; a side's rate is all its messages over (last end - first start). A "
+        "consumer that finds the queue empty waits 1 ms on a pipe that is closed once every "
+        "producer has exited, then tries again (the same for every queue), and stops when "
+        "the queue is empty after that. The dequeue + ack window starts at the same barrier, "
+        "so it includes the consumers' wait for the producers: it is the rate at which "
+        "messages get through the queue, and cannot be much above the enqueue rate. Both "
+        f"sides stop at {c.mp_cap_seconds:g} s whatever is left. Each consumer records the "
+        "messages it got; afterwards every produced message must have been consumed exactly "
+        "once (the *delivery* column)."
+    )
+    add(
+        f"- **One exclusive process, same work**: {total:,} messages enqueued one at a time "
+        "into an exclusive ledgerq, then all dequeued + acked one at a time. Its enqueue rate "
+        "is the first phase's; its dequeue + ack rate counts from its start, both phases, as "
+        "the consumers' rate above does."
+    )
+    add(
+        f"- **Shared mode alone**: the suite's throughput scenario (100 B, default sync, about "
+        f"{c.seconds} s; dequeues from a prefilled queue) with the queue opened "
+        "`shared=True`, against the same scenario opened exclusively."
+    )
+    add(
+        f"- **Wake-up**: a consumer process blocks in `dequeue(timeout=5)` on a shared queue; "
+        f"before each call it writes a byte into a pipe; a producer process reads that byte, "
+        f"pauses {c.wake_pause_seconds * 1000:g} ms (so the consumer is inside its wait), "
+        f"reads the clock and enqueues one message carrying that time; the consumer reads the "
+        f"clock when `dequeue` returns. {c.wake_samples:,} samples a run; nearest-rank "
+        "percentiles. *Not blocked* counts samples where the consumer entered `dequeue` "
+        "after the enqueue began."
+    )
+    add(
+        "- **Memory**: a queue of N pending 100 B messages is built (batches, "
+        '`sync="never"`) and closed; then a fresh process opens it (exclusive, then in '
+        "another process shared) and dequeues + acks one message; the growth of its RSS "
+        "(`VmRSS` in `/proc/self/status`, anonymous memory in brackets) from just before "
+        "the open is shown. Bytes per pending message = the growth between the two depths "
+        "over the messages between them. Measured once."
+    )
+    add(
+        f"- Repeats: {mp['repeats']}, interleaved (repeat 1 of every scenario, then repeat "
+        "2, ...); tables show the median and (min-max). No means."
+    )
+    add("")
+    if mp.get("separate"):
+        add(
+            "These numbers come from a separate run of this section only (`--update`), "
+            f"which took {mp['wall'] / 60:.1f} minutes:"
+        )
+        add("")
+        add("```sh")
+        add(mp["command"])
+        add("```")
+        add("")
+        differs = {k: v for k, v in mp["machine"].items() if env.get(k) != v and k != "bench_dir"}
+        add("Its machine where it differs from the one above, and the versions it ran:")
+        add("")
+        add("| | |")
+        add("|---|---|")
+        for k, v in [*differs.items(), *mp.get("versions", {}).items()]:
+            add(f"| {k} | {v} |")
+        add("")
+    else:
+        add("Measured in the same run as the rest of this report (command and machine above).")
+        add("")
+
+    add("### Targets (issue 16)")
+    add("")
+    add("| target | measured | required | verdict | basis |")
+    add("|---|---|---|---|---|")
+    for t in mp_targets(res, unavailable):
+        req = ("<= " if t.is_upper else ">= ") + fmt_target_value(t, t.bound)
+        add(f"| {t.name} | {fmt_target_value(t, t.measured)} | {req} | {t.verdict} | {t.basis} |")
+    add("")
+    if analysis()[1]:
+        add(analysis()[1])  # written by hand: how to read what follows
+        add("")
+
+    add("### Shared mode alone: one process, `shared=True` against exclusive")
+    add("")
+    add("| 100 B, default sync | exclusive | `shared=True` | shared ÷ exclusive |")
+    add("|---|---|---|---|")
+    for op, what in MP_OPS.items():
+        ex, sh = f"mp/single/{op}/exclusive", f"mp/single/{op}/shared"
+        r = _ratio(res.median(sh), res.median(ex))
+        add(
+            f"| {what} | {cell(res, ex)} | {_mp_cell(res, sh, 'rate', unavailable)} "
+            f"| {fmt_ratio(r)} |"
+        )
+    add("")
+
+    add(
+        f"### {MP_PROCESSES} producer + {MP_PROCESSES} consumer processes "
+        "(100 B, default sync, messages per second)"
+    )
+    add("")
+    add(
+        "`ledgerq ÷` is ledgerq shared's median divided by that row's. *Delivery* is what the "
+        "check after each run found; a peer that loses or repeats messages, or fails, under "
+        "several processes is shown with what failed."
+    )
+    add("")
+    add(
+        "| queue | enqueue, all producers | ledgerq ÷ | dequeue + ack, all consumers, from the "
+        "start | ledgerq ÷ | delivery | errors |"
+    )
+    add("|---|---|---|---|---|---|---|")
+    rows = [("ledgerq", "ledgerq `shared=True`")]
+    rows += [(k, ADAPTERS[k].label) for k in MP_PEERS]
+    rows.append(
+        ("ledgerq-exclusive", "ledgerq exclusive, one process: all enqueues, then all dequeues")
+    )
+    for key, label in rows:
+        tid = f"mp/pc/{key}"
+        if (
+            tid not in res.values
+            and tid not in res.errors
+            and not (key == "ledgerq" and unavailable)
+        ):
+            continue
+        cols = []
+        for rate in ("enqueue_rate", "through_rate"):
+            mine = res.median("mp/pc/ledgerq", rate)
+            ratio = "" if key == "ledgerq" else fmt_ratio(_ratio(mine, res.median(tid, rate)))
+            cols += [_mp_cell(res, tid, rate, unavailable if key == "ledgerq" else None), ratio]
+        add(
+            f"| {label} | " + " | ".join(cols) + f" | {_delivery(res, tid)} | {_errors(res, tid)} |"
+        )
+    alone = res.median("mp/pc/ledgerq-exclusive", "dequeue_rate")
+    if alone is not None:
+        add("")
+        add(
+            "The exclusive row does the same work in one process, one phase after the other: "
+            "its dequeue + ack column, like the consumers', counts from the start (its "
+            f"enqueue phase included); its dequeue + ack phase alone ran at {fmt_rate(alone)}/s."
+        )
+    spread = [
+        f"{ADAPTERS[k].label if k in ADAPTERS else k} {m / 1000:.1f} ms"
+        for k in ("ledgerq", *MP_PEERS)
+        if (m := res.median(f"mp/pc/{k}", "start_spread_us")) is not None
+    ]
+    if spread:
+        add("")
+        add(
+            "From the first process to leave the barrier to the last (8 processes on this "
+            "machine's cores; median): " + ", ".join(spread) + "."
+        )
+    add("")
+    add("| queue | several processes: what the library says, how it is opened | get |")
+    add("|---|---|---|")
+    for key in ("ledgerq", *MP_PEERS):
+        cls = ADAPTERS[key]
+        add(f"| {cls.label} | {cls.multiprocess} | {cls.semantics} |")
+    add("")
+
+    add("### Wake-up latency: a consumer blocked in one process, an enqueue in another")
+    add("")
+    add("Milliseconds from just before the enqueue call to the consumer's return.")
+    add("")
+    add("| queue | p50 | p90 | p99 | max | samples (not blocked) |")
+    add("|---|---|---|---|---|---|")
+    tid = "mp/wake/ledgerq"
+    if tid in res.values:
+        runs = res.values[tid]
+        n = sum(r["samples"] for r in runs)
+        nb = sum(r["not_blocked"] for r in runs)
+        add(
+            f"| ledgerq `shared=True` | {_ms_cell(res, tid, 'p50_ns')} | "
+            f"{_ms_cell(res, tid, 'p90_ns')} | {_ms_cell(res, tid, 'p99_ns')} | "
+            f"{_ms_cell(res, tid, 'max_ns')} | {n:,} in {len(runs)} run"
+            f"{'s' if len(runs) > 1 else ''} ({nb:,}) |"
+        )
+    elif tid in res.errors:
+        add(f"| ledgerq `shared=True` | failed: {res.errors[tid][:100]} | | | | |")
+    else:
+        shown = "not available in this tree" if unavailable else "-"
+        add(f"| ledgerq `shared=True` | {shown} | | | | |")
+    for key, how in MP_WAKE_PEERS.items():
+        add(f"| {ADAPTERS[key].label} | polls, skipped ({how}) | | | | |")
+    add("")
+
+    add("### Memory of a consumer process against queue depth")
+    add("")
+    mem = sorted(
+        (r[0] for t, r in res.values.items() if t.startswith("mp/memory/") and r),
+        key=lambda r: r["depth"],
+    )
+    mem_errors = {t: e for t, e in res.errors.items() if t.startswith("mp/memory/")}
+    if mem:
+        slopes, _ = mp_memory_slopes(res)
+        add(
+            "| mode | "
+            + " | ".join(f"RSS growth, {r['depth']:,} pending" for r in mem)
+            + " | bytes per pending message |"
+        )
+        add("|---|" + "---|" * (len(mem) + 1))
+        for mode, label in (("exclusive", "exclusive"), ("shared", "`shared=True`")):
+            cols = []
+            for r in mem:
+                if mode in r:
+                    m = r[mode]
+                    cols.append(
+                        f"{m['rss_growth'] / 2**20:,.1f} MiB ({m['anon_growth'] / 2**20:,.1f})"
+                    )
+                else:
+                    cols.append("not available in this tree" if unavailable else "-")
+            slope = f"{slopes[mode]:.2f} B" if mode in slopes else "-"
+            add(f"| {label} | " + " | ".join(cols) + f" | {slope} |")
+    for t, e in sorted(mem_errors.items()):
+        add(f"- `{t}` failed: {e}")
+    if not mem and not mem_errors:
+        add("Not run.")
+    add("")
+    return lines
 
 
 # -------------------------------------------------------------------------- report
@@ -624,7 +1185,9 @@ def report(
     adapters: list[str],
     unavailable: dict[str, str],
     wall: float,
+    mp: dict[str, Any] | None = None,
 ) -> str:
+    """Render the whole report; ``mp`` describes the run of the shared-mode section."""
     lines: list[str] = []
     add = lines.append
     add("# Benchmarks: ledgerq and its peers")
@@ -762,10 +1325,10 @@ def report(
         req = ("<= " if t.is_upper else ">= ") + fmt_target_value(t, t.bound)
         add(f"| {t.name} | {fmt_target_value(t, t.measured)} | {req} | {t.verdict} | {t.basis} |")
     add("")
-    if ANALYSIS.exists():
+    if analysis()[0]:
         # Written by hand from a profile run (it names its own command and numbers):
         # why a target is not met, and what the floor of that path is.
-        add(ANALYSIS.read_text().rstrip())
+        add(analysis()[0])
         add("")
 
     # throughput
@@ -912,8 +1475,11 @@ def report(
             cols += [cell(res, tid, "bytes_per_message"), cell(res, tid, "overhead_per_message")]
         add(f"| {ADAPTERS[key].label} | " + " | ".join(cols) + " |")
 
-    # raw
+    # shared mode (issue 16)
     add("")
+    lines += mp_report(res, mp, env)
+
+    # raw
     add("## The machine's limits (raw syscalls, same run)")
     add("")
     add(
@@ -949,9 +1515,13 @@ def report(
     return "\n".join(lines)
 
 
-def print_summary(res: Results) -> None:
+def print_summary(res: Results, mp_unavailable: str | None = None) -> None:
     print("\nTargets:")
-    for t in targets(res):
+    tids = [*res.values, *res.errors]
+    mp_run = any(t.startswith("mp/") for t in tids)
+    base_run = any(not t.startswith("mp/") for t in tids)
+    shown = (targets(res) if base_run else []) + (mp_targets(res, mp_unavailable) if mp_run else [])
+    for t in shown:
         req = ("<= " if t.is_upper else ">= ") + fmt_target_value(t, t.bound)
         verdict = t.verdict.replace("**", "")
         print(f"  {verdict:13} {fmt_target_value(t, t.measured):>10} (need {req}) {t.name}")
@@ -999,9 +1569,18 @@ def main() -> int:
         metavar="JSON",
         help="run nothing: write the report (--write) from the raw results a --json run saved",
     )
+    ap.add_argument(
+        "--update",
+        metavar="JSON",
+        help="run the shared-mode scenarios only (--only mp, or a part of them) and replace "
+        "their results in a run that --json saved (the file is rewritten); --write then "
+        "writes the whole report from it, the other sections unchanged",
+    )
     args = ap.parse_args()
     if args.report_from:
         return rerender(Path(args.report_from), args.write)
+    if args.update and not args.only:
+        args.only = ["mp"]
 
     c = QUICK if args.quick else FULL
     repeats = args.repeats or c.repeats
@@ -1012,6 +1591,14 @@ def main() -> int:
     unavailable = {k: why for k in wanted if (why := ADAPTERS[k].is_available()) is not None}
     adapters = [k for k in wanted if k not in unavailable]
     tasks = [t for t in build_plan(c, adapters) if selected(t.tid, args.only)]
+    if args.update and (outside := [t.tid for t in tasks if not t.tid.startswith("mp/")]):
+        ap.error(f"--update re-runs shared-mode scenarios (mp/...) only, not {outside[0]}")
+    mp_unavailable: dict[str, str] = {}
+    if any(t.needs_shared for t in tasks) and (why := shared_unavailable()) is not None:
+        # The ledgerq rows of the shared-mode section wait for ledgerq.open(shared=True).
+        mp_unavailable["shared"] = why
+        tasks = without_shared(tasks)
+        print(f"warning: ledgerq shared mode not measured: {why}", file=sys.stderr)
     if args.list:
         for t in tasks:
             print(t.tid)
@@ -1028,6 +1615,14 @@ def main() -> int:
     command = shlex.join([os.path.relpath(sys.executable, REPO), *sys.argv])
     started = time.perf_counter()
     res = Results()
+    saved: dict[str, Any] = {}
+    if args.update:
+        saved = json.loads(Path(args.update).read_text())
+        res = Results(values=saved["results"], errors=saved["errors"])
+        for tid in [*res.values, *res.errors]:
+            if tid.startswith("mp/") and selected(tid, args.only):
+                res.values.pop(tid, None)  # replaced below, or gone with what is unavailable
+                res.errors.pop(tid, None)
     try:
         execute(tasks, repeats, root, res)
     finally:
@@ -1037,8 +1632,28 @@ def main() -> int:
         f"\nran {len(tasks)} scenarios x {repeats} repeat(s) in {wall / 60:.1f} min",
         file=sys.stderr,
     )
-    print_summary(res)
+    print_summary(res, mp_unavailable.get("shared"))
     vers = versions()
+    mp = None
+    if any(t.tid.startswith("mp/") for t in tasks):
+        mp = {
+            "unavailable": mp_unavailable,
+            "command": command,
+            "machine": env,
+            "versions": vers,
+            "quick": c is QUICK,
+            "repeats": repeats,
+            "wall": wall,
+            "separate": bool(args.update),
+        }
+    if args.update:
+        saved.update(results=res.values, errors=res.errors, mp=mp)
+        for path in {args.update, args.json} - {None}:
+            Path(path).write_text(json.dumps(saved, indent=1))
+        if args.write:
+            Path(args.write).write_text(_report_saved(saved))
+            print(f"wrote {args.write}", file=sys.stderr)
+        return 0
     if args.json:
         saved = {
             "machine": env,
@@ -1051,10 +1666,11 @@ def main() -> int:
             "wall": wall,
             "results": res.values,
             "errors": res.errors,
+            "mp": mp,
         }
         Path(args.json).write_text(json.dumps(saved, indent=1))
     if args.write:
-        text = report(res, env, vers, command, c, repeats, adapters, unavailable, wall)
+        text = report(res, env, vers, command, c, repeats, adapters, unavailable, wall, mp=mp)
         Path(args.write).write_text(text)
         print(f"wrote {args.write}", file=sys.stderr)
     return 0
@@ -1062,10 +1678,19 @@ def main() -> int:
 
 def rerender(saved_path: Path, write: str | None) -> int:
     """Write the report again from a saved run (e.g. after benchmarks/analysis.md changed)."""
-    saved = json.loads(saved_path.read_text())
-    res = Results(values=saved["results"], errors=saved["errors"])
-    text = report(
-        res,
+    text = _report_saved(json.loads(saved_path.read_text()))
+    if write:
+        Path(write).write_text(text)
+        print(f"wrote {write}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def _report_saved(saved: dict[str, Any]) -> str:
+    """The report of a run saved by --json (and perhaps --update)."""
+    return report(
+        Results(values=saved["results"], errors=saved["errors"]),
         saved["machine"],
         saved["versions"],
         saved["command"],
@@ -1074,13 +1699,8 @@ def rerender(saved_path: Path, write: str | None) -> int:
         saved["adapters"],
         saved["unavailable"],
         saved["wall"],
+        mp=saved.get("mp"),
     )
-    if write:
-        Path(write).write_text(text)
-        print(f"wrote {write}", file=sys.stderr)
-    else:
-        print(text)
-    return 0
 
 
 if __name__ == "__main__":

@@ -147,7 +147,14 @@ def throughput(spec: dict[str, Any]) -> dict[str, Any]:
         )
     warm_pages(os.path.dirname(path), spec.get("warm_bytes", 0))
     adapter = get_adapter(spec["adapter"])
-    adapter.open(path, spec["level"])
+    take = adapter.get_and_ack
+    if spec.get("shared"):
+        # The multi-process face in one process (ledgerq: shared=True), against the
+        # same scenario without it: what shared mode costs a process that is alone.
+        adapter.open_shared(path, spec["level"])
+        take = adapter.get_and_ack_shared
+    else:
+        adapter.open(path, spec["level"])
     payload = _payload(size)
     batch = [payload] * batch_n
     gc.collect()
@@ -166,7 +173,7 @@ def throughput(spec: dict[str, Any]) -> dict[str, Any]:
     elif op == "dequeue_one":
 
         def step() -> int:
-            return 0 if adapter.get_and_ack() is None else 1
+            return 0 if take() is None else 1
 
     elif op == "dequeue_batch":
 
@@ -177,7 +184,7 @@ def throughput(spec: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"unknown op {op!r}")
     ops, elapsed = timed_loop(step, spec["max_ops"], spec["seconds"])
     if op.startswith("dequeue"):
-        got = adapter.get_and_ack()
+        got = take()
         if got is not None and len(got) != size:
             raise AssertionError(f"dequeued {len(got)} bytes, expected {size}")
     adapter.close()
