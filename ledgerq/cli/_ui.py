@@ -41,7 +41,15 @@ __all__ = ["ui"]
     metavar="SECONDS",
     help="How often the charts sample every queue (0: only when a page is looked at).",
 )
-def ui(path: str, host: str, port: int, token: str | None, interval: float) -> None:
+@click.option(
+    "--history",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(min=10),
+    metavar="SECONDS",
+    help="How far back the charts go (samples are kept in memory only).",
+)
+def ui(path: str, host: str, port: int, token: str | None, interval: float, history: float) -> None:
     """Serve a web console over the queue PATH, or every queue under the directory PATH.
 
     Pages for each queue (figures, rates and charts, readers, the next messages, any
@@ -74,7 +82,13 @@ def ui(path: str, host: str, port: int, token: str | None, interval: float) -> N
 
     try:
         console.run(
-            path, host=host, port=port, token=token, sample_interval_s=interval, on_ready=ready
+            path,
+            host=host,
+            port=port,
+            token=token,
+            sample_interval_s=interval,
+            history_s=history,
+            on_ready=ready,
         )
     except OSError as exc:
         raise CliError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None

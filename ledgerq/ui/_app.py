@@ -37,7 +37,7 @@ from ledgerq.ui import _browse
 from ledgerq.ui._actions import Action, ActionRefused, Job, JobBoard, Verb, opens_shared
 from ledgerq.ui._actions import Scope as ActionScope
 from ledgerq.ui._catalog import Catalog
-from ledgerq.ui._charts import Series, chart, format_rate, sparkline
+from ledgerq.ui._charts import Series, chart, format_rate, span_text, sparkline
 from ledgerq.ui._figures import DEFAULT_READER, QueueFigures, QueueFiles
 from ledgerq.ui._forms import FilterForm, FormError, parse_ids, parse_positive
 from ledgerq.ui._history import KEEP_S
@@ -62,9 +62,16 @@ class Console:
     """One console: the queues under ``root``, their jobs, its pages and its sampler."""
 
     def __init__(
-        self, root: str, *, token: str | None, host: str, sample_interval_s: float = 2.0
+        self,
+        root: str,
+        *,
+        token: str | None,
+        host: str,
+        sample_interval_s: float = 2.0,
+        history_s: float = KEEP_S,
     ) -> None:
-        self.catalog = Catalog(root)
+        self.catalog = Catalog(root, history_s=history_s)
+        self.history_s = history_s
         self.jobs = JobBoard(self.catalog)
         self.sample_interval_s = sample_interval_s
         self._stop = threading.Event()
@@ -122,6 +129,7 @@ class Console:
             root=self.catalog.root,
             version=ledgerq.__version__,
             refresh_s=REFRESH_S,
+            history_text=span_text(self.history_s),
             url=url,
             shared=opens_shared(),
             **context,
@@ -155,8 +163,8 @@ class Console:
             "spark": sparkline(
                 self.catalog.history.series(name, "pending"),
                 now=now,
-                span_s=KEEP_S,
-                label=f"pending messages of {name} over the last {KEEP_S / 60:g} minutes",
+                span_s=self.history_s,
+                label=f"pending messages of {name} over the last {span_text(self.history_s)}",
             ),
         }
 
@@ -263,15 +271,23 @@ def create_app(
     token: str | None = None,
     host: str = "127.0.0.1",
     sample_interval_s: float = 2.0,
+    history_s: float = KEEP_S,
 ) -> Guard:
     """The console over the queues at or under ``root`` as an ASGI application.
 
     ``token``: required of every request when given (see ``_security``); ``host``:
     the address it will listen on (its name is accepted in Host headers);
     ``sample_interval_s``: how often the charts' samples are taken (0: only when a
-    page asks).  The application starts and stops its sampler with its lifespan.
+    page asks); ``history_s``: how far back the charts go.  The application starts
+    and stops its sampler with its lifespan.
     """
-    console = Console(root, token=token, host=host, sample_interval_s=sample_interval_s)
+    console = Console(
+        root,
+        token=token,
+        host=host,
+        sample_interval_s=sample_interval_s,
+        history_s=history_s,
+    )
 
     def page(
         handler: Callable[[Console, Request], Response],
@@ -369,7 +385,7 @@ def _queue_context(console: Console, name: str, files: QueueFiles) -> dict[str, 
             Series("dead letters", "dlq", history.series(name, "dlq")),
         ],
         now=now,
-        span_s=KEEP_S,
+        span_s=console.history_s,
         unit="messages",
     )
     rate_series = [Series("enqueued", "enqueued", history.series(name, "enqueued"))]
@@ -386,7 +402,9 @@ def _queue_context(console: Console, name: str, files: QueueFiles) -> dict[str, 
         "figures": figures,
         "rates": rates,
         "count_chart": counts,
-        "rate_chart": chart(rate_series, now=now, span_s=KEEP_S, unit="messages per second"),
+        "rate_chart": chart(
+            rate_series, now=now, span_s=console.history_s, unit="messages per second"
+        ),
     }
 
 
@@ -578,8 +596,8 @@ def dlq_page(console: Console, request: Request) -> Response:
     )
 
 
-def _job_from(console: Console, request: Request) -> Job | None:
-    job_id = request.query_params.get("job", "")
+def _job_from(console: Console, request: Request, key: str = "job") -> Job | None:
+    job_id = request.query_params.get(key, "")
     return console.jobs.get(job_id) if job_id else None
 
 
@@ -692,8 +710,8 @@ def dlq_action(console: Console, request: Request) -> Response:
 
 
 def job_page(console: Console, request: Request) -> Response:
-    """One job's progress or outcome."""
-    job = _job_from(console, request)
+    """One job's progress or outcome (``/job?id=JOB``)."""
+    job = _job_from(console, request, "id")
     if job is None:
         raise NotFound("there is no such job (the console was restarted, or it is long done)")
     return console.render("job.html", title="Job", job=job)

@@ -16,7 +16,7 @@ import time
 import ledgerq
 from ledgerq.segment.readonly import find_queues
 from ledgerq.ui._figures import QueueFigures, QueueFiles
-from ledgerq.ui._history import History
+from ledgerq.ui._history import KEEP_S, History
 
 __all__ = ["Catalog"]
 
@@ -27,9 +27,9 @@ FRESH_S = 1.0  # figures younger than this are served as they are
 class Catalog:
     """The queues under ``root``, their followed files and their history."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, history_s: float = KEEP_S) -> None:
         self.root = os.path.abspath(root)
-        self.history = History()
+        self.history = History(history_s)
         self._files: dict[str, QueueFiles] = {}
         self._figures: dict[str, QueueFigures] = {}
         self._walked_at = -REDISCOVER_S
@@ -45,10 +45,11 @@ class Catalog:
 
     def get(self, name: str) -> QueueFiles | None:
         """The files of the queue called ``name``; None when no walk found it (one more
-        walk is made first, for a queue created since)."""
+        walk is made first, for a queue created since: a walk costs what the overview
+        costs, one directory listing per directory of the tree)."""
         with self._lock:
             files = self._files.get(name)
-            if files is None and time.monotonic() - self._walked_at >= FRESH_S:
+            if files is None:
                 self._walk()
                 files = self._files.get(name)
             return files

@@ -12,7 +12,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Series", "chart", "format_rate", "sparkline"]
+__all__ = ["Series", "chart", "format_rate", "span_text", "sparkline"]
 
 Points = Sequence[tuple[float, float]]
 
@@ -55,6 +55,28 @@ def format_rate(value: float | None) -> str:
     if value > 0:
         return f"{value:.1f}"
     return "0"
+
+
+# Steps between time labels, the first that gives at most six labels is used.
+_TICK_STEPS_S = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+
+
+def span_text(seconds: float) -> str:
+    """``600`` -> ``"10 minutes"``, ``45`` -> ``"45 seconds"``, ``7200`` -> ``"2 hours"``."""
+    for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute")):
+        if (seconds >= size and seconds % size == 0) or seconds >= 2 * size:
+            value = seconds / size
+            return f"{value:g} {unit}{'' if value == 1 else 's'}"
+    return f"{seconds:g} second{'' if seconds == 1 else 's'}"
+
+
+def _tick_text(seconds_ago: float) -> str:
+    if seconds_ago == 0:
+        return "now"
+    for size, unit in ((3600, " h"), (60, " min"), (1, "s")):
+        if seconds_ago >= size and seconds_ago % size == 0:
+            return f"-{seconds_ago / size:g}{unit}"
+    return f"-{seconds_ago:g}s"
 
 
 def _format_count(value: float) -> str:
@@ -114,7 +136,7 @@ def chart(series: Sequence[Series], *, now: float, span_s: float, unit: str) -> 
     parts = [
         f'<svg class="chart" viewBox="0 0 {w:g} {h:g}" role="img" '
         f'aria-label="{html.escape(", ".join(s.label for s in series))} over the last '
-        f'{span_s / 60:g} minutes">'
+        f'{html.escape(span_text(span_s))}">'
     ]
     for fraction in (0.0, 0.5, 1.0):
         y = top_pad + ph - fraction * ph
@@ -123,13 +145,15 @@ def chart(series: Sequence[Series], *, now: float, span_s: float, unit: str) -> 
             f'<text class="axis" x="{left - 6:g}" y="{y + 4:.1f}" text-anchor="end">'
             f"{html.escape(_format_count(top * fraction))}</text>"
         )
-    for minutes_ago in range(int(span_s // 60), -1, -max(1, int(span_s // 60) // 5)):
-        x = left + pw - minutes_ago * 60 / span_s * pw
-        text = "now" if minutes_ago == 0 else f"-{minutes_ago} min"
+    step = next((s for s in _TICK_STEPS_S if span_s / s <= 6), _TICK_STEPS_S[-1])
+    ago = 0.0
+    while ago <= span_s:
+        x = left + pw - ago / span_s * pw
         parts.append(
             f'<text class="axis" x="{x:.1f}" y="{top_pad + ph + 16:g}" text-anchor="middle">'
-            f"{text}</text>"
+            f"{_tick_text(ago)}</text>"
         )
+        ago += step
     parts.append(f'<g transform="translate({left:g},{top_pad:g})">')
     for s in series:
         shown = [(at, v) for at, v in s.points if at >= x0]

@@ -108,9 +108,11 @@ class QueueFigures:
 
 @dataclass(frozen=True, slots=True)
 class RetainedIds:
-    """The ids the segments hold: ``ranges`` of consecutive ids, oldest first."""
+    """The ids the segments hold: ``ranges`` of consecutive ids, oldest first; the
+    number of segment files and their bytes (an empty newest segment counts)."""
 
     ranges: tuple[tuple[int, int], ...]
+    segments: int
     disk_bytes: int
 
     @property
@@ -268,7 +270,7 @@ class QueueFiles:
             expired=default.expired,
             last_id=retained.last_id,
             first_id=retained.first_id,
-            segments=len(retained.ranges),
+            segments=retained.segments,
             disk_bytes=retained.disk_bytes,
             oldest_pending_age=oldest,
             is_open=is_open,
@@ -290,7 +292,7 @@ class QueueFiles:
         try:
             files = self._segments.layout().used
         except FileNotFoundError:
-            return RetainedIds((), 0)
+            return RetainedIds((), 0, 0)
         ranges: list[tuple[int, int]] = []
         for position, f in enumerate(files):
             if position + 1 < len(files):
@@ -312,7 +314,7 @@ class QueueFiles:
                 disk += os.stat(os.path.join(seg_dir, f.file_name)).st_size
             except FileNotFoundError:
                 continue  # deleted by retention meanwhile
-        return RetainedIds(tuple(ranges), disk)
+        return RetainedIds(tuple(ranges), len(files), disk)
 
     def _reader_state(self, name: str) -> ReaderState:
         journal = self._journals.get(name)

@@ -19,7 +19,7 @@ from ledgerq.ui._figures import QueueFigures
 
 __all__ = ["History", "Rates", "Sample"]
 
-KEEP_S = 600.0  # ten minutes of samples per queue
+KEEP_S = 600.0  # ten minutes of samples per queue (``ledgerq ui --history``)
 RATE_WINDOW_S = 60.0  # a rate is the average over the last minute (or what there is)
 MIN_SPAN_S = 0.5  # samples closer than this say nothing about a rate
 
@@ -75,7 +75,7 @@ class History:
     """Samples of every queue the console serves, by queue name (thread-safe)."""
 
     def __init__(self, keep_s: float = KEEP_S) -> None:
-        self._keep_s = keep_s
+        self.keep_s = keep_s
         self._samples: dict[str, deque[Sample]] = {}
         self._lock = threading.Lock()
 
@@ -89,7 +89,7 @@ class History:
             if samples and sample.at <= samples[-1].at:
                 return  # taken before the newest one (two threads raced): keep the order
             samples.append(sample)
-            while samples and samples[0].at < sample.at - self._keep_s:
+            while samples and samples[0].at < sample.at - self.keep_s:
                 samples.popleft()
 
     def newest_at(self, name: str) -> float | None:

@@ -85,22 +85,24 @@ def _looks_binary(text: str) -> bool:
 
 
 def preview(payload: bytes, kind: PreviewKind | None = None) -> Preview:
-    """How to show ``payload``: as ``kind``, or the best fit (JSON, text, else hex)."""
+    """How to show ``payload``: as ``kind``, or the best fit - JSON when it parses as
+    a whole, text when it is UTF-8 and not mostly control characters, else hex.  A
+    payload asked for as JSON that is not JSON shows as text (or hex, not being text)."""
     size = len(payload)
-    if kind in (None, "json", "text"):
+    if kind != "hex":
         decoded = _decoded(payload, PREVIEW_BYTES)
-        if decoded is not None and (kind is not None or not _looks_binary(decoded[0])):
+        is_text = decoded is not None and (kind is not None or not _looks_binary(decoded[0]))
+        if decoded is not None and is_text:
             text, shown = decoded
-            if kind in (None, "json") and shown == size:
+            if kind != "text" and shown == size:
                 try:
                     value = json.loads(text)
                 except ValueError:
-                    value = None
+                    pass
                 else:
                     pretty = json.dumps(value, indent=2, ensure_ascii=False)
                     return Preview("json", _printable(pretty), size, size)
-            if kind != "json":
-                return Preview("text", _printable(text), size, shown)
+            return Preview("text", _printable(text), size, shown)
     shown_bytes = payload[:HEX_BYTES]
     return Preview("hex", hex_dump(shown_bytes), size, len(shown_bytes))
 

@@ -37,6 +37,7 @@ def run(
     port: int = 8642,
     token: str | None = None,
     sample_interval_s: float = 2.0,
+    history_s: float = 600.0,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the console over the queues at or under ``root`` until SIGINT or SIGTERM.
@@ -49,7 +50,9 @@ def run(
     check_listen_address(host, token)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"no directory at {root!r}: give a queue or a directory of queues")
-    app = create_app(root, token=token, host=host, sample_interval_s=sample_interval_s)
+    app = create_app(
+        root, token=token, host=host, sample_interval_s=sample_interval_s, history_s=history_s
+    )
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
