@@ -12,7 +12,7 @@
 * **Changes are POSTs with a CSRF token**, a random value made at start and put in
   every form; a POST without it (or from another Origin) is refused with a 403.
   Pages can be read only by the console's own origin, so no other site learns it.
-* **Every response** forbids framing, sniffing, referrers and caching, and its
+* **Every response** forbids framing, sniffing, caching and referrers to other sites, and its
   Content-Security-Policy lets the page load only the console's own script and
   stylesheet (no inline script, nothing from elsewhere).
 """
@@ -56,7 +56,7 @@ SECURITY_HEADERS = [
     ),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
 
