@@ -350,12 +350,11 @@ def requeue(
             "have yet; requeue without it"
         )
     with using_existing(queue, option_overrides(option_pairs)) as q:
-        if not _has_dlq(q):
-            moved = 0
-        elif rate is None and not ids and chosen.is_empty:
-            moved = tools.requeue_dead_letters(q, None, delay=delay)  # everything, as the API
+        if rate is None and not ids and chosen.is_empty:
+            # Everything, as the API does (q.dlq would create a missing DLQ: not looked at).
+            moved = tools.requeue_dead_letters(q, None, delay=delay) if _has_dlq(q) else 0
         else:
-            picked = _chosen_ids(queue, q, ids, chosen)
+            picked = _chosen_ids(queue, q, ids, chosen)  # an id not there is an error
             moved = tools.paced(
                 picked, rate, lambda part: tools.requeue_dead_letters(q, part, delay=delay)
             )
