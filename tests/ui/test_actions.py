@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 import ledgerq
 from ledgerq.ui._actions import opens_shared
 from tests._child import Children
@@ -96,7 +98,7 @@ def test_purge_asks_first_and_deletes_only_what_it_said(tmp_path: Path, children
 
 _HOLDER = """
 import sys, ledgerq
-q = ledgerq.open(sys.argv[1])
+q = ledgerq.open(sys.argv[1], **({"shared": True} if sys.argv[2] == "shared" else {}))
 print("holding", flush=True)
 sys.stdin.readline()
 """
@@ -105,11 +107,11 @@ sys.stdin.readline()
 def test_an_action_on_a_queue_held_elsewhere_is_refused_and_changes_nothing(
     tmp_path: Path, children: Children
 ) -> None:
-    if opens_shared():
-        return  # with shared mode, the console opens beside the holder: nothing to refuse
+    # An exclusive holder excludes the console's open in either mode (shared mode, where
+    # ledgerq has it, and exclusive opens exclude each other).
     path = tmp_path / "q"
     _build(path)
-    holder = children.start(["-c", _HOLDER, str(path)])
+    holder = children.start(["-c", _HOLDER, str(path), "exclusive"])
     holder.wait_for("holding")
     _, base = start_console(children, tmp_path)
     client = Client(base)
@@ -122,6 +124,23 @@ def test_an_action_on_a_queue_held_elsewhere_is_refused_and_changes_nothing(
     assert "the queue q is open in another process" in landed and "nothing was changed" in landed
     holder.finish()
     assert _state(path) == ([], [b"job %d" % i for i in range(5)])
+
+
+def test_with_shared_mode_an_action_works_beside_a_shared_holder(
+    tmp_path: Path, children: Children
+) -> None:
+    if not opens_shared():
+        pytest.skip("this ledgerq has no shared mode (ledgerq.open(path, shared=True))")
+    path = tmp_path / "q"
+    _build(path)
+    holder = children.start(["-c", _HOLDER, str(path), "shared"])
+    holder.wait_for("holding")
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    _, landed = _act(client, client.csrf(), [("q", "q"), ("do", "requeue:selected"), ("id", "1")])
+    assert "requeued 1 message to q" in landed
+    holder.finish()
+    assert _state(path) == ([b"job 0"], [b"job %d" % i for i in range(1, 5)])
 
 
 def test_a_paced_requeue_runs_on_and_can_be_cancelled(tmp_path: Path, children: Children) -> None:
