@@ -175,7 +175,7 @@ class DedupFeature(Feature):
         if self._unsaved:
             return  # the whole table is rewritten at the next flush
         try:
-            self._log.append(blob)
+            self._log.append_record(blob)
         except StorageError as exc:
             # The messages are in the log: the enqueue happened and must not raise.  Their
             # ids stay in the table in memory; the file is rewritten whole at the next sync.

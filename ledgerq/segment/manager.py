@@ -97,6 +97,8 @@ class SegmentManager:
         self._first_ids: list[int] = []
         self._on_corrupt = on_corrupt
         self._log_fd: int | None = None  # None after close(), or a failed rotation
+        # The writer, parked after a failed append whose cut failed too (see _undo).
+        self._torn_fd: int | None = None
         self._closed = False
         self._fd_lock = threading.Lock()
         # With sync_on_rotate False (sync modes other than "always"), the fsyncs of a
@@ -108,6 +110,7 @@ class SegmentManager:
         self._unsynced_sealed: list[int] = []  # duplicated fds of sealed logs to fsync
         self._dir_dirty = False
         self._idx_fd: int | None = None
+        self._idx_size = 0  # bytes of whole points in the open index (see _append_index)
         self._last_indexed_offset = -1
         self.truncated_bytes = 0
         self.log_next_id = 1  # after open: the id after the last entry found in the log
@@ -355,12 +358,14 @@ class SegmentManager:
         with self._fd_lock:
             self._log_fd = log_fd
         self._idx_fd = idx_fd
+        # Where a failed point is cut back to; the recovered index ends with whole points.
+        self._idx_size = os.lseek(idx_fd, 0, os.SEEK_END)
         if seg.index:
             self._last_indexed_offset = seg.index[-1].offset
 
     def _close_writer(self) -> None:
         with self._fd_lock:  # sync_active() must never fsync a closed (or reused) fd
-            for name in ("_log_fd", "_idx_fd"):
+            for name in ("_log_fd", "_torn_fd", "_idx_fd"):
                 fd = getattr(self, name)
                 if fd is not None:
                     setattr(self, name, None)
@@ -389,9 +394,9 @@ class SegmentManager:
         before = seg.size
         size = len(record)
         try:
-            if os.write(fd, record) != size:
-                self._undo(fd, before)  # a short write: cut it back, retry whole
-                write_all(fd, record)
+            written = os.write(fd, record)
+            if written != size:  # a short write: the rest, or the error that stopped it
+                write_all(fd, memoryview(record)[written:])
         except OSError as exc:
             self._undo(fd, before)
             raise StorageError("append to", seg.log_path, exc) from exc
@@ -404,11 +409,7 @@ class SegmentManager:
         ):
             seg.add_index_entry(IndexEntry(message_id, timestamp, before))
             self._last_indexed_offset = before
-            assert self._idx_fd is not None
-            try:
-                write_all(self._idx_fd, encode_index_entry(message_id, timestamp, before))
-            except OSError:
-                pass  # the index is advisory until sealed; recovery rebuilds it
+            self._append_index(encode_index_entry(message_id, timestamp, before))
         if seg.size >= self.segment_size:
             self.rotate(message_id + 1)
             return True
@@ -461,19 +462,55 @@ class SegmentManager:
         seg.last_timestamp = timestamp
         seg.size = offsets[-1]
         if index_blob:
-            assert self._idx_fd is not None
-            try:
-                write_all(self._idx_fd, b"".join(index_blob))
-            except OSError:
-                pass  # the index is advisory until sealed; recovery rebuilds it
+            self._append_index(b"".join(index_blob))
         if seg.size >= self.segment_size:
             self.rotate(message_id)
 
+    def _append_index(self, blob: bytes) -> None:
+        """Append points to the active segment's open index (best effort).
+
+        The index is advisory until its segment is sealed: every reader checks a point
+        against the log before using it, and recovery rebuilds it, so a failed write is
+        no error of the append.  But a torn point would shift every point written after
+        it: the whole file would then read as damaged, and the next open (and every
+        lock-free reader) would scan the segment from its start.  So a failed write is
+        cut back; if even that fails, no more points go to this file - the seal
+        rewrites it whole from the points kept in memory.
+        """
+        fd = self._idx_fd
+        if fd is None:
+            return
+        try:
+            write_all(fd, blob)
+        except OSError:
+            try:
+                os.ftruncate(fd, self._idx_size)
+            except OSError:
+                with self._fd_lock:
+                    self._idx_fd = None
+                os.close(fd)
+            return
+        self._idx_size += len(blob)
+
     def _undo(self, fd: int, size: int) -> None:
+        """Cut the active log back to ``size`` after a failed append (``fd`` is its writer).
+
+        On a full disk ``write()`` stores what fits before it fails; those bytes must go
+        before anything else is appended, or the next entry would land after a torn one
+        and recovery - which ends the log at the first bytes that are no entry - would
+        cut it and everything after it.  If the cut itself fails, the writer is parked:
+        appends refuse (:meth:`_resume_writer` retries the cut first) until it succeeds,
+        and :meth:`sync_active` still syncs what was appended before.
+        """
         try:
             os.ftruncate(fd, size)
-        except OSError:  # pragma: no cover - nothing better to do; recovery cuts the tail
-            logger.error("ledgerq: could not cut back a failed append in %s", self.directory)
+        except OSError:
+            logger.error(
+                "ledgerq: could not cut back a failed append to %s; appends wait for the cut",
+                self.segments[-1].log_path,
+            )
+            with self._fd_lock:
+                self._log_fd, self._torn_fd = None, fd
 
     def rotate(self, next_first_id: int) -> None:
         """Seal the active segment (durably) and start a new one at ``next_first_id``.
@@ -515,6 +552,13 @@ class SegmentManager:
         """
         assert not self._closed, "segment manager is closed"
         seg = self.segments[-1]
+        torn = self._torn_fd
+        if torn is not None:
+            with storage_errors("cut back a failed append to", seg.log_path):
+                os.ftruncate(torn, seg.size)
+            with self._fd_lock:
+                self._log_fd, self._torn_fd = torn, None
+            return torn
         if seg.sealed:
             self._create(seg.last_id + 1)
         else:
@@ -541,7 +585,8 @@ class SegmentManager:
         itself, so syncing the newest segment covers every write made before the call.
         """
         with self._fd_lock:
-            fd = os.dup(self._log_fd) if self._log_fd is not None else None
+            writer = self._log_fd if self._log_fd is not None else self._torn_fd
+            fd = os.dup(writer) if writer is not None else None
             sealed, self._unsynced_sealed = self._unsynced_sealed, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
         try:
