@@ -19,6 +19,9 @@ from typing import Any
 import pytest
 
 import ledgerq
+from ledgerq import tools
+from ledgerq.features.dlq.retries import RetryTracker
+from ledgerq.format.feature_state import decode_feature_file
 from ledgerq.segment.index_file import load_index
 from ledgerq.segment.scanner import entry_id_at
 from tests.faults._shim import Interposer
@@ -219,3 +222,115 @@ def test_open_index_full_disk_then_crash(small_disk: SmallDisk) -> None:
                 point.id
             )
     assert len(_drain(queue)) == points[-1].id
+
+
+def test_retry_log_full_disk_then_crash(small_disk: SmallDisk) -> None:
+    # features/retries.log: a failure record cut short by the full disk is cut back,
+    # and later records land where a reader finds them.  (Before, the torn record
+    # stayed - skipped as damage at load - and the nack that wrote it raised although
+    # its failure was recorded.)
+    queue = small_disk.path / "q"
+    reports = crash_child(
+        small_disk.path,
+        """
+        import logging
+        warnings = []
+        handler = logging.Handler()
+        handler.emit = lambda record: warnings.append(record.getMessage())
+        logging.getLogger("ledgerq").addHandler(handler)
+        q = ledgerq.open(ARGS["queue"], max_retries=1000)
+        [message_id] = q.enqueue_batch([b"job"])
+        disk.fill()
+        while not any("retry" in w for w in warnings):
+            message = q.dequeue()
+            if message is None:  # the dequeue before refused: nothing leased
+                continue
+            try:
+                q.nack(message.id, "r" * 1000)
+            except ledgerq.StorageError:  # the journal refused: the lease stays
+                disk.free()
+                q.nack(message.id, "r" * 1000)
+                disk.fill()
+        disk.free()
+        for n in range(3):
+            q.nack(q.dequeue().id, f"after-{n}")
+        report(message_id)
+        """,
+        queue=str(queue),
+    )
+    [[message_id]] = reports
+    data = (queue / "features" / "retries.log").read_bytes()
+    assert decode_feature_file(data, b"LQRT").damaged == 0
+    tracker = RetryTracker(str(queue / "features" / "retries.log"))
+    try:
+        last = tracker.last("default", message_id)
+        assert last is not None and last[1] == "after-2"
+    finally:
+        tracker.close()
+
+
+def test_dedup_log_full_disk_then_crash(small_disk: SmallDisk) -> None:
+    # features/dedup.log: a record cut short is cut back, and the records of the dedup
+    # ids enqueued once space is back are written as usual.  (Before, after one failed
+    # record no other was written until a sync: a crash forgot every later dedup id.)
+    queue = small_disk.path / "q"
+    reports = crash_child(
+        small_disk.path,
+        """
+        q = ledgerq.open(ARGS["queue"], dedup_window=3600.0)
+        for i in range(20):
+            q.enqueue(b"a", dedup_id=f"a{i}")
+        disk.fill()
+        for i in range(400):  # the segment's and dedup.log's last pages fill in turn
+            try:
+                q.enqueue(b"", dedup_id=f"b{i}")
+            except ledgerq.StorageError:
+                pass
+        disk.free()
+        report({f"c{i}": q.enqueue(b"c", dedup_id=f"c{i}") for i in range(20)})
+        """,
+        queue=str(queue),
+    )
+    [[after]] = reports
+    data = (queue / "features" / "dedup.log").read_bytes()
+    assert decode_feature_file(data, b"LQDD").damaged == 0
+    with ledgerq.open(queue) as q:
+        for dedup_id, message_id in after.items():
+            assert q.enqueue(b"again", dedup_id=dedup_id) == message_id, dedup_id
+
+
+def test_shipped_copy_full_destination_then_crash(small_disk: SmallDisk, tmp_path: Path) -> None:
+    # ship's destination segments grow by appends too, and a hub's disk fills like any
+    # other.  A pass that failed on the full destination left the bytes that fitted; the
+    # next pass of the same shipper appended after them, so the copy held damage in the
+    # middle (skipped by its readers: those messages were missing at the hub).
+    source = tmp_path / "src"
+    with ledgerq.open(source, segment_size=512 * 1024) as q:
+        ids = q.enqueue_batch([bytes([i % 251]) * 1000 for i in range(3000)])
+    reports = crash_child(
+        small_disk.path,
+        """
+        from ledgerq.ship import Shipper
+        shipper = Shipper(ARGS["source"], ARGS["hub"], "edge")
+        shipper.open()
+        disk.fill(leave_bytes=1_000_000)
+        try:
+            shipper.ship_pass()
+            failed = False
+        except OSError as exc:
+            failed = isinstance(exc, ledgerq.StorageError) and ARGS["hub"] in str(exc)
+        disk.free()
+        shipper.ship_pass()
+        report(failed, shipper.last_id)
+        """,
+        source=str(source),
+        hub=str(small_disk.path / "hub"),
+    )
+    [[failed, last_id]] = reports
+    assert last_id == ids[-1]
+    copy = small_disk.path / "hub" / "edge.src"
+    report = tools.verify(copy)
+    assert report.ok, report.problems
+    shipped = [(m.id, m.payload) for m in tools.iter_messages(copy)]
+    assert shipped == [(i, bytes([(i - 1) % 251]) * 1000) for i in ids]
+    assert failed, "the full destination did not refuse the pass with a StorageError"
