@@ -87,6 +87,9 @@ class Selector(Protocol):
     def discard(self, message_id: int) -> bool:
         """Forget an available id (it was settled elsewhere); True if it was held."""
 
+    def holds(self, message_id: int) -> bool:
+        """Whether ``message_id`` is held available (what :meth:`discard` would forget)."""
+
     def held(self) -> int:
         """Entries held available beyond what the reader's cursor has not read yet."""
 
@@ -124,6 +127,9 @@ class FifoSelector:
 
     def discard(self, message_id: int) -> bool:
         return self._returned.pop(message_id, None) is not None
+
+    def holds(self, message_id: int) -> bool:
+        return message_id in self._returned
 
     def held(self) -> int:
         return len(self._returned)

@@ -25,6 +25,8 @@ _ONE_ID_RECORD_SIZE = len(encode_id_record(StateRecordType.ACK, 1))
 
 # Rewrite the journal once it is this much larger than its last checkpoint.
 _COMPACT_MIN_BYTES = 1 << 20
+# After a compaction failed (a full disk), the least growth before it is tried again.
+_RETRY_COMPACTION_BYTES = 64 << 10
 
 
 class ReaderJournal(AppendLog):
@@ -92,6 +94,10 @@ class ReaderJournal(AppendLog):
             raise self._failed(fd, exc) from exc
         self.size += _ONE_ID_RECORD_SIZE
         return self.commit.note_write()
+
+    def postpone_compaction(self) -> None:
+        """A compaction failed: try again once the journal has grown by a quarter more."""
+        self._compact_at = self.size + max(self.size // 4, _RETRY_COMPACTION_BYTES)
 
     @property
     def wants_compaction(self) -> bool:

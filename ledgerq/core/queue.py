@@ -10,6 +10,7 @@ callers share fsyncs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -52,7 +53,7 @@ from ledgerq.format.entry import (
     encode_plain_batch_parts,
     encode_plain_entry,
 )
-from ledgerq.segment.files import make_durable_dir, storage_errors
+from ledgerq.segment.files import StorageError, make_durable_dir, storage_errors
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import Meta, MetaStore
@@ -202,6 +203,7 @@ class QueueCore(Closing):
 
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
         journal = ReaderJournal(self._reader_path(name))
+        is_new = not os.path.exists(journal.path)
         try:
             with storage_errors("open reader state", journal.path):
                 core = ReaderCore(
@@ -214,6 +216,11 @@ class QueueCore(Closing):
                 )
         except BaseException:
             journal.close()
+            if is_new:
+                # A new reader whose first checkpoint failed half-way must not exist: its
+                # file would make the next reader(name) start elsewhere than asked.
+                with contextlib.suppress(OSError):
+                    os.unlink(journal.path)
             raise
         reader = Reader(self, core)
         self._readers[name] = reader
@@ -574,8 +581,12 @@ class QueueCore(Closing):
                 logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, self.path, exc)
                 with self._lock:
                     self._corrupt_skipped += 1
-                    if reader._core.settle_any(entry.id):
-                        reader._core.counters["acked"] -= 1
+                    try:
+                        if reader._core.settle_any(entry.id):
+                            reader._core.counters["acked"] -= 1
+                    except StorageError as settle_error:
+                        # Left leased: it comes back (and is skipped again) after its lease.
+                        logger.warning("ledgerq: could not settle it: %s", settle_error)
                 continue
             messages.append(entry_to_message(entry, attempt, payload))
         return messages
@@ -645,12 +656,14 @@ class QueueCore(Closing):
             raise ValueError("the default reader cannot be removed")
         with self._lock:
             self._ensure_open()
-            reader = self._readers.pop(name, None)
+            reader = self._readers.get(name)
             if reader is None:
                 return False
+            with storage_errors("delete reader state", reader._core.journal.path):
+                os.unlink(reader._core.journal.path)  # first: if it fails, nothing changed
+            del self._readers[name]
             reader._removed = True
             reader._core.journal.close()
-            os.unlink(reader._core.journal.path)
             self._retire_consumed()
             self._wake()  # its waiters must see that it is gone
             return True
@@ -740,6 +753,17 @@ class QueueCore(Closing):
     # ------------------------------------------------------------------ retention
 
     def _retire_consumed(self) -> None:
+        """Apply retention after a call whose effect has happened (lock held); never raises.
+
+        Deleting a segment is housekeeping: a deletion the disk refuses is logged, and
+        the segment, still listed, is tried again at the next settle or rotation.
+        """
+        try:
+            self._apply_retention()
+        except StorageError as exc:
+            logger.warning("ledgerq: retention could not delete a segment (%s)", exc)
+
+    def _apply_retention(self) -> None:
         """Apply retention (lock held); cheap when there is nothing to delete.
 
         A sealed segment every reader has consumed is deleted at once, or - with
@@ -782,7 +806,7 @@ class QueueCore(Closing):
         """Apply retention now: delete segments that every reader has consumed."""
         with self._lock:
             self._ensure_open()
-            self._retire_consumed()
+            self._apply_retention()
             for reader in self._readers.values():
                 reader._core.checkpoint()
 

@@ -411,7 +411,7 @@ class SegmentManager:
             self._last_indexed_offset = before
             self._append_index(encode_index_entry(message_id, timestamp, before))
         if seg.size >= self.segment_size:
-            self.rotate(message_id + 1)
+            self.rotate(message_id + 1, appended=True)
             return True
         return False
 
@@ -464,7 +464,7 @@ class SegmentManager:
         if index_blob:
             self._append_index(b"".join(index_blob))
         if seg.size >= self.segment_size:
-            self.rotate(message_id)
+            self.rotate(message_id, appended=True)
 
     def _append_index(self, blob: bytes) -> None:
         """Append points to the active segment's open index (best effort).
@@ -512,13 +512,19 @@ class SegmentManager:
             with self._fd_lock:
                 self._log_fd, self._torn_fd = None, fd
 
-    def rotate(self, next_first_id: int) -> None:
+    def rotate(self, next_first_id: int, *, appended: bool = False) -> None:
         """Seal the active segment (durably) and start a new one at ``next_first_id``.
 
         Raises :class:`StorageError` if a step fails.  Nothing written is lost then:
         the segment keeps its entries, and the next append finishes the rotation
         (:meth:`_resume_writer`) with the next id - the caller must count the entries
         it wrote before the rotation as appended (``next_id`` moved past them).
+
+        ``appended``: the rotation follows an append that filled the segment, and that
+        append stands - its caller returns the ids.  Then only a failed first step (the
+        fsync that makes the entries durable, with ``sync_on_rotate``) raises; a later
+        one - the sealed index or the next file refused by a full disk - is logged, and
+        the next append finishes the rotation.
         """
         seg = self.segments[-1]
         if seg.is_empty:
@@ -529,15 +535,37 @@ class SegmentManager:
             self._first_ids.pop()
             self._create(next_first_id)
             return
-        assert self._log_fd is not None
-        if self._sync_on_rotate:
-            # A sealed segment is never rescanned: it must be whole.  If this fails the
-            # segment stays active and open, and the next append's rotation retries.
-            with storage_errors("sync", seg.log_path):
-                datasync(self._log_fd)
-        else:
+        self._sync_for_seal(seg)
+        try:
+            self._finish_rotation(seg, next_first_id)
+        except StorageError as exc:
+            if not appended:
+                raise
+            logger.warning(
+                "ledgerq: could not finish a segment rotation (%s); the next append retries", exc
+            )
+
+    def _sync_for_seal(self, seg: Segment) -> None:
+        """The first step of a rotation: make the active segment's data durable (or
+        note it for the next sync).  If this raises, the segment stays active and open,
+        and the next append's rotation retries."""
+        fd = self._log_fd
+        assert fd is not None
+        with storage_errors("sync", seg.log_path):
+            if self._sync_on_rotate:
+                # A sealed segment is never rescanned: it must be whole.
+                datasync(fd)
+                return
+            try:
+                dup = os.dup(fd)
+            except OSError:
+                datasync(fd)  # no descriptor to sync it later with: now, then
+                return
             with self._fd_lock:
-                self._unsynced_sealed.append(os.dup(self._log_fd))
+                self._unsynced_sealed.append(dup)
+
+    def _finish_rotation(self, seg: Segment, next_first_id: int) -> None:
+        """Seal ``seg`` (its data synced) and create the next segment."""
         self._close_writer()
         # From here on a failure leaves no writer; _resume_writer() picks up from
         # whichever step failed.
@@ -671,12 +699,21 @@ class SegmentManager:
     # ------------------------------------------------------------------ deletion
 
     def delete_first(self) -> Segment:
-        """Delete the oldest segment (never the active one) and return it."""
+        """Delete the oldest segment (never the active one) and return it.
+
+        Raises :class:`StorageError` having changed nothing if its log cannot be
+        deleted (the segment stays, and a later call tries again).
+        """
         if len(self.segments) < 2:
             raise ValueError("the active segment cannot be deleted")
-        seg = self.segments.pop(0)
+        seg = self.segments[0]
+        with storage_errors("delete segment", seg.log_path), contextlib.suppress(FileNotFoundError):
+            os.unlink(seg.log_path)
+        self.segments.pop(0)
         self._first_ids.pop(0)
-        self._unlink(seg)
+        # The index: best effort - one left behind without its log is deleted at open.
+        with contextlib.suppress(OSError):
+            self._unlink(seg)
         return seg
 
     def _unlink(self, seg: Segment) -> None:
