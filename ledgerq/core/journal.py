@@ -27,6 +27,8 @@ _ONE_ID_RECORD_SIZE = len(encode_id_record(StateRecordType.ACK, 1))
 _COMPACT_MIN_BYTES = 1 << 20
 # After a compaction failed (a full disk), the least growth before it is tried again.
 _RETRY_COMPACTION_BYTES = 64 << 10
+# While the disk is full (the queue's reserve spent): compact after this much growth.
+_LOW_SPACE_GROWTH = 8 << 10
 
 
 class ReaderJournal(AppendLog):
@@ -40,6 +42,8 @@ class ReaderJournal(AppendLog):
     def __init__(self, path: str) -> None:
         super().__init__(path, "reader state")
         self._compact_at = _COMPACT_MIN_BYTES
+        self._low_space = False
+        self._adopted_size = 0  # the size when it was opened or last rewritten
         self.commit = GroupCommit(self.sync)
 
     def load(self) -> ReaderState:
@@ -69,7 +73,25 @@ class ReaderJournal(AppendLog):
     def adopt(self, fd: int, size: int) -> None:
         """Append to ``fd`` (holding ``size`` bytes) from now on."""
         super().adopt(fd, size)
-        self._compact_at = max(_COMPACT_MIN_BYTES, size * 4)
+        self._adopted_size = size
+        self._set_compaction_point()
+
+    def _set_compaction_point(self) -> None:
+        if self._low_space:
+            self._compact_at = self.size + _LOW_SPACE_GROWTH
+        else:
+            self._compact_at = max(_COMPACT_MIN_BYTES, self.size * 4)
+
+    def set_low_space(self, low: bool) -> None:
+        """Compact after every few KiB of records while the disk is full (``low``).
+
+        While the queue's disk reserve is spent, the journal must not grow into the
+        last free pages: rewriting it as a checkpoint (small after in-order acks) gives
+        back what its records took, so a drain can go on.
+        """
+        if low != self._low_space:
+            self._low_space = low
+            self._set_compaction_point()
 
     def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
         """Append a LEASE/ACK/NACK/... record of ``ids``; return the durability ticket.
@@ -91,13 +113,22 @@ class ReaderJournal(AppendLog):
             if written != _ONE_ID_RECORD_SIZE:
                 self._finish_short_write(fd, record, written)
         except OSError as exc:
-            raise self._failed(fd, exc) from exc
-        self.size += _ONE_ID_RECORD_SIZE
+            self._append_after_failure(fd, record, exc)
+        else:
+            self.size += _ONE_ID_RECORD_SIZE
         return self.commit.note_write()
 
     def postpone_compaction(self) -> None:
-        """A compaction failed: try again once the journal has grown by a quarter more."""
-        self._compact_at = self.size + max(self.size // 4, _RETRY_COMPACTION_BYTES)
+        """A compaction failed: try again once the journal has grown some more."""
+        if self._low_space:
+            self._compact_at = self.size + _LOW_SPACE_GROWTH
+        else:
+            self._compact_at = self.size + max(self.size // 4, _RETRY_COMPACTION_BYTES)
+
+    @property
+    def has_grown(self) -> bool:
+        """Whether records were appended since it was opened or last rewritten."""
+        return self.size != self._adopted_size
 
     @property
     def wants_compaction(self) -> bool:

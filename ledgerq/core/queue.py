@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import functools
 import logging
 import os
 import threading
@@ -61,9 +63,11 @@ from ledgerq.segment.naming import (
     META_NAME,
     QUEUE_NAMES,
     READERS_DIR,
+    RESERVE_NAME,
     STATE_SUFFIX,
     reader_state_path,
 )
+from ledgerq.segment.reserve import DiskReserve
 from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.sync import GroupCommit
@@ -149,8 +153,9 @@ class QueueCore(Closing):
             [(int(a), int(b)) for a, b in meta.corrupt_regions if isinstance(a, int)]
         )
         floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
-        with storage_errors("open the segments in", self._manager.directory):
-            self._manager.open(min_next_id=floor)
+        self._reserve = DiskReserve(os.path.join(self.path, RESERVE_NAME))
+        self._reserve.ensure()  # before recovery: its space can take recovery's writes
+        self._open_segments(floor)
         self._next_id = self._manager.next_id
         # Entries appended after the last counter save were enqueued too (counted up to
         # the last entry in the log, not the reserved ids a crash made us skip).
@@ -159,8 +164,23 @@ class QueueCore(Closing):
         )
         self._duplicates = counters.get("duplicates", 0)
         self._dropped = counters.get("dropped", 0)
-        self._reserved_until = self._next_id + ID_BLOCK
-        self._save_meta(clean=False)
+        # The durable id reservation, and the gate of the append paths: an append of an
+        # id at or past _reserved_until takes the slow path (_reserve_ids) first.  The
+        # gate is closed (set low) while the disk reserve is spent, or while the
+        # reservation could not be saved, so the fast paths pay nothing for either.
+        self._ids_reserved_until = self._reserved_until = self._next_id
+        self._disk_meta = (meta.clean, self._meta_figures())  # what meta.json says now
+        try:
+            self._ids_reserved_until = self._next_id + ID_BLOCK
+            self._save_meta(clean=False)
+        except StorageError as exc:
+            # A full disk must not lock the user out: reading, dequeuing and acking need
+            # no reservation.  The first enqueue saves it (or raises while it cannot).
+            self._ids_reserved_until = self._next_id
+            logger.warning("ledgerq: %s; the first enqueue will reserve ids", exc)
+        else:
+            if self._reserve.is_held:  # else the gate stays closed: see _reserve_ids
+                self._reserved_until = self._ids_reserved_until
         self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
         self._register_hooks()
@@ -203,6 +223,8 @@ class QueueCore(Closing):
 
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
         journal = ReaderJournal(self._reader_path(name))
+        journal.on_full = self._make_room
+        journal.set_low_space(not self._reserve.is_held)
         is_new = not os.path.exists(journal.path)
         try:
             with storage_errors("open reader state", journal.path):
@@ -233,11 +255,75 @@ class QueueCore(Closing):
         """Count damaged records a feature skipped in its own files (``stats()``)."""
         self._corrupt_skipped += count
 
+    def _open_segments(self, floor: int) -> None:
+        """Recover and open the segments; on a full disk, with the reserve's space.
+
+        Recovery writes little (an index, after a crash a new segment), but on a disk
+        with no free page even that fails: then the reserve is released and recovery
+        runs once more, from the start, with its space.
+        """
+        try:
+            with storage_errors("open the segments in", self._manager.directory):
+                self._manager.open(min_next_id=floor)
+        except StorageError as exc:
+            if exc.errno != errno.ENOSPC or not self._reserve.release():
+                raise
+            logger.warning("ledgerq: %s; opening again with the disk reserve's space", exc)
+            self._manager.close()
+            self._manager = self._manager.reopened()
+            with storage_errors("open the segments in", self._manager.directory):
+                self._manager.open(min_next_id=floor)
+
+    # ------------------------------------------------------------------ the disk reserve
+
+    def _make_room(self) -> bool:
+        """A write that draining the queue needs met a full disk: release the reserve.
+
+        True if that freed space (the write is tried again).  From then on enqueues
+        refuse until the reserve can be written again, and journals compact early.
+        Called with the queue lock held (a reader journal's ``on_full``).
+        """
+        if not self._reserve.release():
+            return False
+        logger.warning(
+            "ledgerq: the disk of %s is full: released its %d KiB reserve so that acks can "
+            "go on; enqueues refuse until that much space is free again",
+            self.path,
+            self._reserve.size // 1024,
+        )
+        self._reserved_until = 0  # close the append gate: _reserve_ids checks the reserve
+        for reader in self._readers.values():
+            reader._core.journal.set_low_space(True)
+        return True
+
+    def _restore_reserve(self) -> bool:
+        """Write the reserve again if it was released and there is room; True if held."""
+        if self._reserve.is_held:
+            return True
+        if not self._reserve.ensure():
+            return False
+        logger.warning("ledgerq: %s has room again: its disk reserve is back", self.path)
+        for reader in self._readers.values():
+            reader._core.journal.set_low_space(False)
+        return True
+
+    def _meta_figures(self) -> tuple[object, ...]:
+        """What a meta.json save records beyond the clean flag (to skip needless saves)."""
+        return (
+            self._next_id,
+            self._ids_reserved_until,
+            self._enqueued,
+            self._duplicates,
+            self._dropped,
+            self._corrupt_skipped,
+            len(self._manager.reported_regions),
+        )
+
     def _save_meta(self, *, clean: bool) -> None:
         meta = self._meta
         meta.clean = clean
         meta.next_id = self._next_id
-        meta.reserved_until = self._next_id if clean else self._reserved_until
+        meta.reserved_until = self._next_id if clean else self._ids_reserved_until
         meta.counters = {
             "enqueued": self._enqueued,
             "enqueued_through": self._next_id,
@@ -248,6 +334,7 @@ class QueueCore(Closing):
         meta.corrupt_regions = [list(key) for key in self._manager.reported_regions][-10_000:]
         meta.options = dataclasses.asdict(self.options)
         self._meta_store.save(meta)
+        self._disk_meta = (clean, self._meta_figures())
 
     # ------------------------------------------------------------------ durability
 
@@ -510,22 +597,40 @@ class QueueCore(Closing):
         return fresh, existing
 
     def _reserve_ids(self, end: int) -> None:
-        """Reserve ids up to ``end`` (exclusive) durably, before they are written (lock held).
+        """The slow path before an append of ids up to ``end`` (exclusive) (lock held).
 
-        ``meta.json`` records the ids handed out in blocks of ``ID_BLOCK`` ahead: a
-        crash that loses a torn tail of the log (ids written, never fsynced) must not
-        give those ids again, so the next open starts past the reservation.  An id
-        may be written only once a reservation covering it is on disk.  If the save
-        fails, the old reservation stays the one in memory too - otherwise the next
-        append would believe itself covered and write ids no durable record reserves.
+        Refuses (:class:`StorageError`, ENOSPC, nothing written) while the disk reserve
+        is spent and cannot be written again: the last free space is for acks.
+
+        Then reserves the ids durably, before they are written: ``meta.json`` records
+        the ids handed out in blocks of ``ID_BLOCK`` ahead: a crash that loses a torn
+        tail of the log (ids written, never fsynced) must not give those ids again, so
+        the next open starts past the reservation.  An id may be written only once a
+        reservation covering it is on disk.  If the save fails, the old reservation
+        stays the one in memory too - otherwise the next append would believe itself
+        covered and write ids no durable record reserves.
         """
-        previous = self._reserved_until
-        self._reserved_until = end + ID_BLOCK
+        if not self._restore_reserve():
+            raise StorageError(
+                "append to",
+                self._manager.directory,
+                OSError(
+                    errno.ENOSPC,
+                    f"No space left for messages (the last {self._reserve.size // 1024} KiB "
+                    "are kept for acks, which free space)",
+                ),
+            )
+        if end <= self._ids_reserved_until:  # the gate was closed for the reserve only
+            self._reserved_until = self._ids_reserved_until
+            return
+        previous = self._ids_reserved_until
+        self._ids_reserved_until = end + ID_BLOCK
         try:
             self._save_meta(clean=False)
         except BaseException:
-            self._reserved_until = previous
+            self._ids_reserved_until = previous
             raise
+        self._reserved_until = self._ids_reserved_until
 
     def _appended(self, first: int, count: int, rotated: bool) -> int:
         """Account ``count`` entries from id ``first`` now in the log (lock held).
@@ -758,10 +863,13 @@ class QueueCore(Closing):
         Deleting a segment is housekeeping: a deletion the disk refuses is logged, and
         the segment, still listed, is tried again at the next settle or rotation.
         """
+        segments = len(self._manager.segments)
         try:
             self._apply_retention()
         except StorageError as exc:
             logger.warning("ledgerq: retention could not delete a segment (%s)", exc)
+        if len(self._manager.segments) < segments and not self._reserve.is_held:
+            self._restore_reserve()  # the space of a deleted segment refills it first
 
     def _apply_retention(self) -> None:
         """Apply retention (lock held); cheap when there is nothing to delete.
@@ -807,6 +915,7 @@ class QueueCore(Closing):
         with self._lock:
             self._ensure_open()
             self._apply_retention()
+            self._restore_reserve()
             for reader in self._readers.values():
                 reader._core.checkpoint()
 
@@ -865,19 +974,66 @@ class QueueCore(Closing):
             with self._lock:
                 _attempt(errors, self._manager.sync)
                 for reader in self._readers.values():
-                    _attempt(errors, reader._core.close)
+                    _attempt(errors, functools.partial(self._close_reader, reader._core))
                     _attempt(errors, reader._core.journal.close)  # if its checkpoint failed
                 for feature in self._features:
                     _attempt(errors, feature.flush)
                     _attempt(errors, feature.close)
                 # "Clean" lets the next open trust next_id alone; after a failure it
                 # skips the reserved ids as after a crash (ids are never reused).
-                _attempt(errors, lambda: self._save_meta(clean=not errors))
+                _attempt(errors, lambda: self._save_meta_at_close(clean=not errors))
                 _attempt(errors, self._manager.close)
         finally:
             self._dirlock.release()
         if errors:
             raise errors[0]
+
+    def _close_reader(self, core: ReaderCore) -> None:
+        """Make a reader's journal durable at close, as one checkpoint if it grew.
+
+        The checkpoint is compaction: on a full disk it may use the reserve, and if it
+        still fails, the journal - which holds every record - is synced instead and
+        the failure logged, not raised: a full disk must not fail the close of a queue
+        that was only read (``ledgerq stats``), nor lose anything.
+        """
+        if not core.journal.has_grown:
+            core.journal.commit.sync_now()
+            core.journal.close()
+            return
+        try:
+            self._with_room(core.checkpoint)
+        except StorageError as exc:
+            logger.warning("ledgerq: %s; the reader state is kept as it is (synced)", exc)
+            core.journal.commit.sync_now()
+        core.journal.close()
+
+    def _save_meta_at_close(self, *, clean: bool) -> None:
+        """Save meta.json as a close leaves it, unless it says that already.
+
+        Like a checkpoint, the save may use the reserve on a full disk; if it still
+        fails, the file on disk is safe to reopen with (its reservation covers every id
+        written), so the failure is logged: only figures such as ``stats().dropped``
+        may then be behind after the next open.
+        """
+        if self._disk_meta == (clean, self._meta_figures()):
+            return
+        try:
+            self._with_room(lambda: self._save_meta(clean=clean))
+        except StorageError as exc:
+            logger.warning(
+                "ledgerq: %s; the next open skips the ids reserved before (never reused) "
+                "and its counters of duplicates and dropped messages may be behind",
+                exc,
+            )
+
+    def _with_room(self, write: Callable[[], None]) -> None:
+        """Run ``write``; if the disk is full, once more with the reserve's space."""
+        try:
+            write()
+        except StorageError as exc:
+            if exc.errno != errno.ENOSPC or not self._make_room():
+                raise
+            write()
 
     def _close_after_failed_open(self) -> None:
         """Close whatever a failed open had opened (its DLQ included) and unlock.

@@ -544,11 +544,6 @@ class ReaderCore:
             assert message_id < self._cursor.next_id
         assert self.head <= self._cursor.next_id
 
-    def close(self) -> None:
-        """Persist a final checkpoint and close the journal."""
-        self.checkpoint()
-        self.journal.close()
-
 
 def initial_checkpoint(head: object, done: Iterable[object], next_id: int) -> Checkpoint:
     """The first checkpoint of a reader created with every id below ``head`` and in ``done`` done.

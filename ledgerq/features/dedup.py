@@ -93,7 +93,8 @@ class DedupFeature(Feature):
         make_durable_dir(directory)
         path = os.path.join(directory, "dedup.log")
         self._log = AppendLog(path, "dedup state")
-        for value in self._load(path, queue):
+        values, end = self._load(path, queue)
+        for value in values:
             record = _table_record(value)
             if record is None:
                 queue.note_corrupt_skipped(1)  # not a record this library writes
@@ -104,28 +105,37 @@ class DedupFeature(Feature):
         try:
             self._rewrite()  # drops expired entries and any damage the file held
         except StorageError as exc:
-            # A full disk must not make the queue unopenable: the table is in memory,
-            # and the next sync() or close() tries the rewrite again.
-            self._not_saved(exc)
+            # A full disk must not make the queue unopenable.  The file as it is holds the
+            # table (and what the rewrite would drop, skipped again at the next load):
+            # append to it.  Without a usable file, the table is in memory, and the next
+            # sync() or close() tries the rewrite again.
+            try:
+                if not end:
+                    raise exc
+                self._log.open(end)
+                self._records = len(self._table)
+            except StorageError as again:
+                self._not_saved(again)
 
     @staticmethod
-    def _load(path: str, queue: QueueCore) -> list[Any]:
-        """The record values of ``dedup.log`` (none if missing), damage counted."""
+    def _load(path: str, queue: QueueCore) -> tuple[list[Any], int]:
+        """The record values of ``dedup.log`` (none if missing), damage counted, and
+        where its whole records end (0 when there is no usable file)."""
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            return []
+            return [], 0
         try:
             found = decode_feature_file(data, _MAGIC)
         except DecodeError:
             logger.warning("ledgerq: %s is unreadable; the dedup window starts empty", path)
             queue.note_corrupt_skipped(1)
-            return []
+            return [], 0
         if found.damaged:
             logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, path)
             queue.note_corrupt_skipped(found.damaged)
-        return found.values
+        return found.values, found.end
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
 
 from ledgerq.segment.files import StorageError, datasync, replace_and_open, storage_errors
 
@@ -39,6 +40,9 @@ class AppendLog:
         self._fd: int | None = None
         self._fd_lock = threading.Lock()  # guards the fd against a swap during sync()
         self._fragment = False  # a failed append's bytes may still be there, uncut
+        # Called when an append meets a full disk: True if it made room (the append is
+        # then tried once more).  The queue gives its reader journals one (its reserve).
+        self.on_full: Callable[[], bool] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -84,10 +88,11 @@ class AppendLog:
             if written != size:
                 self._finish_short_write(fd, record, written)
         except OSError as exc:
-            raise self._failed(fd, exc) from exc
-        self.size += size
+            self._append_after_failure(fd, record, exc)
+        else:
+            self.size += size
 
-    # The three helpers below are the slow paths of append_record(), shared with the inlined
+    # The helpers below are the slow paths of append_record(), shared with the inlined
     # fast paths of subclasses (the reader journal's one-id record on every dequeue/ack).
 
     def _writable(self) -> int:
@@ -107,6 +112,23 @@ class AppendLog:
         view = memoryview(record)
         while written < len(view):
             written += os.write(fd, view[written:])
+
+    def _append_after_failure(
+        self, fd: int, record: bytes | bytearray | memoryview, exc: OSError
+    ) -> None:
+        """A write of ``record`` raised ``exc``: cut what it left, then append ``record``
+        once more if the disk was full and :attr:`on_full` made room - or raise."""
+        error = self._failed(fd, exc)
+        if exc.errno != errno.ENOSPC or self.on_full is None or not self.on_full():
+            raise error from exc
+        fd = self._writable()
+        try:
+            written = os.write(fd, record)
+            if written != len(record):
+                self._finish_short_write(fd, record, written)
+        except OSError as again:
+            raise self._failed(fd, again) from again
+        self.size += len(record)
 
     def _failed(self, fd: int, exc: OSError) -> StorageError:
         """A write raised ``exc``: cut what it left, and return the error to raise.

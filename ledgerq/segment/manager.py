@@ -111,6 +111,7 @@ class SegmentManager:
         self._dir_dirty = False
         self._idx_fd: int | None = None
         self._idx_size = 0  # bytes of whole points in the open index (see _append_index)
+        self._stale_indexes: set[int] = set()  # first ids of indexes not rewritten at open
         self._last_indexed_offset = -1
         self.truncated_bytes = 0
         self.log_next_id = 1  # after open: the id after the last entry found in the log
@@ -219,7 +220,14 @@ class SegmentManager:
         if not seg.is_empty and start == 0:
             seg.missing = (seg.last_id - seg.first_id + 1) - found
         # Rewrite the index as recovered (it is small: 24 bytes per index_interval of log).
-        write_index(seg.idx_path, seg.index, sealed=False, durable=False)
+        try:
+            write_index(seg.idx_path, seg.index, sealed=False, durable=False)
+        except StorageError as exc:
+            # A full disk must not make the queue unopenable, and the index can wait: the
+            # old file stays (every reader checks a point against the log before using
+            # it), no point is appended to it, and the seal writes it whole.
+            logger.warning("ledgerq: %s; the index is rewritten when its segment is sealed", exc)
+            self._stale_indexes.add(seg.first_id)
 
     def _scan_tail(
         self, fd: int, seg: Segment, points: list[IndexEntry], start: int, after_id: int
@@ -360,6 +368,9 @@ class SegmentManager:
         self._idx_fd = idx_fd
         # Where a failed point is cut back to; the recovered index ends with whole points.
         self._idx_size = os.lseek(idx_fd, 0, os.SEEK_END)
+        if seg.first_id in self._stale_indexes:
+            self._idx_fd = None  # not rewritten at open: no point appended after old ones
+            os.close(idx_fd)
         if seg.index:
             self._last_indexed_offset = seg.index[-1].offset
 
@@ -599,6 +610,7 @@ class SegmentManager:
         if seg.last_offset >= 0 and (not seg.index or seg.index[-1].offset != seg.last_offset):
             seg.add_index_entry(IndexEntry(seg.last_id, seg.last_timestamp, seg.last_offset))
         write_index(seg.idx_path, seg.index, sealed=True, durable=durable)
+        self._stale_indexes.discard(seg.first_id)
         seg.sealed = True
 
     def sync(self) -> None:
@@ -734,6 +746,19 @@ class SegmentManager:
     def total_entries(self) -> int:
         """Entries in all segments."""
         return sum(s.count for s in self.segments)
+
+    def reopened(self) -> SegmentManager:
+        """A new manager of the same directory and settings, not opened yet (to run the
+        recovery again from the start after a failed :meth:`open`; close this one)."""
+        manager = SegmentManager(
+            os.path.dirname(self.directory),
+            segment_size=self.segment_size,
+            index_interval=self.index_interval,
+            on_corrupt=self._on_corrupt,
+            sync_on_rotate=self._sync_on_rotate,
+        )
+        manager.remember_reported(sorted(self._reported))
+        return manager
 
     def close(self) -> None:
         """Close every file (does not sync; the queue decides that)."""

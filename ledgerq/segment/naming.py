@@ -12,6 +12,7 @@
         <name>.state            reader_state_path(): one reader's journal
       features/                 FEATURES_DIR: retry and dedup state
       dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
+      reserve                   RESERVE_NAME: disk space held back for acks on a full disk
 
 A file being replaced is written first as ``<name>.tmp`` (TMP_SUFFIX) and renamed.
 ``docs/format.md`` lists the same names; a test keeps the two in step.
@@ -31,6 +32,7 @@ __all__ = [
     "META_NAME",
     "QUEUE_NAMES",
     "READERS_DIR",
+    "RESERVE_NAME",
     "SEGMENTS_DIR",
     "STATE_SUFFIX",
     "TMP_SUFFIX",
@@ -47,6 +49,7 @@ FEATURES_DIR = "features"
 DLQ_DIR = "dlq"
 META_NAME = "meta.json"
 LOCK_NAME = "LOCK"
+RESERVE_NAME = "reserve"
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".idx"
 STATE_SUFFIX = ".state"
@@ -55,7 +58,16 @@ TMP_SUFFIX = ".tmp"
 # Everything a queue directory may hold: a directory holding anything else and no
 # meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).
 QUEUE_NAMES = frozenset(
-    (LOCK_NAME, META_NAME, META_NAME + TMP_SUFFIX, SEGMENTS_DIR, READERS_DIR, FEATURES_DIR, DLQ_DIR)
+    (
+        LOCK_NAME,
+        META_NAME,
+        META_NAME + TMP_SUFFIX,
+        SEGMENTS_DIR,
+        READERS_DIR,
+        FEATURES_DIR,
+        DLQ_DIR,
+        RESERVE_NAME,
+    )
 )
 
 _LOG_NAME = re.compile(r"^(\d{20})" + re.escape(LOG_SUFFIX) + r"$")

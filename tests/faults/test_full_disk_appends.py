@@ -50,6 +50,7 @@ def test_reader_journal_full_disk_then_crash(small_disk: SmallDisk) -> None:
         q = ledgerq.open(ARGS["queue"], segment_size=256 * 1024)
         ids = q.enqueue_batch([b"m" * 100] * 2000)
         report("enqueued", ids)
+        Path(ARGS["queue"], "reserve").unlink()  # as if the disk reserve were spent
         disk.fill()
         acked = []
         failures = 0
@@ -118,7 +119,7 @@ def test_reader_journal_refuses_appends_after_a_cut_that_failed(tmp_path: Path) 
         ids = q.enqueue_batch([b"m"] * 4)
         leased = [q.dequeue() for _ in ids]
         fault.armed = True
-        with pytest.raises(ledgerq.StorageError, match="write reader state"):
+        with pytest.raises(ledgerq.StorageError):
             q.ack(ids[0])
         with pytest.raises(ledgerq.StorageError, match="cut back a failed write"):
             q.ack(ids[1])  # refused: it would land after the torn half

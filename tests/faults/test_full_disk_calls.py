@@ -27,6 +27,13 @@ def _compact_early(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(journal, "_COMPACT_MIN_BYTES", 256)
 
 
+def _spend_reserve(disk: SmallDisk) -> None:
+    """Fill the disk as if the queue's disk reserve (docs/reliability.md) were spent
+    already: the journal itself then meets the full disk."""
+    (disk.path / "q" / "reserve").unlink()
+    disk.fill()
+
+
 def test_a_dequeue_that_raised_holds_no_lease(
     small_disk: SmallDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -35,7 +42,7 @@ def test_a_dequeue_that_raised_holds_no_lease(
     _compact_early(monkeypatch)
     with ledgerq.open(small_disk.path / "q") as q:
         ids = q.enqueue_batch([b"m"] * 60)
-        small_disk.fill()
+        _spend_reserve(small_disk)
         leased: list[ledgerq.Message] = []
         raised = 0
         for _ in range(60):
@@ -63,7 +70,7 @@ def test_an_ack_that_raised_can_be_retried(
     with ledgerq.open(small_disk.path / "q") as q:
         q.enqueue_batch([b"m"] * 60)
         leased = q.dequeue_batch(60)
-        small_disk.fill()
+        _spend_reserve(small_disk)
         failed = []
         for message in leased:
             try:
@@ -147,7 +154,7 @@ def test_a_purge_that_raised_keeps_the_message(small_disk: SmallDisk) -> None:
         leased = q.dequeue_batch(200)
         target = leased[0].id
         q.nack(target)  # held available again
-        small_disk.fill()
+        _spend_reserve(small_disk)
         for message in leased[1:]:
             try:
                 q.ack(message.id)
@@ -168,14 +175,14 @@ def test_a_purge_that_raised_keeps_the_message(small_disk: SmallDisk) -> None:
 def test_a_requeue_that_raised_leaves_each_message_in_one_queue(tmp_path: Path) -> None:
     # The copies were written into the queue, then settling the originals in the DLQ
     # failed: the requeue raised with every message in both queues.  Now the copies are
-    # taken back.  (A full disk that refuses the DLQ's journal but not the queue's log is
-    # no real disk's order of events: the fault is injected.)
+    # taken back.  (A disk that refuses the DLQ's journal but not the queue's log cannot
+    # be made to order: the fault is injected.)
     path = tmp_path / "q"
     injector = FaultInjector(path)
     with injector.installed(), ledgerq.open(path) as q:
         for n in range(5):
             q.dlq.enqueue(b"dead %d" % n, headers={"dlq.original_id": str(n)})
-        injector.arm(Fault("write", 3, errno.ENOSPC, match="dlq/readers/default.state"))
+        injector.arm(Fault("write", 3, errno.EIO, match="dlq/readers/default.state"))
         with pytest.raises(ledgerq.StorageError) as raised:
             q.requeue_dlq()
         assert "moved 2 of 5" in "".join(raised.value.__notes__)

@@ -68,12 +68,15 @@ class RetryTracker:
         self._records = 0
         self._unsaved = False  # a record could not be written: rewrite the table whole
         values: list[Any] = []
+        end = 0  # where the file's whole records end (0: no usable file)
         if os.path.exists(path):
             with open(path, "rb") as f:
                 try:
-                    values = decode_feature_file(f.read(), _MAGIC).values
+                    found = decode_feature_file(f.read(), _MAGIC)
                 except DecodeError:
-                    values = []
+                    pass
+                else:
+                    values, end = found.values, found.end
         for value in values:
             record = _failure_record(value)
             if record is None:
@@ -84,10 +87,22 @@ class RetryTracker:
             else:
                 self._last[(reader, message_id)] = (when, reason)
         try:
-            self._rewrite()
+            self._rewrite()  # drops the entries of messages that left
         except StorageError as exc:
-            # A full disk must not make the queue unopenable: the table is in memory.
-            self._not_saved(exc)
+            # A full disk must not make the queue unopenable: the file as it is holds the
+            # table (with entries the rewrite would have dropped): append to it.
+            self._keep_file(end, exc)
+
+    def _keep_file(self, end: int, exc: StorageError) -> None:
+        """The rewrite at open failed: append to the file as it is, if it has a header."""
+        if end:
+            try:
+                self._log.open(end)
+                self._records = len(self._last)
+                return
+            except StorageError as again:
+                exc = again
+        self._not_saved(exc)
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(
