@@ -132,11 +132,22 @@ class VerifyReport:
 
 @dataclass(frozen=True, slots=True)
 class RepairReport:
-    """What :func:`repair` found before, did, and found after."""
+    """What :func:`repair` found before, did, could not do, and found after.
+
+    ``not_done`` says what the repair could not do and why (a read-only file system, a
+    full disk...): then ``after`` is a report of the files as they are, not of a
+    repaired queue, and :attr:`complete` is False.
+    """
 
     before: VerifyReport
     after: VerifyReport
     actions: tuple[str, ...]
+    not_done: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Whether every step of the repair ran."""
+        return not self.not_done
 
     @property
     def fixed(self) -> tuple[Problem, ...]:
@@ -614,11 +625,14 @@ def repair(
     segment and of reader journals is cut, the index of a sealed segment that fails
     its check is rebuilt.  Indexes still wrong after that are rebuilt from their logs
     (atomically, durably).  Corrupt entries inside a log are left in place: readers
-    skip them, and the report after the repair still lists them.
+    skip them, and the report after the repair still lists them.  A step that cannot
+    run (a read-only file system, a full disk) is listed in the report's
+    ``not_done``, never passed over: the report is then not of a repaired queue.
     """
     root = os.fspath(path)
     before = verify(root, on_progress=on_progress)
     actions: list[str] = []
+    not_done: list[str] = []
     collect = _Collect()
     logger.addHandler(collect)
     try:
@@ -628,7 +642,7 @@ def repair(
     except QueueLockedError:
         raise
     except (LedgerQError, OSError) as exc:
-        actions.append(f"could not open the queue, so its recovery did not run: {exc}")
+        not_done.append(f"could not open the queue, so its recovery did not run: {exc}")
     finally:
         logger.removeHandler(collect)
     actions.extend(f"recovery: {message}" for message in collect.messages)
@@ -636,15 +650,24 @@ def repair(
     for queue_dir in _queue_dirs(root):
         _check_queue(queue_dir, tally)
     for rebuild in tally.rebuilds:
-        lock = DirLock(rebuild.queue_dir)
+        where = idx_path(os.path.join(rebuild.queue_dir, SEGMENTS_DIR), rebuild.first_id)
+        try:
+            lock = DirLock(rebuild.queue_dir)
+        except QueueLockedError:
+            raise
+        except (LedgerQError, OSError) as exc:
+            not_done.append(f"could not rebuild {where}: {exc}")
+            continue
         try:
             points = _rebuild_index(rebuild)
+        except (LedgerQError, OSError) as exc:
+            not_done.append(f"could not rebuild {where}: {exc}")
+            continue
         finally:
             lock.release()
-        where = idx_path(os.path.join(rebuild.queue_dir, SEGMENTS_DIR), rebuild.first_id)
         actions.append(f"rebuilt {where} from its log ({points} points)")
     after = verify(root)
-    return RepairReport(before, after, tuple(actions))
+    return RepairReport(before, after, tuple(actions), tuple(not_done))
 
 
 def _rebuild_index(rebuild: _Rebuild) -> int:

@@ -6,10 +6,15 @@ space.  Open now works read-mostly - index rewrites and the id reservation wait 
 acks work on a 100% full disk through the queue's disk reserve (docs/reliability.md,
 "A full disk"): a drain goes on until retention deletes segments and enqueues work
 again.  Every disk here is a real tmpfs filled to its last byte.
+
+On a read-only file system ``open`` fails on ``LOCK``: ``stats``, ``peek`` and ``dump``
+read the queue without its lock there and say so, and ``verify --repair`` says it could
+not run instead of "ok after repair".
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -123,3 +128,79 @@ def test_an_enqueue_refused_for_the_reserve_writes_nothing(small_disk: SmallDisk
         small_disk.free()
         assert q.enqueue(b"second", dedup_id="b") == first + 1  # the dedup id was not kept
         assert (path / "reserve").stat().st_size > 0  # written again
+
+
+# ---------------------------------------------------------------------- read-only
+
+
+@pytest.fixture
+def read_only_queue(small_disk: SmallDisk) -> Iterator[tuple[Path, ledgerq.Stats]]:
+    """A queue with acked, dead-lettered, nacked and leased messages, on a disk then
+    remounted read-only; with its stats as a reopen showed them before the remount."""
+    path = small_disk.path / "q"
+    with ledgerq.open(path, max_retries=2) as q:
+        q.enqueue_batch([b"m%d" % i for i in range(10)])
+        q.reader("audit")
+        first = q.dequeue()
+        assert first is not None
+        q.ack(first.id)
+        for _ in range(2):  # the second failure moves it to the DLQ
+            failing = q.dequeue()
+            assert failing is not None
+            q.nack(failing.id, "bad")
+        assert q.dequeue() is not None  # leased at close: delivered again after a reopen
+    with ledgerq.open(path) as q:
+        expected = q.stats()
+    small_disk.remount(read_only=True)
+    try:
+        yield path, expected
+    finally:
+        small_disk.remount(read_only=False)
+
+
+def test_stats_peek_and_dump_work_on_a_read_only_disk(
+    read_only_queue: tuple[Path, ledgerq.Stats],
+) -> None:
+    # Before: stats and peek failed with "could not open the lock file ...: Read-only
+    # file system".
+    path, expected = read_only_queue
+    with pytest.raises(ledgerq.StorageError, match="Read-only file system"):
+        ledgerq.open(path)
+    stats = run("stats", path, "--json")
+    assert stats.code == 0, stats
+    got = stats.json()
+    assert "read without its lock" in got["read_without_lock"]
+    for field in ("pending", "in_flight", "enqueued", "acked", "nacked", "dead_lettered"):
+        assert got[field] == getattr(expected, field), field
+    assert got["next_id"] == expected.next_id
+    assert got["dlq"] == 1
+    assert got["readers"]["audit"]["pending"] == expected.readers["audit"].pending
+    text = run("stats", path)
+    assert text.code == 0 and "read without its lock" in text.out, text
+    peek = run("peek", path, "-n", "3", "--json")
+    assert peek.code == 0, peek
+    assert "read without its lock" in peek.err
+    assert [(m["payload"], m["attempts"]) for m in peek.json_lines()] == [
+        ("m2", 2),  # its lease was lost at close: its second delivery comes next
+        ("m3", 1),
+        ("m4", 1),
+    ]
+    dump = run("dump", path)
+    assert dump.code == 0 and len(dump.json_lines()) == 10, dump
+    assert "read-only" in dump.err
+
+
+def test_repair_on_a_read_only_disk_says_it_did_not_run(
+    read_only_queue: tuple[Path, ledgerq.Stats],
+) -> None:
+    # Before: "ok: ... after repair", exit 0, though the repair could not open the queue.
+    path, _ = read_only_queue
+    result = run("verify", path, "--repair")
+    assert result.code == 1, result
+    assert "after repair" not in result.out
+    assert "not repaired: could not open the queue" in result.out
+    assert "Read-only file system" in result.out
+    as_json = run("verify", path, "--repair", "--json")
+    assert as_json.code == 1
+    assert as_json.json()["repaired"] is False
+    assert as_json.json()["not_done"]
