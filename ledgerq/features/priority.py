@@ -155,14 +155,24 @@ class PrioritySelector:
         heapq.heappush(level.returned, (entry.id, entry.timestamp, entry))
 
     def discard(self, message_id: int) -> bool:
+        level = self._holder(message_id)
+        if level is None:
+            return False
+        level.discarded.add(message_id)
+        return True
+
+    def holds(self, message_id: int) -> bool:
+        return self._holder(message_id) is not None
+
+    def _holder(self, message_id: int) -> _Level | None:
+        """The level holding ``message_id`` available, if any."""
         self._pull()
         for level in self._levels:
             in_columns = message_id in level.ids[level.head :]
             in_returned = any(item[0] == message_id for item in level.returned)
             if (in_columns or in_returned) and message_id not in level.discarded:
-                level.discarded.add(message_id)
-                return True
-        return False
+                return level
+        return None
 
     def drop_through(self, last_id: int) -> list[int]:
         # Columns are in id order: the dropped ids are a prefix of each level's.

@@ -13,6 +13,7 @@
         <name>.state            reader_state_path(): one reader's journal
       features/                 FEATURES_DIR: retry and dedup state
       dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
+      reserve                   RESERVE_NAME: disk space held back for acks on a full disk
 
 A file being replaced is written first as ``<name>.tmp`` (TMP_SUFFIX) and renamed.
 ``docs/format.md`` lists the same names; a test keeps the two in step.
@@ -33,6 +34,7 @@ __all__ = [
     "OPTIONS_NAME",
     "QUEUE_NAMES",
     "READERS_DIR",
+    "RESERVE_NAME",
     "SEGMENTS_DIR",
     "STATE_SUFFIX",
     "TMP_SUFFIX",
@@ -51,6 +53,7 @@ DLQ_DIR = "dlq"
 META_NAME = "meta.json"
 OPTIONS_NAME = "options.json"
 LOCK_NAME = "LOCK"
+RESERVE_NAME = "reserve"
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".idx"
 STATE_SUFFIX = ".state"
@@ -69,6 +72,7 @@ QUEUE_NAMES = frozenset(
         READERS_DIR,
         FEATURES_DIR,
         DLQ_DIR,
+        RESERVE_NAME,
     )
 )
 

@@ -8,10 +8,12 @@ reason and time - for the dead-letter headers.  It is an append-only log
 ``features/retries.log`` of framed msgpack records ``[reader, id, time_ns,
 reason]``, each written to the OS before the nack returns, rewritten with only
 the live entries when it holds four times as many records as live entries.
+A record that cannot be written does not fail the nack (see :class:`RetryTracker`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -21,9 +23,12 @@ from ledgerq.format.feature_state import (
     encode_feature_file_header,
     encode_feature_record,
 )
-from ledgerq.segment.files import StorageError, replace_and_open, storage_errors, write_all
+from ledgerq.segment.appendlog import AppendLog
+from ledgerq.segment.files import StorageError
 
 __all__ = ["RetryTracker"]
+
+logger = logging.getLogger("ledgerq")
 
 _MAGIC = b"LQRT"
 _MAX_REASON = 4096
@@ -47,20 +52,31 @@ def _failure_record(value: Any) -> tuple[str, int, int, str | None] | None:
 
 
 class RetryTracker:
-    """Last failure reason and time of each failing message, per reader."""
+    """Last failure reason and time of each failing message, per reader.
+
+    The log is an :class:`AppendLog`: a record a full disk cuts short is cut back, never
+    left in the middle of the file.  A record that cannot be written does not fail the
+    nack that reported it (the failure is counted in the reader's journal; this is its
+    human part): it stays in memory, later records are appended as usual, and the
+    table is rewritten whole at the next sync or close.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._last: dict[tuple[str, int], tuple[int, str]] = {}
-        self._fd: int | None = None
+        self._log = AppendLog(path, "retry state")
         self._records = 0
+        self._unsaved = False  # a record could not be written: rewrite the table whole
         values: list[Any] = []
+        end = 0  # where the file's whole records end (0: no usable file)
         if os.path.exists(path):
             with open(path, "rb") as f:
                 try:
-                    values = decode_feature_file(f.read(), _MAGIC).values
+                    found = decode_feature_file(f.read(), _MAGIC)
                 except DecodeError:
-                    values = []
+                    pass
+                else:
+                    values, end = found.values, found.end
         for value in values:
             record = _failure_record(value)
             if record is None:
@@ -70,27 +86,56 @@ class RetryTracker:
                 self._last.pop((reader, message_id), None)
             else:
                 self._last[(reader, message_id)] = (when, reason)
-        self._rewrite()
+        try:
+            self._rewrite()  # drops the entries of messages that left
+        except StorageError as exc:
+            # A full disk must not make the queue unopenable: the file as it is holds the
+            # table (with entries the rewrite would have dropped): append to it.
+            self._keep_file(end, exc)
+
+    def _keep_file(self, end: int, exc: StorageError) -> None:
+        """The rewrite at open failed: append to the file as it is, if it has a header."""
+        if end:
+            try:
+                self._log.open(end)
+                self._records = len(self._last)
+                return
+            except StorageError as again:
+                exc = again
+        self._not_saved(exc)
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(
             encode_feature_record([reader, mid, when, reason])
             for (reader, mid), (when, reason) in self._last.items()
         )
-        replace_and_open(self.path, blob, self._adopt)
+        self._log.replace(blob)
         self._records = len(self._last)
+        self._unsaved = False
 
-    def _adopt(self, fd: int) -> None:
-        """Append to ``fd``, the rewritten file, from now on."""
-        old, self._fd = self._fd, fd
-        if old is not None:
-            os.close(old)
+    def _not_saved(self, exc: StorageError) -> None:
+        logger.warning("ledgerq: %s; the retry reasons will be saved at the next sync", exc)
+        self._unsaved = True
 
     def record(self, reader: str, message_id: int, when_ns: int, reason: str) -> None:
-        """Remember a failure (written to the OS before returning)."""
+        """Remember a failure (written to the OS before returning, if the disk takes it)."""
         reason = reason[:_MAX_REASON]
         self._last[(reader, message_id)] = (when_ns, reason)
-        self._append([reader, message_id, when_ns, reason])
+        if not self._log.is_open:
+            return  # never opened (a full disk at open): rewritten whole at the next flush
+        # After a record that could not be written, later ones are still appended: the
+        # failed one was cut back, and a later record of the same message supersedes it.
+        try:
+            self._log.append_record(encode_feature_record([reader, message_id, when_ns, reason]))
+        except StorageError as exc:
+            self._not_saved(exc)
+            return
+        self._records += 1
+        if self._records > 4 * len(self._last) + 1024:
+            try:
+                self._rewrite()
+            except StorageError as exc:
+                self._not_saved(exc)
 
     def forget(self, reader: str, message_id: int) -> None:
         """The message succeeded or left: drop its entry (lazily persisted)."""
@@ -100,27 +145,18 @@ class RetryTracker:
         """(time_ns, reason) of the last recorded failure, if any."""
         return self._last.get((reader, message_id))
 
-    def _append(self, value: list[Any]) -> None:
-        assert self._fd is not None
-        try:
-            write_all(self._fd, encode_feature_record(value))
-        except OSError as exc:
-            raise StorageError("write retry state", self.path, exc) from exc
-        self._records += 1
-        if self._records > 4 * len(self._last) + 1024:
-            self._rewrite()
-
     def flush(self) -> None:
-        """fsync the log; raises :class:`StorageError` if the disk refuses."""
-        if self._fd is not None:
-            with storage_errors("sync retry state", self.path):
-                os.fsync(self._fd)
+        """Make the log durable (rewriting it whole if a record could not be written).
+
+        Raises :class:`StorageError` if the disk refuses.
+        """
+        if self._unsaved:
+            self._rewrite()
+        self._log.sync()
 
     def close(self) -> None:
         """Close the log."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._log.close()
 
     def __len__(self) -> int:
         return len(self._last)
