@@ -59,11 +59,11 @@ class WaitProbe:
         return self.added - self.removed
 
     async def until_waiting(self, n: int = 1) -> None:
-        for _ in range(10_000):
-            if self.waiting >= n:
-                return
+        deadline = time.monotonic() + GUARD_S  # a hang guard: waiters may come from threads
+        while self.waiting < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"expected {n} waiting coroutines, saw {self.waiting}")
             await asyncio.sleep(0)
-        raise AssertionError(f"expected {n} waiting coroutines, saw {self.waiting}")
 
 
 class TakeCounter:
