@@ -13,6 +13,7 @@ an ``os.register_at_fork`` hook: only the process that opened the queue holds it
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -70,7 +71,12 @@ class DirLock:
         fd, self._fd = self._fd, None
         _HELD.discard(self)
         if fd is not None:
-            os.close(fd)  # closing the last descriptor drops the flock
+            # Unlock before closing: a child forked a moment ago may still hold a copy of
+            # the descriptor (its at-fork hook has not closed it yet), and the flock goes
+            # with the last descriptor of the open file description, not with ours.
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     def _drop_inherited(self) -> None:
         """In a forked child: close the copy of the descriptor, keeping the parent's lock."""

@@ -194,3 +194,33 @@ def test_a_follower_keeps_following_in_a_forked_child(tmp_path: Path) -> None:
             child_lines.close()
             _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_close_unlocks_though_a_fresh_childs_copy_of_the_lock_is_still_open(
+    tmp_path: Path,
+) -> None:
+    """Between fork() and its at-fork hook, a child holds a copy of the lock's descriptor.
+
+    The parent's close must free the queue even then: before, the flock stayed with the
+    child's copy, and a reopen right after the close raised QueueLockedError (seen as an
+    order-dependent failure of the test above).  A second descriptor of the same open file
+    description is exactly what the child holds in that moment.
+    """
+    path = tmp_path / "q"
+    q = ledgerq.open(path)
+    lock_path = str(path / "LOCK")
+    (held,) = [int(fd) for fd in os.listdir("/proc/self/fd") if _target(fd) == lock_path]
+    copy = os.dup(held)  # the child's copy, before its hook closes it
+    try:
+        q.close()
+        with ledgerq.open(path):  # not locked by the copy
+            pass
+    finally:
+        os.close(copy)
+
+
+def _target(fd: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
