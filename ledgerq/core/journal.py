@@ -10,10 +10,13 @@ from ledgerq.format.errors import DecodeError
 from ledgerq.format.reader_state import (
     STATE_FILE_HEADER,
     Checkpoint,
+    ReclaimCause,
     StateRecordType,
     encode_checkpoint,
     encode_id_record,
     encode_ids_record,
+    encode_lease_by_record,
+    encode_reclaim_record,
     encode_state_file_header,
     state_file_version,
 )
@@ -24,10 +27,16 @@ from ledgerq.segment.files import (
     storage_errors,
     write_all,
 )
-from ledgerq.segment.readonly_state import JournalTail, ReaderState
+from ledgerq.segment.readonly_state import (
+    JournalTail,
+    ReaderState,
+    StateRecord,
+    StateRecords,
+    journal_records,
+)
 from ledgerq.segment.sync import GroupCommit
 
-__all__ = ["ReaderJournal"]
+__all__ = ["ReaderJournal", "ReaderRemovedError", "SharedReaderJournal"]
 
 logger = logging.getLogger("ledgerq")
 
@@ -48,6 +57,10 @@ class ReaderJournal:
         self._compact_at = _COMPACT_MIN_BYTES
         self.commit = GroupCommit(self._sync)
         self.version = 1  # of the file on disk: 2 once it may hold a newer record type
+        self.loaded: ReaderState | None = None  # what load() replayed
+
+    _flags = os.O_WRONLY | os.O_APPEND
+    _shared = False  # whether checkpoints carry the leases (shared mode)
 
     def load(self) -> ReaderState:
         """Replay the journal (creating it if missing) and open it for appending.
@@ -68,6 +81,7 @@ class ReaderJournal:
             self.version = 1  # the replay below reports the bad header
         tail = JournalTail(self.path)
         state.apply(tail.read())
+        self.loaded = state
         end = tail.offset
         if end < tail.size:
             logger.warning(
@@ -82,7 +96,7 @@ class ReaderJournal:
         return state
 
     def _open(self, size: int) -> None:
-        self._adopt(os.open(self.path, os.O_WRONLY | os.O_APPEND), size)
+        self._adopt(os.open(self.path, self._flags), size)
 
     def _adopt(self, fd: int, size: int) -> None:
         """Append to ``fd`` (holding ``size`` bytes) from now on."""
@@ -133,7 +147,9 @@ class ReaderJournal:
         whichever file holds its name (see :func:`replace_and_open`), so no record is
         written where a reopen would not find it.
         """
-        blob = encode_state_file_header(version) + encode_checkpoint(checkpoint)
+        blob = encode_state_file_header(version) + encode_checkpoint(
+            checkpoint, shared=self._shared
+        )
         replace_and_open(self.path, blob, lambda fd: self._adopt(fd, len(blob)))
         self.version = version
         # Everything before the rewrite is now durable (the checkpoint holds it).
@@ -157,3 +173,118 @@ class ReaderJournal:
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+class ReaderRemovedError(Exception):
+    """The reader's journal was removed (``remove_reader`` by another handle)."""
+
+
+class SharedReaderJournal(ReaderJournal):
+    """A reader's journal that other shared-mode handles append to as well.
+
+    The caller holds the reader's lock (``shared/<name>.reader``) across a catch-up
+    (:meth:`read_new`) and the appends that follow it: then nobody else writes, the
+    file ends where this handle's offset (:attr:`size`) says, and its own records land
+    there.  Bytes after the last whole record found under the lock are the remains of
+    a handle that died while appending (it held the lock): they are cut.
+
+    A LEASE is written as LEASE_BY (this handle's id as the holder, and
+    :attr:`lease_deadline_ns`); checkpoints carry the live leases and the file is
+    version 2.  Another handle's compaction replaces the file: the descriptor then
+    refers to a file with no name left (``st_nlink == 0``), and :meth:`read_new` starts
+    over from the new file.
+    """
+
+    _flags = os.O_RDWR | os.O_APPEND
+    _shared = True
+
+    def __init__(self, path: str, holder: int) -> None:
+        super().__init__(path)
+        self.holder = holder
+        self.lease_deadline_ns = 0  # the deadline of the LEASE_BY records written next
+
+    def rewrite(self, checkpoint: Checkpoint, *, version: int = 2) -> None:
+        """Replace the journal with ``checkpoint`` (leases included): always version 2."""
+        super().rewrite(checkpoint, version=2)
+
+    def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
+        if kind is not StateRecordType.LEASE:
+            return super().append(kind, ids)
+        return self._write(encode_lease_by_record(self.holder, self.lease_deadline_ns, ids))
+
+    def append_one(self, kind: StateRecordType, message_id: int) -> int:
+        if kind is not StateRecordType.LEASE:
+            return super().append_one(kind, message_id)
+        return self._write(
+            encode_lease_by_record(self.holder, self.lease_deadline_ns, (message_id,))
+        )
+
+    def append_reclaim(self, holder: int, cause: ReclaimCause, ids: list[int]) -> int:
+        """Append a RECLAIM of ``holder``'s leases of ``ids``; return the durability ticket."""
+        return self._write(encode_reclaim_record(holder, cause, ids))
+
+    def _write(self, record: bytes) -> int:
+        fd = self._fd
+        assert fd is not None, "journal is closed"
+        try:
+            write_all(fd, record)
+        except OSError as exc:
+            # A full disk may have kept part of it: cut it back, so that the next record
+            # (ours or another handle's) never lands after a fragment.
+            try:
+                os.ftruncate(fd, self.size)
+            except OSError:
+                pass  # the next catch-up under the lock cuts it
+            raise StorageError("write reader state", self.path, exc) from exc
+        self.size += len(record)
+        return self.commit.note_write()
+
+    def read_new(self) -> tuple[list[StateRecord], bool]:
+        """The records other handles appended since the last look (reader lock held).
+
+        Returns them and whether the file was replaced meanwhile (then they are the
+        whole new file, from its CHECKPOINT).  Raises :class:`ReaderRemovedError` when
+        the journal is gone, :class:`CorruptionError` for damage in the middle.
+        """
+        fd = self._fd
+        assert fd is not None, "journal is closed"
+        st = os.fstat(fd)
+        restarted = st.st_nlink == 0
+        if restarted:
+            fd = self._reopen()
+            try:
+                data = os.pread(fd, os.fstat(fd).st_size, 0)
+                records: StateRecords = journal_records(data, self.path)
+                self.version = state_file_version(data[: STATE_FILE_HEADER.size])
+            except BaseException:
+                os.close(fd)
+                raise
+            self._adopt(fd, 0)
+            base = 0
+        else:
+            size = st.st_size
+            if size == self.size:
+                return [], False
+            base = self.size
+            data = os.pread(fd, size - base, base)
+            records = StateRecords(data, 0, self.path, base=base)
+        found = list(records)
+        end = records.end
+        if end < base + len(data):
+            logger.warning(
+                "ledgerq: cutting %d bytes a handle left half-written at the end of %s",
+                base + len(data) - end,
+                self.path,
+            )
+            with storage_errors("cut a torn record of", self.path):
+                os.ftruncate(fd, end)
+        self.size = end
+        if restarted:
+            self._compact_at = max(_COMPACT_MIN_BYTES, end * 4)
+        return found, restarted
+
+    def _reopen(self) -> int:
+        try:
+            return os.open(self.path, self._flags)
+        except FileNotFoundError:
+            raise ReaderRemovedError(self.path) from None

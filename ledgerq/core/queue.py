@@ -242,35 +242,7 @@ class QueueCore(Closing):
             self._meta_store, meta, self._options_store, copy.options if copy else None
         )
         counters = meta.counters
-        self._tally = Tally(counters)
-        self._manager = SegmentManager(
-            self.path,
-            segment_size=opts.segment_size,
-            index_interval=opts.index_interval,
-            on_corrupt=self._tally.on_corrupt,  # not methods of the queue: see lifecycle
-            on_gap=self._keeper.record_gap,
-            sync_on_rotate=opts.sync == "always",
-        )
-        # A corrupt region is counted once, however many times it is met (and reopened).
-        self._manager.remember_reported(
-            [(int(a), int(b)) for a, b in meta.corrupt_regions if isinstance(a, int)]
-        )
-        floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
-        with storage_errors("open the segments in", self._manager.directory):
-            self._manager.open(min_next_id=floor)
-        if meta.gaps_from is None:
-            # First open by a ledgerq that records its gaps: the gaps below this id (of
-            # an older ledgerq) cannot be told from lost ids, so they raise no alarm.
-            meta.gaps_from = self._manager.log_next_id
-        self._next_id = self._manager.next_id
-        self._start_clock()
-        # Entries appended after the last counter save were enqueued too (counted up to
-        # the last entry in the log, not the reserved ids a crash made us skip).
-        self._enqueued = counters.get("enqueued", 0) + max(
-            0, self._manager.log_next_id - counters.get("enqueued_through", meta.next_id)
-        )
-        self._reserved_until = self._next_id + ID_BLOCK
-        self._save_meta(clean=False)
+        recovering = self._open_log(meta)
         self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
         self._register_hooks()
@@ -294,15 +266,16 @@ class QueueCore(Closing):
             stem = name.removesuffix(STATE_SUFFIX)
             if stem != name and stem != DEFAULT_READER and READER_NAME.match(stem):
                 self._open_reader(stem, start_latest=False)
-        counted = self._judge_gaps()
-        if "enqueued" not in counters:
-            # meta.json was rebuilt: what the default reader finished and what is retained
-            # unfinished is what was enqueued, as far as the files tell.
-            core = self._default._core
-            finished = sum(core.counters[k] for k in ("acked", "dead_lettered", "expired"))
-            self._enqueued = finished + core.pending() + core.in_flight()
-        if counted or "enqueued" not in counters:
-            self._save_meta(clean=False)  # the newly counted lost ids, counted once
+        if recovering:
+            counted = self._judge_gaps()
+            if "enqueued" not in counters:
+                # meta.json was rebuilt: what the default reader finished and what is
+                # retained unfinished is what was enqueued, as far as the files tell.
+                core = self._default._core
+                finished = sum(core.counters[k] for k in ("acked", "dead_lettered", "expired"))
+                self._enqueued = finished + core.pending() + core.in_flight()
+            if counted or "enqueued" not in counters:
+                self._save_meta(clean=False)  # the newly counted lost ids, counted once
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         if opts.sync == "interval":
@@ -313,7 +286,54 @@ class QueueCore(Closing):
                 daemon=True,
             )
             self._flusher.start()
-        self._holdings = Holdings(
+        self._holdings = self._new_holdings()
+
+    def _open_log(self, meta: Meta) -> bool:
+        """Open (and recover) the segments; set the ids, the clock and the counters.
+
+        Returns whether this open recovered the queue (an exclusive open always does;
+        see the shared mode's): then it judges the gaps between segments too.
+        """
+        opts = self.options
+        counters = meta.counters
+        self._tally = Tally(counters)
+        self._manager = SegmentManager(
+            self.path,
+            segment_size=opts.segment_size,
+            index_interval=opts.index_interval,
+            on_corrupt=self._tally.on_corrupt,  # not methods of the queue: see lifecycle
+            on_gap=self._keeper.record_gap,
+            sync_on_rotate=opts.sync == "always",
+        )
+        self._recover_log(meta)
+        self._save_meta(clean=False)
+        return True
+
+    def _recover_log(self, meta: Meta) -> None:
+        """Recover the segments as an exclusive open does (the lock excludes every other)."""
+        counters = meta.counters
+        # A corrupt region is counted once, however many times it is met (and reopened).
+        self._manager.remember_reported(
+            [(int(a), int(b)) for a, b in meta.corrupt_regions if isinstance(a, int)]
+        )
+        floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
+        with storage_errors("open the segments in", self._manager.directory):
+            self._manager.open(min_next_id=floor)
+        if meta.gaps_from is None:
+            # First open by a ledgerq that records its gaps: the gaps below this id (of
+            # an older ledgerq) cannot be told from lost ids, so they raise no alarm.
+            meta.gaps_from = self._manager.log_next_id
+        self._next_id = self._manager.next_id
+        self._start_clock()
+        # Entries appended after the last counter save were enqueued too (counted up to
+        # the last entry in the log, not the reserved ids a crash made us skip).
+        self._enqueued = counters.get("enqueued", 0) + max(
+            0, self._manager.log_next_id - counters.get("enqueued_through", meta.next_id)
+        )
+        self._reserved_until = self._next_id + ID_BLOCK
+
+    def _new_holdings(self) -> Holdings:
+        return Holdings(
             self,
             lock=self._lock,
             manager=self._manager,
@@ -353,17 +373,10 @@ class QueueCore(Closing):
         self._reader_hooks = ReaderHooks(self._features)
 
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
-        journal = ReaderJournal(self._reader_path(name))
+        journal = self._new_journal(name)
         try:
             with storage_errors("open reader state", journal.path):
-                core = ReaderCore(
-                    name,
-                    journal,
-                    self._manager,
-                    self._reader_hooks,
-                    visibility_timeout=self.options.visibility_timeout,
-                    start_latest=start_latest,
-                )
+                core = self._new_reader_core(name, journal, start_latest=start_latest)
         except BaseException:
             journal.close()
             raise
@@ -371,6 +384,21 @@ class QueueCore(Closing):
         self._readers[name] = reader
         self._cores[name] = core
         return reader
+
+    def _new_journal(self, name: str) -> ReaderJournal:
+        return ReaderJournal(self._reader_path(name))
+
+    def _new_reader_core(
+        self, name: str, journal: ReaderJournal, *, start_latest: bool
+    ) -> ReaderCore:
+        return ReaderCore(
+            name,
+            journal,
+            self._manager,
+            self._reader_hooks,
+            visibility_timeout=self.options.visibility_timeout,
+            start_latest=start_latest,
+        )
 
     def _load_meta(self, copy: OptionsCopy | None) -> Meta:
         """``meta.json``, or a new one for a new queue, or one rebuilt when it is lost.
