@@ -11,11 +11,12 @@ from ledgerq._types import Item
 from ledgerq.core.args import check_ids
 from ledgerq.core.clock import Clock
 from ledgerq.core.queue import QueueCore
+from ledgerq.core.shared_queue import SharedQueueCore
 from ledgerq.features import build_features
 from ledgerq.features.dlq import DeadLetterStore
 from ledgerq.format.entry import Entry
 
-__all__ = ["Queue", "open_configured"]
+__all__ = ["Queue", "SharedQueue", "open_configured"]
 
 # Messages requeue_dlq writes with one enqueue_batch (and, unless sync="always", one
 # fsync) before settling them in the DLQ: bounds the size of one write.
@@ -96,19 +97,27 @@ class Queue(QueueCore):
         return removed
 
 
+class SharedQueue(Queue, SharedQueueCore):
+    """A :class:`Queue` handle in shared mode (``ledgerq.open(path, shared=True)``)."""
+
+
 def open_configured(
     path: str | os.PathLike[str],
     options: Options,
     clock: Clock | None = None,
     *,
     remember_options: bool = True,
+    shared: bool = False,
 ) -> Queue:
     """Open a queue with exactly ``options`` (not merged with the stored ones) and the
-    features they turn on.  Its DLQ, when opened, reads the same ``clock``; with
-    ``remember_options=False`` neither stores its options.  :func:`ledgerq.open` is the
-    public way in."""
-    opener = functools.partial(open_configured, clock=clock, remember_options=remember_options)
-    return Queue(
+    features they turn on.  Its DLQ, when opened, reads the same ``clock`` and is
+    opened in the same mode; with ``remember_options=False`` neither stores its
+    options.  :func:`ledgerq.open` is the public way in."""
+    opener = functools.partial(
+        open_configured, clock=clock, remember_options=remember_options, shared=shared
+    )
+    cls = SharedQueue if shared else Queue
+    return cls(
         path,
         options,
         build_features(options, opener),

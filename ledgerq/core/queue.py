@@ -138,6 +138,8 @@ def _flush_in_background(
 class QueueCore(Closing):
     """A durable message queue in one directory.  Use :func:`ledgerq.open` to get one."""
 
+    shared = False  # shared mode (``ledgerq.open(path, shared=True)``): see core/shared_queue
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -945,6 +947,20 @@ class QueueCore(Closing):
 
     # ------------------------------------------------------------------ waking
 
+    def _prepare_wait(self) -> bool:
+        """Before a dequeue blocks (queue lock held): True if it must look once more.
+
+        An exclusive queue learns of every change through its own lock; a shared-mode
+        handle starts watching the other processes' writes here.
+        """
+        return False
+
+    @property
+    def is_alone(self) -> bool:
+        """Whether no other handle can have this queue open (exclusive mode, or the first
+        shared handle while it opens): features may then rewrite their files freely."""
+        return True
+
     def _wake(self) -> None:
         """Messages may have become available (or the queue closed): wake every waiter."""
         self._cond.notify_all()
@@ -997,6 +1013,10 @@ class QueueCore(Closing):
         return settled
 
     # ------------------------------------------------------------------ retention
+
+    def _retire_after_settle(self, core: ReaderCore) -> None:
+        """A settle of ``core``'s may have finished the oldest segment: apply retention."""
+        self._retire_consumed()
 
     def _retire_consumed(self) -> None:
         """Apply retention (lock held); cheap when there is nothing to delete.

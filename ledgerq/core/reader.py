@@ -648,6 +648,7 @@ class Reader:
         queue = self._queue
         with queue._lock:
             self._ensure_usable()
+            queue._manager.refresh()
             found = queue._manager.first_id_at_or_after(timestamp_ns)
             self._core.seek(found if found is not None else queue._manager.next_id)
             queue._wake()
@@ -709,6 +710,8 @@ class Reader:
                     if lease_deadline is not None:
                         until = max(lease_deadline - lease_now, 0.0)
                         remaining = until if remaining is None else min(remaining, until)
+                    if queue._prepare_wait():
+                        continue  # now watching for other processes' changes: look once more
                     queue._waiting += 1
                     try:
                         queue._cond.wait(remaining)
@@ -774,7 +777,7 @@ class Reader:
         """
         segments = self._queue._manager.segments
         if len(segments) > 1 and self._core.has_read_past(segments[0].last_id):
-            self._queue._retire_consumed()
+            self._queue._retire_after_settle(self._core)
 
     def nack(self, message_id: int, reason: str = "") -> None:
         """Give a leased message back as failed: it is delivered again with attempts + 1.

@@ -638,7 +638,12 @@ class SharedReaderCore(ReaderCore):
         finally:
             self._leave()
 
-    def checkpoint(self, *, version: int = 2) -> None:
+    def checkpoint(self, *, version: int = 2, keep_leases: bool = True) -> None:
+        """Rewrite the journal as one checkpoint (see ``ReaderCore``), in a section.
+
+        ``keep_leases`` False: every lease is lost (the last handle closing) - they stay
+        unfinished, so their messages come again, each a failed delivery.
+        """
         self._enter()
         try:
             head = self.head
@@ -646,9 +651,11 @@ class SharedReaderCore(ReaderCore):
             self._skip = {i for i in self._skip if i >= head}
             done = sorted(self._done | self._skip)
             deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
-            leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
-            leases.extend((i, holder, deadline) for i, (holder, deadline) in self._foreign.items())
-            leases.sort()
+            leases: list[tuple[int, int, int]] = []
+            if keep_leases:
+                leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
+                leases.extend((i, h, deadline) for i, (h, deadline) in self._foreign.items())
+                leases.sort()
             self.journal.rewrite(
                 Checkpoint(head, done, deliveries, dict(self.counters), leases), version=2
             )
@@ -684,9 +691,9 @@ class SharedReaderCore(ReaderCore):
         try:
             self._enter()
             try:
+                self.checkpoint(keep_leases=False)
                 self._leased.clear()
                 self._foreign = {}
-                self.checkpoint()
             finally:
                 self._leave()
         finally:

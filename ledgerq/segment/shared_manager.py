@@ -93,6 +93,11 @@ class SharedSegmentManager(SegmentManager):
         self.generation = 0  # the page's generation the view was built at
         self._writer_generation = -1  # the generation our writer descriptors were opened at
         self._torn = False  # a failed append could not be cut back: leave ``writing`` set
+        self._appending = False  # between begin_append and end_append: the view is the truth
+
+    def set_claim_region(self, claim_region: Callable[[int, int], bool]) -> None:
+        """Count corrupt regions through ``claim_region`` from now on (the session started)."""
+        self._claim_region = claim_region
 
     # ------------------------------------------------------------------ the append lock
 
@@ -146,6 +151,8 @@ class SharedSegmentManager(SegmentManager):
 
     def refresh(self) -> None:
         """Bring the view up to date with what the other handles published."""
+        if self._appending:
+            return  # this handle is the appender: its view is ahead of the page
         tail = self.page.tail()
         if tail is None:
             self.lock_appends()
@@ -316,9 +323,11 @@ class SharedSegmentManager(SegmentManager):
                 self._last_indexed_offset = tail.last_indexed
                 self._writer_generation = self.generation
             self.page.set(SLOT_WRITING, 1)
+            self._appending = True
             if seg.size >= self.segment_size and not seg.is_empty:
                 self.rotate(seg.last_id + 1)  # a full segment another handle left unrotated
         except BaseException:
+            self._appending = False
             self.unlock_appends()
             raise
 
@@ -334,6 +343,7 @@ class SharedSegmentManager(SegmentManager):
             if not self._torn:
                 self.page.set(SLOT_WRITING, 0)
         finally:
+            self._appending = False
             self.unlock_appends()
 
     def _open_writer(self, seg: Segment) -> None:

@@ -37,13 +37,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class Config:
-    """One configuration under test: how to open a queue with it, and what it implies."""
+    """One configuration under test: how to open a queue with it, and what it implies.
+
+    ``shared``: every open is a shared-mode handle (``ledgerq.open(path, shared=True)``),
+    which must keep every promise an exclusive queue keeps.
+    """
 
     name: str
     options: dict[str, Any]
+    shared: bool = False
 
     def open(self, path: Path) -> ledgerq.Queue:
-        return ledgerq.open(path, **self.options)
+        return ledgerq.open(path, shared=self.shared, **self.options)
 
     @property
     def max_retries(self) -> int:
@@ -54,9 +59,16 @@ class Config:
         return bool(self.options.get("priorities", False))
 
 
-@pytest.fixture(params=list(CONFIGS), ids=list(CONFIGS))
+MODES = {"exclusive": False, "shared": True}
+
+
+@pytest.fixture(
+    params=[(name, mode) for mode in MODES for name in CONFIGS],
+    ids=[f"{name}-{mode}" for mode in MODES for name in CONFIGS],
+)
 def config(request: pytest.FixtureRequest) -> Config:
-    return Config(request.param, CONFIGS[request.param])
+    name, mode = request.param
+    return Config(name, CONFIGS[name], MODES[mode])
 
 
 @pytest.fixture
