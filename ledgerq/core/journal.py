@@ -15,6 +15,7 @@ from ledgerq.format.reader_state import (
     encode_checkpoint,
     encode_id_record,
     encode_ids_record,
+    encode_lease_by_one,
     encode_lease_by_record,
     encode_reclaim_record,
     encode_state_file_header,
@@ -41,6 +42,7 @@ __all__ = ["ReaderJournal", "ReaderRemovedError", "SharedReaderJournal"]
 logger = logging.getLogger("ledgerq")
 
 _ONE_ID_RECORD_SIZE = len(encode_id_record(StateRecordType.ACK, 1))
+_LEASE = StateRecordType.LEASE
 
 # Rewrite the journal once it is this much larger than its last checkpoint.
 _COMPACT_MIN_BYTES = 1 << 20
@@ -213,11 +215,24 @@ class SharedReaderJournal(ReaderJournal):
         return self._write(encode_lease_by_record(self.holder, self.lease_deadline_ns, ids))
 
     def append_one(self, kind: StateRecordType, message_id: int) -> int:
-        if kind is not StateRecordType.LEASE:
-            return super().append_one(kind, message_id)
-        return self._write(
-            encode_lease_by_record(self.holder, self.lease_deadline_ns, (message_id,))
-        )
+        if kind is _LEASE:
+            record = encode_lease_by_one(self.holder, self.lease_deadline_ns, message_id)
+        else:
+            record = encode_id_record(kind, message_id)
+        fd = self._fd
+        assert fd is not None, "journal is closed"
+        try:
+            written = os.write(fd, record)
+            if written != len(record):
+                write_all(fd, record[written:])
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, self.size)  # a fragment must not stay before the next record
+            except OSError:
+                pass  # the next catch-up under the lock cuts it
+            raise StorageError("write reader state", self.path, exc) from exc
+        self.size += len(record)
+        return self.commit.note_write()
 
     def append_reclaim(self, holder: int, cause: ReclaimCause, ids: list[int]) -> int:
         """Append a RECLAIM of ``holder``'s leases of ``ids``; return the durability ticket."""
@@ -239,16 +254,26 @@ class SharedReaderJournal(ReaderJournal):
         self.size += len(record)
         return self.commit.note_write()
 
-    def read_new(self) -> tuple[list[StateRecord], bool]:
-        """The records other handles appended since the last look (reader lock held).
-
-        Returns them and whether the file was replaced meanwhile (then they are the
-        whole new file, from its CHECKPOINT).  Raises :class:`ReaderRemovedError` when
-        the journal is gone, :class:`CorruptionError` for damage in the middle.
-        """
+    def has_news(self) -> os.stat_result | None:
+        """The file's status when other handles wrote to it (or replaced it) since the
+        last look, else None: one ``fstat`` (reader lock held)."""
         fd = self._fd
         assert fd is not None, "journal is closed"
         st = os.fstat(fd)
+        return st if st.st_size != self.size or not st.st_nlink else None
+
+    def read_new(self, st: os.stat_result | None = None) -> tuple[list[StateRecord], bool]:
+        """The records other handles appended since the last look (reader lock held).
+
+        Returns them and whether the file was replaced meanwhile (then they are the
+        whole new file, from its CHECKPOINT).  ``st``: the file's status just taken.
+        Raises :class:`ReaderRemovedError` when the journal is gone,
+        :class:`CorruptionError` for damage in the middle.
+        """
+        fd = self._fd
+        assert fd is not None, "journal is closed"
+        if st is None:
+            st = os.fstat(fd)
         restarted = st.st_nlink == 0
         if restarted:
             fd = self._reopen()

@@ -316,6 +316,7 @@ class SharedQueueCore(QueueCore):
         self._live: LockFile | None = None
         self._page: SharedPage | None = None
         self._last_wait = 0.0
+        self._max_bytes = options.retention_max_bytes is not None
         super().__init__(path, options, list(features), clock, remember_options=remember_options)
         from ledgerq.core.shared_process import housekeeper
 
@@ -611,11 +612,6 @@ class SharedQueueCore(QueueCore):
         assert isinstance(manager, SharedSegmentManager)
         manager.begin_append()
         self._next_id = manager.next_id
-        page = self._page
-        assert page is not None
-        reserved = page.get(SLOT_RESERVED_UNTIL)
-        if reserved > self._reserved_until:
-            self._reserved_until = reserved
         return manager
 
     def _now_ns(self, manager: SharedSegmentManager) -> int:
@@ -629,10 +625,15 @@ class SharedQueueCore(QueueCore):
         with self._lock:
             if self._closed:
                 self._ensure_open()
-            manager = self._begin_append()
+            manager = self._manager
+            manager.begin_append()  # type: ignore[attr-defined]
             try:
-                message_id = self._next_id
-                now = self._now_ns(manager)
+                seg = manager.segments[-1]
+                message_id = seg.last_id + 1 if seg.last_id else seg.first_id
+                # The queue clock, never below the log's newest stamp (see _now_ns).
+                now = self._clock_offset_ns + self._clock_mono()
+                if now < seg.last_timestamp:
+                    now = seg.last_timestamp
                 record = encode_plain_entry(message_id, now, payload)
                 try:
                     if message_id >= self._reserved_until:
@@ -641,10 +642,14 @@ class SharedQueueCore(QueueCore):
                 except BaseException:
                     self._count_written(message_id)
                     raise
-                ticket = self._appended(message_id, 1, rotated)
+                self._next_id = message_id + 1
+                ticket = self._log_commit.note_write()
+                if rotated:
+                    self._retire_locked()
             finally:
-                manager.end_append()
-            self._after_shared_append()
+                manager.end_append()  # type: ignore[attr-defined]
+            if self._waiting or self._listeners or (rotated and self._max_bytes):
+                self._after_shared_append()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
         return message_id
@@ -743,7 +748,7 @@ class SharedQueueCore(QueueCore):
         segments for ``retention_max_bytes`` (which takes the readers' locks first)."""
         if self._waiting or self._listeners:
             self._wake()
-        if self.options.retention_max_bytes is not None and len(self._manager.segments) > 1:
+        if self._max_bytes and len(self._manager.segments) > 1:
             self._enforce_max_bytes()
 
     # ------------------------------------------------------------------ retention

@@ -91,6 +91,7 @@ class SharedReaderCore(ReaderCore):
         first: bool = False,
     ) -> None:
         self._lock_file = lock
+        self._shared_journal = journal
         self._depth = 0
         self._clock = clock
         self.holder = journal.holder
@@ -138,9 +139,12 @@ class SharedReaderCore(ReaderCore):
         self._depth = 1
         try:
             self._manager.refresh()
-            records, restarted = self.journal.read_new()  # type: ignore[attr-defined]
-            if records:
-                self._apply(records, restarted)
+            journal = self._shared_journal
+            st = journal.has_news()
+            if st is not None:
+                records, restarted = journal.read_new(st)
+                if records:
+                    self._apply(records, restarted)
         except BaseException:
             self._depth = 0
             self._lock_file.release()

@@ -68,6 +68,7 @@ __all__ = [
     "encode_checkpoint",
     "encode_id_record",
     "encode_ids_record",
+    "encode_lease_by_one",
     "encode_lease_by_record",
     "encode_reclaim_record",
     "encode_state_file_header",
@@ -226,6 +227,20 @@ def encode_lease_by_record(
 ) -> bytes:
     """Return a LEASE_BY record: ``ids`` leased by ``holder`` until ``deadline_ns`` (0: none)."""
     return _held_record(StateRecordType.LEASE_BY, holder, deadline_ns, ids)
+
+
+_LEASE_BY_ONE = struct.Struct("<IBQQQ")  # length, type, holder, deadline, one id
+assert _LEASE_BY_ONE.size == 29
+_LEASE_BY_ONE_LENGTH = _LEASE_BY_ONE.size + _CRC.size
+_pack_lease_by_one = _LEASE_BY_ONE.pack
+
+
+def encode_lease_by_one(holder: int, deadline_ns: int, message_id: int) -> bytes:
+    """:func:`encode_lease_by_record` for one id (the shared-mode dequeue's hot path)."""
+    framed = _pack_lease_by_one(
+        _LEASE_BY_ONE_LENGTH, StateRecordType.LEASE_BY, holder, deadline_ns, message_id
+    )
+    return framed + _pack_crc(checksum(framed))
 
 
 def encode_reclaim_record(

@@ -53,8 +53,10 @@ __all__ = [
     "SLOT_RESERVED_UNTIL",
     "SLOT_WRITING",
     "STATE_HEADER",
+    "TAIL_FIELDS",
     "TAIL_OFFSET",
     "TAIL_RECORD",
+    "TAIL_TRAILER",
     "SharedTail",
     "decode_tail",
     "encode_page",
@@ -72,6 +74,10 @@ TAIL_FIELDS = struct.Struct("<QQQqqqQ")
 assert TAIL_FIELDS.size == 56
 TAIL_RECORD = struct.Struct("<QQQqqqQII")  # the fields, crc, zero
 assert TAIL_RECORD.size == 64
+# What follows the fields when an appender publishes: crc, zero, and the ``writing``
+# word - the tail and ``writing`` are contiguous, so one copy publishes and clears both.
+TAIL_TRAILER = struct.Struct("<IIQ")
+assert TAIL_FIELDS.size + TAIL_TRAILER.size == 72
 SLOT_WRITING = 72
 SLOT_RESERVED_UNTIL = 80
 SLOT_DUPLICATES = 88
@@ -94,10 +100,13 @@ class SharedTail(NamedTuple):
     generation: int
 
 
-def encode_tail(tail: SharedTail) -> bytes:
-    """The 64 bytes of ``tail`` (fields and checksum) for offset ``TAIL_OFFSET``."""
+def encode_tail(tail: SharedTail, writing: int | None = None) -> bytes:
+    """The 64 bytes of ``tail`` (fields and checksum) for offset ``TAIL_OFFSET``; with
+    ``writing``, 72 bytes: the ``writing`` word that follows too."""
     fields = TAIL_FIELDS.pack(*tail)
-    return fields + struct.pack("<II", checksum(fields), 0)
+    if writing is None:
+        return fields + struct.pack("<II", checksum(fields), 0)
+    return fields + TAIL_TRAILER.pack(checksum(fields), 0, writing)
 
 
 def decode_tail(buf: bytes | bytearray | memoryview) -> SharedTail | None:

@@ -34,6 +34,9 @@ __all__ = ["DirLock", "LockFile", "lock_mode_holding"]
 _HELD: weakref.WeakSet[DirLock] = weakref.WeakSet()  # locks this process holds
 _OPEN_FILES: weakref.WeakSet[LockFile] = weakref.WeakSet()  # lock files open here
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+_flock = fcntl.flock
+_LOCK_EX = fcntl.LOCK_EX
+_LOCK_UN = fcntl.LOCK_UN
 
 
 class DirLock:
@@ -179,9 +182,10 @@ class LockFile:
     def acquire(self) -> None:
         """Wait for the lock and take it."""
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            raise StorageError("lock", self.path, exc) from exc
+            _flock(self._fd, _LOCK_EX)  # type: ignore[arg-type] # None: closed, raises
+        except (OSError, TypeError) as exc:
+            cause = exc if isinstance(exc, OSError) else OSError(errno.EBADF, "closed")
+            raise StorageError("lock", self.path, cause) from exc
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free now; False if another holds it."""
@@ -197,7 +201,7 @@ class LockFile:
         """Release the lock (the file stays open)."""
         fd = self._fd
         if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            _flock(fd, _LOCK_UN)
 
     def close(self) -> None:
         """Close the file (idempotent), which releases a lock held through it."""

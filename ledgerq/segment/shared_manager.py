@@ -32,11 +32,22 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
+import struct
 from collections.abc import Callable
 
 from ledgerq.format.index import IndexEntry
-from ledgerq.format.shared_state import SLOT_WRITING, SharedTail
+from ledgerq.format.checksum import checksum
+from ledgerq.format.shared_state import (
+    SLOT_WRITING,
+    TAIL_FIELDS,
+    TAIL_OFFSET,
+    TAIL_TRAILER,
+    SharedTail,
+    decode_tail,
+    encode_tail,
+)
 from ledgerq.segment.files import StorageError, storage_errors
 from ledgerq.segment.index_file import read_index
 from ledgerq.segment.layout import content_first_id
@@ -50,6 +61,13 @@ from ledgerq.segment.shared_page import SharedPage
 __all__ = ["SharedSegmentManager"]
 
 logger = logging.getLogger("ledgerq")
+
+_TAIL_FIELDS = TAIL_FIELDS
+_TAIL_TRAILER = TAIL_TRAILER
+_TAIL_AT = TAIL_OFFSET
+_WRITING_END = SLOT_WRITING + 8
+_set_u64 = struct.Struct("<Q").pack_into
+_checksum = checksum
 
 
 def _pop(segments: dict[int, Segment], name_id: int) -> Segment | None:
@@ -86,7 +104,10 @@ class SharedSegmentManager(SegmentManager):
             on_gap=on_gap,
             sync_on_rotate=sync_on_rotate,
         )
-        self.page = page
+        self._page: SharedPage | None = None
+        self._mm: mmap.mmap | None = None
+        if page is not None:
+            self.page = page
         self._append_lock = append_lock
         self._claim_region = claim_region
         self._append_depth = 0
@@ -94,6 +115,11 @@ class SharedSegmentManager(SegmentManager):
         self._writer_generation = -1  # the generation our writer descriptors were opened at
         self._torn = False  # a failed append could not be cut back: leave ``writing`` set
         self._appending = False  # between begin_append and end_append: the view is the truth
+        # The page's bytes this view last matched: the tail (64 bytes) for refresh(), and
+        # the tail with a clear ``writing`` word (72) as this handle last published it -
+        # when the page still holds exactly that, nobody appended since: the fast path.
+        self._seen = b""
+        self._published = b""
 
     def set_claim_region(self, claim_region: Callable[[int, int], bool]) -> None:
         """Count corrupt regions through ``claim_region`` from now on (the session started)."""
@@ -106,6 +132,18 @@ class SharedSegmentManager(SegmentManager):
         if not self._append_depth:
             self._append_lock.acquire()
         self._append_depth += 1
+
+    @property
+    def page(self) -> SharedPage:
+        """The state page (the first handle attaches it once its recovery is done)."""
+        page = self._page
+        assert page is not None, "the state page is not attached yet"
+        return page
+
+    @page.setter
+    def page(self, page: SharedPage) -> None:
+        self._page = page
+        self._mm = page.memory
 
     def unlock_appends(self) -> None:
         """Release one :meth:`lock_appends`."""
@@ -133,9 +171,12 @@ class SharedSegmentManager(SegmentManager):
             self.generation,
         )
 
-    def publish(self) -> None:
-        """Publish this view's tail (append lock held)."""
-        self.page.publish(self.current_tail())
+    def publish(self, *, writing: int = 0) -> None:
+        """Publish this view's tail, and set the ``writing`` word (append lock held)."""
+        blob = encode_tail(self.current_tail(), writing)
+        self.page.publish_raw(blob)
+        self._seen = blob[:64]
+        self._published = blob if not writing else b""
 
     def join(self) -> None:
         """Build the view of a log that other handles have open (takes the append lock).
@@ -153,13 +194,22 @@ class SharedSegmentManager(SegmentManager):
         """Bring the view up to date with what the other handles published."""
         if self._appending:
             return  # this handle is the appender: its view is ahead of the page
-        tail = self.page.tail()
+        raw = self.page.raw_tail()
+        if raw == self._seen:
+            return  # nothing published since the last look
+        tail = decode_tail(raw) or self.page.tail()
         if tail is None:
             self.lock_appends()
             try:
                 tail = self._usable_tail()
             finally:
                 self.unlock_appends()
+            raw = encode_tail(tail)
+        self._take(tail)
+        self._seen = raw
+
+    def _take(self, tail: SharedTail) -> None:
+        """Make the view what ``tail`` says."""
         if tail.generation != self.generation:
             self._reload(tail)
             return
@@ -306,45 +356,73 @@ class SharedSegmentManager(SegmentManager):
         """Take the append lock and bring the view (and the writer) up to the tail.
 
         After this returns, :meth:`end_append` must follow (it publishes and unlocks).
+        The common case - this handle appended last - costs a comparison of the page's
+        bytes with the ones it published.
         """
-        self.lock_appends()
+        if not self._append_depth:
+            self._append_lock.acquire()
+        self._append_depth += 1
         try:
-            tail = self._usable_tail()
-            if tail.generation != self.generation:
-                self._reload(tail)
-            seg = self.segments[-1]
-            seg.size = tail.active_size
-            seg.last_id = tail.last_id
-            seg.last_offset = tail.last_offset
-            seg.last_timestamp = tail.last_ts
-            self._last_indexed_offset = tail.last_indexed
-            if self._writer_generation != self.generation or self._log_fd is None:
-                self._open_writer(seg)
-                self._last_indexed_offset = tail.last_indexed
-                self._writer_generation = self.generation
-            self.page.set(SLOT_WRITING, 1)
+            mm = self._mm
+            assert mm is not None
+            if mm[_TAIL_AT:_WRITING_END] != self._published:
+                self._catch_up_appender()
+            _set_u64(mm, SLOT_WRITING, 1)
             self._appending = True
-            if seg.size >= self.segment_size and not seg.is_empty:
+            seg = self.segments[-1]
+            if seg.size >= self.segment_size and seg.last_id:
                 self.rotate(seg.last_id + 1)  # a full segment another handle left unrotated
         except BaseException:
             self._appending = False
             self.unlock_appends()
             raise
 
+    def _catch_up_appender(self) -> None:
+        """Another handle appended (or died appending) since this one published."""
+        tail = self._usable_tail()
+        if tail.generation != self.generation:
+            self._reload(tail)
+        seg = self.segments[-1]
+        seg.size = tail.active_size
+        seg.last_id = tail.last_id
+        seg.last_offset = tail.last_offset
+        seg.last_timestamp = tail.last_ts
+        if self._writer_generation != self.generation or self._log_fd is None:
+            self._open_writer(seg)
+        self._last_indexed_offset = tail.last_indexed
+        blob = encode_tail(tail, 0)
+        self._seen = blob[:64]
+        self._published = blob
+
     def end_append(self) -> None:
         """Publish the tail and release the append lock (after :meth:`begin_append`).
 
-        The ``writing`` word is cleared only when nothing half-written is left: after a
-        failed append that could not be cut back it stays set, and the next appender
-        repairs the tail.
+        The ``writing`` word is cleared with the same copy - unless a failed append could
+        not be cut back: then it stays set, and the next appender repairs the tail.
         """
         try:
-            self.publish()
-            if not self._torn:
-                self.page.set(SLOT_WRITING, 0)
+            seg = self.segments[-1]
+            fields = _TAIL_FIELDS.pack(
+                seg.name_id,
+                seg.size,
+                seg.last_id,
+                seg.last_offset,
+                seg.last_timestamp,
+                self._last_indexed_offset,
+                self.generation,
+            )
+            torn = self._torn
+            blob = fields + _TAIL_TRAILER.pack(_checksum(fields), 0, 1 if torn else 0)
+            mm = self._mm
+            assert mm is not None
+            mm[_TAIL_AT:_WRITING_END] = blob
+            self._seen = blob[:64]
+            self._published = b"" if torn else blob
         finally:
             self._appending = False
-            self.unlock_appends()
+            self._append_depth -= 1
+            if not self._append_depth:
+                self._append_lock.release()
 
     def _open_writer(self, seg: Segment) -> None:
         super()._open_writer(seg)
@@ -466,8 +544,7 @@ class SharedSegmentManager(SegmentManager):
         self.log_next_id = self.next_id
         self._torn = False
         published = self.current_tail()
-        self.page.publish(published)
-        self.page.set(SLOT_WRITING, 0)
+        self.publish()
         logger.warning(
             "ledgerq: recovered the log tail of %s after a handle died while appending",
             self.directory,

@@ -32,6 +32,7 @@ __all__ = ["SharedPage", "write_page"]
 
 _U64 = struct.Struct("<Q")
 _TAIL_END = TAIL_OFFSET + TAIL_RECORD.size
+_WRITING_END = _TAIL_END + 8
 # A reader that keeps meeting a half-written tail waits this long in all before it
 # reports it (the writer died mid-store, or the file was damaged): see tail().
 _TORN_PATIENCE_S = 0.05
@@ -70,6 +71,11 @@ class SharedPage:
             finally:
                 os.close(fd)  # the mapping keeps the file
 
+    @property
+    def memory(self) -> mmap.mmap:
+        """The mapping itself, for the append path's inline reads and stores."""
+        return self._memory()
+
     def _memory(self) -> mmap.mmap:
         memory = self._map
         if memory is None:
@@ -79,6 +85,19 @@ class SharedPage:
     def problem(self) -> str:
         """What makes the page unusable ("" when it is usable)."""
         return page_problem(self._memory()[:PAGE_SIZE])
+
+    def raw_tail(self) -> bytes:
+        """The tail's 64 bytes as they are now (maybe half-written: see :meth:`tail`)."""
+        return self._memory()[TAIL_OFFSET:_TAIL_END]
+
+    def raw_tail_and_writing(self) -> bytes:
+        """The tail's 64 bytes and the ``writing`` word after them (append lock held)."""
+        return self._memory()[TAIL_OFFSET:_WRITING_END]
+
+    def publish_raw(self, blob: bytes) -> None:
+        """Write the tail and the ``writing`` word: ``encode_tail(tail, writing)``'s 72
+        bytes, in one copy (append lock held)."""
+        self._memory()[TAIL_OFFSET:_WRITING_END] = blob
 
     def tail(self) -> SharedTail | None:
         """The published tail; None when it stays half-written (its writer died between
