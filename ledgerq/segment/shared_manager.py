@@ -37,8 +37,8 @@ import os
 import struct
 from collections.abc import Callable
 
-from ledgerq.format.index import IndexEntry
 from ledgerq.format.checksum import checksum
+from ledgerq.format.index import IndexEntry
 from ledgerq.format.shared_state import (
     SLOT_WRITING,
     TAIL_FIELDS,
