@@ -10,6 +10,7 @@ callers share fsyncs.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import logging
@@ -954,6 +955,12 @@ class QueueCore(Closing):
         handle starts watching the other processes' writes here.
         """
         return False
+
+    def appends_locked(self) -> contextlib.AbstractContextManager[None]:
+        """A block no other handle appends in: nothing to take for an exclusive queue (its
+        own lock serialises the appends); shared mode's append lock otherwise.  For
+        features that replace their files outside an append (a flush)."""
+        return contextlib.nullcontext()
 
     @property
     def is_alone(self) -> bool:

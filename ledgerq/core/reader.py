@@ -273,9 +273,13 @@ class ReaderCore:
             except BaseException:
                 self._reported[message_id] = before
                 self._unreported[message_id] = (failures, reason)
-                self._selector.give_back(entry)
+                self._give_back(entry)
                 raise
         return False
+
+    def _give_back(self, entry: Entry) -> None:
+        """Make ``entry`` (leased or reported on, behind the cursor) available again."""
+        self._selector.give_back(entry)
 
     def _finish(self, message_id: int, kind: StateRecordType, counter: str) -> int:
         """Settle an id that is not leased (expired, dead-lettered)."""
@@ -302,7 +306,7 @@ class ReaderCore:
                 continue
             del self._leased[message_id]
             if not self._report_failure(lease[0], attempt, _TIMED_OUT, now_ns):
-                self._selector.give_back(lease[0])
+                self._give_back(lease[0])
 
     def next_deadline(self) -> float | None:
         """Lease time (the queue clock's monotonic seconds) of the next visibility-timeout
@@ -367,7 +371,7 @@ class ReaderCore:
         for message_id in ids:
             entry, attempt = self._leased.pop(message_id)
             if not self._report_failure(entry, attempt, reason, now_ns):
-                self._selector.give_back(entry)
+                self._give_back(entry)
         return ticket
 
     def release(self, ids: list[int]) -> int:
@@ -387,7 +391,7 @@ class ReaderCore:
                 self._deliveries[message_id] = attempt - 1
             else:
                 self._deliveries.pop(message_id, None)
-            self._selector.give_back(entry)
+            self._give_back(entry)
         if self._deadlines:
             # A deadline is matched to its lease by attempt number, and the next lease
             # of a released id has the same one: drop the stale deadline, or it would

@@ -28,7 +28,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from ledgerq._errors import CorruptionError, QueueLockedError, StorageError
 from ledgerq._options import Options
@@ -327,6 +327,16 @@ class SharedQueueCore(QueueCore):
     @property
     def is_alone(self) -> bool:
         return self._alone
+
+    @contextlib.contextmanager
+    def appends_locked(self) -> Iterator[None]:
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        manager.lock_appends()
+        try:
+            yield
+        finally:
+            manager.unlock_appends()
 
     def _lock_directory(self) -> DirLock:
         shared_dir = os.path.join(self.path, SHARED_DIR)

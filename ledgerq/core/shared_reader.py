@@ -433,14 +433,21 @@ class SharedReaderCore(ReaderCore):
             self._own_deadline_ns.pop(message_id, None)
             self._lost[message_id] = "its visibility timeout expired"
             if not self._report_failure(lease[0], lease[1], _TIMED_OUT, now_ns):
-                self._selector.give_back(lease[0])
+                self._give_back(lease[0])
 
     def _report_failure(self, entry: Entry, failures: int, reason: str, now_ns: int) -> bool:
         if reason is _LOST_LEASE and self._fail_reason:
             reason = self._fail_reason.pop(entry.id, reason)
         return super()._report_failure(entry, failures, reason, now_ns)
 
+    def _give_back(self, entry: Entry) -> None:
+        if entry.id >= self._cursor.next_id:
+            return  # ahead of the cursor (a lease kept across a rebuild): it reads it again
+        self._selector.give_back(entry)
+
     def _forget(self, message_id: int) -> None:
+        if message_id >= self._cursor.next_id:
+            self._skip.add(message_id)  # finished ahead of the cursor: it must pass over it
         super()._forget(message_id)
         if self._fail_reason:
             self._fail_reason.pop(message_id, None)

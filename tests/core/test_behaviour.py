@@ -298,14 +298,20 @@ def test_consumed_segments_are_deleted_and_unconsumed_ones_kept(
 _MODEL_SETTINGS = settings(max_examples=12, stateful_step_count=30, deadline=None)
 
 
-def _model_test(name: str, options: dict[str, Any]) -> Any:
+def _model_test(name: str, options: dict[str, Any], shared: bool) -> Any:
     """The model's TestCase for ``options`` (starvation off: it depends on the clock)."""
     extra = {"starvation_after": None} if options.get("priorities") else {}
-    machine = type(f"Model_{name}", (QueueMachine,), {"options": {**options, **extra}})
+    machine = type(
+        f"Model_{name}", (QueueMachine,), {"options": {**options, **extra}, "shared": shared}
+    )
     test = machine.TestCase
     test.settings = _MODEL_SETTINGS
     return test
 
 
 for _name, _options in CONFIGS.items():
-    globals()[f"TestModel_{_name.replace('-', '_')}"] = _model_test(_name, _options)
+    for _mode, _shared in MODES.items():
+        _suffix = "" if _mode == "exclusive" else "_shared"
+        globals()[f"TestModel_{_name.replace('-', '_')}{_suffix}"] = _model_test(
+            _name, _options, _shared
+        )

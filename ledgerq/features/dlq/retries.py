@@ -8,6 +8,11 @@ reason and time - for the dead-letter headers.  It is an append-only log
 ``features/retries.log`` of framed msgpack records ``[reader, id, time_ns,
 reason]``, each written to the OS before the nack returns, rewritten with only
 the live entries when it holds four times as many records as live entries.
+
+In shared mode the handles of every process append to it (each record one
+``write()`` on an ``O_APPEND`` descriptor: records never interleave), and only a
+handle alone with the queue - the first of a session, while it opens - rewrites it:
+a rewrite would lose the records other handles append to the file it replaces.
 """
 
 from __future__ import annotations
@@ -49,8 +54,11 @@ def _failure_record(value: Any) -> tuple[str, int, int, str | None] | None:
 class RetryTracker:
     """Last failure reason and time of each failing message, per reader."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, rewrite: bool = True) -> None:
+        """Load ``path``; with ``rewrite`` False (shared mode, other handles live) the
+        file is appended to as it is and never replaced."""
         self.path = path
+        self._may_rewrite = rewrite
         self._last: dict[tuple[str, int], tuple[int, str]] = {}
         self._fd: int | None = None
         self._records = 0
@@ -70,7 +78,14 @@ class RetryTracker:
                 self._last.pop((reader, message_id), None)
             else:
                 self._last[(reader, message_id)] = (when, reason)
-        self._rewrite()
+        if rewrite:
+            self._rewrite()
+        else:
+            with storage_errors("open retry state", path):
+                if not os.path.exists(path):
+                    with open(path, "ab") as f:  # O_APPEND: another handle may be writing too
+                        f.write(encode_feature_file_header(_MAGIC))
+                self._adopt(os.open(path, os.O_WRONLY | os.O_APPEND))
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(
@@ -107,7 +122,7 @@ class RetryTracker:
         except OSError as exc:
             raise StorageError("write retry state", self.path, exc) from exc
         self._records += 1
-        if self._records > 4 * len(self._last) + 1024:
+        if self._may_rewrite and self._records > 4 * len(self._last) + 1024:
             self._rewrite()
 
     def flush(self) -> None:
