@@ -64,7 +64,7 @@ from ledgerq.format.entry import (
 )
 from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.layout import subtract_ranges
-from ledgerq.segment.lock import DirLock
+from ledgerq.segment.lock import DirLock, LockFile, lock_mode_holding
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import (
     DamagedMetaError,
@@ -77,9 +77,11 @@ from ledgerq.segment.meta import (
 from ledgerq.segment.meta_rebuild import rebuild_meta
 from ledgerq.segment.naming import (
     META_NAME,
+    OPENING_NAME,
     OPTIONS_NAME,
     QUEUE_NAMES,
     READERS_DIR,
+    SHARED_DIR,
     STATE_SUFFIX,
     reader_state_path,
 )
@@ -215,18 +217,33 @@ class QueueCore(Closing):
         try:
             return DirLock(self.path)
         except QueueLockedError:
-            if not any(
-                isinstance(obj, QueueCore) and obj.path == self.path and not obj._closed
-                for obj in tracked()
-            ):
-                raise
-        # A queue of this process holds it.  Unclosed and unreferenced, it may be
-        # garbage in a reference cycle, which its finalizer closes once collected.
-        gc.collect()
-        try:
-            return DirLock(self.path)
-        except QueueLockedError:
-            raise QueueLockedError(self.path, in_this_process=True) from None
+            pass
+        if any(
+            isinstance(obj, QueueCore)
+            and obj.path == self.path
+            and not obj._closed
+            and not obj.shared
+            for obj in tracked()
+        ):
+            # A queue of this process holds it.  Unclosed and unreferenced, it may be
+            # garbage in a reference cycle, which its finalizer closes once collected.
+            gc.collect()
+            try:
+                return DirLock(self.path)
+            except QueueLockedError:
+                raise QueueLockedError(self.path, in_this_process=True) from None
+        opening_path = os.path.join(self.path, SHARED_DIR, OPENING_NAME)
+        if os.path.exists(opening_path):
+            # A shared-mode handle holds the lock exclusively while it recovers the queue
+            # (under shared/OPENING): wait for that, then look again.
+            opening = LockFile(opening_path, create=False)
+            try:
+                opening.acquire()
+                with contextlib.suppress(QueueLockedError):
+                    return DirLock(self.path)
+            finally:
+                opening.close()
+        raise QueueLockedError(self.path, held_by=lock_mode_holding(self.path))
 
     def _open_locked(self) -> None:
         opts = self.options
