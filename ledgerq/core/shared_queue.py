@@ -369,7 +369,7 @@ class SharedQueueCore(QueueCore):
                 page.set(SLOT_ENQUEUED_THROUGH, self._next_id)
                 for core in self._cores.values():
                     assert isinstance(core, SharedReaderCore)
-                    core.publish_head()
+                    core.publish_head(moved=True)  # a new session: forget older values
                 self._alone = False
                 self._dirlock.downgrade()  # now others may join
             live = LockFile(handle_live_path(self.path, self.handle_id))
@@ -874,11 +874,12 @@ class SharedQueueCore(QueueCore):
     # ------------------------------------------------------------------ readers
 
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
+        new = not os.path.exists(self._reader_path(name))
         reader = super()._open_reader(name, start_latest=start_latest)
         core = reader._core
         assert isinstance(core, SharedReaderCore)
-        if read_published_head(core._lock_file) is None:
-            core.publish_head()
+        if new or read_published_head(core._lock_file) is None:
+            core.publish_head(moved=True)  # (a removed reader's lock file may remain)
         return reader
 
     def _open_new_reader(self, name: str, head: int, done: Iterable[int]) -> Reader:
@@ -897,7 +898,7 @@ class SharedQueueCore(QueueCore):
         finally:
             lock.release()
         reader = self._open_reader(name, start_latest=False)
-        reader._core.publish_head()  # type: ignore[attr-defined]
+        reader._core.publish_head(moved=True)  # type: ignore[attr-defined]
         return reader
 
     def remove_reader(self, name: str) -> bool:

@@ -562,7 +562,7 @@ class SharedReaderCore(ReaderCore):
             self._own_deadline_ns = {}
             self._fail_reason = {}
             super().seek(target)
-            self.publish_head()
+            self.publish_head(moved=True)
         finally:
             self._leave()
 
@@ -625,6 +625,18 @@ class SharedReaderCore(ReaderCore):
     @property
     def head(self) -> int:
         head = super().head
+        cursor_next = self._cursor.next_id
+        if head == cursor_next and self._skip:
+            # Other handles finished ids ahead of this cursor: the head is past them.
+            skip = self._skip
+            while head in skip:
+                head += 1
+            held = self._selector.min_id()
+            if held is not None and held < head:
+                head = held
+            lowest_leased = min(self._leased, default=head)
+            if lowest_leased < head:
+                head = lowest_leased
         if self._foreign:
             lowest = min(self._foreign)
             if lowest < head:
@@ -640,12 +652,21 @@ class SharedReaderCore(ReaderCore):
 
     # ------------------------------------------------------------------ persistence
 
-    def publish_head(self) -> None:
-        """Write this reader's head where retention reads it (in a section: a lower bound
-        of the true head, written after every record before it was applied)."""
+    def publish_head(self, *, moved: bool = False) -> None:
+        """Write this reader's head where retention reads it.
+
+        In a section, so it is a lower bound of the true head (every record before it
+        applied); and the published value only grows - another handle's cursor may lag
+        this one's - except when the reader ``moved`` (seek), which sets it.
+        """
         self._enter()
         try:
-            os.pwrite(self._lock_file.fd, _HEAD.pack(self.head), 0)
+            head = self.head
+            if not moved:
+                published = read_published_head(self._lock_file)
+                if published is not None and published > head:
+                    return
+            os.pwrite(self._lock_file.fd, _HEAD.pack(head), 0)
         finally:
             self._leave()
 
@@ -658,6 +679,11 @@ class SharedReaderCore(ReaderCore):
         self._enter()
         try:
             head = self.head
+            if head > self._cursor.next_id:
+                # Everything between the cursor and the head is finished (other handles'
+                # acks ahead of it): move the cursor there before dropping those ids.
+                self._done.update(i for i in self._skip if i < head)
+                self._cursor.seek(head)
             self._prune_done()
             self._skip = {i for i in self._skip if i >= head}
             done = sorted(self._done | self._skip)
