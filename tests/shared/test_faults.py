@@ -104,7 +104,7 @@ def test_a_corrupt_record_is_skipped_and_counted_once_by_all(
     a = ledgerq.open(path, shared=True)
     b = ledgerq.open(path, shared=True)
     try:
-        ids = a.enqueue_batch([payload(t) for t in range(3)]) + [a.enqueue(payload(3))]
+        ids = [*a.enqueue_batch([payload(t) for t in range(3)]), a.enqueue(payload(3))]
         log = active_log(path)
         data = bytearray(log.read_bytes())
         second = len(encode_plain_entry(1, 0, payload(0)))  # entries of equal size
