@@ -10,7 +10,7 @@ from ledgerq._options import Options
 from ledgerq._types import Item
 from ledgerq.core.args import check_ids
 from ledgerq.core.clock import Clock
-from ledgerq.core.queue import QueueCore
+from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.shared_queue import SharedQueueCore
 from ledgerq.features import build_features
 from ledgerq.features.dlq import DeadLetterStore
@@ -58,19 +58,23 @@ class Queue(QueueCore):
         wanted = None if ids is None else check_ids(ids)
         self._ensure_open()
         dlq = self.dlq
-        entries = dlq._pending_entries(wanted)
-        moved = 0
-        for start in range(0, len(entries), _REQUEUE_BATCH):
-            chunk = entries[start : start + _REQUEUE_BATCH]
-            self.enqueue_batch([self._requeued_item(dlq, entry, data) for entry, data in chunk])
-            if not self._sync_always:
-                # The DLQ's settle records below may reach the disk before these copies
-                # (page cache writeback keeps no order between files): a power cut would
-                # then lose messages that a sync() had made durable.  One fsync per batch.
-                self._log_commit.sync_now()
-            for entry, _ in chunk:
-                if dlq._settle(entry.id):
-                    moved += 1
+        # In shared mode another process may requeue too: the DLQ's reader is held across
+        # finding the messages, copying them and settling them, so each moves once.
+        with dlq.holding_reader(DEFAULT_READER):
+            entries = dlq._pending_entries(wanted)
+            moved = 0
+            for start in range(0, len(entries), _REQUEUE_BATCH):
+                chunk = entries[start : start + _REQUEUE_BATCH]
+                self.enqueue_batch([self._requeued_item(dlq, entry, data) for entry, data in chunk])
+                if not self._sync_always:
+                    # The DLQ's settle records below may reach the disk before these copies
+                    # (page cache writeback keeps no order between files): a power cut
+                    # would then lose messages that a sync() had made durable.  One fsync
+                    # per batch.
+                    self._log_commit.sync_now()
+                for entry, _ in chunk:
+                    if dlq._settle(entry.id):
+                        moved += 1
         return moved
 
     def _requeued_item(self, dlq: Queue, entry: Entry, payload: bytes) -> Item:
@@ -91,9 +95,10 @@ class Queue(QueueCore):
         wanted = None if ids is None else check_ids(ids)
         self._ensure_open()
         removed = 0
-        for entry, _ in self._pending_entries(wanted):
-            if self._settle(entry.id):
-                removed += 1
+        with self.holding_reader(DEFAULT_READER):
+            for entry, _ in self._pending_entries(wanted):
+                if self._settle(entry.id):
+                    removed += 1
         return removed
 
 

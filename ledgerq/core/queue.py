@@ -979,6 +979,12 @@ class QueueCore(Closing):
         features that replace their files outside an append (a flush)."""
         return contextlib.nullcontext()
 
+    def holding_reader(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """A block in which no other handle changes reader ``name`` (tooling that reads
+        its pending messages, then settles them: requeue, purge).  Nothing to take for
+        an exclusive queue; shared mode holds the reader's lock."""
+        return contextlib.nullcontext()
+
     @property
     def is_alone(self) -> bool:
         """Whether no other handle can have this queue open (exclusive mode, or the first

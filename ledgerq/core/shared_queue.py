@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from ledgerq._errors import CorruptionError, QueueLockedError, StorageError
+from ledgerq._errors import CorruptionError, QueueClosedError, QueueLockedError, StorageError
 from ledgerq._options import Options
 from ledgerq._types import ReaderStats, Stats
 from ledgerq.core.args import READER_NAME
@@ -489,6 +489,22 @@ class SharedQueueCore(QueueCore):
     def _new_journal(self, name: str) -> ReaderJournal:
         return SharedReaderJournal(self._reader_path(name), self.handle_id)
 
+    @contextlib.contextmanager
+    def holding_reader(self, name: str) -> Iterator[None]:
+        with self._lock:
+            self._ensure_open()
+            reader = self._readers.get(name)
+            if reader is None:
+                raise KeyError(name)
+            core = reader._core
+            assert isinstance(core, SharedReaderCore)
+            core._enter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                core._leave()
+
     def _foreign_holders(self) -> set[int]:
         """The other handles this handle knows to hold leases (for the housekeeper)."""
         holders: set[int] = set()
@@ -507,7 +523,7 @@ class SharedQueueCore(QueueCore):
             for reader in list(self._readers.values()):
                 core = reader._core
                 assert isinstance(core, SharedReaderCore)
-                with contextlib.suppress(ReaderRemovedError):
+                with contextlib.suppress(QueueClosedError):  # removed by another handle
                     reclaimed += core.reclaim_holder(holder)
             if reclaimed and (self._waiting or self._listeners):
                 self._wake()
@@ -902,6 +918,9 @@ class SharedQueueCore(QueueCore):
         return reader
 
     def remove_reader(self, name: str) -> bool:
+        with self._lock:
+            self._ensure_open()
+            self._open_readers_on_disk()  # another handle's reader is the queue's too
         removed = super().remove_reader(name)
         if removed:
             lock = self._reader_locks.pop(name, None)

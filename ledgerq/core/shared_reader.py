@@ -34,10 +34,10 @@ import os
 import struct
 from collections.abc import Iterable
 
-from ledgerq._errors import UnknownMessageError
+from ledgerq._errors import QueueClosedError, UnknownMessageError
 from ledgerq._types import ReaderStats
 from ledgerq.core.clock import QueueClock
-from ledgerq.core.journal import SharedReaderJournal
+from ledgerq.core.journal import ReaderRemovedError, SharedReaderJournal
 from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, ReaderCore, ReaderHooks
 from ledgerq.format.entry import Entry, RecordType
 from ledgerq.format.reader_state import Checkpoint, ReclaimCause, StateRecordType
@@ -145,9 +145,13 @@ class SharedReaderCore(ReaderCore):
                 records, restarted = journal.read_new(st)
                 if records:
                     self._apply(records, restarted)
-        except BaseException:
+        except BaseException as exc:
             self._depth = 0
             self._lock_file.release()
+            if isinstance(exc, ReaderRemovedError):
+                raise QueueClosedError(
+                    f"reader {self.name!r} was removed (remove_reader) by another handle"
+                ) from None
             raise
 
     def _leave(self) -> None:
@@ -709,9 +713,15 @@ class SharedReaderCore(ReaderCore):
                 self._leave()
 
     def close(self) -> None:
-        """Return this handle's leases (RECLAIM: failed deliveries) and close the journal."""
+        """Return this handle's leases (RECLAIM: failed deliveries) and close the journal.
+
+        A reader another handle removed has nothing left to return.
+        """
         try:
-            self._enter()
+            try:
+                self._enter()
+            except QueueClosedError:
+                return
             try:
                 if self._leased:
                     ids = sorted(self._leased)
@@ -726,7 +736,10 @@ class SharedReaderCore(ReaderCore):
     def close_last(self) -> None:
         """Close as the last handle of the queue: one clean checkpoint, no leases."""
         try:
-            self._enter()
+            try:
+                self._enter()
+            except QueueClosedError:
+                return
             try:
                 self.checkpoint(keep_leases=False)
                 self._leased.clear()

@@ -1,0 +1,185 @@
+"""A shared-mode session from its first handle to its last: opens, deaths, closes.
+
+The first handle of a session (no other has the queue open) recovers the queue as an
+exclusive open does; the last one to close leaves it closed cleanly; in between,
+handles come and go - by close, by kill -9, by fork - and the others go on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ledgerq
+from ledgerq.segment.naming import handle_live_path, list_live_handles
+from tests._child import Children
+
+from ._procs import start
+from ._worker import payload
+
+
+def test_the_last_handle_closes_the_queue_cleanly(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    a = ledgerq.open(path, shared=True)
+    b = ledgerq.open(path, shared=True)
+    a.enqueue_batch([b"1", b"2", b"3"])
+    held = b.dequeue()
+    assert held is not None
+    a.close()
+    assert list_live_handles(str(path)) == [b.handle_id]  # type: ignore[attr-defined]
+    b.close()  # the last: leases back as failed deliveries, meta.json clean
+    assert list_live_handles(str(path)) == []
+    meta = (path / "meta.json").read_text()
+    assert '"clean": true' in meta
+    with ledgerq.open(path) as q:
+        assert q.enqueue(b"4") == 4, "a clean close: no id skipped"
+        assert [(m.id, m.attempts) for m in q.dequeue_batch(5)] == [(1, 2), (2, 1), (3, 1), (4, 1)]
+
+
+def test_after_every_process_was_killed_the_next_open_recovers(
+    tmp_path: Path, children: Children
+) -> None:
+    path = tmp_path / "q"
+    producer = start(children, "produce", path, "count=50", "sync='always'")
+    producer.wait_for("BYE")
+    holder = start(children, "lease", path, "n=3")
+    holder.wait_for("HELD")
+    other = start(children, "hold", path)
+    for child in (holder, other):
+        child.kill_and_drain()
+    with ledgerq.open(path, shared=True) as q:  # the first handle of a new session
+        assert list_live_handles(str(path)) == [q.handle_id]  # type: ignore[attr-defined]
+        got = q.dequeue_batch(100)
+        assert [(m.id, m.attempts) for m in got[:3]] == [(1, 2), (2, 2), (3, 2)]
+        assert len(got) == 50
+        # Ids never reused: after a crash they skip to the reservation.
+        assert q.enqueue(b"next") > 50
+
+
+def test_a_dead_holder_without_its_liveness_file_is_reclaimed_too(
+    tmp_path: Path, children: Children
+) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as q:
+        q.enqueue_batch([payload(1), payload(2)])
+        holder = start(children, "lease", path, "n=2")
+        holder.wait_for("HELD")
+        live = [h for h in list_live_handles(str(path)) if h != q.handle_id]  # type: ignore[attr-defined]
+        assert len(live) == 1
+        holder.kill_and_drain()
+        os.unlink(handle_live_path(str(path), live[0]))  # gone with its file, say
+        killed = time.monotonic()
+        back = q.dequeue_batch(2, timeout=3)
+        assert len(back) == 2 and time.monotonic() - killed < 1.0
+
+
+_FORK = """
+import os, sys, ledgerq
+q = ledgerq.open(sys.argv[1], shared=True)
+q.enqueue(b"one")
+held = q.dequeue()
+pid = os.fork()
+if pid == 0:
+    try:
+        q.ack(held.id)
+    except ledgerq.ForkedQueueError:
+        print("CHILD FORKED", flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("PARENT", held.id, flush=True)
+sys.stdin.readline()
+q.ack(held.id)
+print("ACKED", flush=True)
+q.close()
+"""
+
+
+def test_a_forked_child_neither_uses_nor_frees_the_parents_handle(
+    tmp_path: Path, children: Children
+) -> None:
+    path = tmp_path / "q"
+    parent = children.start(["-c", _FORK, str(path)])
+    assert parent.line() == "CHILD FORKED"
+    assert parent.line() == "PARENT 1"
+    with ledgerq.open(path, shared=True) as q:
+        # The child exited; the parent's lease must stay its own (its liveness lock held).
+        assert q.dequeue(timeout=0.8) is None
+        parent.send("go")
+        assert parent.line() == "ACKED"
+        parent.expect_exit(0)
+        assert q.stats().acked == 1
+
+
+def test_a_reader_removed_by_another_handle(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    a = ledgerq.open(path, shared=True)
+    b = ledgerq.open(path, shared=True)
+    try:
+        a.enqueue(b"x")
+        audit = b.reader("audit")
+        assert a.remove_reader("audit") is True
+        with pytest.raises(ledgerq.QueueClosedError, match="removed"):
+            audit.dequeue()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_retention_max_bytes_drops_for_every_handle(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    options = {"segment_size": 200, "index_interval": 1, "retention_max_bytes": 600}
+    a = ledgerq.open(path, shared=True, **options)
+    b = ledgerq.open(path, shared=True, **options)
+    try:
+        for n in range(20):
+            (a if n % 2 else b).enqueue(b"%02d" % n + b"." * 80)
+        assert a.stats().disk_bytes <= 600 + 200
+        assert a.stats().dropped == b.stats().dropped > 0
+        left = b.dequeue_batch(100)
+        assert [m.id for m in left] == sorted(m.id for m in left)
+        assert left[-1].id == 20
+        assert a.stats().dropped + len(left) == 20
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_damaged_state_page_is_rebuilt_by_the_next_session(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as q:
+        q.enqueue_batch([b"1", b"2"])
+    (path / "shared" / "state").write_bytes(b"garbage")
+    with ledgerq.open(path, shared=True) as q, ledgerq.open(path, shared=True) as r:
+        assert r.enqueue(b"3") == 3
+        assert [m.id for m in q.dequeue_batch(5)] == [1, 2, 3]
+
+
+def test_a_damaged_state_page_under_live_handles_is_refused_clearly(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True):
+        state = path / "shared" / "state"
+        data = bytearray(state.read_bytes())
+        data[0:4] = b"XXXX"
+        state.write_bytes(bytes(data))
+        with pytest.raises(ledgerq.CorruptionError, match="close every handle"):
+            ledgerq.open(path, shared=True)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SIGSTOP semantics")
+def test_a_stopped_holder_is_alive(tmp_path: Path, children: Children) -> None:
+    """A holder that is merely slow (stopped) keeps its leases: liveness is the process."""
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as q:
+        q.enqueue(payload(1))
+        holder = start(children, "lease", path, "n=1")
+        holder.wait_for("HELD")
+        holder.signal(signal.SIGSTOP)
+        try:
+            assert q.dequeue(timeout=1.0) is None
+        finally:
+            holder.signal(signal.SIGCONT)
