@@ -282,3 +282,29 @@ def test_compression_and_headers_between_handles(tmp_path: Path) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_two_handles_requeueing_at_once_move_each_message_once(tmp_path: Path) -> None:
+    import threading
+
+    a, b = open_pair(tmp_path / "q", max_retries=1)
+    try:
+        for n in range(40):
+            a.enqueue(b"%d" % n)
+        while (msg := a.dequeue()) is not None:
+            a.nack(msg.id, "into the DLQ")
+        assert len(b.dlq) == 40
+        moved: list[int] = []
+        threads = [
+            threading.Thread(target=lambda h=h: moved.append(h.requeue_dlq())) for h in (a, b)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sum(moved) == 40
+        assert len(a) == len(b) == 40, "each dead letter came back once"
+        assert len(a.dlq) == 0
+    finally:
+        a.close()
+        b.close()
