@@ -49,6 +49,7 @@ from ledgerq.format.shared_state import (
     SLOT_ENQUEUED_BASE,
     SLOT_ENQUEUED_THROUGH,
     SLOT_RESERVED_UNTIL,
+    SLOT_WRITING,
     encode_page,
     page_problem,
 )
@@ -831,6 +832,10 @@ class SharedQueueCore(QueueCore):
         while len(segments) > 1 and segments[0].last_id < head:
             if cutoff is not None and segments[0].last_timestamp >= cutoff:
                 break
+            if not deleted:
+                # Dying between a deletion and the publication leaves the word set: the
+                # next appender republishes (a new generation: the others look again).
+                manager.page.set(SLOT_WRITING, 1)
             manager.delete_first()
             deleted = True
         if deleted:

@@ -215,10 +215,12 @@ class SharedReaderCore(ReaderCore):
                         selector.discard(message_id)
                     self._note_foreign(message_id, holder, deadline)
             elif kind is _NACK:
+                # Not marked reported: the nacker may have died between its NACK and the
+                # move to the DLQ that the failure called for; the next taker reports the
+                # failure again (same count: at worst the retry log hears of it twice).
                 counters["nacked"] += len(body)
                 for message_id in body:
                     foreign.pop(message_id, None)
-                    reported[message_id] = deliveries.get(message_id, 0)  # the nacker reported
                     if message_id < cursor_next:
                         back.add(message_id)
             elif kind is _RELEASE:

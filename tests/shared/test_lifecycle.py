@@ -183,3 +183,29 @@ def test_a_stopped_holder_is_alive(tmp_path: Path, children: Children) -> None:
             assert q.dequeue(timeout=1.0) is None
         finally:
             holder.signal(signal.SIGCONT)
+
+
+_DIE_BEFORE_THE_DLQ_MOVE = """
+import os, sys, ledgerq
+from ledgerq.features.dlq.feature import DeadLetterFeature
+q = ledgerq.open(sys.argv[1], shared=True, max_retries=1)
+msg = q.dequeue()
+def die(self, delivery):
+    os._exit(9)  # the NACK record is written; the move to the DLQ never happens
+DeadLetterFeature.failed = die
+q.nack(msg.id, "fails every time")
+"""
+
+
+def test_a_nack_whose_dlq_move_died_is_moved_by_the_next_taker(
+    tmp_path: Path, children: Children
+) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True, max_retries=1) as q:
+        message_id = q.enqueue(b"poison")
+        dying = children.start(["-c", _DIE_BEFORE_THE_DLQ_MOVE, str(path)])
+        dying.expect_exit(9)
+        assert q.dequeue() is None, "its failures reached max_retries: not delivered again"
+        (dead,) = q.dlq.peek(5)
+        assert dead.headers["dlq.original_id"] == str(message_id)
+        assert q.stats().dead_lettered == 1
