@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ledgerq needs Python >= 3.11 (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,ui]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,6 +23,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@command -v java >/dev/null 2>&1 || echo "note: Java 17+ was not found; the Spark tests will be skipped (install a JDK 17 to run them)"
+	@test -x /usr/bin/chromium || echo "note: /usr/bin/chromium was not found; the browser tests of ledgerq ui will be skipped (apt-get install chromium)"
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

@@ -49,6 +49,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(REPO))
 
 from benchmarks.adapters import ADAPTERS, LEVELS, describe  # noqa: E402
+from benchmarks.charts import Bars, Line, bar_chart, line_chart  # noqa: E402
 
 OPS = {
     "enqueue_one": "enqueue one at a time",
@@ -154,6 +155,30 @@ class Results:
     def median(self, tid: str, key: str = "rate") -> float | None:
         xs = self.samples(tid, key)
         return statistics.median(xs) if xs else None
+
+
+class Charts:
+    """The SVG charts of one report, by file name; :meth:`image` is the markdown that
+    shows one (the files go to ``img/`` beside the report: :func:`write_report`)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, str] = {}
+
+    def image(self, name: str, alt: str, svg: str) -> str:
+        self.files[f"bench-{name}.svg"] = svg
+        return f"![{alt}](img/bench-{name}.svg)"
+
+
+def write_report(path: str, text: str, charts: Charts) -> None:
+    """Write the report to ``path`` and its charts into ``img/`` beside it."""
+    target = Path(path)
+    images = target.parent / "img"
+    if charts.files:
+        images.mkdir(parents=True, exist_ok=True)
+    for name, svg in charts.files.items():
+        (images / name).write_text(svg)
+    target.write_text(text)
+    print(f"wrote {path} and {len(charts.files)} chart(s) in {images}", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- plan
@@ -906,7 +931,9 @@ def analysis() -> tuple[str, str]:
     return head.rstrip(), (mark + tail).rstrip()
 
 
-def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> list[str]:
+def mp_report(
+    res: Results, mp: dict[str, Any] | None, env: dict[str, str], charts: Charts | None = None
+) -> list[str]:
     """The shared-mode section of the report (method first, then targets and tables)."""
     lines: list[str] = []
     add = lines.append
@@ -1038,6 +1065,23 @@ def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> l
             f"| {what} | {cell(res, ex)} | {_mp_cell(res, sh, 'rate', unavailable)} "
             f"| {fmt_ratio(r)} |"
         )
+    if charts is not None:
+        add("")
+        rows = [
+            Bars(
+                what,
+                [res.median(f"mp/single/{op}/exclusive"), res.median(f"mp/single/{op}/shared")],
+                note="not available in this tree" if unavailable else "not measured",
+            )
+            for op, what in MP_OPS.items()
+        ]
+        svg = bar_chart(
+            "One process: exclusive against shared=True (100 B)",
+            rows,
+            ["exclusive", "shared=True"],
+            unit="messages per second (median)",
+        )
+        add(charts.image("shared-single", "one process, exclusive against shared", svg))
     add("")
 
     add(
@@ -1077,6 +1121,34 @@ def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> l
         add(
             f"| {label} | " + " | ".join(cols) + f" | {_delivery(res, tid)} | {_errors(res, tid)} |"
         )
+    if charts is not None:
+        short = {
+            "ledgerq": "ledgerq shared=True",
+            "ledgerq-exclusive": "ledgerq exclusive, 1 process",
+        }
+        bars = [
+            Bars(
+                short.get(key, label),
+                [
+                    res.median(f"mp/pc/{key}", "enqueue_rate"),
+                    res.median(f"mp/pc/{key}", "through_rate"),
+                ],
+                key.startswith("ledgerq"),
+                "not available in this tree"
+                if key == "ledgerq" and unavailable
+                else "not measured",
+            )
+            for key, label in rows
+            if f"mp/pc/{key}" in res.values or key == "ledgerq"
+        ]
+        svg = bar_chart(
+            f"{MP_PROCESSES} producer + {MP_PROCESSES} consumer processes (100 B, default sync)",
+            bars,
+            ["enqueue, all producers", "dequeue + ack, all consumers"],
+            unit="messages per second (median)",
+        )
+        add("")
+        add(charts.image("shared-processes", "producer and consumer processes on one queue", svg))
     alone = res.median("mp/pc/ledgerq-exclusive", "dequeue_rate")
     if alone is not None:
         add("")
@@ -1128,6 +1200,18 @@ def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> l
         add(f"| ledgerq `shared=True` | {shown} | | | | |")
     for key, how in MP_WAKE_PEERS.items():
         add(f"| {ADAPTERS[key].label} | polls, skipped ({how}) | | | | |")
+    if charts is not None and tid in res.values:
+        percentiles = ("p50_ns", "p90_ns", "p99_ns", "max_ns")
+        medians = [res.median(tid, k) for k in percentiles]
+        svg = bar_chart(
+            "Wake-up latency across processes: ledgerq shared=True",
+            [Bars("ledgerq shared=True", [None if m is None else m / 1e6 for m in medians], True)],
+            ["p50", "p90", "p99", "max"],
+            unit="milliseconds (median of the runs)",
+            log=False,
+        )
+        add("")
+        add(charts.image("wake-latency", "wake-up latency percentiles", svg))
     add("")
 
     add("### Memory of a consumer process against queue depth")
@@ -1168,6 +1252,29 @@ def mp_report(res: Results, mp: dict[str, Any] | None, env: dict[str, str]) -> l
 # -------------------------------------------------------------------------- report
 
 
+def throughput_chart(
+    charts: Charts, res: Results, adapters: list[str], op: str, title: str, size: int
+) -> str:
+    """The chart of one throughput table: every queue's median at both levels."""
+    rows = []
+    for key in adapters:
+        values = [
+            None
+            if ADAPTERS[key].levels[level] is None
+            else res.median(f"throughput/{op}/{size}/{level}/{key}")
+            for level in LEVELS
+        ]
+        if any(v is not None for v in values):
+            rows.append(Bars(ADAPTERS[key].label, values, key == "ledgerq"))
+    svg = bar_chart(
+        f"{title}, {size:,} B",
+        rows,
+        [LEVEL_SHORT[level] for level in LEVELS],
+        unit="messages per second (median)",
+    )
+    return charts.image(f"{op}-{size}", f"{title}, {size:,} B: messages per second", svg)
+
+
 def _label(key: str, level: str) -> str:
     cls = ADAPTERS[key]
     lv = cls.levels[level]
@@ -1186,8 +1293,12 @@ def report(
     unavailable: dict[str, str],
     wall: float,
     mp: dict[str, Any] | None = None,
+    charts: Charts | None = None,
 ) -> str:
-    """Render the whole report; ``mp`` describes the run of the shared-mode section."""
+    """Render the whole report; ``mp`` describes the run of the shared-mode section.
+
+    With ``charts``, each table is followed by its chart (collected there, to be
+    written beside the report by :func:`write_report`)."""
     lines: list[str] = []
     add = lines.append
     add("# Benchmarks: ledgerq and its peers")
@@ -1362,6 +1473,9 @@ def report(
                 if op.startswith("dequeue") and not ADAPTERS[key].keeps_unacked:
                     label += " (delete on get)"
                 add(f"| {label} | " + " | ".join(cols) + " |")
+            if charts is not None:
+                add("")
+                add(throughput_chart(charts, res, adapters, op, title, size))
 
     # threads
     add("")
@@ -1389,6 +1503,21 @@ def report(
         cols = [cell(res, f"threads/{n}/{key}") for n in THREADS]
         r = _ratio(res.median(f"threads/{THREADS[-1]}/{key}"), res.median(f"threads/1/{key}"))
         add(f"| {ADAPTERS[key].label} | " + " | ".join(cols) + f" | {fmt_ratio(r)} |")
+    threads_lines = [
+        Line(ADAPTERS[k].label, [res.median(f"threads/{n}/{k}") for n in THREADS], k == "ledgerq")
+        for k in adapters
+        if any(res.median(f"threads/{n}/{k}") is not None for n in THREADS)
+    ]
+    if charts is not None and threads_lines:
+        add("")
+        svg = line_chart(
+            'sync="always": enqueues per second against producer threads',
+            THREADS,
+            threads_lines,
+            x_label="producer threads",
+            unit="messages per second (median)",
+        )
+        add(charts.image("threads", "enqueue rate against producer threads", svg))
 
     # depth
     add("")
@@ -1477,7 +1606,7 @@ def report(
 
     # shared mode (issue 16)
     add("")
-    lines += mp_report(res, mp, env)
+    lines += mp_report(res, mp, env, charts)
 
     # raw
     add("## The machine's limits (raw syscalls, same run)")
@@ -1651,8 +1780,8 @@ def main() -> int:
         for path in {args.update, args.json} - {None}:
             Path(path).write_text(json.dumps(saved, indent=1))
         if args.write:
-            Path(args.write).write_text(_report_saved(saved))
-            print(f"wrote {args.write}", file=sys.stderr)
+            charts = Charts()
+            write_report(args.write, _report_saved(saved, charts), charts)
         return 0
     if args.json:
         saved = {
@@ -1670,24 +1799,27 @@ def main() -> int:
         }
         Path(args.json).write_text(json.dumps(saved, indent=1))
     if args.write:
-        text = report(res, env, vers, command, c, repeats, adapters, unavailable, wall, mp=mp)
-        Path(args.write).write_text(text)
-        print(f"wrote {args.write}", file=sys.stderr)
+        charts = Charts()
+        text = report(
+            res, env, vers, command, c, repeats, adapters, unavailable, wall, mp=mp, charts=charts
+        )
+        write_report(args.write, text, charts)
     return 0
 
 
 def rerender(saved_path: Path, write: str | None) -> int:
-    """Write the report again from a saved run (e.g. after benchmarks/analysis.md changed)."""
-    text = _report_saved(json.loads(saved_path.read_text()))
+    """Write the report again from a saved run (e.g. after benchmarks/analysis.md changed),
+    with its charts when written to a file."""
+    saved = json.loads(saved_path.read_text())
     if write:
-        Path(write).write_text(text)
-        print(f"wrote {write}", file=sys.stderr)
+        charts = Charts()
+        write_report(write, _report_saved(saved, charts), charts)
     else:
-        print(text)
+        print(_report_saved(saved))
     return 0
 
 
-def _report_saved(saved: dict[str, Any]) -> str:
+def _report_saved(saved: dict[str, Any], charts: Charts | None = None) -> str:
     """The report of a run saved by --json (and perhaps --update)."""
     return report(
         Results(values=saved["results"], errors=saved["errors"]),
@@ -1700,6 +1832,7 @@ def _report_saved(saved: dict[str, Any]) -> str:
         saved["unavailable"],
         saved["wall"],
         mp=saved.get("mp"),
+        charts=charts,
     )
 
 

@@ -3,7 +3,7 @@
 ```
 format  <-  segment  <-  core  <-  features  <-  API (ledgerq/__init__, _*.py, shard, tools)
                                                    ^
-   ways in and out (cli, server, spark, kestrel, ship, workers, aio, metrics):
+   ways in and out (cli, server, spark, kestrel, ship, workers, aio, metrics, ui):
    the public API, ledgerq.segment.readonly, and what their allow-list names
 ```
 
@@ -39,6 +39,7 @@ OUTER = {
     "ledgerq.kestrel": set(),
     "ledgerq.metrics": set(),
     "ledgerq.server": set(),
+    "ledgerq.ui": set(),
     "ledgerq.spark": {
         "ledgerq.segment.files",  # the writer fsyncs its staging directory
     },

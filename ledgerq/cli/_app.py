@@ -27,6 +27,7 @@ from ledgerq.cli._dlq import dlq
 from ledgerq.cli._messages import dequeue, enqueue, peek, stats
 from ledgerq.cli._services import bench, import_kestrel, serve, ship, worker
 from ledgerq.cli._tools import compact, dump, verify
+from ledgerq.cli._ui import ui
 
 __all__ = ["cli", "main"]
 
@@ -72,6 +73,7 @@ for _command in (
     dlq,
     worker,
     serve,
+    ui,
     import_kestrel,
     ship,
     bench,

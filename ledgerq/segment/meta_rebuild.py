@@ -26,12 +26,11 @@ import os
 import time
 
 from ledgerq._errors import CorruptionError
-from ledgerq.segment.index_file import read_index_tail
 from ledgerq.segment.layout import SegmentDirectory
 from ledgerq.segment.meta import Meta, OptionsCopy
-from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, list_reader_names
+from ledgerq.segment.naming import SEGMENTS_DIR, list_reader_names
 from ledgerq.segment.readonly_state import replay_reader
-from ledgerq.segment.scanner import EntryScanner, checked_start
+from ledgerq.segment.readonly_tail import last_id_in_file
 
 __all__ = ["highest_id", "rebuild_meta"]
 
@@ -54,19 +53,7 @@ def highest_id(queue_dir: str) -> tuple[int, list[str]]:
         layout = None
     files = [] if layout is None else [*layout.used, *(f for f, _ in layout.set_aside)]
     for f in files:
-        try:
-            fd = os.open(os.path.join(seg_dir, f.file_name), os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            size = os.fstat(fd).st_size
-            points = read_index_tail(idx_path(seg_dir, f.name_id))
-            start, after = checked_start(fd, points, size, _ANY_ID, f.first_id)
-            scanner = EntryScanner(fd, start, size, after_id=after)
-            while (entry := scanner.next()) is not None:
-                highest = max(highest, entry.id)
-        finally:
-            os.close(fd)
+        highest = max(highest, last_id_in_file(seg_dir, f, live=False))
     for name in list_reader_names(queue_dir):
         try:
             state = replay_reader(queue_dir, name)

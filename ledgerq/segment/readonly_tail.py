@@ -24,7 +24,7 @@ from ledgerq.segment.index_file import read_index, read_index_tail
 from ledgerq.segment.layout import SegmentDirectory, SegmentFile, subtract_ranges
 from ledgerq.segment.meta import MetaStore
 from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, log_path
-from ledgerq.segment.scanner import TailScanner, checked_start
+from ledgerq.segment.scanner import EntryScanner, TailScanner, checked_start
 
 __all__ = ["IN_FLIGHT_GRACE_S", "LogTail", "SegmentTail", "last_complete_id", "log_skipped"]
 
@@ -378,28 +378,24 @@ class LogTail:
             ) from None
 
 
-def last_complete_id(queue_dir: str) -> int:
-    """The id of the last complete, valid entry of a queue now (0 if it has none).
+def last_id_in_file(seg_dir: str, f: SegmentFile, *, live: bool) -> int:
+    """The id of the last valid entry of the segment file ``f`` in ``seg_dir`` (0: none).
 
-    Reads the newest segment from the last of its final index points that checks out
-    (never the whole index); an append in flight at the end is not counted, nor the
-    entries of a batch whose last entry is not written yet (the owner's recovery would
-    cut them).  An empty newest segment (just rotated) defers to the one before it.
+    Reads from the last of its final index points that checks out (never the whole
+    index).  ``live``: as a reader beside a writer must - an append in flight at the end
+    is not counted, nor the entries of a batch whose last entry is not written yet (the
+    owner's recovery would cut them).  A file that is gone counts as empty.
     """
-    seg_dir = os.path.join(queue_dir, SEGMENTS_DIR)
     try:
-        files = SegmentDirectory(seg_dir).layout().used
+        fd = os.open(os.path.join(seg_dir, f.file_name), os.O_RDONLY)
     except FileNotFoundError:
         return 0
-    for f in reversed(files):
-        try:
-            fd = os.open(os.path.join(seg_dir, f.file_name), os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            size = os.fstat(fd).st_size
-            points = read_index_tail(idx_path(seg_dir, f.name_id))
-            pos, after = checked_start(fd, points, size, _ANY_ID, f.first_id)
+    try:
+        size = os.fstat(fd).st_size
+        points = read_index_tail(idx_path(seg_dir, f.name_id))
+        pos, after = checked_start(fd, points, size, _ANY_ID, f.first_id)
+        scanner: EntryScanner
+        if live:
             scanner = TailScanner(
                 fd=fd,
                 pos=pos,
@@ -409,11 +405,29 @@ def last_complete_id(queue_dir: str) -> int:
                 patient=True,
                 whole_batches=True,
             )
-            last = 0
-            while (entry := scanner.next()) is not None:
-                last = entry.id
-        finally:
-            os.close(fd)
+        else:
+            scanner = EntryScanner(fd, pos, size, after_id=after)
+        last = 0
+        while (entry := scanner.next()) is not None:
+            last = entry.id
+        return last
+    finally:
+        os.close(fd)
+
+
+def last_complete_id(queue_dir: str) -> int:
+    """The id of the last complete, valid entry of a queue now (0 if it has none).
+
+    An empty newest segment (just rotated) defers to the one before it; see
+    :func:`last_id_in_file` for what "complete" means beside a writer.
+    """
+    seg_dir = os.path.join(queue_dir, SEGMENTS_DIR)
+    try:
+        files = SegmentDirectory(seg_dir).layout().used
+    except FileNotFoundError:
+        return 0
+    for f in reversed(files):
+        last = last_id_in_file(seg_dir, f, live=True)
         if last:
             return last
     return 0

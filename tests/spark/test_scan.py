@@ -115,6 +115,34 @@ def test_plain_segments_take_the_vectorised_path(tmp_path: Path) -> None:
     assert _scanned(tmp_path / "fixed") == _expected(tmp_path / "fixed")
 
 
+def _one_by_one(queue: Path, *, arrow: bool) -> int:
+    """How many entries of ``queue`` a scan decoded one by one (left the fast path)."""
+    stats = ScanStats()
+    for seg in list_segments(str(queue)):
+        spec = SegmentTask(queue.name, str(queue), seg.first_id, seg.next_first_id)
+        for _ in scan_segment(spec, arrow=arrow, stats=stats):
+            pass
+    return stats.decoded_one_by_one
+
+
+@pytest.mark.parametrize("arrow", [True, False], ids=["arrow", "tuples"])
+def test_batch_written_segments_take_the_fast_path(tmp_path: Path, arrow: bool) -> None:
+    # Every entry of an enqueue_batch but its last carries BATCH_CONTINUES: a flag that
+    # does not change how the row is decoded must not send the entry one by one.
+    with ledgerq.open(tmp_path / "batches", segment_size=64 * 1024) as q:
+        for start in range(0, 2000, 100):
+            q.enqueue_batch([b"row %05d" % i for i in range(start, start + 100)])
+    with ledgerq.open(tmp_path / "singles") as q:
+        for i in range(300):
+            q.enqueue(b"row %05d" % i)
+    for name in ("batches", "singles"):
+        assert _scanned(tmp_path / name, arrow=arrow) == _expected(tmp_path / name)
+        assert _one_by_one(tmp_path / name, arrow=arrow) == 0, name
+    with ledgerq.open(tmp_path / "ttl") as q:  # an optional field does go one by one
+        q.enqueue_batch([ledgerq.Item(b"x", ttl=60.0) for _ in range(10)])
+    assert _one_by_one(tmp_path / "ttl", arrow=arrow) == 10
+
+
 def test_run_checks_find_the_first_bad_entry(tmp_path: Path) -> None:
     _fixed_queue(tmp_path / "q", n=50)
     data = segment_files(tmp_path / "q")[0].read_bytes()

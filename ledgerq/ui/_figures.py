@@ -1,0 +1,384 @@
+"""A queue's figures, read from its files without its lock.
+
+The console runs beside the processes that use the queues, so it never opens a queue
+to look at it: an exclusive open would fail while the application runs (and, worse,
+make the application's own open fail while the console held it).  It reads what any
+lock-free reader may read (``ledgerq.segment.readonly``, whose module docstring lists
+what the owner guarantees):
+
+* the segments, in content order: which ids are retained (ids inside a segment are
+  consecutive, so a segment's count is ``last - first + 1``);
+* each reader's state journal, replayed *incrementally* - a :class:`JournalTail`
+  reads only the records appended since the last refresh (a compaction replaces the
+  file with one that starts with a checkpoint, which the tail notices and reads whole);
+* the newest segment's last complete id (an append in flight is not counted);
+* for the oldest pending message's age, the first entry at or after the reader's head.
+
+So a refresh costs a directory listing, a journal read of what is new, and one or two
+small preads per queue - never a scan of the log, never a lock.  The owner's memory
+may be ahead of the files by what it has not written yet (nothing: every enqueue,
+lease and ack is written to the OS before its call returns), never behind.
+
+The figures match ``Queue.stats()`` of the default reader: ``pending`` (waiting, not
+leased), ``in_flight`` (leased by a process that has the queue open; a queue closed
+cleanly has none), the counters the journal keeps (acked, nacked, dead-lettered,
+expired).  ``delayed`` (messages waiting for a not-before time) is 0 until the
+storage engine knows delayed messages; it is read with ``getattr`` from the replayed
+reader state, where they will be counted (issue 17).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from ledgerq import CorruptionError, tools
+from ledgerq.segment.readonly import (
+    DLQ_DIR,
+    SEGMENTS_DIR,
+    JournalTail,
+    ReaderState,
+    SegmentDirectory,
+    is_cleanly_closed,
+    is_queue_dir,
+    last_complete_id,
+    list_reader_names,
+    reader_state_path,
+)
+
+__all__ = [
+    "DEFAULT_READER",
+    "QueueFigures",
+    "QueueFiles",
+    "ReaderFigures",
+    "ReaderSnapshot",
+    "RetainedIds",
+]
+
+DEFAULT_READER = "default"  # the reader Queue.dequeue uses (docs/usage.md)
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderFigures:
+    """One reader's figures, as its journal says."""
+
+    name: str
+    head: int
+    pending: int
+    in_flight: int
+    delayed: int
+    acked: int
+    nacked: int
+    dead_lettered: int
+    expired: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFigures:
+    """What the console shows of one queue, taken at ``taken_at`` (``time.time()``).
+
+    ``pending``, ``in_flight``, ``delayed`` and the counters are the default reader's,
+    as in ``Queue.stats()``; ``dlq`` counts the messages waiting in its dead-letter
+    queue; ``last_id`` is the id of the newest complete message (what the enqueue rate
+    is measured by); ``is_open`` says the queue was not closed cleanly: a process has
+    it open (or died with it open).  ``problem`` says why figures are missing (a
+    damaged journal, a queue removed while looked at); the numbers are 0 then.
+    """
+
+    pending: int
+    in_flight: int
+    delayed: int
+    dlq: int
+    acked: int
+    nacked: int
+    dead_lettered: int
+    expired: int
+    last_id: int
+    first_id: int
+    segments: int
+    disk_bytes: int
+    oldest_pending_age: float
+    is_open: bool
+    readers: tuple[ReaderFigures, ...]
+    taken_at: float
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedIds:
+    """The ids the segments hold: ``ranges`` of consecutive ids, oldest first; the
+    number of segment files and their bytes (an empty newest segment counts)."""
+
+    ranges: tuple[tuple[int, int], ...]
+    segments: int
+    disk_bytes: int
+
+    @property
+    def first_id(self) -> int:
+        """The oldest retained id (0 when nothing is retained)."""
+        return self.ranges[0][0] if self.ranges else 0
+
+    @property
+    def last_id(self) -> int:
+        """The newest complete id (0 when nothing is retained)."""
+        return self.ranges[-1][1] if self.ranges else 0
+
+    def count_from(self, start: int) -> int:
+        """How many retained ids are ``>= start``."""
+        total = 0
+        for first, last in self.ranges:
+            if last >= start:
+                total += last - max(first, start) + 1
+        return total
+
+    def holds(self, message_id: int) -> bool:
+        """Whether a segment holds ``message_id``."""
+        return any(first <= message_id <= last for first, last in self.ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderSnapshot:
+    """One reader's state, fixed: what the message views need to say what is done.
+
+    ``head``: every id below it is finished; ``done``: finished ids above it;
+    ``leased``: out for delivery now; ``deliveries``: deliveries of each unfinished id.
+    """
+
+    name: str
+    head: int
+    done: frozenset[int]
+    leased: frozenset[int]
+    deliveries: dict[int, int]
+
+    def is_finished(self, message_id: int) -> bool:
+        """Whether the reader is done with ``message_id`` (acked, dead-lettered, expired)."""
+        return message_id < self.head or message_id in self.done
+
+    def status(self, message_id: int) -> str:
+        """``"finished"``, ``"in flight"`` or ``"pending"``."""
+        if self.is_finished(message_id):
+            return "finished"
+        if message_id in self.leased:
+            return "in flight"
+        return "pending"
+
+
+class _Journal:
+    """One reader's journal followed incrementally (see the module)."""
+
+    __slots__ = ("state", "tail")
+
+    def __init__(self, path: str) -> None:
+        self.tail = JournalTail(path)
+        self.state = ReaderState()
+
+    def refresh(self) -> ReaderState:
+        records = self.tail.read()
+        if self.tail.restarted:
+            self.state = ReaderState()  # a new file: its checkpoint is the whole state
+        self.state.apply(records)
+        return self.state
+
+
+class QueueFiles:
+    """The files of one queue directory, followed from refresh to refresh.
+
+    Thread-safe: the console's request threads and its sampler share one per queue;
+    a short lock of its own serialises their reads (never the queue's lock).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._segments = SegmentDirectory(os.path.join(path, SEGMENTS_DIR), last_ids=True)
+        self._journals: dict[str, _Journal] = {}
+        self._dlq: QueueFiles | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reading
+
+    def retained(self) -> RetainedIds:
+        """The ids the segments hold now, and the bytes of the segment files."""
+        with self._lock:
+            return self._retained()
+
+    def reader(self, name: str = DEFAULT_READER) -> ReaderSnapshot:
+        """The reader ``name`` as its journal says now (at the start if it has none).
+
+        Raises :class:`CorruptionError` for a journal damaged in the middle.
+        """
+        with self._lock:
+            state = self._reader_state(name)
+            leased = frozenset() if is_cleanly_closed(self.path) else frozenset(state.leased)
+            return ReaderSnapshot(
+                name,
+                state.durable_head(),
+                frozenset(state.done),
+                leased,
+                dict(state.deliveries),
+            )
+
+    def reader_names(self) -> list[str]:
+        """The readers with a state journal, the default one first."""
+        names = list_reader_names(self.path)
+        if DEFAULT_READER in names:
+            names.remove(DEFAULT_READER)
+        return [DEFAULT_READER, *names]
+
+    def dlq(self) -> QueueFiles | None:
+        """The files of the dead-letter queue (``None`` while it has none)."""
+        if self._dlq is None:
+            path = os.path.join(self.path, DLQ_DIR)
+            if not is_queue_dir(path):
+                return None
+            self._dlq = QueueFiles(path)
+        return self._dlq
+
+    def figures(self) -> QueueFigures:
+        """The queue's figures now (see :class:`QueueFigures`).
+
+        A damaged journal or a queue removed while read gives figures of 0 with a
+        ``problem`` instead of an exception: the overview goes on with the others.
+        """
+        taken_at = time.time()
+        try:
+            with self._lock:
+                retained = self._retained()
+                is_open = not is_cleanly_closed(self.path)
+                readers = tuple(
+                    self._reader_figures(name, retained, is_open) for name in self.reader_names()
+                )
+                state = self._reader_state(DEFAULT_READER)
+                skip = state.done | state.leased if is_open else state.done
+            default = readers[0]
+            dlq = self.dlq()
+            dead = 0 if dlq is None else dlq.pending_count()
+            oldest = self._oldest_pending_age(default.head, skip, taken_at)
+        except CorruptionError as exc:
+            return _unreadable(taken_at, f"a reader journal is damaged: {exc}")
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            return _unreadable(taken_at, f"the queue's files went away while read ({exc})")
+        return QueueFigures(
+            pending=default.pending,
+            in_flight=default.in_flight,
+            delayed=default.delayed,
+            dlq=dead,
+            acked=default.acked,
+            nacked=default.nacked,
+            dead_lettered=default.dead_lettered,
+            expired=default.expired,
+            last_id=retained.last_id,
+            first_id=retained.first_id,
+            segments=retained.segments,
+            disk_bytes=retained.disk_bytes,
+            oldest_pending_age=oldest,
+            is_open=is_open,
+            readers=readers,
+            taken_at=taken_at,
+        )
+
+    def pending_count(self) -> int:
+        """Messages the default reader has not finished (pending and in flight)."""
+        with self._lock:
+            retained = self._retained()
+            state = self._reader_state(DEFAULT_READER)
+            return _unfinished(retained, state.durable_head(), state.done)
+
+    # ------------------------------------------------------------------ the parts
+
+    def _retained(self) -> RetainedIds:
+        seg_dir = self._segments.path
+        try:
+            files = self._segments.layout().used
+        except FileNotFoundError:
+            return RetainedIds((), 0, 0)
+        ranges: list[tuple[int, int]] = []
+        for position, f in enumerate(files):
+            if position + 1 < len(files):
+                # A sealed segment: its index says its last id, else the next one's
+                # first id bounds it (ids only increase between segments).
+                last = f.last_id or files[position + 1].first_id - 1
+            else:
+                last = last_complete_id(self.path)
+                if last < f.first_id:
+                    continue  # an empty newest segment (just rotated, or no message yet)
+            if last >= f.first_id:
+                ranges.append((f.first_id, last))
+        disk = 0  # bytes of the log files, as Stats.disk_bytes counts them
+        for f in files:
+            if f.size >= 0:
+                disk += f.size
+                continue
+            try:
+                disk += os.stat(os.path.join(seg_dir, f.file_name)).st_size
+            except FileNotFoundError:
+                continue  # deleted by retention meanwhile
+        return RetainedIds(tuple(ranges), len(files), disk)
+
+    def _reader_state(self, name: str) -> ReaderState:
+        journal = self._journals.get(name)
+        if journal is None:
+            journal = self._journals[name] = _Journal(reader_state_path(self.path, name))
+        try:
+            return journal.refresh()
+        except FileNotFoundError:
+            del self._journals[name]  # no journal (yet, or removed): at the start
+            return ReaderState()
+
+    def _reader_figures(self, name: str, retained: RetainedIds, is_open: bool) -> ReaderFigures:
+        state = self._reader_state(name)
+        head = state.durable_head()
+        unfinished = _unfinished(retained, head, state.done)
+        in_flight = (
+            sum(1 for i in state.leased if i >= head and i not in state.done) if is_open else 0
+        )
+        counters = state.counters
+        return ReaderFigures(
+            name=name,
+            head=head,
+            pending=max(unfinished - in_flight, 0),
+            in_flight=in_flight,
+            delayed=int(getattr(state, "delayed", 0)),  # counted once delays exist (issue 17)
+            acked=counters.get("acked", 0),
+            nacked=counters.get("nacked", 0),
+            dead_lettered=counters.get("dead_lettered", 0),
+            expired=counters.get("expired", 0),
+        )
+
+    def _oldest_pending_age(self, head: int, skip: set[int], now: float) -> float:
+        """Seconds since the enqueue of the oldest message waiting for the default
+        reader (0.0 when there is none): the first one at or after its head that is
+        neither finished nor leased (``skip``)."""
+        for message in tools.iter_messages(self.path, from_id=head):
+            if message.id in skip:
+                continue
+            return max(0.0, now - message.timestamp / 1e9)
+        return 0.0
+
+
+def _unfinished(retained: RetainedIds, head: int, done: set[int]) -> int:
+    """Retained ids at or above ``head`` that are not in ``done``."""
+    return max(retained.count_from(head) - sum(1 for i in done if i >= head), 0)
+
+
+def _unreadable(taken_at: float, problem: str) -> QueueFigures:
+    return QueueFigures(
+        pending=0,
+        in_flight=0,
+        delayed=0,
+        dlq=0,
+        acked=0,
+        nacked=0,
+        dead_lettered=0,
+        expired=0,
+        last_id=0,
+        first_id=0,
+        segments=0,
+        disk_bytes=0,
+        oldest_pending_age=0.0,
+        is_open=False,
+        readers=(),
+        taken_at=taken_at,
+        problem=problem,
+    )

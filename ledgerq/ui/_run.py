@@ -1,0 +1,75 @@
+"""Serving the console: bind the address, announce it, run uvicorn until stopped."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+
+import uvicorn
+
+from ledgerq.ui._app import create_app
+from ledgerq.ui._security import check_listen_address
+
+__all__ = ["run"]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (``port`` 0: one the system picks)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(
+    root: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8642,
+    token: str | None = None,
+    sample_interval_s: float = 2.0,
+    history_s: float = 600.0,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve the console over the queues at or under ``root`` until SIGINT or SIGTERM.
+
+    ``on_ready`` is called with the console's URL once it accepts connections (with
+    ``port`` 0, the port the system picked).  Raises ``ValueError`` (an
+    ``InsecureAddressError``) for a non-loopback ``host`` without a ``token`` and
+    ``OSError`` when the address cannot be bound - both before anything is served.
+    """
+    check_listen_address(host, token)
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"no directory at {root!r}: give a queue or a directory of queues")
+    app = create_app(
+        root, token=token, host=host, sample_interval_s=sample_interval_s, history_s=history_s
+    )
+    sock = _bind(host, port)
+    bound_port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+
+    if on_ready is not None:
+        ready = on_ready
+        original_startup = server.startup
+
+        async def startup(sockets: list[socket.socket] | None = None) -> None:
+            await original_startup(sockets=sockets)
+            if server.started:
+                ready(f"http://{shown}:{bound_port}/")
+
+        server.startup = startup  # type: ignore[method-assign]
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()

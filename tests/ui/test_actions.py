@@ -1,0 +1,169 @@
+"""Requeue and purge from the console: confirmed first, done exactly, reported;
+refused clearly when another process holds the queue; paced jobs can be cancelled."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import ledgerq
+from ledgerq.ui._actions import opens_shared
+from tests._child import Children
+
+from ._console import Client, start_console
+
+REASONS = ["timeout talking to db", "ValueError: bad", "timeout again", "ValueError: worse", "oom"]
+
+
+def _build(path: Path, n: int = 5) -> None:
+    with ledgerq.open(path, max_retries=1) as q:
+        q.enqueue_batch(
+            [ledgerq.Item(b"job %d" % i, headers={"tenant": "ab"[i % 2]}) for i in range(n)]
+        )
+        for i in range(n):
+            m = q.dequeue()
+            assert m is not None
+            q.nack(m.id, REASONS[i % len(REASONS)])
+
+
+def _state(path: Path) -> tuple[list[bytes], list[bytes]]:
+    """(payloads waiting in the queue, payloads waiting in its DLQ)."""
+    with ledgerq.open(path) as q:
+        return [m.payload for m in q.peek(100)], [m.payload for m in q.dlq.peek(100)]
+
+
+def _act(client: Client, token: str, fields: list[tuple[str, str]]) -> tuple[str, str]:
+    """Post an action, then confirm it as the confirmation page does; return the
+    confirmation page and the page the browser lands on afterwards."""
+    first = client.post("/dlq/action", [("csrf", token), *fields])
+    assert first.status == 200, first
+    hidden = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', first.text)
+    unescape = {"&#34;": '"', "&#39;": "'", "&lt;": "<", "&gt;": ">", "&amp;": "&"}
+
+    def plain(text: str) -> str:
+        return re.sub("&#34;|&#39;|&lt;|&gt;|&amp;", lambda m: unescape[m.group(0)], text)
+
+    second = client.post("/dlq/action", [(k, plain(v)) for k, v in hidden])
+    assert second.status == 303, second
+    landed = client.get(second.headers["location"])
+    assert landed.status == 200
+    return first.text, landed.text
+
+
+def test_requeue_selected_matching_and_all(tmp_path: Path, children: Children) -> None:
+    path = tmp_path / "q"
+    _build(path)
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    token = client.csrf()
+
+    asked, landed = _act(
+        client, token, [("q", "q"), ("do", "requeue:selected"), ("id", "2"), ("id", "5")]
+    )
+    assert "Requeue 2 dead letters?" in asked
+    assert "requeued 2 messages to q" in landed
+    assert _state(path) == ([b"job 1", b"job 4"], [b"job 0", b"job 2", b"job 3"])
+
+    filters = [("reason", "^timeout"), ("regex", "1")]
+    asked, landed = _act(client, token, [("q", "q"), ("do", "requeue:matching"), *filters])
+    assert "Requeue 2 dead letters?" in asked and "reason matching /^timeout/" in asked
+    assert "requeued 2 messages to q" in landed
+    assert _state(path) == ([b"job 1", b"job 4", b"job 0", b"job 2"], [b"job 3"])
+
+    asked, landed = _act(client, token, [("q", "q"), ("do", "requeue:all")])
+    assert "Requeue 1 dead letter?" in asked
+    assert _state(path) == ([b"job 1", b"job 4", b"job 0", b"job 2", b"job 3"], [])
+
+
+def test_purge_asks_first_and_deletes_only_what_it_said(tmp_path: Path, children: Children) -> None:
+    path = tmp_path / "q"
+    _build(path)
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    token = client.csrf()
+    asked = client.post(
+        "/dlq/action",
+        [("csrf", token), ("q", "q"), ("do", "purge:matching"), ("header", "tenant=a")],
+    )
+    assert "Purge 3 dead letters?" in asked.text and "deleted for good" in asked.text
+    assert _state(path)[1] == [b"job 0", b"job 1", b"job 2", b"job 3", b"job 4"]  # asked only
+    _, landed = _act(client, token, [("q", "q"), ("do", "purge:matching"), ("header", "tenant=a")])
+    assert "purged 3 messages from the dead-letter queue of q" in landed
+    assert _state(path) == ([], [b"job 1", b"job 3"])
+    refused = client.post("/dlq/action", [("csrf", token), ("q", "q"), ("do", "purge:selected")])
+    assert refused.status == 400 and "no dead letter was selected" in refused.text
+
+
+_HOLDER = """
+import sys, ledgerq
+q = ledgerq.open(sys.argv[1], **({"shared": True} if sys.argv[2] == "shared" else {}))
+print("holding", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_an_action_on_a_queue_held_elsewhere_is_refused_and_changes_nothing(
+    tmp_path: Path, children: Children
+) -> None:
+    # An exclusive holder excludes the console's open in either mode (shared mode, where
+    # ledgerq has it, and exclusive opens exclude each other).
+    path = tmp_path / "q"
+    _build(path)
+    holder = children.start(["-c", _HOLDER, str(path), "exclusive"])
+    holder.wait_for("holding")
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    token = client.csrf()
+    reply = client.post(
+        "/dlq/action", [("csrf", token), ("q", "q"), ("do", "purge:all"), ("confirmed", "1")]
+    )
+    assert reply.status == 303
+    landed = client.get(reply.headers["location"]).text
+    assert "the queue q is open in another process" in landed and "nothing was changed" in landed
+    holder.finish()
+    assert _state(path) == ([], [b"job %d" % i for i in range(5)])
+
+
+def test_with_shared_mode_an_action_works_beside_a_shared_holder(
+    tmp_path: Path, children: Children
+) -> None:
+    if not opens_shared():
+        pytest.skip("this ledgerq has no shared mode (ledgerq.open(path, shared=True))")
+    path = tmp_path / "q"
+    _build(path)
+    holder = children.start(["-c", _HOLDER, str(path), "shared"])
+    holder.wait_for("holding")
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    _, landed = _act(client, client.csrf(), [("q", "q"), ("do", "requeue:selected"), ("id", "1")])
+    assert "requeued 1 message to q" in landed
+    holder.finish()
+    assert _state(path) == ([b"job 0"], [b"job %d" % i for i in range(1, 5)])
+
+
+def test_a_paced_requeue_runs_on_and_can_be_cancelled(tmp_path: Path, children: Children) -> None:
+    path = tmp_path / "q"
+    _build(path, 30)
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    token = client.csrf()
+    started = client.post(
+        "/dlq/action",
+        [("csrf", token), ("q", "q"), ("do", "requeue:all"), ("rate", "2"), ("confirmed", "1")],
+        headers={"Accept": "application/json"},
+    )
+    assert started.status == 202  # still running after the request's wait
+    job = started.json()
+    assert job["state"] == "running" and job["total"] == 30 and 0 < job["done"] < 30
+    listed = client.get("/api/jobs").json()
+    assert [j["id"] for j in listed] == [job["id"]]
+    assert "requeued" in client.get(f"/job?id={job['id']}").text
+    cancelled = client.post("/job/cancel", [("csrf", token), ("job", job["id"])])
+    assert cancelled.status == 303
+    final = client.get("/api/jobs").json()[0]
+    assert final["state"] == "cancelled" and final["done"] < 30
+    waiting, dead = _state(path)
+    assert len(waiting) == final["done"] and len(dead) == 30 - final["done"]
+    assert waiting == [b"job %d" % i for i in range(final["done"])]  # in order, none twice

@@ -1,0 +1,41 @@
+"""``ledgerq ui`` on the command line: listed, documented, and clear without its extra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests._child import child_environment
+
+_WITHOUT_STARLETTE = """
+import sys
+sys.modules["starlette"] = None  # as if ledgerq[ui] were not installed
+from ledgerq.cli import main
+sys.exit(main(["ui", sys.argv[1]]))
+"""
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_environment(),
+        check=False,
+    )
+
+
+def test_ui_is_a_command_with_its_options() -> None:
+    assert "  ui " in _run("-m", "ledgerq.cli", "--help").stdout
+    helped = _run("-m", "ledgerq.cli", "ui", "--help").stdout
+    for option in ("--host", "--port", "--token", "LEDGERQ_UI_TOKEN", "--interval", "--history"):
+        assert option in helped, option
+
+
+def test_without_the_ui_extra_it_says_what_to_install(tmp_path: Path) -> None:
+    result = _run("-c", _WITHOUT_STARLETTE, str(tmp_path))
+    assert result.returncode == 1, result
+    assert result.stderr.startswith("ledgerq: error: ")
+    assert "pip install 'ledgerq[ui]'" in result.stderr and "Traceback" not in result.stderr
