@@ -49,7 +49,7 @@ from ledgerq.format.shared_state import (
     encode_tail,
 )
 from ledgerq.segment.files import StorageError, storage_errors
-from ledgerq.segment.index_file import read_index
+from ledgerq.segment.index_file import read_index, write_index
 from ledgerq.segment.layout import content_first_id
 from ledgerq.segment.lock import LockFile
 from ledgerq.segment.manager import SegmentManager
@@ -425,6 +425,10 @@ class SharedSegmentManager(SegmentManager):
                 self._append_lock.release()
 
     def _open_writer(self, seg: Segment) -> None:
+        if not os.path.exists(seg.idx_path):
+            # A rotation killed between creating the log and its index (append lock held).
+            with storage_errors("create the index of", seg.log_path):
+                write_index(seg.idx_path, [], sealed=False, durable=False)
         super()._open_writer(seg)
         self._writer_generation = self.generation
 

@@ -150,3 +150,31 @@ def test_a_full_disk_fails_only_the_call_that_met_it(
         # (its close gave its lease back: message 1 comes again)
         assert [m.payload for m in q.dequeue_batch(10)] == [payload(0), payload(1), b"after"]
     assert [m.id for m in ledgerq.follow(path, timeout=0.05)] == [1, 2, 3]
+
+
+_DIE_MID_ROTATION = """
+import os, sys, ledgerq
+from ledgerq.segment.naming import log_path
+q = ledgerq.open(sys.argv[1], shared=True, segment_size=100000)
+q.enqueue(b"x" * 300)
+manager = q._manager
+manager.begin_append()  # the append lock, the writing word set
+# A rotation that created its next log and died before writing its index:
+os.close(os.open(log_path(manager.directory, manager.next_id), os.O_CREAT | os.O_WRONLY, 0o644))
+os._exit(0)
+"""
+
+
+def test_a_rotation_killed_between_the_next_log_and_its_index(
+    tmp_path: Path, children: Children
+) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True, segment_size=100) as q:
+        dying = children.start(["-c", _DIE_MID_ROTATION, str(path)])
+        dying.expect_exit(0)
+        assert q.enqueue(b"after") == 2  # finishes the rotation: seals 1, adopts 2
+        assert sorted(p.name for p in (path / "segments").glob("*.idx")) == [
+            "00000000000000000001.idx",
+            "00000000000000000002.idx",
+        ]
+        assert [m.payload for m in drain(q)] == [b"x" * 300, b"after"]
