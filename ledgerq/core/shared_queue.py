@@ -58,9 +58,11 @@ from ledgerq.segment.lock import DirLock, LockFile
 from ledgerq.segment.meta import DamagedMetaError, Meta
 from ledgerq.segment.naming import (
     APPEND_NAME,
+    LIVE_SUFFIX,
     OPENING_NAME,
     SHARED_DIR,
     SHARED_STATE_NAME,
+    TMP_SUFFIX,
     handle_live_path,
     list_live_handles,
     list_reader_names,
@@ -373,17 +375,36 @@ class SharedQueueCore(QueueCore):
                     core.publish_head(moved=True)  # a new session: forget older values
                 self._alone = False
                 self._dirlock.downgrade()  # now others may join
-            live = LockFile(handle_live_path(self.path, self.handle_id))
-            self._live = live
-            if not live.try_acquire():  # pragma: no cover - a 64-bit random id taken
-                raise StorageError(
-                    "lock the liveness file", live.path, OSError(0, "held by another handle")
-                )
+            self._live = self._create_live_file()
             self._holdings = self._new_holdings()
         finally:
             opening, self._opening = self._opening, None
             if opening is not None:
                 opening.close()
+
+    def _create_live_file(self) -> LockFile:
+        """Create this handle's liveness file, locked before it has its name.
+
+        Another process's housekeeper may look at ``shared/`` at any moment: a ``.live``
+        file it could lock, it would take for a dead handle's.  So the file is locked
+        under a temporary name and renamed into place (the lock stays with the file).
+        """
+        final = handle_live_path(self.path, self.handle_id)
+        live = LockFile(final + TMP_SUFFIX)
+        try:
+            if not live.try_acquire():  # pragma: no cover - a 64-bit random id taken
+                raise StorageError(
+                    "lock the liveness file", live.path, OSError(0, "held by another handle")
+                )
+            with storage_errors("name the liveness file", final):
+                os.replace(live.path, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(live.path)
+            live.close()
+            raise
+        live.path = final
+        return live
 
     def _open_log(self, meta: Meta) -> bool:
         shared_dir = os.path.join(self.path, SHARED_DIR)
@@ -467,10 +488,16 @@ class SharedQueueCore(QueueCore):
         }
 
     def _forget_dead_handles(self) -> None:
-        """The first handle: every ``.live`` file there is a dead handle's."""
+        """The first handle: every ``.live`` file there is a dead handle's (and every
+        ``.live.tmp``: a handle that died while creating its own)."""
         for handle in list_live_handles(self.path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(handle_live_path(self.path, handle))
+        shared_dir = os.path.join(self.path, SHARED_DIR)
+        for name in os.listdir(shared_dir):
+            if name.endswith(LIVE_SUFFIX + TMP_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(shared_dir, name))
 
     def _claim_region(self, first_id: int, offset: int) -> bool:
         """Whether a corrupt region is new to the queue; record it (append lock held)."""

@@ -34,6 +34,7 @@ __all__ = [
     "DLQ_DIR",
     "FEATURES_DIR",
     "INDEX_SUFFIX",
+    "LIVE_SUFFIX",
     "LOCK_NAME",
     "LOG_SUFFIX",
     "META_NAME",

@@ -209,3 +209,49 @@ def test_a_nack_whose_dlq_move_died_is_moved_by_the_next_taker(
         (dead,) = q.dlq.peek(5)
         assert dead.headers["dlq.original_id"] == str(message_id)
         assert q.stats().dead_lettered == 1
+
+
+def _still_named(lock: object) -> bool:
+    try:
+        return os.stat(lock.path).st_ino == os.fstat(lock.fd).st_ino  # type: ignore[attr-defined]
+    except FileNotFoundError:
+        return False
+
+
+def test_a_liveness_file_is_never_seen_unlocked(tmp_path: Path) -> None:
+    """Another process's housekeeper may probe ``shared/`` while a handle opens: a
+    ``.live`` file it could lock would pass for a dead handle's."""
+    import threading
+
+    from ledgerq.segment.lock import LockFile
+
+    path = tmp_path / "q"
+    ledgerq.open(path, shared=True).close()
+    stop = threading.Event()
+    unlocked: list[str] = []
+
+    def probe() -> None:
+        while not stop.is_set():
+            for handle in list_live_handles(str(path)):
+                try:
+                    lock = LockFile(handle_live_path(str(path), handle), create=False)
+                except ledgerq.StorageError:
+                    continue  # closed meanwhile
+                try:
+                    # Lockable and still named: a live handle's file (none dies here) -
+                    # a closing handle removes its file before it lets its lock go.
+                    if lock.try_acquire() and _still_named(lock):
+                        unlocked.append(lock.path)
+                finally:
+                    lock.close()
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        with ledgerq.open(path, shared=True):
+            for _ in range(150):
+                ledgerq.open(path, shared=True).close()
+    finally:
+        stop.set()
+        prober.join()
+    assert not unlocked, f"probed unlocked: {unlocked[:3]}"

@@ -69,13 +69,32 @@ def test_close_returns_the_handles_leases_to_the_others(tmp_path: Path, children
         assert [(m.id, m.attempts) for m in back] == [(1, 2), (2, 2), (3, 2)]
 
 
-def test_producers_and_consumers_with_kill9(tmp_path: Path, children: Children) -> None:
+WORKLOADS = {
+    # Ack only: a message leased by a worker never killed is leased by no other survivor.
+    "ack": ("sync='always'", "segment_size=16384", "index_interval=512", "max_retries=0"),
+    # Nacks, retries into the DLQ, priorities, a rotation every few messages.
+    "nack": (
+        "sync='interval'",
+        "segment_size=2048",
+        "index_interval=256",
+        "max_retries=3",
+        "priorities=True",
+        "nack=0.3",
+    ),
+}
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_producers_and_consumers_with_kill9(
+    tmp_path: Path, children: Children, workload: str
+) -> None:
     """3 producers and 3 consumers, some killed at random moments and replaced."""
     path = tmp_path / "q"
     rng = random.Random(20240516)
-    options = ("sync='always'", "segment_size=16384", "index_interval=512", "max_retries=0")
+    options = WORKLOADS[workload]
+    queue_options = tuple(o for o in options if not o.startswith("nack="))
     # A handle of this process too: it must see everything and keep working.
-    with ledgerq.open(path, shared=True, sync="always", segment_size=16384) as here:
+    with ledgerq.open(path, shared=True, segment_size=16384) as here:
         producers: list[Reports] = []
         consumers: list[Reports] = []
         killed: list[Reports] = []
@@ -86,7 +105,9 @@ def test_producers_and_consumers_with_kill9(tmp_path: Path, children: Children) 
             batch = rng.choice([1, 1, 4])
             producers.append(
                 Reports(
-                    start(children, "produce", path, *options, f"base={base}", f"batch={batch}")
+                    start(
+                        children, "produce", path, *queue_options, f"base={base}", f"batch={batch}"
+                    )
                 )
             )
             base += 1_000_000
@@ -100,7 +121,7 @@ def test_producers_and_consumers_with_kill9(tmp_path: Path, children: Children) 
             new_producer()
             new_consumer()
         kill_times: list[float] = []
-        for _round in range(6):
+        for round_number in range(6):
             target = sum(r.count() for r in producers + consumers) + rng.randint(100, 400)
             wait_until(
                 lambda goal=target: sum(r.count() for r in producers + consumers) >= goal,
@@ -113,7 +134,7 @@ def test_producers_and_consumers_with_kill9(tmp_path: Path, children: Children) 
             killed.append(victim)
             kill_times.append(time.monotonic())
             (new_producer if pool is producers else new_consumer)()
-            here.enqueue(payload(999_000_000 + _round))  # this process's handle goes on too
+            here.enqueue(payload(999_000_000 + round_number))  # this handle goes on too
         last_kill = kill_times[-1]
         # The survivors keep working without reopening: reports after the last kill.
         wait_until(
@@ -130,35 +151,40 @@ def test_producers_and_consumers_with_kill9(tmp_path: Path, children: Children) 
     enqueued = dict(returned)
     assert len(enqueued) == len(returned), "two enqueues returned the same id"
     acked = {int(i) for r in everyone for (i,) in r.kinds("A")}
-    assert len(acked) > 500 and len(enqueued) > 1000, "too little work to judge"
+    assert len(acked) > 300 and len(enqueued) > 1000, "too little work to judge"
     ids = log_ids(path)  # retention deleted the segments every reader had consumed
     assert ids == sorted(set(ids)), "ids must be unique and strictly increasing in log order"
-    # No message leased to two live handles at once: without nacks or timeouts, a
-    # message leased by a worker that was never killed is leased by no other survivor.
-    live_leases: dict[int, int] = {}
-    for number, reports in enumerate(consumers):
-        for message_id, _, _ in reports.kinds("L"):
-            other = live_leases.setdefault(int(message_id), number)
-            assert other == number, f"message {message_id} leased by two live consumers"
+    if workload == "ack":
+        # No message leased to two live handles at once: without nacks or timeouts, a
+        # message leased by a worker never killed is leased by no other survivor.
+        live_leases: dict[int, int] = {}
+        for number, reports in enumerate(consumers):
+            for message_id, _, _ in reports.kinds("L"):
+                other = live_leases.setdefault(int(message_id), number)
+                assert other == number, f"message {message_id} leased by two live consumers"
     # Whatever is left is delivered once more, and nothing acked comes back.
     with ledgerq.open(path) as q:
         left = []
         while (msg := q.dequeue()) is not None:
             left.append(msg)
             q.ack(msg.id)
+        dead = {int(m.headers["dlq.original_id"]) for m in q.dlq.peek(1 << 20)}
         stats = q.stats()
     again = {m.id for m in left}
     assert not again & acked, f"acks undone: {sorted(again & acked)[:10]}"
-    # Every worker ends killed; a consumer acks each lease right after it reports it, so
-    # only its last lease may be acked unseen (killed between the ack and its report).
+    assert not dead & acked, f"acked and dead-lettered: {sorted(dead & acked)[:10]}"
+    # Every worker ends killed; a consumer settles each lease right after it reports it,
+    # so only its last lease may be settled unseen (killed between the call and its report).
     in_doubt = set()
     for reports in everyone:
         leases = reports.kinds("L")
         if leases and int(leases[-1][0]) not in acked:
             in_doubt.add(int(leases[-1][0]))
-    lost = set(enqueued) - again - acked - in_doubt
-    assert not lost, f"returned enqueues neither acked nor delivered again: {sorted(lost)[:10]}"
-    missing = set(enqueued) - acked - in_doubt - set(ids)
+    lost = set(enqueued) - again - acked - dead - in_doubt
+    assert not lost, (
+        f"returned enqueues neither acked, dead nor delivered again: {sorted(lost)[:10]}"
+    )
+    missing = set(enqueued) - acked - dead - in_doubt - set(ids)
     assert not missing, f"returned enqueues neither acked nor in the log: {sorted(missing)[:10]}"
     for msg in left:
         if msg.id in enqueued:
