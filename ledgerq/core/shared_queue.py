@@ -197,19 +197,29 @@ class SharedHoldings(Holdings):
     the shared lock.
     """
 
-    __slots__ = ("clean_close", "live", "opening_path", "page", "reader_locks", "shared_dir")
+    __slots__ = (
+        "append_lock",
+        "clean_close",
+        "live",
+        "opening_path",
+        "page",
+        "reader_locks",
+        "shared_dir",
+    )
 
     def __init__(
         self,
         queue: QueueCore,
         *,
         live: LockFile,
+        append_lock: LockFile,
         page: SharedPage,
         reader_locks: dict[str, LockFile],
         **kwargs: object,
     ) -> None:
         super().__init__(queue, **kwargs)  # type: ignore[arg-type]
         self.live = live
+        self.append_lock = append_lock
         self.page = page
         self.reader_locks = reader_locks
         self.shared_dir = os.path.join(queue.path, SHARED_DIR)
@@ -262,6 +272,7 @@ class SharedHoldings(Holdings):
             with contextlib.suppress(OSError):
                 os.unlink(self.live.path)
             self.live.close()
+            self.append_lock.close()
             for lock in self.reader_locks.values():
                 lock.close()
             self.dirlock.release()
@@ -588,6 +599,7 @@ class SharedQueueCore(QueueCore):
         return SharedHoldings(
             self,
             live=self._live,
+            append_lock=self._append_lock,
             page=self._page,
             reader_locks=self._reader_locks,
             lock=self._lock,

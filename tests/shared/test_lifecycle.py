@@ -255,3 +255,22 @@ def test_a_liveness_file_is_never_seen_unlocked(tmp_path: Path) -> None:
         stop.set()
         prober.join()
     assert not unlocked, f"probed unlocked: {unlocked[:3]}"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_a_closed_handle_leaves_no_file_open(tmp_path: Path) -> None:
+    """A long-lived process opening and closing handles must not run out of fds."""
+    path = tmp_path / "q"
+
+    def session() -> None:
+        with ledgerq.open(path, shared=True) as a, ledgerq.open(path, shared=True) as b:
+            a.enqueue(b"x")
+            got = b.dequeue()
+            assert got is not None
+            b.ack(got.id)
+
+    session()  # the process's housekeeper and its watches exist from now on
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        session()
+    assert len(os.listdir("/proc/self/fd")) == before
