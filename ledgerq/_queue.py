@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Iterable
 
+from ledgerq._errors import LedgerQError
 from ledgerq._options import Options
 from ledgerq._types import Item
 from ledgerq.core.args import check_ids
@@ -17,6 +19,8 @@ from ledgerq.features.dlq import DeadLetterStore
 from ledgerq.format.entry import Entry
 
 __all__ = ["Queue", "SharedQueue", "open_configured"]
+
+logger = logging.getLogger("ledgerq")
 
 # Messages requeue_dlq writes with one enqueue_batch (and, unless sync="always", one
 # fsync) before settling them in the DLQ: bounds the size of one write.
@@ -65,17 +69,47 @@ class Queue(QueueCore):
             moved = 0
             for start in range(0, len(entries), _REQUEUE_BATCH):
                 chunk = entries[start : start + _REQUEUE_BATCH]
-                self.enqueue_batch([self._requeued_item(dlq, entry, data) for entry, data in chunk])
-                if not self._sync_always:
-                    # The DLQ's settle records below may reach the disk before these copies
-                    # (page cache writeback keeps no order between files): a power cut
-                    # would then lose messages that a sync() had made durable.  One fsync
-                    # per batch.
-                    self._log_commit.sync_now()
-                for entry, _ in chunk:
-                    if dlq._settle(entry.id):
-                        moved += 1
+                copies = self.enqueue_batch(
+                    [self._requeued_item(dlq, entry, data) for entry, data in chunk]
+                )
+                settled = 0
+                try:
+                    if not self._sync_always:
+                        # The DLQ's settle records below may reach the disk before these
+                        # copies (page cache writeback keeps no order between files): a
+                        # power cut would then lose messages that a sync() had made
+                        # durable.  One fsync per batch.
+                        self._log_commit.sync_now()
+                    for entry, _ in chunk:
+                        if dlq._settle(entry.id):
+                            moved += 1
+                        settled += 1
+                except LedgerQError as exc:
+                    self._take_back_copies(copies[settled:])
+                    exc.add_note(
+                        f"requeue_dlq moved {moved} of {len(entries)} messages before this "
+                        "error; the others are still in the dead-letter queue only"
+                    )
+                    raise
         return moved
+
+    def _take_back_copies(self, copies: list[int]) -> None:
+        """Settle the copies of messages a requeue could not remove from the DLQ.
+
+        So that a requeue that raised leaves each message in one queue, as before it
+        (if this fails too, a message is in both: a duplicate, never a loss).
+        """
+        for copy_id in copies:
+            try:
+                self._settle(copy_id)
+            except LedgerQError as exc:
+                logger.warning(
+                    "ledgerq: message %d of %s is in the dead-letter queue and, as a copy, "
+                    "in the queue too (%s)",
+                    copy_id,
+                    self.path,
+                    exc,
+                )
 
     def _requeued_item(self, dlq: Queue, entry: Entry, payload: bytes) -> Item:
         """The message ``entry`` of the DLQ as it comes back: ``dlq.*`` headers removed."""

@@ -50,7 +50,8 @@ from typing import Any
 from ledgerq._errors import CorruptionError, LedgerQError, NotAQueueError
 
 # Writing the destination, a queue directory of its own, under its lock.
-from ledgerq.segment.files import atomic_write, datasync, fsync_dir, pread_exact, write_all
+from ledgerq.segment.appendlog import AppendLog
+from ledgerq.segment.files import atomic_write, fsync_dir, pread_exact, storage_errors
 from ledgerq.segment.index_file import write_index
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.meta import Meta, MetaStore
@@ -223,7 +224,10 @@ class _DestSegment:
     last_ts: int = 0
     points: list[IndexEntry] = field(default_factory=list)
     sealed: bool = False
-    fd: int | None = None
+    # The copy's file, appended to as the source grew: a write that a full destination
+    # disk cuts short is cut back before it raises, so the next pass (or run) never
+    # appends after a torn entry.
+    out: AppendLog | None = None
     index_dirty: bool = False
     published: bool = True  # False while the copy is still a .tmp file
 
@@ -250,10 +254,15 @@ class _DestSegment:
         self.index_dirty = False
         self.sealed = sealed
 
+    def open_for_append(self, path: str, fd: int) -> None:
+        """Append to ``fd`` (the copy's file at ``path``, ``size`` bytes) from now on."""
+        self.out = AppendLog(path, "the shipped copy")
+        self.out.adopt(fd, self.size)
+
     def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
+        out, self.out = self.out, None
+        if out is not None:
+            out.close()
 
 
 # ---------------------------------------------------------------------- the shipper
@@ -370,7 +379,7 @@ class Shipper:
                 seg.write_index(sealed=False)
             else:
                 self._sealed[seg.first_id] = (seg.last_id, seg.size)
-            seg.fd = os.open(seg.log, os.O_WRONLY | os.O_APPEND)
+            seg.open_for_append(seg.log, os.open(seg.log, os.O_WRONLY | os.O_APPEND))
             self._current = seg
             self._check_against_source(seg)
 
@@ -640,14 +649,14 @@ class Shipper:
                 ) from None
             if entry.id != message_id or end - (offset - start) != length:
                 raise CorruptionError("bytes changed while being shipped", source.path, offset)
-        assert seg.fd is not None
-        write_all(seg.fd, data)
+        assert seg.out is not None
+        seg.out.append_record(data)  # whole, or StorageError with nothing appended
         seg.size = stop
         self._progress(len(data))
         for offset, message_id, timestamp, _ in found.entries:
             seg.note(offset, message_id, timestamp, self._interval)
         if seg.published:
-            datasync(seg.fd)  # durable before meta.json (and a deletion) count on it
+            seg.out.sync()  # durable before meta.json (and a deletion) count on it
             if seg.index_dirty:
                 seg.write_index(sealed=False)
 
@@ -661,16 +670,21 @@ class Shipper:
                 self._entries_before += previous.last_id - previous.first_id + 1
         seg = self._open_dest(first_id)
         seg.published = False
-        seg.fd = os.open(seg.log + TMP_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        tmp = seg.log + TMP_SUFFIX
+        with storage_errors("create the shipped copy", tmp):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        seg.open_for_append(tmp, fd)
         self._current = seg
         return seg
 
     def _publish(self, seg: _DestSegment, *, index: bool) -> None:
         """Make a new copy visible: fsync the temp file, rename it, fsync the directory."""
-        assert seg.fd is not None
-        os.fsync(seg.fd)  # the content is on disk before the name points at it
-        os.replace(seg.log + TMP_SUFFIX, seg.log)
-        fsync_dir(self.dest_segments)  # and the name itself is durable
+        assert seg.out is not None
+        seg.out.sync()  # the content is on disk before the name points at it
+        with storage_errors("publish the shipped copy", seg.log):
+            os.replace(seg.log + TMP_SUFFIX, seg.log)
+            seg.out.path = seg.log
+            fsync_dir(self.dest_segments)  # and the name itself is durable
         seg.published = True
         self.totals.segments += 1
         if index:
@@ -679,8 +693,8 @@ class Shipper:
     def _seal(self, seg: _DestSegment) -> None:
         if seg.sealed:
             return
-        if seg.fd is not None:
-            datasync(seg.fd)
+        if seg.out is not None:
+            seg.out.sync()
         seg.write_index(sealed=True)
         self._sealed[seg.first_id] = (seg.last_id, seg.size)
 

@@ -174,11 +174,22 @@ class VerifyReport:
 
 @dataclass(frozen=True, slots=True)
 class RepairReport:
-    """What :func:`repair` found before, did, and found after."""
+    """What :func:`repair` found before, did, could not do, and found after.
+
+    ``not_done`` says what the repair could not do and why (a read-only file system, a
+    full disk...): then ``after`` is a report of the files as they are, not of a
+    repaired queue, and :attr:`complete` is False.
+    """
 
     before: VerifyReport
     after: VerifyReport
     actions: tuple[str, ...]
+    not_done: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Whether every step of the repair ran."""
+        return not self.not_done
 
     @property
     def fixed(self) -> tuple[Problem, ...]:
@@ -766,13 +777,19 @@ def repair(
     and ids missing between segments are recorded in ``meta.json`` as known lost (no
     longer reported; counted in ``stats().lost``).  Corrupt entries inside a log are
     left in place: readers skip them, and the report after the repair still lists them.
+    A step that cannot run (a read-only file system, a full disk) is listed in the
+    report's ``not_done``, never passed over: the report is then not of a repaired queue.
     """
     root = os.fspath(path)
     before = verify(root, on_progress=on_progress)
     actions: list[str] = []
+    not_done: list[str] = []
     for queue_dir in _queue_dirs(root):
         if queue_dir_problem(queue_dir) is None:
-            actions.extend(_repair_metadata(queue_dir))
+            try:
+                actions.extend(_repair_metadata(queue_dir))
+            except (LedgerQError, OSError) as exc:
+                not_done.append(f"could not repair the metadata of {queue_dir}: {exc}")
     collect = _Collect()
     logger.addHandler(collect)
     try:
@@ -782,7 +799,7 @@ def repair(
     except QueueLockedError:
         raise
     except (LedgerQError, OSError) as exc:
-        actions.append(f"could not open the queue, so its recovery did not run: {exc}")
+        not_done.append(f"could not open the queue, so its recovery did not run: {exc}")
     finally:
         logger.removeHandler(collect)
     actions.extend(f"recovery: {message}" for message in collect.messages)
@@ -790,22 +807,39 @@ def repair(
     for queue_dir in _queue_dirs(root):
         _check_queue(queue_dir, tally)
     for rebuild in tally.rebuilds:
-        lock = DirLock(rebuild.queue_dir)
+        where = idx_path(os.path.join(rebuild.queue_dir, SEGMENTS_DIR), rebuild.name_id)
+        try:
+            lock = DirLock(rebuild.queue_dir)
+        except QueueLockedError:
+            raise
+        except (LedgerQError, OSError) as exc:
+            not_done.append(f"could not rebuild {where}: {exc}")
+            continue
         try:
             points = _rebuild_index(rebuild)
+        except (LedgerQError, OSError) as exc:
+            not_done.append(f"could not rebuild {where}: {exc}")
+            continue
         finally:
             lock.release()
-        where = idx_path(os.path.join(rebuild.queue_dir, SEGMENTS_DIR), rebuild.name_id)
         actions.append(f"rebuilt {where} from its log ({points} points)")
     for queue_dir, (layout, unexplained) in tally.layouts.items():
         if layout.misnamed or layout.set_aside or unexplained:
-            lock = DirLock(queue_dir)
+            try:
+                lock = DirLock(queue_dir)
+            except QueueLockedError:
+                raise
+            except (LedgerQError, OSError) as exc:
+                not_done.append(f"could not repair the segment files of {queue_dir}: {exc}")
+                continue
             try:
                 actions.extend(_repair_layout(queue_dir, layout, unexplained))
+            except (LedgerQError, OSError) as exc:
+                not_done.append(f"could not repair the segment files of {queue_dir}: {exc}")
             finally:
                 lock.release()
     after = verify(root)
-    return RepairReport(before, after, tuple(actions))
+    return RepairReport(before, after, tuple(actions), tuple(not_done))
 
 
 def _repair_metadata(queue_dir: str) -> list[str]:

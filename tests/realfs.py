@@ -6,25 +6,38 @@ the kernel's own errors instead.  A :class:`SmallDisk` is a tmpfs mounted by the
 *ballast* file fills to ENOSPC and frees again, and which can be remounted read-only
 (EROFS) - the faults an edge device's disk really produces.
 
-Used by ``tests/faults/test_real_faults.py`` and the shared-mode fault tests.
+A crash is a real one: :func:`crash_child` runs a script in a child Python process
+that ends with ``os._exit`` - no ``close()``, no ``atexit``, no flush of anything the
+queue did not write already - and hands back what the script reported.  The child
+fills and frees the same disk through a :class:`Ballast` of its mount point.
+
+Used by ``tests/faults/test_real_faults.py``, the real-ENOSPC sweep
+(``tests/faults/_realsweep.py``) and the shared-mode fault tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import subprocess
+import sys
+import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-__all__ = ["SmallDisk", "can_mount", "small_disk"]
+from tests._child import REPO, child_environment
+
+__all__ = ["Ballast", "SmallDisk", "can_mount", "crash_child", "small_disk"]
 
 _CHUNK = 64 * 1024
+_BALLAST_PREFIX = ".ballast-"
 
 
 def can_mount() -> str | None:
@@ -36,16 +49,17 @@ def can_mount() -> str | None:
     return None
 
 
-class SmallDisk:
-    """A tmpfs of ``size_bytes`` mounted at ``mountpoint`` (by the caller's test)."""
+class Ballast:
+    """Files that fill the file system holding ``path`` (a directory) and free it again.
 
-    def __init__(self, mountpoint: Path, size_bytes: int) -> None:
-        self.path = mountpoint
-        self.size_bytes = size_bytes
+    Works on any mounted disk, from any process: a child fills the test's disk with
+    its own ``Ballast(disk.path)``, and :meth:`free` with no count deletes every
+    ballast file there, whoever wrote it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self._ballast: list[Path] = []
-        mountpoint.mkdir(parents=True, exist_ok=True)
-        _run("mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mountpoint))
-        self.mounted = True
 
     def fill(self, leave_bytes: int = 0) -> int:
         """Write ballast until the disk is full (or ``leave_bytes`` are left); return bytes.
@@ -53,7 +67,7 @@ class SmallDisk:
         Each call adds a new ballast file, so :meth:`free` can give back the most
         recent one alone.
         """
-        target = self.path / f".ballast-{uuid.uuid4().hex[:8]}"
+        target = self.path / f"{_BALLAST_PREFIX}{uuid.uuid4().hex[:8]}"
         self._ballast.append(target)
         written = 0
         with open(target, "wb", buffering=0) as f:
@@ -75,8 +89,13 @@ class SmallDisk:
         return written
 
     def free(self, count: int | None = None) -> None:
-        """Delete the newest ``count`` ballast files (default: all)."""
-        count = len(self._ballast) if count is None else count
+        """Delete the newest ``count`` ballast files of this object, or (no count) every
+        ballast file on the disk, a child's included."""
+        if count is None:
+            self._ballast.clear()
+            for stale in self.path.glob(f"{_BALLAST_PREFIX}*"):
+                stale.unlink(missing_ok=True)
+            return
         for _ in range(min(count, len(self._ballast))):
             self._ballast.pop().unlink(missing_ok=True)
 
@@ -99,6 +118,17 @@ class SmallDisk:
         probe.unlink()
         return False
 
+
+class SmallDisk(Ballast):
+    """A tmpfs of ``size_bytes`` mounted at ``mountpoint`` (by the caller's test)."""
+
+    def __init__(self, mountpoint: Path, size_bytes: int) -> None:
+        super().__init__(mountpoint)
+        self.size_bytes = size_bytes
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        _run("mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mountpoint))
+        self.mounted = True
+
     def remount(self, *, read_only: bool) -> None:
         """Remount read-only (writes then fail with EROFS) or read-write again."""
         mode = "ro" if read_only else "rw"
@@ -115,6 +145,49 @@ def _run(*argv: str) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise OSError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+
+
+# What every crash_child script starts with: ARGS (the keywords given), a Ballast of the
+# disk, report() (one JSON line per call, written at once), and ledgerq.
+_PRELUDE = """\
+import json, os, sys
+from pathlib import Path
+import ledgerq
+from tests.realfs import Ballast
+ARGS = json.loads(sys.argv[1])
+disk = Ballast(Path(ARGS["disk"]))
+
+def report(*values):
+    os.write(1, (json.dumps(values) + "\\n").encode())
+
+"""
+
+
+def crash_child(disk: Path, script: str, *, timeout: float = 120.0, **args: Any) -> list[Any]:
+    """Run ``script`` in a child process that then crashes; return what it reported.
+
+    The script sees ``ARGS`` (``args`` and ``disk``, JSON-decoded), ``disk`` (a
+    :class:`Ballast` of ``disk``), ``ledgerq`` and ``report(*values)``; after its last
+    line the child ends with ``os._exit(0)``: the queue is neither closed nor synced,
+    as after a crash.  Each ``report`` call is one list in the result.  Fails the test
+    (with the child's stderr) if the script raised.
+    """
+    code = _PRELUDE + textwrap.dedent(script) + "\nos._exit(0)\n"
+    config = json.dumps({"disk": str(disk), **args})
+    result = subprocess.run(
+        [sys.executable, "-c", code, config],
+        capture_output=True,
+        cwd=REPO,
+        env=child_environment(),
+        timeout=timeout,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise AssertionError(
+            f"the crash child failed (exit {result.returncode}); stderr:\n"
+            + result.stderr.decode(errors="replace")
+        )
+    return [json.loads(line) for line in result.stdout.decode().splitlines()]
 
 
 @pytest.fixture

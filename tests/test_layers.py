@@ -45,7 +45,9 @@ OUTER = {
     },
     "ledgerq.ship": {
         # ship writes its destination, itself a queue directory, byte for byte: the
-        # durable-file primitives, index files, the directory lock and meta.json.
+        # durable-file primitives, append-only files (a copy grows by whole entries or
+        # not at all), index files, the directory lock and meta.json.
+        "ledgerq.segment.appendlog",
         "ledgerq.segment.files",
         "ledgerq.segment.index_file",
         "ledgerq.segment.lock",

@@ -13,7 +13,8 @@ from typing import IO
 import click
 
 import ledgerq
-from ledgerq import tools
+from ledgerq import StorageError, tools
+from ledgerq.cli import _readonly
 from ledgerq.cli._common import (
     OutputClosed,
     OutputClosedError,
@@ -371,10 +372,19 @@ def peek(
 ) -> None:
     """Show the next messages of QUEUE without leasing them.
 
-    --json prints one JSON object per line (as dequeue --json).
+    --json prints one JSON object per line (as dequeue --json).  On a read-only file
+    system the queue is read without its lock (a note on stderr says so).
     """
-    with using_existing(queue, option_overrides(option_pairs)) as q:
-        messages = q.peek(count)
+    note = None
+    try:
+        with using_existing(queue, option_overrides(option_pairs)) as q:
+            messages = q.peek(count)
+    except StorageError as exc:
+        if not _readonly.is_read_only_error(exc):
+            raise
+        messages, note = _readonly.peek(queue, count), _readonly.NOTE
+    if note is not None:
+        click.echo(f"ledgerq: {queue}: {note}", err=True)
     if as_json:
         for message in messages:
             write_json(message_json(message, payload_mode.lower()))
@@ -385,7 +395,10 @@ def peek(
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=Text(f"next {len(messages)} of {printable(queue)}"), title_justify="left")
+    title = f"next {len(messages)} of {printable(queue)}"
+    if note is not None:
+        title += " (read without its lock: read-only file system)"
+    table = Table(title=Text(title), title_justify="left")
     for name in ("id", "age", "priority", "attempt", "size"):
         table.add_column(name, justify="right" if name != "priority" else "left")
     table.add_column("headers")
@@ -419,16 +432,26 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     --json prints one object: pending, in_flight, enqueued, acked, nacked,
     dead_lettered, expired, duplicates, dropped, corrupt_skipped, lost, segments,
     disk_bytes (integers), oldest_pending_age (seconds), next_id, readers (an object
-    per reader) and dlq (messages waiting in the dead-letter queue).
+    per reader) and dlq (messages waiting in the dead-letter queue).  On a read-only
+    file system the queue is read without its lock, and the output says so (--json:
+    read_without_lock).
     """
-    with using_existing(queue, option_overrides(option_pairs)) as q:
-        figures = q.stats()
-        dlq = _dlq_pending(q)
+    note = None
+    try:
+        with using_existing(queue, option_overrides(option_pairs)) as q:
+            figures = q.stats()
+            dlq = _dlq_pending(q)
+    except StorageError as exc:
+        if not _readonly.is_read_only_error(exc):
+            raise
+        figures, dlq, note = _readonly.stats(queue), _readonly.dlq_pending(queue), _readonly.NOTE
     if as_json:
         value = dataclasses.asdict(figures)
         for reader in value["readers"].values():
             reader.pop("name", None)
         value["dlq"] = dlq
+        if note is not None:
+            value["read_without_lock"] = note
         write_json({"queue": queue, **value})
         return
     from rich.table import Table
@@ -469,4 +492,7 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
             str(reader.expired),
             format_age(reader.oldest_pending_age),
         )
-    write_rich(summary, readers)
+    if note is not None:
+        write_rich(Text(f"note: {note}"), summary, readers)
+    else:
+        write_rich(summary, readers)

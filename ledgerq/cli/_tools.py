@@ -50,6 +50,11 @@ def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json
     --json is accepted for uniformity.
     """
     require_queue(queue)
+    if _on_read_only_disk(queue):
+        click.echo(
+            f"ledgerq: {queue}: read without its lock (as always): the file system is read-only",
+            err=True,
+        )
     mode = payload_mode.lower()
     pending: list[bytes] = []
     size = 0
@@ -65,6 +70,13 @@ def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json
             break
     if pending:
         write_bytes(b"".join(pending))
+
+
+def _on_read_only_disk(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _problem_json(problem: tools.Problem) -> dict[str, Any]:
@@ -102,10 +114,11 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
     """Check every entry CRC, index, reader state file and meta.json of QUEUE.
 
     Reports each problem as FILE:OFFSET: KIND: MESSAGE and exits 1 when there is
-    one, 0 when everything checks out.  Without --repair nothing is written and the
-    lock is not taken, so it can run beside the process that owns the queue (a torn
-    tail at the end of the newest segment may then be a write in flight).  The
-    dead-letter queue in QUEUE/dlq is checked too.
+    one (or a --repair step could not run: a read-only file system, a full disk;
+    each is printed as "not repaired: ..."), 0 when everything checks out.  Without
+    --repair nothing is written and the lock is not taken, so it can run beside the
+    process that owns the queue (a torn tail at the end of the newest segment may then
+    be a write in flight).  The dead-letter queue in QUEUE/dlq is checked too.
     """
     require_queue(queue)
     with progress("verifying") as update:
@@ -117,12 +130,12 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
     if not repair:
         _print_report(report, None, as_json)  # read-only: a closed stdout is just that
         return 0 if report.ok else 1
-    summary = _summary(report) + " after repair"
+    summary = _summary(report) + (" after repair" if result.complete else "")
     fixed = plural(len(result.fixed), "problem")
     actions = plural(len(result.actions), "repair action")
     with reporting_if_output_closed(lambda: f"fixed {fixed} ({actions}); {summary}"):
         _print_report(report, result, as_json)
-    return 0 if report.ok else 1
+    return 0 if report.ok and result.complete else 1
 
 
 def _print_report(
@@ -135,6 +148,8 @@ def _print_report(
             value["repairs"] = list(result.actions)
             value["fixed"] = [_problem_json(p) for p in result.fixed]
             value["found_before_repair"] = [_problem_json(p) for p in result.before.problems]
+            value["repaired"] = result.complete
+            value["not_done"] = list(result.not_done)
         write_json(value)
         return
     if result is not None:
@@ -142,9 +157,16 @@ def _print_report(
             write_line(f"fixed: {problem}")
         for action in result.actions:
             write_line(f"repair: {action}")
+        for failure in result.not_done:
+            write_line(f"not repaired: {failure}")
     for problem in report.problems:
         write_line(str(problem))
-    write_line(_summary(report) + (" after repair" if result is not None else ""))
+    if result is None:
+        write_line(_summary(report))
+    elif result.complete:
+        write_line(_summary(report) + " after repair")
+    else:
+        write_line(_summary(report) + " as the files are: the repair could not run")
 
 
 @click.command()

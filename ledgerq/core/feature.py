@@ -92,6 +92,9 @@ class Selector(Protocol):
         """Forget every entry held with an id <= ``last_id`` (retention deleted their
         segment); return their ids."""
 
+    def holds(self, message_id: int) -> bool:
+        """Whether ``message_id`` is held available (what :meth:`discard` would forget)."""
+
     def held(self) -> int:
         """Entries held available beyond what the reader's cursor has not read yet."""
 
@@ -135,6 +138,9 @@ class FifoSelector:
         for message_id in dropped:
             del self._returned[message_id]  # their heap slots are skipped lazily
         return dropped
+
+    def holds(self, message_id: int) -> bool:
+        return message_id in self._returned
 
     def held(self) -> int:
         return len(self._returned)

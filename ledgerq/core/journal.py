@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.reader_state import (
@@ -21,13 +20,8 @@ from ledgerq.format.reader_state import (
     encode_state_file_header,
     state_file_version,
 )
-from ledgerq.segment.files import (
-    StorageError,
-    datasync,
-    replace_and_open,
-    storage_errors,
-    write_all,
-)
+from ledgerq.segment.appendlog import AppendLog
+from ledgerq.segment.files import storage_errors
 from ledgerq.segment.readonly_state import (
     JournalTail,
     ReaderState,
@@ -46,22 +40,29 @@ _LEASE = StateRecordType.LEASE
 
 # Rewrite the journal once it is this much larger than its last checkpoint.
 _COMPACT_MIN_BYTES = 1 << 20
+# After a compaction failed (a full disk), the least growth before it is tried again.
+_RETRY_COMPACTION_BYTES = 64 << 10
+# While the disk is full (the queue's reserve spent): compact after this much growth.
+_LOW_SPACE_GROWTH = 8 << 10
 
 
-class ReaderJournal:
-    """Append-only journal of one reader; the caller serialises appends (queue lock)."""
+class ReaderJournal(AppendLog):
+    """Append-only journal of one reader; the caller serialises appends (queue lock).
+
+    An :class:`AppendLog`: a record is appended whole or not at all - a write that a
+    full disk cut short is cut back before the append raises, so no good record is
+    ever written after a torn one (which the next open would refuse as damage).
+    """
 
     def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd: int | None = None
-        self._fd_lock = threading.Lock()  # guards the fd against swap during compaction
-        self.size = 0
+        super().__init__(path, "reader state")
         self._compact_at = _COMPACT_MIN_BYTES
-        self.commit = GroupCommit(self._sync)
+        self._low_space = False
+        self._adopted_size = 0  # the size when it was opened or last rewritten
+        self.commit = GroupCommit(self.sync)
         self.version = 1  # of the file on disk: 2 once it may hold a newer record type
         self.loaded: ReaderState | None = None  # what load() replayed
 
-    _flags = os.O_WRONLY | os.O_APPEND
     _shared = False  # whether checkpoints carry the leases (shared mode)
 
     def load(self) -> ReaderState:
@@ -91,49 +92,69 @@ class ReaderJournal:
                 tail.size - end,
                 self.path,
             )
-            with open(self.path, "r+b") as f:
-                f.truncate(end)
         state.done = {i for i in state.done if i >= state.head}
-        self._open(end)
+        self.open(end)  # cuts the torn bytes
         return state
 
-    def _open(self, size: int) -> None:
-        self._adopt(os.open(self.path, self._flags), size)
-
-    def _adopt(self, fd: int, size: int) -> None:
+    def adopt(self, fd: int, size: int) -> None:
         """Append to ``fd`` (holding ``size`` bytes) from now on."""
-        with self._fd_lock:
-            old, self._fd = self._fd, fd
-        if old is not None:
-            os.close(old)
-        self.size = size
-        self._compact_at = max(_COMPACT_MIN_BYTES, size * 4)
+        super().adopt(fd, size)
+        self._adopted_size = size
+        self._set_compaction_point()
+
+    def _set_compaction_point(self) -> None:
+        if self._low_space:
+            self._compact_at = self.size + _LOW_SPACE_GROWTH
+        else:
+            self._compact_at = max(_COMPACT_MIN_BYTES, self.size * 4)
+
+    def set_low_space(self, low: bool) -> None:
+        """Compact after every few KiB of records while the disk is full (``low``).
+
+        While the queue's disk reserve is spent, the journal must not grow into the
+        last free pages: rewriting it as a checkpoint (small after in-order acks) gives
+        back what its records took, so a drain can go on.
+        """
+        if low != self._low_space:
+            self._low_space = low
+            self._set_compaction_point()
 
     def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
-        """Append a LEASE/ACK/NACK record; return the durability ticket."""
+        """Append a LEASE/ACK/NACK/... record of ``ids``; return the durability ticket.
+
+        Raises :class:`StorageError` having written nothing (see the class).
+        """
         record = encode_id_record(kind, ids[0]) if len(ids) == 1 else encode_ids_record(kind, ids)
-        fd = self._fd
-        assert fd is not None, "journal is closed"
-        try:
-            write_all(fd, record)
-        except OSError as exc:
-            raise StorageError("write reader state", self.path, exc) from exc
-        self.size += len(record)
+        self.append_record(record)
         return self.commit.note_write()
 
     def append_one(self, kind: StateRecordType, message_id: int) -> int:
-        """:meth:`append` for one id (the dequeue/ack hot path)."""
+        """:meth:`append` for one id (the dequeue/ack hot path, inlined)."""
         record = encode_id_record(kind, message_id)
         fd = self._fd
-        assert fd is not None, "journal is closed"
+        if fd is None or self._fragment:
+            fd = self._writable()
         try:
             written = os.write(fd, record)
             if written != _ONE_ID_RECORD_SIZE:
-                write_all(fd, record[written:])  # finish a short write
+                self._finish_short_write(fd, record, written)
         except OSError as exc:
-            raise StorageError("write reader state", self.path, exc) from exc
-        self.size += _ONE_ID_RECORD_SIZE
+            self._append_after_failure(fd, record, exc)
+        else:
+            self.size += _ONE_ID_RECORD_SIZE
         return self.commit.note_write()
+
+    def postpone_compaction(self) -> None:
+        """A compaction failed: try again once the journal has grown some more."""
+        if self._low_space:
+            self._compact_at = self.size + _LOW_SPACE_GROWTH
+        else:
+            self._compact_at = self.size + max(self.size // 4, _RETRY_COMPACTION_BYTES)
+
+    @property
+    def has_grown(self) -> bool:
+        """Whether records were appended since it was opened or last rewritten."""
+        return self.size != self._adopted_size
 
     @property
     def wants_compaction(self) -> bool:
@@ -149,32 +170,13 @@ class ReaderJournal:
         whichever file holds its name (see :func:`replace_and_open`), so no record is
         written where a reopen would not find it.
         """
-        blob = encode_state_file_header(version) + encode_checkpoint(
-            checkpoint, shared=self._shared
+        self.replace(
+            encode_state_file_header(version) + encode_checkpoint(checkpoint, shared=self._shared)
         )
-        replace_and_open(self.path, blob, lambda fd: self._adopt(fd, len(blob)))
         self.version = version
         # Everything before the rewrite is now durable (the checkpoint holds it).
         self.commit.note_write()
         self.commit.sync_now()
-
-    def _sync(self) -> None:
-        with self._fd_lock:
-            fd = os.dup(self._fd) if self._fd is not None else None
-        if fd is None:
-            return
-        try:
-            with storage_errors("sync reader state", self.path):
-                datasync(fd)
-        finally:
-            os.close(fd)
-
-    def close(self) -> None:
-        """Close the journal file."""
-        with self._fd_lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
 
 
 class ReaderRemovedError(Exception):
@@ -188,7 +190,8 @@ class SharedReaderJournal(ReaderJournal):
     (:meth:`read_new`) and the appends that follow it: then nobody else writes, the
     file ends where this handle's offset (:attr:`size`) says, and its own records land
     there.  Bytes after the last whole record found under the lock are the remains of
-    a handle that died while appending (it held the lock): they are cut.
+    a handle that died while appending (it held the lock): they are cut.  A failed
+    append of this handle is cut back as in exclusive mode (:class:`AppendLog`).
 
     A LEASE is written as LEASE_BY (this handle's id as the holder, and
     :attr:`lease_deadline_ns`); checkpoints carry the live leases and the file is
@@ -197,7 +200,6 @@ class SharedReaderJournal(ReaderJournal):
     over from the new file.
     """
 
-    _flags = os.O_RDWR | os.O_APPEND
     _shared = True
 
     def __init__(self, path: str, holder: int) -> None:
@@ -212,46 +214,20 @@ class SharedReaderJournal(ReaderJournal):
     def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
         if kind is not StateRecordType.LEASE:
             return super().append(kind, ids)
-        return self._write(encode_lease_by_record(self.holder, self.lease_deadline_ns, ids))
+        self.append_record(encode_lease_by_record(self.holder, self.lease_deadline_ns, ids))
+        return self.commit.note_write()
 
     def append_one(self, kind: StateRecordType, message_id: int) -> int:
         if kind is _LEASE:
             record = encode_lease_by_one(self.holder, self.lease_deadline_ns, message_id)
         else:
             record = encode_id_record(kind, message_id)
-        fd = self._fd
-        assert fd is not None, "journal is closed"
-        try:
-            written = os.write(fd, record)
-            if written != len(record):
-                write_all(fd, record[written:])
-        except OSError as exc:
-            try:
-                os.ftruncate(fd, self.size)  # a fragment must not stay before the next record
-            except OSError:
-                pass  # the next catch-up under the lock cuts it
-            raise StorageError("write reader state", self.path, exc) from exc
-        self.size += len(record)
+        self.append_record(record)
         return self.commit.note_write()
 
     def append_reclaim(self, holder: int, cause: ReclaimCause, ids: list[int]) -> int:
         """Append a RECLAIM of ``holder``'s leases of ``ids``; return the durability ticket."""
-        return self._write(encode_reclaim_record(holder, cause, ids))
-
-    def _write(self, record: bytes) -> int:
-        fd = self._fd
-        assert fd is not None, "journal is closed"
-        try:
-            write_all(fd, record)
-        except OSError as exc:
-            # A full disk may have kept part of it: cut it back, so that the next record
-            # (ours or another handle's) never lands after a fragment.
-            try:
-                os.ftruncate(fd, self.size)
-            except OSError:
-                pass  # the next catch-up under the lock cuts it
-            raise StorageError("write reader state", self.path, exc) from exc
-        self.size += len(record)
+        self.append_record(encode_reclaim_record(holder, cause, ids))
         return self.commit.note_write()
 
     def has_news(self) -> os.stat_result | None:
@@ -284,7 +260,7 @@ class SharedReaderJournal(ReaderJournal):
             except BaseException:
                 os.close(fd)
                 raise
-            self._adopt(fd, 0)
+            self.adopt(fd, 0)
             base = 0
         else:
             size = st.st_size
@@ -296,6 +272,8 @@ class SharedReaderJournal(ReaderJournal):
         found = list(records)
         end = records.end
         if end < base + len(data):
+            # A handle died appending (under the lock), or this handle's own failed
+            # append could not be cut back: either way nobody writes now - cut it.
             logger.warning(
                 "ledgerq: cutting %d bytes a handle left half-written at the end of %s",
                 base + len(data) - end,
@@ -303,13 +281,15 @@ class SharedReaderJournal(ReaderJournal):
             )
             with storage_errors("cut a torn record of", self.path):
                 os.ftruncate(fd, end)
+            self._fragment = False
         self.size = end
         if restarted:
-            self._compact_at = max(_COMPACT_MIN_BYTES, end * 4)
+            self._adopted_size = end
+            self._set_compaction_point()
         return found, restarted
 
     def _reopen(self) -> int:
         try:
-            return os.open(self.path, self._flags)
+            return os.open(self.path, os.O_RDWR | os.O_APPEND)
         except FileNotFoundError:
             raise ReaderRemovedError(self.path) from None

@@ -24,6 +24,8 @@ files and the lock are the parent's (see :mod:`ledgerq.core.processes`).
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
 import logging
 import threading
 import warnings
@@ -33,9 +35,11 @@ from typing import TYPE_CHECKING
 
 from ledgerq._options import Options
 from ledgerq.core.feature import Feature
+from ledgerq.segment.files import StorageError
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import Meta, MetaStore, OptionsCopy, OptionsStore
+from ledgerq.segment.reserve import DiskReserve
 from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 
@@ -43,7 +47,7 @@ if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
     from ledgerq.core.reader import ReaderCore
 
-__all__ = ["Holdings", "Tally", "MetaKeeper", "attempt", "finalize_unclosed"]
+__all__ = ["Holdings", "Tally", "MetaKeeper", "attempt", "finalize_unclosed", "make_room"]
 
 logger = logging.getLogger("ledgerq")
 
@@ -80,7 +84,7 @@ class MetaKeeper:
     lose them (see ``segment.meta``).
     """
 
-    __slots__ = ("copied_options", "meta", "options_store", "store")
+    __slots__ = ("copied_options", "meta", "options_store", "saved", "store")
 
     def __init__(
         self,
@@ -93,6 +97,43 @@ class MetaKeeper:
         self.meta = meta
         self.options_store = options_store
         self.copied_options = copied_options
+        self.saved: tuple[object, ...] | None = None  # what the last save recorded
+
+    @staticmethod
+    def figures(
+        manager: SegmentManager,
+        tally: Tally,
+        *,
+        clean: bool,
+        next_id: int,
+        reserved_until: int,
+        enqueued: int,
+    ) -> tuple[object, ...]:
+        """What a save records (to skip a save that would change nothing)."""
+        return (
+            clean,
+            next_id,
+            next_id if clean else reserved_until,  # as meta.json records it
+            enqueued,
+            tally.duplicates,
+            tally.dropped,
+            tally.corrupt_skipped,
+            tally.lost,
+            len(manager.reported_regions),
+        )
+
+    def note_loaded(self, manager: SegmentManager, tally: Tally) -> None:
+        """Take the meta.json just loaded as the last save: a close that changes nothing
+        then writes nothing (a read on a full disk must not spend the disk reserve)."""
+        meta = self.meta
+        self.saved = self.figures(
+            manager,
+            tally,
+            clean=meta.clean,
+            next_id=meta.next_id,
+            reserved_until=meta.reserved_until,
+            enqueued=int(meta.counters.get("enqueued", 0)),
+        )
 
     def record_gap(self, first: int, last: int) -> None:
         """Record, durably, that ids ``first..last`` will never be written (a rotation
@@ -119,6 +160,14 @@ class MetaKeeper:
         ``options`` None keeps the options meta.json holds (a handle that does not
         remember the options it was opened with).
         """
+        figures = self.figures(
+            manager,
+            tally,
+            clean=clean,
+            next_id=next_id,
+            reserved_until=reserved_until,
+            enqueued=enqueued,
+        )
         meta = self.meta
         meta.clean = clean
         meta.next_id = next_id
@@ -144,6 +193,7 @@ class MetaKeeper:
                 )
                 self.copied_options = meta.options
         self.store.save(meta)
+        self.saved = figures
 
 
 class Holdings:
@@ -166,6 +216,7 @@ class Holdings:
         "options",
         "path",
         "queue",
+        "reserve",
         "stop_flusher",
         "tally",
     )
@@ -183,6 +234,7 @@ class Holdings:
         dirlock: DirLock,
         stop_flusher: threading.Event,
         flusher: threading.Thread | None,
+        reserve: DiskReserve,
     ) -> None:
         self.path = queue.path
         # None: the handle does not store its options (``remember_options=False``).
@@ -197,6 +249,7 @@ class Holdings:
         self.dirlock = dirlock
         self.stop_flusher = stop_flusher
         self.flusher = flusher
+        self.reserve = reserve
         self.forked = False  # set in a forked child: nothing here is this process's
 
     def release(self, *, next_id: int, reserved_until: int, enqueued: int) -> list[Exception]:
@@ -215,7 +268,7 @@ class Holdings:
             with self.lock:
                 attempt(errors, self.manager.sync)
                 for core in self.cores.values():
-                    attempt(errors, core.close)
+                    attempt(errors, functools.partial(self._close_reader, core))
                     attempt(errors, core.journal.close)  # if its checkpoint failed
                 for feature in self.features:
                     attempt(errors, feature.flush)
@@ -224,10 +277,7 @@ class Holdings:
                 # skips the reserved ids as after a crash (ids are never reused).
                 attempt(
                     errors,
-                    lambda: self.keeper.save(
-                        self.manager,
-                        self.options,
-                        self.tally,
+                    lambda: self._save_meta_at_close(
                         clean=not errors,
                         next_id=next_id,
                         reserved_until=reserved_until,
@@ -238,6 +288,104 @@ class Holdings:
         finally:
             self.dirlock.release()
         return errors
+
+    def _close_reader(self, core: ReaderCore) -> None:
+        """Make a reader's journal durable at close, as one checkpoint if it grew.
+
+        The checkpoint is compaction: on a full disk it may use the reserve, and if it
+        still fails, the journal - which holds every record - is synced instead and
+        the failure logged, not raised: a full disk must not fail the close of a queue
+        that was only read (``ledgerq stats``), nor lose anything.
+        """
+        if core.journal.has_grown:
+            try:
+                self.with_room(core.checkpoint)
+            except StorageError as exc:
+                logger.warning("ledgerq: %s; the reader state is kept as it is (synced)", exc)
+        core.journal.commit.sync_now()
+        core.journal.close()
+
+    def _save_meta_at_close(
+        self, *, clean: bool, next_id: int, reserved_until: int, enqueued: int
+    ) -> None:
+        """Save meta.json as a close leaves it, unless it says that already.
+
+        Like a checkpoint, the save may use the reserve on a full disk; if it still
+        fails, the file on disk is safe to reopen with (its reservation covers every id
+        written), so the failure is logged: only figures such as ``stats().dropped``
+        may then be behind after the next open.
+        """
+        keeper = self.keeper
+        figures = keeper.figures(
+            self.manager,
+            self.tally,
+            clean=clean,
+            next_id=next_id,
+            reserved_until=reserved_until,
+            enqueued=enqueued,
+        )
+        if keeper.saved == figures:
+            return
+        try:
+            self.with_room(
+                lambda: keeper.save(
+                    self.manager,
+                    self.options,
+                    self.tally,
+                    clean=clean,
+                    next_id=next_id,
+                    reserved_until=reserved_until,
+                    enqueued=enqueued,
+                )
+            )
+        except StorageError as exc:
+            logger.warning(
+                "ledgerq: %s; the next open skips the ids reserved before (never reused) "
+                "and its counters of duplicates and dropped messages may be behind",
+                exc,
+            )
+
+    def with_room(self, write: Callable[[], object]) -> None:
+        """Run ``write``; if the disk is full, once more with the reserve's space."""
+        try:
+            write()
+        except StorageError as exc:
+            if exc.errno != errno.ENOSPC or not self.make_room():
+                raise
+            write()
+
+    def make_room(self) -> bool:
+        """See :func:`make_room`."""
+        return make_room(self.reserve, self.cores, self.queue, self.path)
+
+
+def make_room(
+    reserve: DiskReserve,
+    cores: dict[str, ReaderCore],
+    queue_ref: weakref.ref[QueueCore],
+    path: str,
+) -> bool:
+    """A write that draining the queue needs met a full disk: release the reserve.
+
+    True if that freed space (the write is tried again).  From then on enqueues refuse
+    until the reserve can be written again (the append gate is closed: the queue's slow
+    append path checks the reserve), and journals compact early.  Called with the queue
+    lock held (a reader journal's ``on_full``).  Holds the queue only weakly.
+    """
+    if not reserve.release():
+        return False
+    logger.warning(
+        "ledgerq: the disk of %s is full: released its %d KiB reserve so that acks can "
+        "go on; enqueues refuse until that much space is free again",
+        path,
+        reserve.size // 1024,
+    )
+    queue = queue_ref()
+    if queue is not None:
+        queue._reserved_until = 0  # close the append gate: _reserve_ids checks the reserve
+    for core in cores.values():
+        core.journal.set_low_space(True)
+    return True
 
 
 def finalize_unclosed(holdings: Holdings) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import gc
 import logging
 import os
@@ -43,7 +44,7 @@ from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal
-from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed
+from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed, make_room
 from ledgerq.core.lifecycle import attempt as _attempt
 from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.processes import forked_error, track, tracked, unpicklable, untrack
@@ -81,11 +82,13 @@ from ledgerq.segment.naming import (
     OPTIONS_NAME,
     QUEUE_NAMES,
     READERS_DIR,
+    RESERVE_NAME,
     SHARED_DIR,
     STATE_SUFFIX,
     reader_state_path,
 )
 from ledgerq.segment.readonly_state import replay_reader
+from ledgerq.segment.reserve import DiskReserve
 from ledgerq.segment.sync import GroupCommit
 
 __all__ = ["DEFAULT_READER", "QueueCore"]
@@ -262,6 +265,11 @@ class QueueCore(Closing):
             self._meta_store, meta, self._options_store, copy.options if copy else None
         )
         counters = meta.counters
+        self._reserve = self._new_disk_reserve()
+        # Not a method of the queue (see lifecycle): the journals keep it.
+        self._make_room = functools.partial(
+            make_room, self._reserve, self._cores, weakref.ref(self), self.path
+        )
         recovering = self._open_log(meta)
         self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
@@ -326,8 +334,12 @@ class QueueCore(Closing):
             sync_on_rotate=opts.sync == "always",
         )
         self._recover_log(meta)
-        self._save_meta(clean=False)
+        self._reserve_ids_at_open()
         return True
+
+    def _new_disk_reserve(self) -> DiskReserve:
+        """The queue's disk reserve (shared mode's is one for every handle)."""
+        return DiskReserve(os.path.join(self.path, RESERVE_NAME))
 
     def _recover_log(self, meta: Meta) -> None:
         """Recover the segments as an exclusive open does (the lock excludes every other)."""
@@ -336,9 +348,10 @@ class QueueCore(Closing):
         self._manager.remember_reported(
             [(int(a), int(b)) for a, b in meta.corrupt_regions if isinstance(a, int)]
         )
+        self._keeper.note_loaded(self._manager, self._tally)
         floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
-        with storage_errors("open the segments in", self._manager.directory):
-            self._manager.open(min_next_id=floor)
+        self._reserve.ensure()  # before recovery: its space can take recovery's writes
+        self._open_segments(floor)
         if meta.gaps_from is None:
             # First open by a ledgerq that records its gaps: the gaps below this id (of
             # an older ledgerq) cannot be told from lost ids, so they raise no alarm.
@@ -350,7 +363,27 @@ class QueueCore(Closing):
         self._enqueued = counters.get("enqueued", 0) + max(
             0, self._manager.log_next_id - counters.get("enqueued_through", meta.next_id)
         )
-        self._reserved_until = self._next_id + ID_BLOCK
+
+    def _reserve_ids_at_open(self) -> None:
+        """Save the first id reservation, and open the append gate if the disk allows.
+
+        The durable id reservation, and the gate of the append paths: an append of an
+        id at or past _reserved_until takes the slow path (_reserve_ids) first.  The
+        gate is closed (set low) while the disk reserve is spent, or while the
+        reservation could not be saved, so the fast paths pay nothing for either.
+        """
+        self._ids_reserved_until = self._reserved_until = self._next_id
+        try:
+            self._ids_reserved_until = self._next_id + ID_BLOCK
+            self._save_meta(clean=False)
+        except StorageError as exc:
+            # A full disk must not lock the user out: reading, dequeuing and acking need
+            # no reservation.  The first enqueue saves it (or raises while it cannot).
+            self._ids_reserved_until = self._next_id
+            logger.warning("ledgerq: %s; the first enqueue will reserve ids", exc)
+        else:
+            if self._reserve.is_held:  # else the gate stays closed: see _reserve_ids
+                self._reserved_until = self._ids_reserved_until
 
     def _new_holdings(self) -> Holdings:
         return Holdings(
@@ -364,6 +397,7 @@ class QueueCore(Closing):
             dirlock=self._dirlock,
             stop_flusher=self._stop_flusher,
             flusher=self._flusher,
+            reserve=self._reserve,
         )
 
     def _start_clock(self) -> None:
@@ -394,11 +428,19 @@ class QueueCore(Closing):
 
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
         journal = self._new_journal(name)
+        journal.on_full = self._make_room
+        journal.set_low_space(not self._reserve.is_held)
+        is_new = not os.path.exists(journal.path)
         try:
             with storage_errors("open reader state", journal.path):
                 core = self._new_reader_core(name, journal, start_latest=start_latest)
         except BaseException:
             journal.close()
+            if is_new:
+                # A new reader whose first checkpoint failed half-way must not exist: its
+                # file would make the next reader(name) start elsewhere than asked.
+                with contextlib.suppress(OSError):
+                    os.unlink(journal.path)
             raise
         reader = Reader(self, core)
         self._readers[name] = reader
@@ -510,6 +552,38 @@ class QueueCore(Closing):
         """Count damaged records a feature skipped in its own files (``stats()``)."""
         self._tally.corrupt_skipped += count
 
+    def _open_segments(self, floor: int) -> None:
+        """Recover and open the segments; on a full disk, with the reserve's space.
+
+        Recovery writes little (an index, after a crash a new segment), but on a disk
+        with no free page even that fails: then the reserve is released and recovery
+        runs once more, from the start, with its space.
+        """
+        try:
+            with storage_errors("open the segments in", self._manager.directory):
+                self._manager.open(min_next_id=floor)
+        except StorageError as exc:
+            if exc.errno != errno.ENOSPC or not self._reserve.release():
+                raise
+            logger.warning("ledgerq: %s; opening again with the disk reserve's space", exc)
+            self._manager.close()
+            self._manager = self._manager.reopened()
+            with storage_errors("open the segments in", self._manager.directory):
+                self._manager.open(min_next_id=floor)
+
+    # ------------------------------------------------------------------ the disk reserve
+
+    def _restore_reserve(self) -> bool:
+        """Write the reserve again if it was released and there is room; True if held."""
+        if self._reserve.is_held:
+            return True
+        if not self._reserve.ensure():
+            return False
+        logger.warning("ledgerq: %s has room again: its disk reserve is back", self.path)
+        for reader in self._readers.values():
+            reader._core.journal.set_low_space(False)
+        return True
+
     def _save_meta(self, *, clean: bool) -> None:
         self._keeper.save(
             self._manager,
@@ -517,7 +591,7 @@ class QueueCore(Closing):
             self._tally,
             clean=clean,
             next_id=self._next_id,
-            reserved_until=self._reserved_until,
+            reserved_until=self._ids_reserved_until,
             enqueued=self._enqueued,
         )
 
@@ -776,23 +850,45 @@ class QueueCore(Closing):
         self._tally.duplicates += len(existing)
         return fresh, existing
 
-    def _reserve_ids(self, end: int) -> None:
-        """Reserve ids up to ``end`` (exclusive) durably, before they are written (lock held).
+    def _refuse_full_disk(self) -> NoReturn:
+        """Refuse an append while the disk reserve is spent (nothing written)."""
+        raise StorageError(
+            "append to",
+            self._manager.directory,
+            OSError(
+                errno.ENOSPC,
+                f"No space left for messages (the last {self._reserve.size // 1024} KiB "
+                "are kept for acks, which free space)",
+            ),
+        )
 
-        ``meta.json`` records the ids handed out in blocks of ``ID_BLOCK`` ahead: a
-        crash that loses a torn tail of the log (ids written, never fsynced) must not
-        give those ids again, so the next open starts past the reservation.  An id
-        may be written only once a reservation covering it is on disk.  If the save
-        fails, the old reservation stays the one in memory too - otherwise the next
-        append would believe itself covered and write ids no durable record reserves.
+    def _reserve_ids(self, end: int) -> None:
+        """The slow path before an append of ids up to ``end`` (exclusive) (lock held).
+
+        Refuses (:class:`StorageError`, ENOSPC, nothing written) while the disk reserve
+        is spent and cannot be written again: the last free space is for acks.
+
+        Then reserves the ids durably, before they are written: ``meta.json`` records
+        the ids handed out in blocks of ``ID_BLOCK`` ahead: a crash that loses a torn
+        tail of the log (ids written, never fsynced) must not give those ids again, so
+        the next open starts past the reservation.  An id may be written only once a
+        reservation covering it is on disk.  If the save fails, the old reservation
+        stays the one in memory too - otherwise the next append would believe itself
+        covered and write ids no durable record reserves.
         """
-        previous = self._reserved_until
-        self._reserved_until = end + ID_BLOCK
+        if not self._restore_reserve():
+            self._refuse_full_disk()
+        if end <= self._ids_reserved_until:  # the gate was closed for the reserve only
+            self._reserved_until = self._ids_reserved_until
+            return
+        previous = self._ids_reserved_until
+        self._ids_reserved_until = end + ID_BLOCK
         try:
             self._save_meta(clean=False)
         except BaseException:
-            self._reserved_until = previous
+            self._ids_reserved_until = previous
             raise
+        self._reserved_until = self._ids_reserved_until
 
     def _appended(self, first: int, count: int, rotated: bool) -> int:
         """Account ``count`` entries from id ``first`` now in the log (lock held).
@@ -848,8 +944,12 @@ class QueueCore(Closing):
                 logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, self.path, exc)
                 with self._lock:
                     self._tally.corrupt_skipped += 1
-                    if reader._core.settle_any(entry.id):
-                        reader._core.counters["acked"] -= 1
+                    try:
+                        if reader._core.settle_any(entry.id):
+                            reader._core.counters["acked"] -= 1
+                    except StorageError as settle_error:
+                        # Left leased: it comes back (and is skipped again) after its lease.
+                        logger.warning("ledgerq: could not settle it: %s", settle_error)
                 continue
             messages.append(entry_to_message(entry, attempt, payload))
         return messages
@@ -919,13 +1019,15 @@ class QueueCore(Closing):
             raise ValueError("the default reader cannot be removed")
         with self._lock:
             self._ensure_open()
-            reader = self._readers.pop(name, None)
+            reader = self._readers.get(name)
             if reader is None:
                 return False
+            with storage_errors("delete reader state", reader._core.journal.path):
+                os.unlink(reader._core.journal.path)  # first: if it fails, nothing changed
+            del self._readers[name]
             del self._cores[name]  # nothing of it is saved again, at close or by retention
             reader._removed = True
             reader._core.journal.close()
-            os.unlink(reader._core.journal.path)
             self._retire_consumed()
             self._wake()  # its waiters must see that it is gone
             return True
@@ -1049,6 +1151,20 @@ class QueueCore(Closing):
         self._retire_consumed()
 
     def _retire_consumed(self) -> None:
+        """Apply retention after a call whose effect has happened (lock held); never raises.
+
+        Deleting a segment is housekeeping: a deletion the disk refuses is logged, and
+        the segment, still listed, is tried again at the next settle or rotation.
+        """
+        segments = len(self._manager.segments)
+        try:
+            self._apply_retention()
+        except StorageError as exc:
+            logger.warning("ledgerq: retention could not delete a segment (%s)", exc)
+        if len(self._manager.segments) < segments and not self._reserve.is_held:
+            self._restore_reserve()  # the space of a deleted segment refills it first
+
+    def _apply_retention(self) -> None:
         """Apply retention (lock held); cheap when there is nothing to delete.
 
         A sealed segment every reader has consumed is deleted at once, or - with
@@ -1119,7 +1235,8 @@ class QueueCore(Closing):
         """Apply retention now: delete segments that every reader has consumed."""
         with self._lock:
             self._ensure_open()
-            self._retire_consumed()
+            self._apply_retention()
+            self._restore_reserve()
             for reader in self._readers.values():
                 reader._core.checkpoint()
 
@@ -1177,7 +1294,7 @@ class QueueCore(Closing):
         self._finalizer.detach()
         untrack(self)
         errors = self._holdings.release(
-            next_id=self._next_id, reserved_until=self._reserved_until, enqueued=self._enqueued
+            next_id=self._next_id, reserved_until=self._ids_reserved_until, enqueued=self._enqueued
         )
         if errors:
             raise errors[0]

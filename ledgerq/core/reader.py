@@ -21,13 +21,14 @@ id, and the cursor's next id.  Every method runs with the queue lock held.
 from __future__ import annotations
 
 import heapq
+import logging
 import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from ledgerq._errors import CorruptionError, QueueClosedError, UnknownMessageError
+from ledgerq._errors import CorruptionError, LedgerQError, QueueClosedError, UnknownMessageError
 from ledgerq._types import Message, Priority, ReaderStats
 from ledgerq.core.args import check_count, check_id, check_timeout
 from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
@@ -36,12 +37,15 @@ from ledgerq.core.processes import unpicklable
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
 from ledgerq.segment.cursor import LogCursor
+from ledgerq.segment.files import StorageError
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
     from ledgerq.segment.manager import SegmentManager
 
 __all__ = ["Reader", "ReaderCore", "ReaderHooks", "entry_to_message", "initial_checkpoint"]
+
+logger = logging.getLogger("ledgerq")
 
 _LEASE = StateRecordType.LEASE
 _ACK = StateRecordType.ACK
@@ -216,26 +220,49 @@ class ReaderCore:
         return self._lease(entry, now)
 
     def _choose(self, now_ns: int) -> Entry | None:
-        """The next entry to deliver (settling expired and dead-lettered ones on the way)."""
+        """The next entry to deliver (settling expired and dead-lettered ones on the way).
+
+        Raises having changed nothing: an entry whose EXPIRE record cannot be written is
+        given back.  An entry whose move to the DLQ fails (a full disk) is set aside
+        while the next one is chosen, and given back before this returns - it moves at a
+        later dequeue, never delivered meanwhile; its error is raised only if no other
+        entry can be delivered.
+        """
         selector = self._selector
         hooks = self._hooks
-        while True:
-            entry = selector.take(now_ns)
-            if entry is None:
-                return None
-            if entry.flags & hooks.deliverable_flags and not all(
-                f.deliverable(self, entry, now_ns) for f in hooks.deliverable
-            ):
-                self._finish(entry.id, _EXPIRE, "expired")
-                continue
-            failures = self._deliveries.get(entry.id, 0)
-            if (
-                failures
-                and failures > self._reported.get(entry.id, 0)
-                and self._report_failure(entry, failures, _LOST_LEASE, now_ns)
-            ):
-                continue
-            return entry
+        deferred: list[Entry] = []
+        error: LedgerQError | None = None
+        try:
+            while True:
+                entry = selector.take(now_ns)
+                if entry is None:
+                    if error is not None:
+                        raise error
+                    return None
+                if entry.flags & hooks.deliverable_flags and not all(
+                    f.deliverable(self, entry, now_ns) for f in hooks.deliverable
+                ):
+                    try:
+                        self._finish(entry.id, _EXPIRE, "expired")
+                    except BaseException:
+                        selector.give_back(entry)
+                        raise
+                    continue
+                failures = self._deliveries.get(entry.id, 0)
+                if failures and failures > self._reported.get(entry.id, 0):
+                    try:
+                        if self._report_failure(
+                            entry, failures, _LOST_LEASE, now_ns, give_back=False
+                        ):
+                            continue
+                    except LedgerQError as exc:
+                        deferred.append(entry)
+                        error = error or exc
+                        continue
+                return entry
+        finally:
+            for entry in deferred:
+                selector.give_back(entry)
 
     def _lease(self, entry: Entry, now: float) -> tuple[Entry, int]:
         """Record the lease of ``entry`` (its LEASE record is written); return it, attempt."""
@@ -249,13 +276,16 @@ class ReaderCore:
             heapq.heappush(self._deadlines, (now + self._visibility, message_id, attempt))
         return lease
 
-    def _report_failure(self, entry: Entry, failures: int, reason: str, now_ns: int) -> bool:
+    def _report_failure(
+        self, entry: Entry, failures: int, reason: str, now_ns: int, *, give_back: bool = True
+    ) -> bool:
         """Tell the features a delivery failed; True (and settled) if one moved it away.
 
         ``entry`` is neither leased nor held when this is called.  If a feature raises
-        (the retry tracker or the DLQ could not write), the entry is given back - never
-        dropped, so no checkpoint moves the head past it - and this failure is reported
-        again, with its reason, before the entry is delivered again; the error propagates.
+        (the DLQ could not be written), the entry is given back (unless ``give_back`` is
+        False: the caller does it) - never dropped, so no checkpoint moves the head past
+        it - and this failure is reported again, with its reason, before the entry is
+        delivered again; the error propagates.
         """
         message_id = entry.id
         retried = self._unreported.pop(message_id, None) if self._unreported else None
@@ -273,7 +303,8 @@ class ReaderCore:
             except BaseException:
                 self._reported[message_id] = before
                 self._unreported[message_id] = (failures, reason)
-                self._give_back(entry)
+                if give_back:
+                    self._give_back(entry)
                 raise
         return False
 
@@ -305,8 +336,11 @@ class ReaderCore:
             if lease is None or lease[1] != attempt:
                 continue
             del self._leased[message_id]
-            if not self._report_failure(lease[0], attempt, _TIMED_OUT, now_ns):
-                self._give_back(lease[0])
+            try:
+                if not self._report_failure(lease[0], attempt, _TIMED_OUT, now_ns):
+                    self._give_back(lease[0])
+            except LedgerQError as exc:
+                self._move_failed(message_id, exc)  # given back; moved before redelivery
 
     def next_deadline(self) -> float | None:
         """Lease time (the queue clock's monotonic seconds) of the next visibility-timeout
@@ -365,13 +399,21 @@ class ReaderCore:
             self._prune_done()
 
     def nack(self, ids: list[int], reason: str, now_ns: int) -> int:
-        """Fail leased ids (checked by the caller); return the journal ticket."""
+        """Fail leased ids (checked by the caller); return the journal ticket.
+
+        Raises having changed nothing if the NACK record cannot be written.  Once it is,
+        the nack has happened: a move to the DLQ that fails then (a full disk) does not
+        raise - the message is held back and moved before it can be delivered again.
+        """
         ticket = self.journal.append(_NACK, ids)
         self.counters["nacked"] += len(ids)
         for message_id in ids:
             entry, attempt = self._leased.pop(message_id)
-            if not self._report_failure(entry, attempt, reason, now_ns):
-                self._give_back(entry)
+            try:
+                if not self._report_failure(entry, attempt, reason, now_ns):
+                    self._give_back(entry)
+            except LedgerQError as exc:
+                self._move_failed(message_id, exc)
         return ticket
 
     def release(self, ids: list[int]) -> int:
@@ -401,6 +443,20 @@ class ReaderCore:
             heapq.heapify(self._deadlines)
         return ticket
 
+    def _move_failed(self, message_id: int, exc: LedgerQError) -> None:
+        """A failed delivery whose report raised (the DLQ refused the move): say so.
+
+        ``_report_failure`` gave the entry back and noted the failure, so the move is
+        tried again before the message can be delivered (:meth:`_choose`).
+        """
+        logger.warning(
+            "ledgerq: could not move message %d of reader %r to the dead-letter queue (%s); "
+            "it is held back and moved at a later dequeue",
+            message_id,
+            self.name,
+            exc,
+        )
+
     def settle_any(self, message_id: int) -> bool:
         """Mark ``message_id`` done wherever it is (leased, held, or not read yet).
 
@@ -408,17 +464,18 @@ class ReaderCore:
         Returns False if the id is not pending here.
         """
         leased = message_id in self._leased
-        unread = False
-        if not leased and not self._selector.discard(message_id):
+        held = not leased and self._selector.holds(message_id)
+        if not leased and not held:  # not read yet, or not pending here at all
             if message_id < self._cursor.next_id or message_id in self._skip:
                 return False
             if not self._exists_unread(message_id):
                 return False
-            unread = True
-        self.journal.append(_ACK, [message_id])
+        self.journal.append(_ACK, [message_id])  # first: if it fails, nothing changed
         if leased:
             del self._leased[message_id]
-        if unread:
+        elif held:
+            self._selector.discard(message_id)
+        else:
             self._skip.add(message_id)
         self._forget(message_id)
         self.counters["acked"] += 1
@@ -471,6 +528,9 @@ class ReaderCore:
         again, and the new position is checkpointed durably.
         """
         target = max(target, self._manager.segments[0].first_id, 1)
+        # The new position is written first: if it cannot be, nothing changed.  (It is
+        # what checkpoint() computes once the state below is reset.)
+        self.journal.rewrite(Checkpoint(target, [], [], dict(self.counters)))
         self._leased.clear()
         self._leased_heap.clear()
         self._deadlines.clear()
@@ -481,7 +541,6 @@ class ReaderCore:
         self._done = set()
         self._cursor.seek(target)
         self._selector = self._make_selector()
-        self.checkpoint()
 
     # ------------------------------------------------------------------ reading ahead
 
@@ -528,9 +587,18 @@ class ReaderCore:
         self.journal.rewrite(checkpoint, version=version)
 
     def maybe_compact(self) -> None:
-        """Checkpoint if the journal has grown enough."""
+        """Checkpoint if the journal has grown enough; never raises.
+
+        Compaction is housekeeping after a call whose effect has happened (its record
+        is written): a checkpoint the disk refuses is logged and tried again once the
+        journal has grown some more.
+        """
         if self.journal.wants_compaction:
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except StorageError as exc:
+                self.journal.postpone_compaction()
+                logger.warning("ledgerq: could not compact a reader's state (%s)", exc)
 
     def stats(self, now_ns: int) -> ReaderStats:
         """This reader's figures."""
@@ -554,11 +622,6 @@ class ReaderCore:
             assert self._deliveries.get(message_id) == attempt, "lease without its delivery"
             assert message_id < self._cursor.next_id
         assert self.head <= self._cursor.next_id
-
-    def close(self) -> None:
-        """Persist a final checkpoint and close the journal."""
-        self.checkpoint()
-        self.journal.close()
 
 
 def initial_checkpoint(head: object, done: Iterable[object], next_id: int) -> Checkpoint:

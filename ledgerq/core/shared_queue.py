@@ -23,6 +23,7 @@ the state of the files, brought up to date under a short OS lock (docs/architect
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import struct
@@ -48,6 +49,7 @@ from ledgerq.format.shared_state import (
     SLOT_DUPLICATES,
     SLOT_ENQUEUED_BASE,
     SLOT_ENQUEUED_THROUGH,
+    SLOT_RESERVE_SPENT,
     SLOT_RESERVED_UNTIL,
     SLOT_WRITING,
     encode_page,
@@ -60,6 +62,7 @@ from ledgerq.segment.naming import (
     APPEND_NAME,
     LIVE_SUFFIX,
     OPENING_NAME,
+    RESERVE_NAME,
     SHARED_DIR,
     SHARED_STATE_NAME,
     TMP_SUFFIX,
@@ -73,6 +76,7 @@ from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.shared_manager import SharedSegmentManager
 from ledgerq.segment.shared_page import SharedPage, write_page
+from ledgerq.segment.shared_reserve import SharedDiskReserve
 
 __all__ = ["SharedQueueCore", "SharedTally"]
 
@@ -149,12 +153,13 @@ def save_shared_meta(
     options: Options | None,
     *,
     clean: bool,
+    reserved_until: int = 0,
     dropped: int | None = None,
 ) -> None:
     """Save ``meta.json`` from a shared handle: read, merge, replace (append lock taken).
 
     Other handles save it too, so it is read again first: their corrupt regions and
-    reservation are kept, ours added.
+    reservation are kept, ours (``reserved_until``: the ids this handle reserves) added.
     """
     manager.lock_appends()
     try:
@@ -173,7 +178,7 @@ def save_shared_meta(
         tally.lost = max(tally.lost, fresh.counters.get("lost", 0))
         page = manager.page
         next_id = manager.next_id
-        reserved = max(page.get(SLOT_RESERVED_UNTIL), fresh.reserved_until)
+        reserved = max(page.get(SLOT_RESERVED_UNTIL), fresh.reserved_until, reserved_until)
         keeper.save(
             manager,
             options,
@@ -250,22 +255,25 @@ class SharedHoldings(Holdings):
                 default = self.cores.get(DEFAULT_READER)
                 for core in self.cores.values():
                     assert isinstance(core, SharedReaderCore)
-                    attempt(errors, core.close_last if last else core.close)
+                    if last:
+                        attempt(errors, functools.partial(core.close_last, self.with_room))
+                    else:
+                        attempt(errors, core.close)
                     attempt(errors, core.journal.close)
                 if last:
                     attempt(errors, self._forget_dead_handles)
-                dropped = default.counters.get("dropped", 0) if default is not None else None
-                attempt(
-                    errors,
-                    lambda: save_shared_meta(
-                        self.keeper,
-                        manager,
-                        self.tally,
-                        self.options,
-                        clean=last and not errors,
-                        dropped=dropped,
-                    ),
-                )
+                    dropped = default.counters.get("dropped", 0) if default is not None else None
+                    attempt(
+                        errors,
+                        lambda: self._save_meta_last(
+                            manager,
+                            clean=not errors,
+                            reserved_until=reserved_until,
+                            dropped=dropped,
+                        ),
+                    )
+                # (Not the last: nothing to save - the reservation was saved when it was
+                # made, the queue's counters are in the page, which the last close saves.)
                 self.clean_close = last and not errors
                 attempt(errors, manager.close)
         finally:
@@ -280,6 +288,57 @@ class SharedHoldings(Holdings):
             if opening is not None:
                 opening.close()
         return errors
+
+    def _save_meta_last(
+        self,
+        manager: SharedSegmentManager,
+        *,
+        clean: bool,
+        reserved_until: int,
+        dropped: int | None,
+    ) -> None:
+        """Save meta.json as the last handle leaves it, by the rules of an exclusive close
+        (``Holdings._save_meta_at_close``): not at all when it says that already (a read
+        on a full disk keeps the disk reserve), with the reserve's room if needed, and a
+        failure only logged (the file on disk is safe to reopen with)."""
+        keeper = self.keeper
+        manager.lock_appends()
+        try:
+            manager.refresh()
+            if dropped is not None:
+                self.tally.dropped = dropped
+            page = manager.page
+            next_id = manager.next_id
+            figures = keeper.figures(
+                manager,
+                self.tally,
+                clean=clean,
+                next_id=next_id,
+                reserved_until=max(page.get(SLOT_RESERVED_UNTIL), reserved_until),
+                enqueued=_enqueued(page, next_id),
+            )
+            if keeper.saved == figures:
+                return
+            try:
+                self.with_room(
+                    lambda: save_shared_meta(
+                        keeper,
+                        manager,
+                        self.tally,
+                        self.options,
+                        clean=clean,
+                        reserved_until=reserved_until,
+                        dropped=dropped,
+                    )
+                )
+            except StorageError as exc:
+                logger.warning(
+                    "ledgerq: %s; the next open skips the ids reserved before (never reused) "
+                    "and its counters of duplicates and dropped messages may be behind",
+                    exc,
+                )
+        finally:
+            manager.unlock_appends()
 
     def _is_last(self) -> bool:
         """Whether every other handle's liveness file can be locked: none lives (the
@@ -427,7 +486,7 @@ class SharedQueueCore(QueueCore):
             manager = self._new_shared_manager(None)
             self._manager = manager
             self._recover_log(meta)
-            self._save_meta(clean=False)
+            self._reserve_ids_at_open()
             self._forget_dead_handles()
             old = self._old_page_counters(page_path)
             counters = {
@@ -435,18 +494,22 @@ class SharedQueueCore(QueueCore):
                 "corrupt_skipped": max(tally.corrupt_skipped, old.get("corrupt_skipped", 0)),
                 "enqueued_base": self._enqueued,
                 "enqueued_through": self._next_id,
+                "reserve_spent": 0 if self._reserve.is_held else 1,
             }
             manager.generation = 1
             write_page(
                 page_path,
                 encode_page(
-                    manager.current_tail(), reserved_until=self._reserved_until, counters=counters
+                    manager.current_tail(),
+                    reserved_until=self._ids_reserved_until,
+                    counters=counters,
                 ),
             )
             page = SharedPage(page_path)
             self._page = page
             manager.page = page
             tally.attach(page)
+            self._attach_reserve(page)
             manager.set_claim_region(self._claim_region)
             return True
         page = SharedPage(page_path)
@@ -465,9 +528,23 @@ class SharedQueueCore(QueueCore):
             manager.join()
         self._next_id = manager.next_id
         self._start_clock()
-        self._reserved_until = page.get(SLOT_RESERVED_UNTIL)
+        self._attach_reserve(page)
+        self._reserve.ensure()  # the queue's: written if missing and there is room
+        self._ids_reserved_until = page.get(SLOT_RESERVED_UNTIL)
+        # The append gate (see QueueCore._reserve_ids_at_open): closed while the reserve
+        # is spent (the page's word is checked at every append too).
+        self._reserved_until = self._ids_reserved_until if self._reserve.is_held else 0
         self._enqueued = _enqueued(page, self._next_id)  # (stats() reads the page)
         return False
+
+    def _new_disk_reserve(self) -> SharedDiskReserve:
+        return SharedDiskReserve(os.path.join(self.path, RESERVE_NAME))
+
+    def _attach_reserve(self, page: SharedPage) -> None:
+        reserve = self._reserve
+        assert isinstance(reserve, SharedDiskReserve)
+        reserve.attach(page, self.appends_locked)
+        self._spent = page.memory  # the append gate reads byte SLOT_RESERVE_SPENT of it
 
     def _new_shared_manager(self, page: SharedPage | None) -> SharedSegmentManager:
         opts = self.options
@@ -611,6 +688,7 @@ class SharedQueueCore(QueueCore):
             dirlock=self._dirlock,
             stop_flusher=self._stop_flusher,
             flusher=self._flusher,
+            reserve=self._reserve,
         )
 
     def _close_after_failed_open(self) -> None:
@@ -641,29 +719,35 @@ class SharedQueueCore(QueueCore):
             self._tally,
             self.options if self._remember_options else None,
             clean=clean,
+            reserved_until=self._ids_reserved_until,
         )
         self._meta = self._keeper.meta
 
     def _reserve_ids(self, end: int) -> None:
-        """Reserve ids up to ``end`` (exclusive) for every handle (append lock held).
+        """The slow path before an append of ids up to ``end`` (exclusive) (append lock held).
 
-        The reservation is the queue's: another handle may have raised it already (the
-        page holds a copy of meta.json's); else it is raised by a block and saved.
+        Refuses while the queue's disk reserve is spent and cannot be written again
+        (``QueueCore._reserve_ids``).  Then reserves the ids for every handle: another
+        handle may have raised the reservation already (the page holds a copy of
+        meta.json's); else it is raised by a block and saved, then published.
         """
+        if not self._restore_reserve():
+            self._refuse_full_disk()
         page = self._page
         assert page is not None
         shared = page.get(SLOT_RESERVED_UNTIL)
         if shared >= end:
-            self._reserved_until = shared
+            self._ids_reserved_until = self._reserved_until = shared
             return
-        previous = self._reserved_until
-        self._reserved_until = end + ID_BLOCK
+        previous = self._ids_reserved_until
+        self._ids_reserved_until = end + ID_BLOCK
         try:
             self._save_meta(clean=False)
         except BaseException:
-            self._reserved_until = previous
+            self._ids_reserved_until = previous
             raise
-        page.set(SLOT_RESERVED_UNTIL, self._reserved_until)
+        page.set(SLOT_RESERVED_UNTIL, self._ids_reserved_until)
+        self._reserved_until = self._ids_reserved_until
 
     # ------------------------------------------------------------------ appending
 
@@ -702,7 +786,7 @@ class SharedQueueCore(QueueCore):
                     now = seg.last_timestamp
                 record = encode_plain_entry(message_id, now, payload)
                 try:
-                    if message_id >= self._reserved_until:
+                    if message_id >= self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
                         self._reserve_ids(message_id + 1)
                     rotated = manager.append_one(record, message_id, now)
                 except BaseException:
@@ -732,7 +816,7 @@ class SharedQueueCore(QueueCore):
                 parts, sizes = encode_plain_batch_parts(first, now, payloads)
                 segments = len(manager.segments)
                 try:
-                    if first + count > self._reserved_until:
+                    if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
                         self._reserve_ids(first + count)
                     manager.append(parts, sizes, first, now)
                 except BaseException:
@@ -780,7 +864,7 @@ class SharedQueueCore(QueueCore):
                         )
                         for i, draft in enumerate(to_write)
                     ]
-                    if first + count > self._reserved_until:
+                    if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
                         self._reserve_ids(first + count)
                     manager.append(records, [len(r) for r in records], first, now)
                 except BaseException:
@@ -842,17 +926,26 @@ class SharedQueueCore(QueueCore):
         self._retire_consumed()
 
     def _retire_consumed(self) -> None:
+        """Apply retention after a call whose effect has happened; never raises (a
+        deletion the disk refuses is logged and tried again later).  The space of a
+        deleted segment refills a spent disk reserve first."""
         manager = self._manager
         assert isinstance(manager, SharedSegmentManager)
         if len(manager.segments) < 2:
             return
-        manager.lock_appends()
+        segments = len(manager.segments)
         try:
-            self._retire_locked()
-        finally:
-            manager.unlock_appends()
-        if self.options.retention_max_bytes is not None:
-            self._enforce_max_bytes()
+            manager.lock_appends()
+            try:
+                self._retire_locked()
+            finally:
+                manager.unlock_appends()
+            if self.options.retention_max_bytes is not None:
+                self._enforce_max_bytes()
+        except StorageError as exc:
+            logger.warning("ledgerq: retention could not delete a segment (%s)", exc)
+        if len(manager.segments) < segments and not self._reserve.is_held:
+            self._restore_reserve()
 
     def _retire_locked(self) -> None:
         """Delete the sealed segments every reader has consumed (append lock held)."""
@@ -930,6 +1023,7 @@ class SharedQueueCore(QueueCore):
                 core.checkpoint()
                 core.publish_head()
             self._retire_consumed()
+            self._restore_reserve()
 
     # ------------------------------------------------------------------ readers
 

@@ -30,9 +30,10 @@ keeping this handle's own leases that it still lists.
 from __future__ import annotations
 
 import heapq
+import logging
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ledgerq._errors import QueueClosedError, UnknownMessageError
 from ledgerq._types import ReaderStats
@@ -42,11 +43,14 @@ from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, ReaderCore, ReaderHooks
 from ledgerq.format.entry import Entry, RecordType
 from ledgerq.format.reader_state import Checkpoint, ReclaimCause, StateRecordType
 from ledgerq.segment.cursor import LogCursor
+from ledgerq.segment.files import StorageError
 from ledgerq.segment.lock import LockFile
 from ledgerq.segment.readonly_state import StateRecord
 from ledgerq.segment.shared_manager import SharedSegmentManager
 
 __all__ = ["SharedReaderCore", "read_published_head"]
+
+logger = logging.getLogger("ledgerq")
 
 _LEASE = StateRecordType.LEASE
 _LEASE_BY = StateRecordType.LEASE_BY
@@ -124,7 +128,14 @@ class SharedReaderCore(ReaderCore):
                         self._note_foreign(message_id, holder, deadline)
             if first or journal.version < 2:
                 # A clean start (the dead holders' leases lost), in a version 2 file.
-                self.checkpoint()
+                try:
+                    self.checkpoint()
+                except StorageError as exc:
+                    if journal.version < 2:
+                        raise  # its records would be a version 2 file's
+                    # (A full disk must not lock the user out.)  The dead holders' leases
+                    # stay in the file: later handles reclaim them as any dead handle's.
+                    logger.warning("ledgerq: %s; the reader state is kept as it is", exc)
         finally:
             self._depth = 0
             lock.release()
@@ -441,10 +452,12 @@ class SharedReaderCore(ReaderCore):
             if not self._report_failure(lease[0], lease[1], _TIMED_OUT, now_ns):
                 self._give_back(lease[0])
 
-    def _report_failure(self, entry: Entry, failures: int, reason: str, now_ns: int) -> bool:
+    def _report_failure(
+        self, entry: Entry, failures: int, reason: str, now_ns: int, *, give_back: bool = True
+    ) -> bool:
         if reason is _LOST_LEASE and self._fail_reason:
             reason = self._fail_reason.pop(entry.id, reason)
-        return super()._report_failure(entry, failures, reason, now_ns)
+        return super()._report_failure(entry, failures, reason, now_ns, give_back=give_back)
 
     def _give_back(self, entry: Entry) -> None:
         if entry.id >= self._cursor.next_id:
@@ -711,11 +724,15 @@ class SharedReaderCore(ReaderCore):
             try:
                 if self.journal.wants_compaction:  # unless another handle just did
                     self.checkpoint()
+            except StorageError as exc:
+                self.journal.postpone_compaction()
+                logger.warning("ledgerq: could not compact a reader's state (%s)", exc)
             finally:
                 self._leave()
 
     def close(self) -> None:
-        """Return this handle's leases (RECLAIM: failed deliveries) and close the journal.
+        """Return this handle's leases (RECLAIM: failed deliveries), make the journal
+        durable and close it.
 
         A reader another handle removed has nothing left to return.
         """
@@ -732,22 +749,36 @@ class SharedReaderCore(ReaderCore):
                 self.publish_head()
             finally:
                 self._leave()
+            self.journal.commit.sync_now()
         finally:
             self.journal.close()
 
-    def close_last(self) -> None:
-        """Close as the last handle of the queue: one clean checkpoint, no leases."""
+    def close_last(self, with_room: Callable[[Callable[[], object]], None]) -> None:
+        """Close as the last handle of the queue: one clean checkpoint, no leases.
+
+        As an exclusive close: only a journal that changed is rewritten, with
+        ``with_room`` (the disk reserve on a full disk); a checkpoint that still fails is
+        logged, the journal synced as it is (the next session's first handle drops the
+        leases it holds).
+        """
         try:
             try:
                 self._enter()
             except QueueClosedError:
                 return
             try:
-                self.checkpoint(keep_leases=False)
+                if self.journal.has_grown or self._leased or self._foreign:
+                    try:
+                        with_room(lambda: self.checkpoint(keep_leases=False))
+                    except StorageError as exc:
+                        logger.warning(
+                            "ledgerq: %s; the reader state is kept as it is (synced)", exc
+                        )
                 self._leased.clear()
                 self._foreign = {}
             finally:
                 self._leave()
+            self.journal.commit.sync_now()
         finally:
             self.journal.close()
 

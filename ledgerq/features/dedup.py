@@ -11,8 +11,9 @@ The table is persisted in ``features/dedup.log`` (framed msgpack records
 ``[hash, id, expires_ns]``), appended after the message itself is written - a
 crash between the two can let one retry through (at-least-once), never lose a
 message - and rewritten when it holds twice the live entries.  A record that cannot
-be written (a full disk) does not undo the enqueue, which has happened: the table is
-rewritten whole at the next sync or close instead.  A damaged record in the middle of
+be written (a full disk) does not undo the enqueue, which has happened: it is cut back
+(never left torn in the middle of the file), later records are appended as usual, and
+the table is rewritten whole at the next sync or close.  A damaged record in the middle of
 the file is skipped and counted (``stats().corrupt_skipped``); the ones after it count.
 
 In shared mode every handle appends to the same file, under the queue's append lock,
@@ -108,15 +109,23 @@ class DedupFeature(Feature):
         if self._shared and not queue.is_alone:
             self._join(path, queue)
             return
-        for value in self._load(path, queue):
+        values, end = self._load(path, queue)
+        for value in values:
             self._take(value, queue)
         try:
             self._rewrite()  # drops expired entries and any damage the file held
         except StorageError as exc:
-            # A full disk must not make the queue unopenable: the table is in memory,
-            # and the next sync() or close() tries the rewrite again.
-            logger.warning("ledgerq: %s; the dedup table will be saved at the next sync", exc)
-            self._unsaved = True
+            # A full disk must not make the queue unopenable.  The file as it is holds the
+            # table (and what the rewrite would drop, skipped again at the next load):
+            # append to it.  Without a usable file, the table is in memory, and the next
+            # sync() or close() tries the rewrite again.
+            try:
+                if not end:
+                    raise exc
+                self._log.open(end)
+                self._records = len(self._table)
+            except StorageError as again:
+                self._not_saved(again)
 
     def _take(self, value: Any, queue: QueueCore) -> None:
         record = _table_record(value)
@@ -171,23 +180,24 @@ class DedupFeature(Feature):
         log.settle(base + found.end)
 
     @staticmethod
-    def _load(path: str, queue: QueueCore) -> list[Any]:
-        """The record values of ``dedup.log`` (none if missing), damage counted."""
+    def _load(path: str, queue: QueueCore) -> tuple[list[Any], int]:
+        """The record values of ``dedup.log`` (none if missing), damage counted, and
+        where its whole records end (0 when there is no usable file)."""
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            return []
+            return [], 0
         try:
             found = decode_feature_file(data, _MAGIC)
         except DecodeError:
             logger.warning("ledgerq: %s is unreadable; the dedup window starts empty", path)
             queue.note_corrupt_skipped(1)
-            return []
+            return [], 0
         if found.damaged:
             logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, path)
             queue.note_corrupt_skipped(found.damaged)
-        return found.values
+        return found.values, found.end
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(
@@ -234,21 +244,29 @@ class DedupFeature(Feature):
         )
         self._provisional.clear()
         assert self._log is not None
-        if self._unsaved:
-            return  # the whole table is rewritten at the next flush
+        if not self._log.is_open:
+            return  # never opened (a full disk at open): rewritten whole at the next flush
+        # The messages are in the log: the enqueue happened and must not raise.  A record
+        # that cannot be written stays in the table in memory and the file is rewritten
+        # whole at the next sync; later records are still appended meanwhile (the failed
+        # one was cut back), so a crash before that sync forgets only the ids it held.
         try:
-            self._log.append(blob)
+            self._log.append_record(blob)
         except StorageError as exc:
-            # The messages are in the log: the enqueue happened and must not raise.  Their
-            # ids stay in the table in memory; the file is rewritten whole at the next sync.
-            logger.warning("ledgerq: %s; the dedup table will be saved at the next sync", exc)
-            self._unsaved = True
+            self._not_saved(exc)
             return
         self._records += 1
         if len(self._table) > self._max_entries:
             self._expire(now_ns)
         if self._records > 2 * len(self._table) + 1024:
-            self._rewrite()
+            try:
+                self._rewrite()
+            except StorageError as exc:
+                self._not_saved(exc)
+
+    def _not_saved(self, exc: StorageError) -> None:
+        logger.warning("ledgerq: %s; the dedup table will be saved at the next sync", exc)
+        self._unsaved = True
 
     def flush(self) -> None:
         if self._log is None:

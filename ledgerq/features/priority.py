@@ -167,12 +167,22 @@ class PrioritySelector:
         heapq.heappush(level.returned, (entry.id, entry.timestamp, entry))
 
     def discard(self, message_id: int) -> bool:
+        level = self._holder(message_id)
+        if level is None:
+            return False
+        level.discarded.add(message_id)
+        return True
+
+    def holds(self, message_id: int) -> bool:
+        return self._holder(message_id) is not None
+
+    def _holder(self, message_id: int) -> _Level | None:
+        """The level holding ``message_id`` available, if any."""
         self._pull()
         for level in self._levels:
             if message_id not in level.discarded and level.holds(message_id):
-                level.discarded.add(message_id)
-                return True
-        return False
+                return level
+        return None
 
     def drop_through(self, last_id: int) -> list[int]:
         # Columns are in id order: the dropped ids are a prefix of each level's.

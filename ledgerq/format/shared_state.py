@@ -16,7 +16,8 @@ the queue (after any crash, a power cut included).  Layout (little-endian)::
     96      8     corrupt_skipped u64 stats().corrupt_skipped of the queue
     104     8     enqueued_base u64   stats().enqueued counted up to ...
     112     8     enqueued_through u64  ... this id (entries from it on add one each)
-    120           zero up to PAGE_SIZE
+    120     8     reserve_spent u64   1 while the queue's disk ``reserve`` is released
+    128           zero up to PAGE_SIZE
 
     published tail (64 bytes at offset 8):
     0   u64  active_first   first id of the segment appends go to (its file name)
@@ -51,6 +52,7 @@ __all__ = [
     "SLOT_ENQUEUED_BASE",
     "SLOT_ENQUEUED_THROUGH",
     "SLOT_RESERVED_UNTIL",
+    "SLOT_RESERVE_SPENT",
     "SLOT_WRITING",
     "STATE_HEADER",
     "TAIL_FIELDS",
@@ -84,7 +86,8 @@ SLOT_DUPLICATES = 88
 SLOT_CORRUPT_SKIPPED = 96
 SLOT_ENQUEUED_BASE = 104
 SLOT_ENQUEUED_THROUGH = 112
-_SLOTS_END = 120
+SLOT_RESERVE_SPENT = 120
+_SLOTS_END = 128
 assert TAIL_OFFSET + TAIL_RECORD.size == SLOT_WRITING
 
 
@@ -121,17 +124,18 @@ def decode_tail(buf: bytes | bytearray | memoryview) -> SharedTail | None:
 def encode_page(tail: SharedTail, *, reserved_until: int, counters: dict[str, int]) -> bytes:
     """A whole page: header, ``tail``, ``writing`` 0 and the slots, zero-padded.
 
-    ``counters`` holds ``duplicates``, ``corrupt_skipped``, ``enqueued_base`` and
-    ``enqueued_through`` (0 when missing).
+    ``counters`` holds ``duplicates``, ``corrupt_skipped``, ``enqueued_base``,
+    ``enqueued_through`` and ``reserve_spent`` (0 when missing).
     """
     slots = struct.pack(
-        "<6Q",
+        "<7Q",
         0,
         reserved_until,
         counters.get("duplicates", 0),
         counters.get("corrupt_skipped", 0),
         counters.get("enqueued_base", 0),
         counters.get("enqueued_through", 0),
+        counters.get("reserve_spent", 0),
     )
     page = STATE_HEADER.pack(SHARED_MAGIC, SHARED_VERSION) + encode_tail(tail) + slots
     assert len(page) == _SLOTS_END

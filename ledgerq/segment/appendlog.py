@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
 
 from ledgerq.segment.files import StorageError, datasync, replace_and_open, storage_errors
 
@@ -39,6 +40,9 @@ class AppendLog:
         self._fd: int | None = None
         self._fd_lock = threading.Lock()  # guards the fd against a swap during sync()
         self._fragment = False  # a failed append's bytes may still be there, uncut
+        # Called when an append meets a full disk: True if it made room (the append is
+        # then tried once more).  The queue gives its reader journals one (its reserve).
+        self.on_full: Callable[[], bool] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -71,30 +75,77 @@ class AppendLog:
         self.size = size
         self._fragment = False
 
-    def append(self, record: bytes | bytearray | memoryview) -> None:
+    def append_record(self, record: bytes | bytearray | memoryview) -> None:
         """Write ``record`` whole, or raise :class:`StorageError` having written nothing.
 
         "Nothing" is what a reader sees: a partial write is cut back before this
         raises.  The record has reached the OS (not the disk) when this returns.
         """
         fd = self._fd
+        if fd is None or self._fragment:
+            fd = self._writable()
+        size = len(record)
+        try:
+            written = os.write(fd, record)
+            if written != size:
+                self._finish_short_write(fd, record, written)
+        except OSError as exc:
+            self._append_after_failure(fd, record, exc)
+        else:
+            self.size += size
+
+    # The helpers below are the slow paths of append_record(), shared with the inlined
+    # fast paths of subclasses (the reader journal's one-id record on every dequeue/ack).
+
+    def _writable(self) -> int:
+        """The descriptor to append to when the fast path cannot: raise if closed, and
+        cut a previous failure's fragment first (raising while that still fails)."""
+        fd = self._fd
         if fd is None:
             raise StorageError(f"append to {self.what}", self.path, OSError(errno.EBADF, "closed"))
         if self._fragment:
-            self._cut_back(fd)  # a previous failure's bytes first, or raise
+            self._cut_back(fd)
+        return fd
+
+    @staticmethod
+    def _finish_short_write(fd: int, record: bytes | bytearray | memoryview, written: int) -> None:
+        """Write the rest of ``record`` after a short write (or raise the error that
+        stopped it: typically ENOSPC, the disk full after the first bytes)."""
+        view = memoryview(record)
+        while written < len(view):
+            written += os.write(fd, view[written:])
+
+    def _append_after_failure(
+        self, fd: int, record: bytes | bytearray | memoryview, exc: OSError
+    ) -> None:
+        """A write of ``record`` raised ``exc``: cut what it left, then append ``record``
+        once more if the disk was full and :attr:`on_full` made room - or raise."""
+        error = self._failed(fd, exc)
+        if exc.errno != errno.ENOSPC or self.on_full is None or not self.on_full():
+            raise error from exc
+        fd = self._writable()
         try:
             written = os.write(fd, record)
-            size = len(record)
-            while written < size:  # a short write: the rest, or an error
-                written += os.write(fd, memoryview(record)[written:])
-        except OSError as exc:
-            self._fragment = True
-            try:
-                self._cut_back(fd)
-            except StorageError:
-                pass  # the append's own error is the one to report; the next one retries
-            raise StorageError(f"write {self.what}", self.path, exc) from exc
-        self.size += size
+            if written != len(record):
+                self._finish_short_write(fd, record, written)
+        except OSError as again:
+            raise self._failed(fd, again) from again
+        self.size += len(record)
+
+    def _failed(self, fd: int, exc: OSError) -> StorageError:
+        """A write raised ``exc``: cut what it left, and return the error to raise.
+
+        On a full disk ``write()`` stores what fits before it fails: those bytes are
+        cut off now.  If the cut fails too, the log remembers it and refuses every
+        append until a cut succeeds (:meth:`_writable`): a good record must never land
+        after a fragment, where a reader would take the fragment for damage.
+        """
+        self._fragment = True
+        try:
+            self._cut_back(fd)
+        except StorageError:
+            pass  # the append's own error is the one to report; the next one retries
+        return StorageError(f"write {self.what}", self.path, exc)
 
     def news(self) -> tuple[bytes, bool] | None:
         """Shared mode, the caller's lock held: what other handles appended since

@@ -73,10 +73,16 @@ class DirLock:
         if operation == fcntl.LOCK_SH:
             return  # many holders: the pid of one would mislead
         # The pid is informational only (for people and `ledgerq stats`); the flock is the
-        # lock.  Still, a disk that refuses this small write will refuse the queue's too.
+        # lock.  Still, a disk that refuses this small write will refuse the queue's too -
+        # except a full one, which must not lock the user out: a shared session's first
+        # handle emptied the file (downgrade), so the pid may need a page the disk lacks.
         with storage_errors("write the pid to the lock file", self.path):
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
 
     def downgrade(self) -> None:
         """Turn a ``"first"`` lock into a shared one (the shared opener's recovery is done).

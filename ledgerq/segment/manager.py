@@ -133,6 +133,8 @@ class SegmentManager:
         self.set_aside: list[Segment] = []  # copies and overlaps found at open, not read
         self._misplaced: dict[int, Segment] = {}  # name id -> misnamed or set-aside segment
         self._log_fd: int | None = None  # None after close(), or a failed rotation
+        # The writer, parked after a failed append whose cut failed too (see _undo).
+        self._torn_fd: int | None = None
         self._closed = False
         self._fd_lock = threading.Lock()
         # With sync_on_rotate False (sync modes other than "always"), the fsyncs of a
@@ -144,6 +146,8 @@ class SegmentManager:
         self._unsynced_sealed: list[int] = []  # duplicated fds of sealed logs to fsync
         self._dir_dirty = False
         self._idx_fd: int | None = None
+        self._idx_size = 0  # bytes of whole points in the open index (see _append_index)
+        self._stale_indexes: set[int] = set()  # first ids of indexes not rewritten at open
         self._last_indexed_offset = -1
         self.truncated_bytes = 0
         self.log_next_id = 1  # after open: the id after the last entry found in the log
@@ -328,7 +332,14 @@ class SegmentManager:
         if not seg.is_empty and start == 0:
             seg.missing = (seg.last_id - seg.first_id + 1) - found
         # Rewrite the index as recovered (it is small: 24 bytes per index_interval of log).
-        write_index(seg.idx_path, seg.index, sealed=False, durable=False)
+        try:
+            write_index(seg.idx_path, seg.index, sealed=False, durable=False)
+        except StorageError as exc:
+            # A full disk must not make the queue unopenable, and the index can wait: the
+            # old file stays (every reader checks a point against the log before using
+            # it), no point is appended to it, and the seal writes it whole.
+            logger.warning("ledgerq: %s; the index is rewritten when its segment is sealed", exc)
+            self._stale_indexes.add(seg.first_id)
 
     def _scan_tail(
         self, fd: int, seg: Segment, points: list[IndexEntry], start: int, after_id: int
@@ -500,12 +511,17 @@ class SegmentManager:
         with self._fd_lock:
             self._log_fd = log_fd
         self._idx_fd = idx_fd
+        # Where a failed point is cut back to; the recovered index ends with whole points.
+        self._idx_size = os.lseek(idx_fd, 0, os.SEEK_END)
+        if seg.first_id in self._stale_indexes:
+            self._idx_fd = None  # not rewritten at open: no point appended after old ones
+            os.close(idx_fd)
         if seg.index:
             self._last_indexed_offset = seg.index[-1].offset
 
     def _close_writer(self) -> None:
         with self._fd_lock:  # sync_active() must never fsync a closed (or reused) fd
-            for name in ("_log_fd", "_idx_fd"):
+            for name in ("_log_fd", "_torn_fd", "_idx_fd"):
                 fd = getattr(self, name)
                 if fd is not None:
                     setattr(self, name, None)
@@ -534,9 +550,9 @@ class SegmentManager:
         before = seg.size
         size = len(record)
         try:
-            if os.write(fd, record) != size:
-                self._undo(fd, before)  # a short write: cut it back, retry whole
-                write_all(fd, record)
+            written = os.write(fd, record)
+            if written != size:  # a short write: the rest, or the error that stopped it
+                write_all(fd, memoryview(record)[written:])
         except OSError as exc:
             self._undo(fd, before)
             raise StorageError("append to", seg.log_path, exc) from exc
@@ -549,13 +565,9 @@ class SegmentManager:
         ):
             seg.add_index_entry(IndexEntry(message_id, timestamp, before))
             self._last_indexed_offset = before
-            assert self._idx_fd is not None
-            try:
-                write_all(self._idx_fd, encode_index_entry(message_id, timestamp, before))
-            except OSError:
-                pass  # the index is advisory until sealed; recovery rebuilds it
+            self._append_index(encode_index_entry(message_id, timestamp, before))
         if seg.size >= self.segment_size:
-            self.rotate(message_id + 1)
+            self.rotate(message_id + 1, appended=True)
             return True
         return False
 
@@ -606,27 +618,69 @@ class SegmentManager:
         seg.last_timestamp = timestamp
         seg.size = offsets[-1]
         if index_blob:
-            assert self._idx_fd is not None
-            try:
-                write_all(self._idx_fd, b"".join(index_blob))
-            except OSError:
-                pass  # the index is advisory until sealed; recovery rebuilds it
+            self._append_index(b"".join(index_blob))
         if seg.size >= self.segment_size:
-            self.rotate(message_id)
+            self.rotate(message_id, appended=True)
+
+    def _append_index(self, blob: bytes) -> None:
+        """Append points to the active segment's open index (best effort).
+
+        The index is advisory until its segment is sealed: every reader checks a point
+        against the log before using it, and recovery rebuilds it, so a failed write is
+        no error of the append.  But a torn point would shift every point written after
+        it: the whole file would then read as damaged, and the next open (and every
+        lock-free reader) would scan the segment from its start.  So a failed write is
+        cut back; if even that fails, no more points go to this file - the seal
+        rewrites it whole from the points kept in memory.
+        """
+        fd = self._idx_fd
+        if fd is None:
+            return
+        try:
+            write_all(fd, blob)
+        except OSError:
+            try:
+                os.ftruncate(fd, self._idx_size)
+            except OSError:
+                with self._fd_lock:
+                    self._idx_fd = None
+                os.close(fd)
+            return
+        self._idx_size += len(blob)
 
     def _undo(self, fd: int, size: int) -> None:
+        """Cut the active log back to ``size`` after a failed append (``fd`` is its writer).
+
+        On a full disk ``write()`` stores what fits before it fails; those bytes must go
+        before anything else is appended, or the next entry would land after a torn one
+        and recovery - which ends the log at the first bytes that are no entry - would
+        cut it and everything after it.  If the cut itself fails, the writer is parked:
+        appends refuse (:meth:`_resume_writer` retries the cut first) until it succeeds,
+        and :meth:`sync_active` still syncs what was appended before.
+        """
         try:
             os.ftruncate(fd, size)
-        except OSError:  # pragma: no cover - nothing better to do; recovery cuts the tail
-            logger.error("ledgerq: could not cut back a failed append in %s", self.directory)
+        except OSError:
+            logger.error(
+                "ledgerq: could not cut back a failed append to %s; appends wait for the cut",
+                self.segments[-1].log_path,
+            )
+            with self._fd_lock:
+                self._log_fd, self._torn_fd = None, fd
 
-    def rotate(self, next_first_id: int) -> None:
+    def rotate(self, next_first_id: int, *, appended: bool = False) -> None:
         """Seal the active segment (durably) and start a new one at ``next_first_id``.
 
         Raises :class:`StorageError` if a step fails.  Nothing written is lost then:
         the segment keeps its entries, and the next append finishes the rotation
         (:meth:`_resume_writer`) with the next id - the caller must count the entries
         it wrote before the rotation as appended (``next_id`` moved past them).
+
+        ``appended``: the rotation follows an append that filled the segment, and that
+        append stands - its caller returns the ids.  Then only a failed first step (the
+        fsync that makes the entries durable, with ``sync_on_rotate``) raises; a later
+        one - the sealed index or the next file refused by a full disk - is logged, and
+        the next append finishes the rotation.
         """
         seg = self.segments[-1]
         natural = seg.last_id + 1 if not seg.is_empty else seg.first_id
@@ -643,15 +697,37 @@ class SegmentManager:
             self._first_ids.pop()
             self._create(next_first_id)
             return
-        assert self._log_fd is not None
-        if self._sync_on_rotate:
-            # A sealed segment is never rescanned: it must be whole.  If this fails the
-            # segment stays active and open, and the next append's rotation retries.
-            with storage_errors("sync", seg.log_path):
-                datasync(self._log_fd)
-        else:
+        self._sync_for_seal(seg)
+        try:
+            self._finish_rotation(seg, next_first_id)
+        except StorageError as exc:
+            if not appended:
+                raise
+            logger.warning(
+                "ledgerq: could not finish a segment rotation (%s); the next append retries", exc
+            )
+
+    def _sync_for_seal(self, seg: Segment) -> None:
+        """The first step of a rotation: make the active segment's data durable (or
+        note it for the next sync).  If this raises, the segment stays active and open,
+        and the next append's rotation retries."""
+        fd = self._log_fd
+        assert fd is not None
+        with storage_errors("sync", seg.log_path):
+            if self._sync_on_rotate:
+                # A sealed segment is never rescanned: it must be whole.
+                datasync(fd)
+                return
+            try:
+                dup = os.dup(fd)
+            except OSError:
+                datasync(fd)  # no descriptor to sync it later with: now, then
+                return
             with self._fd_lock:
-                self._unsynced_sealed.append(os.dup(self._log_fd))
+                self._unsynced_sealed.append(dup)
+
+    def _finish_rotation(self, seg: Segment, next_first_id: int) -> None:
+        """Seal ``seg`` (its data synced) and create the next segment."""
         self._close_writer()
         # From here on a failure leaves no writer; _resume_writer() picks up from
         # whichever step failed.
@@ -666,6 +742,13 @@ class SegmentManager:
         """
         assert not self._closed, "segment manager is closed"
         seg = self.segments[-1]
+        torn = self._torn_fd
+        if torn is not None:
+            with storage_errors("cut back a failed append to", seg.log_path):
+                os.ftruncate(torn, seg.size)
+            with self._fd_lock:
+                self._log_fd, self._torn_fd = torn, None
+            return torn
         if seg.sealed:
             self._create(seg.last_id + 1)
         else:
@@ -678,6 +761,7 @@ class SegmentManager:
         if seg.last_offset >= 0 and (not seg.index or seg.index[-1].offset != seg.last_offset):
             seg.add_index_entry(IndexEntry(seg.last_id, seg.last_timestamp, seg.last_offset))
         write_index(seg.idx_path, seg.index, sealed=True, durable=durable)
+        self._stale_indexes.discard(seg.first_id)
         seg.sealed = True
 
     def sync(self) -> None:
@@ -692,7 +776,8 @@ class SegmentManager:
         itself, so syncing the newest segment covers every write made before the call.
         """
         with self._fd_lock:
-            fd = os.dup(self._log_fd) if self._log_fd is not None else None
+            writer = self._log_fd if self._log_fd is not None else self._torn_fd
+            fd = os.dup(writer) if writer is not None else None
             sealed, self._unsynced_sealed = self._unsynced_sealed, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
         try:
@@ -802,12 +887,21 @@ class SegmentManager:
     # ------------------------------------------------------------------ deletion
 
     def delete_first(self) -> Segment:
-        """Delete the oldest segment (never the active one) and return it."""
+        """Delete the oldest segment (never the active one) and return it.
+
+        Raises :class:`StorageError` having changed nothing if its log cannot be
+        deleted (the segment stays, and a later call tries again).
+        """
         if len(self.segments) < 2:
             raise ValueError("the active segment cannot be deleted")
-        seg = self.segments.pop(0)
+        seg = self.segments[0]
+        with storage_errors("delete segment", seg.log_path), contextlib.suppress(FileNotFoundError):
+            os.unlink(seg.log_path)
+        self.segments.pop(0)
         self._first_ids.pop(0)
-        self._unlink(seg)
+        # The index: best effort - one left behind without its log is deleted at open.
+        with contextlib.suppress(OSError):
+            self._unlink(seg)
         return seg
 
     def _unlink(self, seg: Segment) -> None:
@@ -828,6 +922,20 @@ class SegmentManager:
     def total_entries(self) -> int:
         """Entries in all segments."""
         return sum(s.count for s in self.segments)
+
+    def reopened(self) -> SegmentManager:
+        """A new manager of the same directory and settings, not opened yet (to run the
+        recovery again from the start after a failed :meth:`open`; close this one)."""
+        manager = SegmentManager(
+            os.path.dirname(self.directory),
+            segment_size=self.segment_size,
+            index_interval=self.index_interval,
+            on_corrupt=self._on_corrupt,
+            on_gap=self._on_gap,
+            sync_on_rotate=self._sync_on_rotate,
+        )
+        manager.remember_reported(sorted(self._reported))
+        return manager
 
     def close(self) -> None:
         """Close every file (does not sync; the queue decides that)."""

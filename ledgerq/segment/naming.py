@@ -19,6 +19,7 @@
         state                   SHARED_STATE_NAME: the state page (format.shared_state)
         <name>.reader           reader_lock_path(): flock'ed across a reader's step
         <handle:016x>.live      handle_live_path(): flock'ed while that handle lives
+      reserve                   RESERVE_NAME: disk space held back for acks on a full disk
 
 A file being replaced is written first as ``<name>.tmp`` (TMP_SUFFIX) and renamed.
 ``docs/format.md`` lists the same names; a test keeps the two in step.
@@ -42,6 +43,7 @@ __all__ = [
     "OPTIONS_NAME",
     "QUEUE_NAMES",
     "READERS_DIR",
+    "RESERVE_NAME",
     "SEGMENTS_DIR",
     "SHARED_DIR",
     "SHARED_STATE_NAME",
@@ -65,6 +67,7 @@ DLQ_DIR = "dlq"
 META_NAME = "meta.json"
 OPTIONS_NAME = "options.json"
 LOCK_NAME = "LOCK"
+RESERVE_NAME = "reserve"
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".idx"
 STATE_SUFFIX = ".state"
@@ -90,6 +93,7 @@ QUEUE_NAMES = frozenset(
         FEATURES_DIR,
         DLQ_DIR,
         SHARED_DIR,
+        RESERVE_NAME,
     )
 )
 

@@ -121,6 +121,23 @@ class SharedSegmentManager(SegmentManager):
         self._seen = b""
         self._published = b""
 
+    def reopened(self) -> SharedSegmentManager:
+        """A new manager like this one, not opened yet (the first handle's recovery run
+        again after a full disk: see ``SegmentManager.reopened``)."""
+        manager = SharedSegmentManager(
+            os.path.dirname(self.directory),
+            page=self._page,  # type: ignore[arg-type] # None until the recovery is done
+            append_lock=self._append_lock,
+            segment_size=self.segment_size,
+            index_interval=self.index_interval,
+            on_corrupt=self._on_corrupt,
+            on_gap=self._on_gap,
+            claim_region=self._claim_region,
+            sync_on_rotate=self._sync_on_rotate,
+        )
+        manager.remember_reported(sorted(self._reported))
+        return manager
+
     def set_claim_region(self, claim_region: Callable[[int, int], bool]) -> None:
         """Count corrupt regions through ``claim_region`` from now on (the session started)."""
         self._claim_region = claim_region
@@ -442,7 +459,7 @@ class SharedSegmentManager(SegmentManager):
                 self.directory,
             )
 
-    def rotate(self, next_first_id: int) -> None:
+    def rotate(self, next_first_id: int, *, appended: bool = False) -> None:
         seg = self.segments[-1]
         if not seg.is_empty:
             # The index file holds the points of every appender; ours in memory only ours.
@@ -451,8 +468,10 @@ class SharedSegmentManager(SegmentManager):
             merged = points + [p for p in seg.index if p.offset not in mine]
             merged.sort(key=lambda p: p.offset)
             seg.set_index([p for p in merged if p.offset <= seg.last_offset])
-        super().rotate(next_first_id)
-        self.generation += 1
+        try:
+            super().rotate(next_first_id, appended=appended)
+        finally:
+            self.generation += 1  # (a half-done rotation too: the others list again)
         self._writer_generation = self.generation
 
     def delete_first(self) -> Segment:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,11 +59,11 @@ class WaitProbe:
         return self.added - self.removed
 
     async def until_waiting(self, n: int = 1) -> None:
-        for _ in range(10_000):
-            if self.waiting >= n:
-                return
+        deadline = time.monotonic() + GUARD_S  # a hang guard: waiters may come from threads
+        while self.waiting < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"expected {n} waiting coroutines, saw {self.waiting}")
             await asyncio.sleep(0)
-        raise AssertionError(f"expected {n} waiting coroutines, saw {self.waiting}")
 
 
 class TakeCounter:
@@ -80,11 +81,12 @@ class TakeCounter:
 
 
 async def yield_until(predicate: Callable[[], bool]) -> None:
-    for _ in range(10_000):
-        if predicate():
-            return
+    """Let the loop run until ``predicate()`` holds (a hang guard bounds the wait)."""
+    deadline = time.monotonic() + GUARD_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition never became true")
         await asyncio.sleep(0)
-    raise AssertionError("condition never became true")
 
 
 @pytest.fixture
@@ -460,16 +462,20 @@ def test_cancelled_open_does_not_leave_the_queue_locked(
     def slow_open(*args: Any, **kwargs: Any) -> ledgerq.Queue:
         queue = real_open(*args, **kwargs)
         opened.set()
-        proceed.wait()
+        proceed.wait(GUARD_S)  # bounded: a failing test must not hang asyncio.run's join
         return queue
 
     monkeypatch.setattr(ledgerq, "open", slow_open)
 
     async def main() -> None:
         task = asyncio.ensure_future(ledgerq.aio.open(qpath))
-        await yield_until(opened.is_set)  # the thread holds an open queue
-        task.cancel()
-        proceed.set()
+        await asyncio.sleep(0)  # the task hands the job to a thread
+        try:
+            # Block the loop until the thread holds an open queue (it needs no loop).
+            assert opened.wait(GUARD_S)
+            task.cancel()
+        finally:
+            proceed.set()
         with pytest.raises(asyncio.CancelledError):
             await task
 

@@ -45,7 +45,8 @@ def test_a_failed_reservation_appends_nothing_and_is_retried(tmp_path: Path, kin
     path = tmp_path / "q"
     with ledgerq.open(path, **options) as q:
         assert q.enqueue(b"first") == 1
-        q._reserved_until = q.stats().next_id  # the next append must reserve ids first
+        # The next append must reserve ids first (the durable reservation, and the gate).
+        q._reserved_until = q._ids_reserved_until = q.stats().next_id
         saved = _meta(path)
         blocker = path / "meta.json.tmp"
         blocker.mkdir()  # where the meta save writes its temporary file

@@ -337,6 +337,7 @@ def test_shared_state_tables_match_the_layout() -> None:
         "corrupt_skipped": page.SLOT_CORRUPT_SKIPPED,
         "enqueued_base": page.SLOT_ENQUEUED_BASE,
         "enqueued_through": page.SLOT_ENQUEUED_THROUGH,
+        "reserve_spent": page.SLOT_RESERVE_SPENT,
     }
     assert all(r["size"] == "8" and r["type"] == "u64" for r in rows[3:])
     tail_rows = table("shared-tail")
@@ -344,7 +345,7 @@ def test_shared_state_tables_match_the_layout() -> None:
     assert [r["field"] for r in tail_rows[:7]] == list(page.SharedTail._fields)
     # Decode a page written by the code with the tables alone.
     tail = page.SharedTail(11, 2048, 40, 1999, 1_700_000_000_000_000_000, 1024, 3)
-    blob = page.encode_page(tail, reserved_until=99, counters={"duplicates": 5})
+    blob = page.encode_page(tail, reserved_until=99, counters={"duplicates": 5, "reserve_spent": 1})
     values, _ = walk(rows[:2], blob)
     assert values["magic"] == b"LQSP" and values["version"] == 1
     tail_values, _ = walk(tail_rows, blob[page.TAIL_OFFSET :])
@@ -352,6 +353,7 @@ def test_shared_state_tables_match_the_layout() -> None:
     assert tail_values["crc32"] == zlib.crc32(blob[page.TAIL_OFFSET : page.TAIL_OFFSET + 56])
     assert struct.unpack_from("<Q", blob, slots["reserved_until"])[0] == 99
     assert struct.unpack_from("<Q", blob, slots["duplicates"])[0] == 5
+    assert struct.unpack_from("<Q", blob, slots["reserve_spent"])[0] == 1
 
 
 def test_constants() -> None:

@@ -50,7 +50,9 @@ class DeadLetterFeature(DeadLetterStore):
         directory = os.path.join(queue.path, FEATURES_DIR)
         make_durable_dir(directory)
         self._tracker = RetryTracker(
-            os.path.join(directory, "retries.log"), rewrite=not queue.shared or queue.is_alone
+            os.path.join(directory, "retries.log"),
+            shared_lock=queue.appends_locked if queue.shared else None,
+            rewrite=not queue.shared or queue.is_alone,
         )
 
     def failed(self, delivery: FailedDelivery) -> bool:

@@ -8,27 +8,36 @@ reason and time - for the dead-letter headers.  It is an append-only log
 ``features/retries.log`` of framed msgpack records ``[reader, id, time_ns,
 reason]``, each written to the OS before the nack returns, rewritten with only
 the live entries when it holds four times as many records as live entries.
+A record that cannot be written does not fail the nack (see :class:`RetryTracker`).
 
-In shared mode the handles of every process append to it (each record one
-``write()`` on an ``O_APPEND`` descriptor: records never interleave), and only a
-handle alone with the queue - the first of a session, while it opens - rewrites it:
-a rewrite would lose the records other handles append to the file it replaces.
+In shared mode the handles of every process append to it, each under the queue's
+append lock after reading what the others appended (so a failed write is cut back to
+the end of their records, never into them), and only a handle alone with the queue -
+the first of a session, while it opens - rewrites it: a rewrite would lose the records
+other handles append to the file it replaces.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.feature_state import (
     decode_feature_file,
+    decode_feature_records,
     encode_feature_file_header,
     encode_feature_record,
 )
-from ledgerq.segment.files import StorageError, replace_and_open, storage_errors, write_all
+from ledgerq.segment.appendlog import AppendLog
+from ledgerq.segment.files import StorageError, storage_errors
 
 __all__ = ["RetryTracker"]
+
+logger = logging.getLogger("ledgerq")
 
 _MAGIC = b"LQRT"
 _MAX_REASON = 4096
@@ -52,23 +61,42 @@ def _failure_record(value: Any) -> tuple[str, int, int, str | None] | None:
 
 
 class RetryTracker:
-    """Last failure reason and time of each failing message, per reader."""
+    """Last failure reason and time of each failing message, per reader.
 
-    def __init__(self, path: str, *, rewrite: bool = True) -> None:
-        """Load ``path``; with ``rewrite`` False (shared mode, other handles live) the
-        file is appended to as it is and never replaced."""
+    The log is an :class:`AppendLog`: a record a full disk cuts short is cut back, never
+    left in the middle of the file.  A record that cannot be written does not fail the
+    nack that reported it (the failure is counted in the reader's journal; this is its
+    human part): it stays in memory, later records are appended as usual, and the
+    table is rewritten whole at the next sync or close.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        shared_lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+        rewrite: bool = True,
+    ) -> None:
+        """Load ``path``.  ``shared_lock`` (shared mode): the queue's append lock, held
+        across each append; ``rewrite`` False (shared mode, other handles live): the
+        file is appended to as it is, never replaced."""
         self.path = path
-        self._may_rewrite = rewrite
+        self._shared_lock = shared_lock
+        self._may_rewrite = rewrite and shared_lock is None
         self._last: dict[tuple[str, int], tuple[int, str]] = {}
-        self._fd: int | None = None
+        self._log = AppendLog(path, "retry state")
         self._records = 0
+        self._unsaved = False  # a record could not be written: rewrite the table whole
         values: list[Any] = []
+        end = 0  # where the file's whole records end (0: no usable file)
         if os.path.exists(path):
             with open(path, "rb") as f:
                 try:
-                    values = decode_feature_file(f.read(), _MAGIC).values
+                    found = decode_feature_file(f.read(), _MAGIC)
                 except DecodeError:
-                    values = []
+                    pass
+                else:
+                    values, end = found.values, found.end
         for value in values:
             record = _failure_record(value)
             if record is None:
@@ -78,34 +106,103 @@ class RetryTracker:
                 self._last.pop((reader, message_id), None)
             else:
                 self._last[(reader, message_id)] = (when, reason)
-        if rewrite:
-            self._rewrite()
-        else:
-            with storage_errors("open retry state", path):
-                if not os.path.exists(path):
-                    with open(path, "ab") as f:  # O_APPEND: another handle may be writing too
+        if not rewrite:
+            self._join(end)
+            return
+        try:
+            self._rewrite()  # drops the entries of messages that left
+        except StorageError as exc:
+            # A full disk must not make the queue unopenable: the file as it is holds the
+            # table (with entries the rewrite would have dropped): append to it.
+            self._keep_file(end, exc)
+
+    def _join(self, end: int) -> None:
+        """Shared mode, other handles live: append to the file as it is (created with its
+        header if missing); records past ``end`` are the others' (see _follow_others)."""
+        path = self.path
+        with storage_errors("open retry state", path):
+            if not end:
+                with open(path, "ab") as f:  # O_APPEND: another handle may be creating it too
+                    if not f.tell():
                         f.write(encode_feature_file_header(_MAGIC))
-                self._adopt(os.open(path, os.O_WRONLY | os.O_APPEND))
+                with open(path, "rb") as f:
+                    try:
+                        end = decode_feature_file(f.read(), _MAGIC).end
+                    except DecodeError:
+                        logger.warning(
+                            "ledgerq: %s is unreadable; retry reasons are kept in memory only "
+                            "until every handle has closed the queue",
+                            path,
+                        )
+                        return
+            self._log.open(end, cut=False)
+
+    def _keep_file(self, end: int, exc: StorageError) -> None:
+        """The rewrite at open failed: append to the file as it is, if it has a header."""
+        if end:
+            try:
+                self._log.open(end)
+                self._records = len(self._last)
+                return
+            except StorageError as again:
+                exc = again
+        self._not_saved(exc)
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(
             encode_feature_record([reader, mid, when, reason])
             for (reader, mid), (when, reason) in self._last.items()
         )
-        replace_and_open(self.path, blob, self._adopt)
+        self._log.replace(blob)
         self._records = len(self._last)
+        self._unsaved = False
 
-    def _adopt(self, fd: int) -> None:
-        """Append to ``fd``, the rewritten file, from now on."""
-        old, self._fd = self._fd, fd
-        if old is not None:
-            os.close(old)
+    def _follow_others(self) -> None:
+        """Shared mode (append lock held): append after the others' records from now on.
+
+        A torn record at the end - a handle killed while appending - is cut.  (Their
+        records are not applied: this table only feeds this handle's reports.)
+        """
+        log = self._log
+        news = log.news()
+        if news is None:
+            return
+        data, replaced = news
+        if replaced:  # (by the first handle of a session only: not while we are open)
+            found = decode_feature_file(data, _MAGIC)
+            log.settle(found.end)
+        else:
+            log.settle(log.size + decode_feature_records(data, 0).end)
+
+    def _not_saved(self, exc: StorageError) -> None:
+        logger.warning("ledgerq: %s; the retry reasons will be saved at the next sync", exc)
+        self._unsaved = True
 
     def record(self, reader: str, message_id: int, when_ns: int, reason: str) -> None:
-        """Remember a failure (written to the OS before returning)."""
+        """Remember a failure (written to the OS before returning, if the disk takes it)."""
         reason = reason[:_MAX_REASON]
         self._last[(reader, message_id)] = (when_ns, reason)
-        self._append([reader, message_id, when_ns, reason])
+        if not self._log.is_open:
+            return  # never opened (a full disk at open): rewritten whole at the next flush
+        # After a record that could not be written, later ones are still appended: the
+        # failed one was cut back, and a later record of the same message supersedes it.
+        record = encode_feature_record([reader, message_id, when_ns, reason])
+        try:
+            if self._shared_lock is None:
+                self._log.append_record(record)
+            else:
+                with self._shared_lock():
+                    self._follow_others()
+                    self._log.append_record(record)
+        except StorageError as exc:
+            self._not_saved(exc)
+            return
+        self._records += 1
+        if self._may_rewrite and self._records > 4 * len(self._last) + 1024:
+            try:
+                self._rewrite()
+            except StorageError as exc:
+                self._not_saved(exc)
 
     def forget(self, reader: str, message_id: int) -> None:
         """The message succeeded or left: drop its entry (lazily persisted)."""
@@ -115,27 +212,18 @@ class RetryTracker:
         """(time_ns, reason) of the last recorded failure, if any."""
         return self._last.get((reader, message_id))
 
-    def _append(self, value: list[Any]) -> None:
-        assert self._fd is not None
-        try:
-            write_all(self._fd, encode_feature_record(value))
-        except OSError as exc:
-            raise StorageError("write retry state", self.path, exc) from exc
-        self._records += 1
-        if self._may_rewrite and self._records > 4 * len(self._last) + 1024:
-            self._rewrite()
-
     def flush(self) -> None:
-        """fsync the log; raises :class:`StorageError` if the disk refuses."""
-        if self._fd is not None:
-            with storage_errors("sync retry state", self.path):
-                os.fsync(self._fd)
+        """Make the log durable (rewriting it whole if a record could not be written).
+
+        Raises :class:`StorageError` if the disk refuses.
+        """
+        if self._unsaved and self._may_rewrite:
+            self._rewrite()
+        self._log.sync()
 
     def close(self) -> None:
         """Close the log."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._log.close()
 
     def __len__(self) -> int:
         return len(self._last)
