@@ -8,6 +8,7 @@ call that met it - in its own process - and nothing else.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -178,3 +179,81 @@ def test_a_rotation_killed_between_the_next_log_and_its_index(
             "00000000000000000002.idx",
         ]
         assert [m.payload for m in drain(q)] == [b"x" * 300, b"after"]
+
+
+_EIO_CHILD = """
+import errno, os, sys
+import ledgerq
+from tests.faults._shim import Interposer
+
+class FailingWrites(Interposer):
+    target = ""  # "segments" or "readers": the writes that fail with EIO, while set
+
+    def around(self, name, path, call, args):
+        if name == "write" and self.target and os.sep + self.target + os.sep in path:
+            raise OSError(errno.EIO, "Input/output error")
+        return call()
+
+path = sys.argv[1]
+shim = FailingWrites(path)
+shim.install()
+q = ledgerq.open(path, shared=True)
+print("READY", flush=True)
+for line in sys.stdin:
+    command, *args = line.split()
+    try:
+        if command == "fail":
+            shim.target = args[0] if args else ""
+            print("OK", flush=True)
+        elif command == "enq":
+            print("E", q.enqueue(args[0].encode()), flush=True)
+        elif command == "deq":
+            m = q.dequeue()
+            print("L", m.id if m else 0, flush=True)
+        elif command == "ack":
+            q.ack(int(args[0]))
+            print("A", args[0], flush=True)
+        elif command == "close":
+            q.close()
+            print("BYE", flush=True)
+            break
+    except ledgerq.LedgerQError as exc:
+        print("X", type(exc).__name__, getattr(exc, "errno", None), flush=True)
+"""
+
+
+def test_an_io_error_in_one_process_fails_there_and_leaves_the_others_working(
+    tmp_path: Path, children: Children
+) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as q:
+        q.enqueue_batch([b"1", b"2"])
+        child = children.start(["-c", _EIO_CHILD, str(path)])
+        child.wait_for("READY")
+        child.send("deq")
+        assert child.wait_for("L ") == "L 1"
+        # EIO on its segment writes: its enqueue raises, uses no id, leaves nothing.
+        child.send("fail segments")
+        child.wait_for("OK")
+        child.send("enq 3")
+        assert child.wait_for("X ") == f"X StorageError {errno.EIO}"
+        assert q.enqueue(b"3") == 3, "the failed append used no id and holds nothing up"
+        # EIO on its journal writes: its ack raises (the message stays leased to it).
+        child.send("fail readers")
+        child.wait_for("OK")
+        child.send("ack 1")
+        assert child.wait_for("X ") == f"X StorageError {errno.EIO}"
+        got = q.dequeue()
+        assert got is not None and got.id == 2, "message 1 is still the child's"
+        q.ack(got.id)
+        # Once the device is back, the failed process goes on where it was.
+        child.send("fail")
+        child.wait_for("OK")
+        child.send("ack 1")
+        assert child.wait_for("A ") == "A 1"
+        child.send("enq 4")
+        assert child.wait_for("E ") == "E 4"
+        child.send("close")
+        child.wait_for("BYE")
+        assert [m.payload for m in q.dequeue_batch(10)] == [b"3", b"4"]
+        assert q.stats().acked == 2
