@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 import ledgerq
+from ledgerq.format.feature_state import decode_feature_file
 from ledgerq.format.shared_state import SLOT_RESERVE_SPENT
 from tests.realfs import SmallDisk
 
@@ -96,3 +97,29 @@ def test_a_read_on_a_full_disk_keeps_the_reserve(small_disk: SmallDisk) -> None:
     a.close()
     assert (path / "reserve").stat().st_size == 32 * 1024
     assert small_disk.is_full()
+
+
+def test_a_retry_reason_cut_back_on_a_full_disk_keeps_the_others_records(
+    small_disk: SmallDisk,
+) -> None:
+    # retries.log is appended by every handle; a record a full disk cut short is cut
+    # back to where this handle thinks the file ends - which must take in the records
+    # other handles appended since, or the cut takes them away too.
+    path = small_disk.path / "q"
+    a = ledgerq.open(path, shared=True, max_retries=5)
+    b = ledgerq.open(path, shared=True, max_retries=5)
+    try:
+        a.enqueue_batch([b"1", b"2"])
+        mine, theirs = a.dequeue(), b.dequeue()
+        assert mine is not None and theirs is not None
+        b.nack(theirs.id, "b's reason")
+        small_disk.fill()
+        a.nack(mine.id, "a" * 5000)  # (the nack stands: only its reason is not written)
+        small_disk.free()
+    finally:
+        a.close()
+        b.close()
+    data = (path / "features" / "retries.log").read_bytes()
+    found = decode_feature_file(data, b"LQRT")
+    assert ["default", theirs.id] in [value[:2] for value in found.values]
+    assert found.end == len(data) and not found.damaged
