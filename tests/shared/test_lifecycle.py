@@ -7,6 +7,7 @@ handles come and go - by close, by kill -9, by fork - and the others go on.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -274,3 +275,22 @@ def test_a_closed_handle_leaves_no_file_open(tmp_path: Path) -> None:
     for _ in range(5):
         session()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_an_id_reservation_is_saved_when_it_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An id may be written only once a durable reservation covers it: after a power cut
+    # the next session starts past meta.json's reservation, never reusing an id that a
+    # lost tail held.  A new block reached the state page but not meta.json.
+    from ledgerq.core import queue as queue_module
+    from ledgerq.core import shared_queue
+
+    monkeypatch.setattr(queue_module, "ID_BLOCK", 10)
+    monkeypatch.setattr(shared_queue, "ID_BLOCK", 10)
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as a, ledgerq.open(path, shared=True) as b:
+        for round_ in range(3):
+            ids = (a, b)[round_ % 2].enqueue_batch([b"x"] * 12)
+            meta = json.loads((path / "meta.json").read_text())
+            assert meta["reserved_until"] > ids[-1], (ids, meta["reserved_until"])
