@@ -14,7 +14,11 @@ import pytest
 import ledgerq
 from ledgerq.format.feature_state import decode_feature_file
 from ledgerq.format.shared_state import SLOT_RESERVE_SPENT
+from tests._child import Children
 from tests.realfs import SmallDisk
+
+from ._procs import start
+from ._worker import payload
 
 
 def _spent(q: ledgerq.Queue) -> int:
@@ -123,3 +127,36 @@ def test_a_retry_reason_cut_back_on_a_full_disk_keeps_the_others_records(
     found = decode_feature_file(data, b"LQRT")
     assert ["default", theirs.id] in [value[:2] for value in found.values]
     assert found.end == len(data) and not found.damaged
+
+
+def test_another_process_learns_that_the_reserve_is_spent_and_back(
+    small_disk: SmallDisk, children: Children
+) -> None:
+    path = small_disk.path / "q"
+    reserve = path / "reserve"
+    with ledgerq.open(path, shared=True, segment_size=256 * 1024) as a:
+        other = start(children, "hold", path, "segment_size=262144")
+        ids = _fill(a, small_disk)
+        drained = 0
+        while reserve.exists():  # a's acks spend the reserve
+            message = a.dequeue()
+            assert message is not None and drained < 100
+            a.ack(message.id)
+            drained += 1
+        other.send("enq 1")
+        refused = other.line()  # (its one answer: "E <id>" had it enqueued)
+        assert refused.startswith("X StorageError") and "No space left for messages" in refused
+        while True:  # a drains until retention made room and its enqueue wrote the reserve
+            message = a.dequeue()
+            assert message is not None, "drained the whole queue, enqueues still refused"
+            a.ack(message.id)
+            try:
+                new_id = a.enqueue(payload(0))
+                break
+            except ledgerq.StorageError:
+                continue
+        assert reserve.exists() and new_id > ids[-1]
+        other.send("enq 2")
+        assert other.line() == f"E {new_id + 1} 2", "the other process enqueues again"
+        other.send("close")
+        other.wait_for("BYE")
