@@ -719,6 +719,9 @@ class SharedReaderCore(ReaderCore):
             self._leave()
 
     def maybe_compact(self) -> None:
+        # Compact early while the queue's disk reserve is spent - by any handle: this
+        # journal must not grow into the room it freed for the acks (see set_low_space).
+        self.journal.set_low_space(self._manager.reserve_spent)  # type: ignore[attr-defined]
         if self.journal.wants_compaction:
             self._enter()
             try:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from ledgerq.format.checksum import checksum
 from ledgerq.format.index import IndexEntry
 from ledgerq.format.shared_state import (
+    SLOT_RESERVE_SPENT,
     SLOT_WRITING,
     TAIL_FIELDS,
     TAIL_OFFSET,
@@ -161,6 +162,12 @@ class SharedSegmentManager(SegmentManager):
     def page(self, page: SharedPage) -> None:
         self._page = page
         self._mm = page.memory
+
+    @property
+    def reserve_spent(self) -> bool:
+        """Whether the queue's disk reserve is spent (the page's ``reserve_spent`` word)."""
+        mm = self._mm
+        return mm is not None and mm[SLOT_RESERVE_SPENT] != 0
 
     def unlock_appends(self) -> None:
         """Release one :meth:`lock_appends`."""

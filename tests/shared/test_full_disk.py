@@ -160,3 +160,35 @@ def test_another_process_learns_that_the_reserve_is_spent_and_back(
         assert other.line() == f"E {new_id + 1} 2", "the other process enqueues again"
         other.send("close")
         other.wait_for("BYE")
+
+
+def test_a_handle_drains_through_a_reserve_another_one_spent(small_disk: SmallDisk) -> None:
+    # b never met the full disk itself: it learns from the page that the reserve is
+    # spent and compacts its journal every few KiB, as the handle that spent it does -
+    # else its acks fill the freed room and fail long before retention frees a segment.
+    path = small_disk.path / "q"
+    reserve = path / "reserve"
+    a = ledgerq.open(path, shared=True, segment_size=1 << 20)
+    b = ledgerq.open(path, shared=True, segment_size=1 << 20)
+    try:
+        ids = _fill(a, small_disk)
+        drained: list[int] = []
+        while reserve.exists():
+            message = a.dequeue()
+            assert message is not None and len(drained) < 100
+            a.ack(message.id)
+            drained.append(message.id)
+        while True:  # b alone drains, until retention made room for its enqueue
+            message = b.dequeue()
+            assert message is not None, "drained the whole queue, enqueues still refused"
+            b.ack(message.id)
+            drained.append(message.id)
+            try:
+                new_id = b.enqueue(b"new")
+                break
+            except ledgerq.StorageError:
+                continue
+        assert drained == ids[: len(drained)] and new_id > ids[-1]
+    finally:
+        a.close()
+        b.close()
