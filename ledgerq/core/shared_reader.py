@@ -96,6 +96,7 @@ class SharedReaderCore(ReaderCore):
     ) -> None:
         self._lock_file = lock
         self._shared_journal = journal
+        self._shared_manager = manager
         self._depth = 0
         self._clock = clock
         self.holder = journal.holder
@@ -721,7 +722,7 @@ class SharedReaderCore(ReaderCore):
     def maybe_compact(self) -> None:
         # Compact early while the queue's disk reserve is spent - by any handle: this
         # journal must not grow into the room it freed for the acks (see set_low_space).
-        self.journal.set_low_space(self._manager.reserve_spent)  # type: ignore[attr-defined]
+        self.journal.set_low_space(self._shared_manager.reserve_spent)
         if self.journal.wants_compaction:
             self._enter()
             try:
