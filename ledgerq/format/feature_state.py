@@ -27,6 +27,7 @@ __all__ = [
     "FEATURE_FILE_HEADER",
     "FeatureFile",
     "decode_feature_file",
+    "decode_feature_records",
     "encode_feature_file_header",
     "encode_feature_record",
 ]
@@ -74,8 +75,14 @@ def decode_feature_file(buf: bytes, magic: bytes, version: int = 1) -> FeatureFi
     got_magic, got_version = FEATURE_FILE_HEADER.unpack_from(buf, 0)
     if got_magic != magic or got_version != version:
         raise CorruptRecord(f"bad feature file header {got_magic!r} v{got_version}", 0)
+    return decode_feature_records(buf, FEATURE_FILE_HEADER.size)
+
+
+def decode_feature_records(buf: bytes, pos: int) -> FeatureFile:
+    """Decode the records of ``buf`` from ``pos`` (after the header, or where an earlier
+    read stopped); see :func:`decode_feature_file` for what is returned."""
     values: list[Any] = []
-    pos = end = FEATURE_FILE_HEADER.size
+    end = pos
     damaged = 0
     # Checksumming candidates after bad bytes is capped (see recovery_crc_allowance), so a
     # crafted file of plausible lengths cannot make decoding quadratic.

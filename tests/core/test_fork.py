@@ -128,15 +128,23 @@ def test_a_sharded_queue_in_a_fork_started_worker_raises(tmp_path: Path) -> None
         assert sharded.stats().enqueued == 0
 
 
+def _run_until(started: object, stop: object) -> None:
+    started.set()  # type: ignore[attr-defined]
+    stop.wait(60)  # type: ignore[attr-defined]
+
+
 def test_a_child_holding_the_queue_forgotten_keeps_nothing_locked(tmp_path: Path) -> None:
     """The child inherited an open queue and never uses it: the parent can close and reopen."""
     path = tmp_path / "q"
     ctx = multiprocessing.get_context("fork")
     q = ledgerq.open(path)
-    stop = ctx.Event()
-    child = ctx.Process(target=stop.wait, args=(60,))
+    started, stop = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_run_until, args=(started, stop))
     child.start()
     try:
+        # The child drops its copy of the lock in its at-fork hook, which runs when it is
+        # first scheduled: on a busy machine, after the parent's next steps.
+        assert started.wait(60)
         q.enqueue(b"x")
         q.close()
         with ledgerq.open(path) as again:  # not locked by the child's copy
