@@ -164,7 +164,7 @@ def _locked_text(exc: ledgerq.QueueLockedError) -> str:
         return (
             f"queue {exc.path} is open elsewhere: another process holds it exclusively; "
             "stop it first, or have it open the queue with ledgerq.open(path, shared=True) "
-            f"so that ledgerq commands work beside it - {readers}"
+            f"so that the commands that read or change messages work beside it - {readers}"
         )
     if exc.held_by == "shared":
         return (
