@@ -8,6 +8,7 @@ import os
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.reader_state import (
     STATE_FILE_HEADER,
+    STATE_VERSION,
     Checkpoint,
     StateRecordType,
     encode_checkpoint,
@@ -17,7 +18,7 @@ from ledgerq.format.reader_state import (
     state_file_version,
 )
 from ledgerq.segment.appendlog import AppendLog
-from ledgerq.segment.readonly_state import JournalTail, ReaderState
+from ledgerq.segment.readonly_state import JournalTail, ReaderState, StateRecord
 from ledgerq.segment.sync import GroupCommit
 
 __all__ = ["ReaderJournal"]
@@ -48,7 +49,7 @@ class ReaderJournal(AppendLog):
         self._low_space = False
         self._adopted_size = 0  # the size when it was opened or last rewritten
         self.commit = GroupCommit(self.sync)
-        self.version = 1  # of the file on disk: 2 once it may hold a newer record type
+        self.version = STATE_VERSION  # of the file on disk
 
     def load(self) -> ReaderState:
         """Replay the journal (creating it if missing) and open it for appending.
@@ -68,7 +69,8 @@ class ReaderJournal(AppendLog):
         except DecodeError:
             self.version = 1  # the replay below reports the bad header
         tail = JournalTail(self.path)
-        state.apply(tail.read())
+        records = tail.read()
+        state.apply(records)
         end = tail.offset
         if end < tail.size:
             logger.warning(
@@ -77,8 +79,27 @@ class ReaderJournal(AppendLog):
                 self.path,
             )
         state.done = {i for i in state.done if i >= state.head}
-        self.open(end)  # cuts the torn bytes
+        if self.version < STATE_VERSION:
+            self._upgrade(records)
+        else:
+            self.open(end)  # cuts the torn bytes
         return state
+
+    def _upgrade(self, records: list[StateRecord]) -> None:
+        """Rewrite a journal of an older version (CRC-32) as the newest (CRC-32C).
+
+        The same records in the same order, only checksummed anew, so the replay is
+        the same; replaced atomically, before anything is appended, so that one file
+        never mixes checksums (and an older ledgerq refuses it by its version).
+        """
+        blob = [encode_state_file_header(STATE_VERSION)]
+        for kind, ids, checkpoint, _ in records:
+            if checkpoint is not None:
+                blob.append(encode_checkpoint(checkpoint))
+            else:
+                blob.append(encode_ids_record(kind, ids))
+        self.replace(b"".join(blob))
+        self.version = STATE_VERSION
 
     def adopt(self, fd: int, size: int) -> None:
         """Append to ``fd`` (holding ``size`` bytes) from now on."""
@@ -145,17 +166,16 @@ class ReaderJournal(AppendLog):
         """Whether the journal has grown enough to be rewritten from a checkpoint."""
         return self.size >= self._compact_at
 
-    def rewrite(self, checkpoint: Checkpoint, *, version: int = 1) -> None:
+    def rewrite(self, checkpoint: Checkpoint) -> None:
         """Replace the journal with one holding only ``checkpoint`` (durably).
 
-        ``version`` is the file's: 2 before records only version 2 knows are appended
-        (a checkpoint alone is version 1, which every ledgerq reads).  Raises
+        The file is of the newest version (its records are CRC-32C).  Raises
         :class:`StorageError` if it cannot; the journal then goes on appending to
         whichever file holds its name (see :func:`replace_and_open`), so no record is
         written where a reopen would not find it.
         """
-        self.replace(encode_state_file_header(version) + encode_checkpoint(checkpoint))
-        self.version = version
+        self.replace(encode_state_file_header() + encode_checkpoint(checkpoint))
+        self.version = STATE_VERSION
         # Everything before the rewrite is now durable (the checkpoint holds it).
         self.commit.note_write()
         self.commit.sync_now()

@@ -30,6 +30,7 @@ from ledgerq._options import Options
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.feature_state import (
+    FEATURE_VERSION,
     decode_feature_file,
     encode_feature_file_header,
     encode_feature_record,
@@ -135,7 +136,8 @@ class DedupFeature(Feature):
         if found.damaged:
             logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, path)
             queue.note_corrupt_skipped(found.damaged)
-        return found.values, found.end
+        # A file of an older version (another checksum) is never appended to: rewritten.
+        return found.values, found.end if found.version == FEATURE_VERSION else 0
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(

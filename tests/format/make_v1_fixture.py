@@ -1,7 +1,8 @@
 """Write the committed format-1 fixture queue (run once with a ledgerq that writes format 1).
 
 Kept to show how ``fixtures/v1_queue`` was made: with the code of main at 9248413, before
-format 2 existed, as ``python tests/format/make_v1_fixture.py DEST``.  Every record type a
+format 2 existed, as ``python tests/format/make_v1_fixture.py DEST`` (and ``fixtures/v1_clean`` with
+``--clean``: the same, closed cleanly before the second part).  Every record type a
 format-1 ledgerq writes is in it: entries with and without each optional field
 (TTL, priority, headers, compressed payload, batches with BATCH_CONTINUES), two segments,
 reader journals holding LEASE/ACK/NACK/RELEASE/DEAD_LETTER/EXPIRE records and a
@@ -17,10 +18,10 @@ import time
 import ledgerq
 
 
-def main(dest: str) -> None:
+def main(dest: str, *, clean: bool = False) -> None:
     q = ledgerq.open(
         dest,
-        segment_size=1024,
+        segment_size=1 << 16 if clean else 1024,  # clean: one segment, still active
         priorities=True,
         dedup_window=3600.0,
         compression="zstd",
@@ -57,6 +58,8 @@ def main(dest: str) -> None:
     assert m is not None
     q.nack(m.id, "again")  # max_retries=1: dead-lettered
     q.close()  # the journals are now CHECKPOINTs
+    if clean:
+        return  # fixtures/v1_clean: closed cleanly, its newest segment still appendable
     # Reopened and left without a close (as a killed process leaves it), so that the
     # journals also hold LEASE, ACK, NACK and RELEASE records after their CHECKPOINT.
     q = ledgerq.open(dest, sync="always")
@@ -75,4 +78,4 @@ def main(dest: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], clean="--clean" in sys.argv[2:])

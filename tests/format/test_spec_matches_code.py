@@ -13,7 +13,6 @@ import importlib
 import json
 import re
 import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,16 @@ from ledgerq.format.entry import EntryFlags, RecordType, encode_entry
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
 from tests.strategies import EntrySpec, checkpoints, entry_specs, id_batches, index_entry_lists
 
+# The module (``ledgerq.format.checksum`` the attribute is the function of that name).
+checksum_mod = importlib.import_module("ledgerq.format.checksum")
+
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 
 Row = dict[str, str]
 
 # Every table of the spec, each checked by a test below.
 CHECKED_TABLES = {
+    "entry-formats",
     "types",
     "files",
     "entry",
@@ -229,14 +232,34 @@ def test_entry_optional_fields_match_their_structs() -> None:
         ("expires_at", entry_mod.EXPIRES_AT),
         ("priority", entry_mod.PRIORITY),
         ("headers_length", entry_mod.HEADERS_LENGTH),
-        ("crc32", entry_mod.CRC),
+        ("crc", entry_mod.CRC),
     ):
         r = row("entry", field)
         ((_, size, code),) = struct_fields(layout)
         assert (int(r["size"]), codes[r["type"]]) == (size, code), r
     assert int(row("entry", "expires_at")["offset"]) == entry_mod.ENTRY_HEADER.size
-    assert row("entry", "crc32")["offset"] == f"length - {entry_mod.CRC.size}"
-    assert row("entry", "crc32") is table("entry")[-1]
+    assert row("entry", "crc")["offset"] == f"length - {entry_mod.CRC.size}"
+    assert row("entry", "crc") is table("entry")[-1]
+
+
+def _doc_checksums() -> dict[int, Any]:
+    """The checksum function of each entry format, by the name the spec gives it."""
+    by_name = {checksum_mod.CHECKSUM_NAME: checksum_mod.checksum}
+    by_name[checksum_mod.CHECKSUM_NAME_V1] = checksum_mod.checksum_v1
+    return {int(r["format"]): by_name[r["checksum"]] for r in table("entry-formats")}
+
+
+def test_entry_formats() -> None:
+    rows = table("entry-formats")
+    assert {int(r["format"]) for r in rows} == {1, entry_mod.ENTRY_FORMAT}
+    data = int(row("entry-types", "DATA", "name")["value"])
+    for r in rows:
+        fmt = int(r["format"])
+        assert int(r["type byte of data"], 0) == int(r["high bits"]) << 4 | data, r
+        raw = encode_entry(1, 0, b"x", entry_format=fmt)
+        assert raw[4] == int(r["type byte of data"], 0), r
+        assert raw[4] >> entry_mod.ENTRY_FORMAT_SHIFT == int(r["high bits"]), r
+        assert _doc_checksums()[fmt](raw[:-4]) == struct.unpack_from("<I", raw, len(raw) - 4)[0]
 
 
 def test_entry_presence_column_names_flags() -> None:
@@ -283,7 +306,7 @@ def test_index_tables_match_the_structs() -> None:
 def test_state_tables_match_the_structs() -> None:
     assert_rows_match_struct(table("state-header"), state_mod.STATE_FILE_HEADER)
     rows = table("state-record")
-    assert [r["field"] for r in rows] == ["length", "type", "body", "crc32"]
+    assert [r["field"] for r in rows] == ["length", "type", "body", "crc"]
     assert_rows_match_struct(rows[:2], state_mod.STATE_RECORD_HEADER)
     minimum = state_mod.STATE_RECORD_HEADER.size + 4
     assert rows[2]["size"] == f"length - {minimum}"
@@ -406,8 +429,11 @@ def test_tables_decode_entries(spec: EntrySpec) -> None:
     raw = spec.encode()
     values, end = walk(table("entry"), raw)
     assert end == len(raw) == values["length"]
-    assert values["crc32"] == zlib.crc32(raw[: values["length"] - 4])
-    assert values["type"] == int(row("entry-types", "DATA", "name")["value"])
+    high_bits = {int(r["format"]): int(r["high bits"]) for r in table("entry-formats")}
+    crc = _doc_checksums()[spec.entry_format]
+    assert values["crc"] == crc(raw[: values["length"] - 4])
+    assert values["type"] >> 4 == high_bits[spec.entry_format]
+    assert values["type"] & 0xF == int(row("entry-types", "DATA", "name")["value"])
     assert values["id"] == spec.id
     assert values["timestamp"] == spec.timestamp
     assert values.get("expires_at") == spec.expires_at
@@ -458,10 +484,10 @@ def _doc_checkpoint(body: list[Any]) -> dict[str, Any]:
 def test_tables_decode_checkpoints(checkpoint: Checkpoint) -> None:
     raw = state_mod.encode_state_file_header() + state_mod.encode_checkpoint(checkpoint)
     header, pos = walk(table("state-header"), raw)
-    assert header == {"magic": b"LQRS", "version": 1}
+    assert header == {"magic": b"LQRS", "version": 3}
     record, end = walk(table("state-record"), raw, pos)
     assert end == len(raw)
-    assert record["crc32"] == zlib.crc32(raw[pos : end - 4])
+    assert record["crc"] == checksum_mod.checksum(raw[pos : end - 4])
     assert record["type"] == int(row("state-types", "CHECKPOINT", "name")["value"])
     fields = _doc_checkpoint(msgpack.unpackb(record["body"], raw=False))
     assert fields["head"] == checkpoint.head
@@ -477,7 +503,7 @@ def test_tables_decode_ids_records(kind: Row, ids: list[int]) -> None:
     record, end = walk(table("state-record"), raw)
     assert end == len(raw)
     assert record["type"] == int(kind["value"])
-    assert record["crc32"] == zlib.crc32(raw[:-4])
+    assert record["crc"] == checksum_mod.checksum(raw[:-4])
     u64 = "<" + type_codes()["u64"]
     width = struct.calcsize(u64)
     body = record["body"]

@@ -19,6 +19,7 @@ from typing import Any
 
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.feature_state import (
+    FEATURE_VERSION,
     decode_feature_file,
     encode_feature_file_header,
     encode_feature_record,
@@ -76,7 +77,10 @@ class RetryTracker:
                 except DecodeError:
                     pass
                 else:
-                    values, end = found.values, found.end
+                    values = found.values
+                    # A file of an older version (another checksum) is never appended
+                    # to: only rewritten.
+                    end = found.end if found.version == FEATURE_VERSION else 0
         for value in values:
             record = _failure_record(value)
             if record is None:
