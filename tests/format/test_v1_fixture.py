@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import ledgerq
-from ledgerq.format import decode_entry
+from ledgerq.format import CorruptRecord, decode_entry, peek_length
 from ledgerq.format.feature_state import FEATURE_FILE_HEADER
 from ledgerq.format.reader_state import STATE_FILE_HEADER
 
@@ -155,3 +155,58 @@ def test_a_cleanly_closed_format_1_segment_is_appended_to(v1_clean: Path) -> Non
     with ledgerq.follow(v1_clean, timeout=0) as follower:
         seen = [m.payload for m in follower]
     assert seen[-3:] == [b"single", b"b1", b"b2"]
+
+
+def _flip_payload_of(log: Path, payload: bytes) -> int:
+    """Flip a bit in the payload of the entry holding ``payload``; return its format."""
+    data = bytearray(log.read_bytes())
+    pos = 0
+    while pos < len(data):
+        stop = pos + peek_length(data, pos)
+        try:
+            entry, _ = decode_entry(data, pos)
+        except CorruptRecord:
+            pos = stop  # flipped already
+            continue
+        if entry.payload == payload:
+            data[stop - 5] ^= 0x04  # the payload's last byte
+            log.write_bytes(bytes(data))
+            return entry.format
+        pos = stop
+    raise AssertionError(f"no entry holds {payload!r}")
+
+
+def test_a_bad_crc_is_counted_and_never_delivered_in_either_format(v1_clean: Path) -> None:
+    """A format-1 entry failing its CRC-32 and a format-2 entry failing its CRC-32C, in one
+    segment: each skipped and counted as corrupt, by the queue, follow and verify."""
+    q = ledgerq.open(v1_clean)
+    try:
+        q.enqueue_batch([b"v2-%d" % i for i in range(5)])
+    finally:
+        q.close()
+    (log,) = (v1_clean / "segments").glob("*.log")
+    assert _flip_payload_of(log, b"headed") == 1
+    assert _flip_payload_of(log, b"v2-2") == 2
+    with ledgerq.follow(v1_clean, timeout=0) as follower:
+        followed = [m.payload for m in follower]
+    assert b"headed" not in followed and b"v2-2" not in followed
+    assert {b"plain", b"v2-1", b"v2-3"} <= set(followed)
+    done = subprocess.run(
+        [sys.executable, "-m", "ledgerq.cli", "verify", str(v1_clean)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert done.stdout.count("corrupt") >= 2, done.stdout
+    q = ledgerq.open(v1_clean)
+    try:
+        delivered = []
+        while (m := q.dequeue()) is not None:
+            delivered.append(m.payload)
+            q.ack(m.id)
+        assert b"headed" not in delivered and b"v2-2" not in delivered
+        assert {b"v2-0", b"v2-1", b"v2-3", b"v2-4"} <= set(delivered)
+        assert q.stats().corrupt_skipped == 2
+    finally:
+        q.close()
