@@ -210,3 +210,19 @@ def test_a_bad_crc_is_counted_and_never_delivered_in_either_format(v1_clean: Pat
         assert q.stats().corrupt_skipped == 2
     finally:
         q.close()
+
+
+def test_the_version_bump_is_on_disk_before_anything_is_appended(v1_clean: Path) -> None:
+    """An older ledgerq reads meta.json first (its open, follow, ship, Spark) and refuses a
+    version it does not know: so the queue says 2 from the open on, before a format-2
+    record can exist - a crash right after the open leaves nothing it could misread."""
+    q = ledgerq.open(v1_clean)
+    try:
+        assert json.loads((v1_clean / "meta.json").read_text())["version"] == 2
+        for state in v1_clean.rglob("*.state"):
+            if state.parent.parent == v1_clean:  # the DLQ's are upgraded when it opens
+                assert _file_version(state) == 3
+        (log,) = (v1_clean / "segments").glob("*.log")
+        assert set(_entry_formats(log)) == {1}  # nothing appended yet: still all format 1
+    finally:
+        q.close()
