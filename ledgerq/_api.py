@@ -20,6 +20,7 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     *,
     clock: Clock | None = None,
     remember_options: bool = True,
+    shared: bool = False,
     **kwargs: Unpack[OpenOptions],
 ) -> Queue:
     """Open (creating if missing) the queue in directory ``path``.
@@ -33,6 +34,11 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     not stored: the queue keeps the options it had stored (none, for a new queue),
     as a tool that overrides an option for one run needs.
 
+    ``shared=True`` (not an option, never stored) opens the queue in shared mode: any
+    number of processes, and handles in one process, may have it open at once, each
+    with the whole API (docs/usage.md, "Many processes on one queue").  Exclusive (the
+    default) and shared opens exclude each other.
+
     ``clock`` (not an option, never stored) replaces the system's clocks: an object
     with ``time_ns()`` and ``monotonic_ns()`` like the ``time`` module's (see
     :class:`ledgerq.Clock`) - for tests that step the wall clock or let time pass
@@ -41,17 +47,22 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
 
     Raises ``TypeError`` for an unknown option, :class:`ConfigError` for an invalid
     value, ``ValueError`` for an empty path, :class:`QueueLockedError` if the queue is
-    already open (in this or another process), :class:`NotAQueueError` if ``path`` holds
-    something else, :class:`StorageError` if the directory cannot be created or read
+    already open (in this or another process) in the other mode, or at all for an
+    exclusive open (its ``held_by`` says which mode holds it), :class:`NotAQueueError`
+    if ``path`` holds something else, :class:`StorageError` if the directory cannot be
+    created or read
     (permission denied, ...).
     """
     check_queue_path(path)
     if not isinstance(remember_options, bool):
         raise TypeError(f"remember_options must be a bool, got {type(remember_options).__name__}")
+    if not isinstance(shared, bool):
+        raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
     stored = stored_options(os.fspath(path)) if os.path.isdir(path) else {}
     return open_configured(
         path,
         Options.from_kwargs(options, kwargs, stored),
         clock,
         remember_options=remember_options,
+        shared=shared,
     )

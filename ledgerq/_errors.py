@@ -74,22 +74,46 @@ class IncompatibleFormatError(ConfigError):
 
 
 class QueueLockedError(LedgerQError):
-    """Another open queue (in this or another process) holds the directory's lock."""
+    """Another open queue (in this or another process) holds the directory's lock.
 
-    def __init__(self, path: str | os.PathLike[str], *, in_this_process: bool = False) -> None:
+    ``held_by`` is the mode that holds it when known: ``"exclusive"`` (one handle owns
+    the queue) or ``"shared"`` (handles opened with ``shared=True``), else None.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        in_this_process: bool = False,
+        held_by: str | None = None,
+    ) -> None:
+        where = os.fspath(path)
         if in_this_process:
             message = (
-                f"queue {os.fspath(path)!r} is open in this process: a ledgerq.Queue of it "
+                f"queue {where!r} is open in this process: a ledgerq.Queue of it "
                 "was not closed; close it first (queue.close(), or open it in a `with` "
                 "block), or read it with ledgerq.follow()"
             )
+        elif held_by == "shared":
+            message = (
+                f"queue {where!r} is open in shared mode by other handles (this or other "
+                "processes); open it with ledgerq.open(path, shared=True) to use it beside "
+                "them, or close them first for an exclusive open"
+            )
+        elif held_by == "exclusive":
+            message = (
+                f"queue {where!r} is open exclusively by another handle (this or another "
+                "process); close it first, or open every handle with shared=True to share "
+                "it, or read it with ledgerq.follow()"
+            )
         else:
             message = (
-                f"queue {os.fspath(path)!r} is locked by another open queue "
+                f"queue {where!r} is locked by another open queue "
                 "(this or another process); close it first, or read it with ledgerq.follow()"
             )
         super().__init__(message)
-        self.path = os.fspath(path)
+        self.path = where
+        self.held_by = held_by
 
 
 class QueueClosedError(LedgerQError):

@@ -12,12 +12,13 @@ from ledgerq._options import Options
 from ledgerq._types import Item
 from ledgerq.core.args import check_ids
 from ledgerq.core.clock import Clock
-from ledgerq.core.queue import QueueCore
+from ledgerq.core.queue import DEFAULT_READER, QueueCore
+from ledgerq.core.shared_queue import SharedQueueCore
 from ledgerq.features import build_features
 from ledgerq.features.dlq import DeadLetterStore
 from ledgerq.format.entry import Entry
 
-__all__ = ["Queue", "open_configured"]
+__all__ = ["Queue", "SharedQueue", "open_configured"]
 
 logger = logging.getLogger("ledgerq")
 
@@ -61,32 +62,35 @@ class Queue(QueueCore):
         wanted = None if ids is None else check_ids(ids)
         self._ensure_open()
         dlq = self.dlq
-        entries = dlq._pending_entries(wanted)
-        moved = 0
-        for start in range(0, len(entries), _REQUEUE_BATCH):
-            chunk = entries[start : start + _REQUEUE_BATCH]
-            copies = self.enqueue_batch(
-                [self._requeued_item(dlq, entry, data) for entry, data in chunk]
-            )
-            settled = 0
-            try:
-                if not self._sync_always:
-                    # The DLQ's settle records below may reach the disk before these
-                    # copies (page cache writeback keeps no order between files): a power
-                    # cut would then lose messages that a sync() had made durable.  One
-                    # fsync per batch.
-                    self._log_commit.sync_now()
-                for entry, _ in chunk:
-                    if dlq._settle(entry.id):
-                        moved += 1
-                    settled += 1
-            except LedgerQError as exc:
-                self._take_back_copies(copies[settled:])
-                exc.add_note(
-                    f"requeue_dlq moved {moved} of {len(entries)} messages before this error; "
-                    "the others are still in the dead-letter queue only"
+        # In shared mode another process may requeue too: the DLQ's reader is held across
+        # finding the messages, copying them and settling them, so each moves once.
+        with dlq.holding_reader(DEFAULT_READER):
+            entries = dlq._pending_entries(wanted)
+            moved = 0
+            for start in range(0, len(entries), _REQUEUE_BATCH):
+                chunk = entries[start : start + _REQUEUE_BATCH]
+                copies = self.enqueue_batch(
+                    [self._requeued_item(dlq, entry, data) for entry, data in chunk]
                 )
-                raise
+                settled = 0
+                try:
+                    if not self._sync_always:
+                        # The DLQ's settle records below may reach the disk before these
+                        # copies (page cache writeback keeps no order between files): a
+                        # power cut would then lose messages that a sync() had made
+                        # durable.  One fsync per batch.
+                        self._log_commit.sync_now()
+                    for entry, _ in chunk:
+                        if dlq._settle(entry.id):
+                            moved += 1
+                        settled += 1
+                except LedgerQError as exc:
+                    self._take_back_copies(copies[settled:])
+                    exc.add_note(
+                        f"requeue_dlq moved {moved} of {len(entries)} messages before this "
+                        "error; the others are still in the dead-letter queue only"
+                    )
+                    raise
         return moved
 
     def _take_back_copies(self, copies: list[int]) -> None:
@@ -125,10 +129,15 @@ class Queue(QueueCore):
         wanted = None if ids is None else check_ids(ids)
         self._ensure_open()
         removed = 0
-        for entry, _ in self._pending_entries(wanted):
-            if self._settle(entry.id):
-                removed += 1
+        with self.holding_reader(DEFAULT_READER):
+            for entry, _ in self._pending_entries(wanted):
+                if self._settle(entry.id):
+                    removed += 1
         return removed
+
+
+class SharedQueue(Queue, SharedQueueCore):
+    """A :class:`Queue` handle in shared mode (``ledgerq.open(path, shared=True)``)."""
 
 
 def open_configured(
@@ -137,13 +146,17 @@ def open_configured(
     clock: Clock | None = None,
     *,
     remember_options: bool = True,
+    shared: bool = False,
 ) -> Queue:
     """Open a queue with exactly ``options`` (not merged with the stored ones) and the
-    features they turn on.  Its DLQ, when opened, reads the same ``clock``; with
-    ``remember_options=False`` neither stores its options.  :func:`ledgerq.open` is the
-    public way in."""
-    opener = functools.partial(open_configured, clock=clock, remember_options=remember_options)
-    return Queue(
+    features they turn on.  Its DLQ, when opened, reads the same ``clock`` and is
+    opened in the same mode; with ``remember_options=False`` neither stores its
+    options.  :func:`ledgerq.open` is the public way in."""
+    opener = functools.partial(
+        open_configured, clock=clock, remember_options=remember_options, shared=shared
+    )
+    cls = SharedQueue if shared else Queue
+    return cls(
         path,
         options,
         build_features(options, opener),

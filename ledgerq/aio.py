@@ -413,12 +413,17 @@ def open(  # noqa: A001 - mirrors ledgerq.open
     options: ledgerq.Options | None = None,
     *,
     clock: ledgerq.Clock | None = None,
+    shared: bool = False,
     **kwargs: Unpack[ledgerq.OpenOptions],
 ) -> _Opener:
     """Open (creating if missing) the queue in ``path`` for asyncio, in a worker thread.
 
     Use ``q = await ledgerq.aio.open(path, **options)`` or
     ``async with ledgerq.aio.open(path, **options) as q:`` (closes on exit).
-    Options, ``clock`` and errors are those of :func:`ledgerq.open`, raised when awaited.
+    Options, ``clock``, ``shared`` (shared mode: other processes may have the queue open
+    too, and a waiting dequeue is woken by their enqueues) and errors are those of
+    :func:`ledgerq.open`, raised when awaited.
     """
-    return _Opener(functools.partial(ledgerq.open, path, options, clock=clock, **kwargs))
+    return _Opener(
+        functools.partial(ledgerq.open, path, options, clock=clock, shared=shared, **kwargs)
+    )

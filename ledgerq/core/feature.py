@@ -10,6 +10,7 @@ hook               when                        may
 =================  ==========================  =======================================
 ``attach``         open, after recovery        read options, load its state files
 ``transform``      enqueue, before the lock    replace the payload (compression)
+``catch_up``       shared mode, before admit   read what other handles appended (dedup)
 ``admit``          enqueue, under the lock     return an existing id instead (dedup)
 ``appended``       enqueue, under the lock     record the new ids (dedup)
 ``rollback``       the append failed           forget what ``admit`` noted
@@ -174,6 +175,10 @@ class Feature:
 
     def transform(self, draft: Draft) -> None:
         """Change a draft before it is encoded (no lock held)."""
+
+    def catch_up(self) -> None:
+        """Shared mode: read what other handles appended to the feature's files (append
+        lock held); called before :meth:`admit`, once per enqueue call."""
 
     def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
         """Return an existing id to add nothing, or None to go on (queue lock held).

@@ -10,22 +10,35 @@ from ledgerq.format.reader_state import (
     STATE_FILE_HEADER,
     STATE_VERSION,
     Checkpoint,
+    ReclaimCause,
     StateRecordType,
     encode_checkpoint,
     encode_id_record,
     encode_ids_record,
+    encode_lease_by_one,
+    encode_lease_by_record,
+    encode_reclaim_record,
     encode_state_file_header,
+    state_checksum,
     state_file_version,
 )
 from ledgerq.segment.appendlog import AppendLog
-from ledgerq.segment.readonly_state import JournalTail, ReaderState, StateRecord
+from ledgerq.segment.files import storage_errors
+from ledgerq.segment.readonly_state import (
+    JournalTail,
+    ReaderState,
+    StateRecord,
+    StateRecords,
+    journal_records,
+)
 from ledgerq.segment.sync import GroupCommit
 
-__all__ = ["ReaderJournal"]
+__all__ = ["ReaderJournal", "ReaderRemovedError", "SharedReaderJournal"]
 
 logger = logging.getLogger("ledgerq")
 
 _ONE_ID_RECORD_SIZE = len(encode_id_record(StateRecordType.ACK, 1))
+_LEASE = StateRecordType.LEASE
 
 # Rewrite the journal once it is this much larger than its last checkpoint.
 _COMPACT_MIN_BYTES = 1 << 20
@@ -50,6 +63,9 @@ class ReaderJournal(AppendLog):
         self._adopted_size = 0  # the size when it was opened or last rewritten
         self.commit = GroupCommit(self.sync)
         self.version = STATE_VERSION  # of the file on disk
+        self.loaded: ReaderState | None = None  # what load() replayed
+
+    _shared = False  # whether checkpoints carry the leases (shared mode)
 
     def load(self) -> ReaderState:
         """Replay the journal (creating it if missing) and open it for appending.
@@ -71,6 +87,7 @@ class ReaderJournal(AppendLog):
         tail = JournalTail(self.path)
         records = tail.read()
         state.apply(records)
+        self.loaded = state
         end = tail.offset
         if end < tail.size:
             logger.warning(
@@ -91,13 +108,26 @@ class ReaderJournal(AppendLog):
         The same records in the same order, only checksummed anew, so the replay is
         the same; replaced atomically, before anything is appended, so that one file
         never mixes checksums (and an older ledgerq refuses it by its version).
+
+        In shared mode this runs under the reader's lock (``SharedReaderCore`` loads
+        the journal holding it): no other handle appends meanwhile, and one that has the
+        file open sees it replaced and starts over from the new file, as after a
+        compaction.  A handle that loaded the journal earlier upgraded it then, so the
+        old file is met only by the first handle to load this reader - the session's
+        first while it recovers alone, or the first to open a reader nobody had open.
         """
         blob = [encode_state_file_header(STATE_VERSION)]
-        for kind, ids, checkpoint, _ in records:
+        for kind, body, checkpoint, _ in records:
             if checkpoint is not None:
-                blob.append(encode_checkpoint(checkpoint))
+                # The five-element form where the file had leases, or is shared mode's.
+                shared = self._shared or bool(checkpoint.leases)
+                blob.append(encode_checkpoint(checkpoint, shared=shared))
+            elif kind is StateRecordType.LEASE_BY:
+                blob.append(encode_lease_by_record(body[0], body[1], body[2:]))
+            elif kind is StateRecordType.RECLAIM:
+                blob.append(encode_reclaim_record(body[0], body[1], body[2:]))
             else:
-                blob.append(encode_ids_record(kind, ids))
+                blob.append(encode_ids_record(kind, body))
         self.replace(b"".join(blob))
         self.version = STATE_VERSION
 
@@ -174,8 +204,123 @@ class ReaderJournal(AppendLog):
         whichever file holds its name (see :func:`replace_and_open`), so no record is
         written where a reopen would not find it.
         """
-        self.replace(encode_state_file_header() + encode_checkpoint(checkpoint))
+        self.replace(
+            encode_state_file_header() + encode_checkpoint(checkpoint, shared=self._shared)
+        )
         self.version = STATE_VERSION
         # Everything before the rewrite is now durable (the checkpoint holds it).
         self.commit.note_write()
         self.commit.sync_now()
+
+
+class ReaderRemovedError(Exception):
+    """The reader's journal was removed (``remove_reader`` by another handle)."""
+
+
+class SharedReaderJournal(ReaderJournal):
+    """A reader's journal that other shared-mode handles append to as well.
+
+    The caller holds the reader's lock (``shared/<name>.reader``) across a catch-up
+    (:meth:`read_new`) and the appends that follow it: then nobody else writes, the
+    file ends where this handle's offset (:attr:`size`) says, and its own records land
+    there.  Bytes after the last whole record found under the lock are the remains of
+    a handle that died while appending (it held the lock): they are cut.  A failed
+    append of this handle is cut back as in exclusive mode (:class:`AppendLog`).
+
+    A LEASE is written as LEASE_BY (this handle's id as the holder, and
+    :attr:`lease_deadline_ns`); checkpoints carry the live leases and the file is
+    version 2.  Another handle's compaction replaces the file: the descriptor then
+    refers to a file with no name left (``st_nlink == 0``), and :meth:`read_new` starts
+    over from the new file.
+    """
+
+    _shared = True
+
+    def __init__(self, path: str, holder: int) -> None:
+        super().__init__(path)
+        self.holder = holder
+        self.lease_deadline_ns = 0  # the deadline of the LEASE_BY records written next
+
+    def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
+        if kind is not StateRecordType.LEASE:
+            return super().append(kind, ids)
+        self.append_record(encode_lease_by_record(self.holder, self.lease_deadline_ns, ids))
+        return self.commit.note_write()
+
+    def append_one(self, kind: StateRecordType, message_id: int) -> int:
+        if kind is _LEASE:
+            record = encode_lease_by_one(self.holder, self.lease_deadline_ns, message_id)
+        else:
+            record = encode_id_record(kind, message_id)
+        self.append_record(record)
+        return self.commit.note_write()
+
+    def append_reclaim(self, holder: int, cause: ReclaimCause, ids: list[int]) -> int:
+        """Append a RECLAIM of ``holder``'s leases of ``ids``; return the durability ticket."""
+        self.append_record(encode_reclaim_record(holder, cause, ids))
+        return self.commit.note_write()
+
+    def has_news(self) -> os.stat_result | None:
+        """The file's status when other handles wrote to it (or replaced it) since the
+        last look, else None: one ``fstat`` (reader lock held)."""
+        fd = self._fd
+        assert fd is not None, "journal is closed"
+        st = os.fstat(fd)
+        return st if st.st_size != self.size or not st.st_nlink else None
+
+    def read_new(self, st: os.stat_result | None = None) -> tuple[list[StateRecord], bool]:
+        """The records other handles appended since the last look (reader lock held).
+
+        Returns them and whether the file was replaced meanwhile (then they are the
+        whole new file, from its CHECKPOINT).  ``st``: the file's status just taken.
+        Raises :class:`ReaderRemovedError` when the journal is gone,
+        :class:`CorruptionError` for damage in the middle.
+        """
+        fd = self._fd
+        assert fd is not None, "journal is closed"
+        if st is None:
+            st = os.fstat(fd)
+        restarted = st.st_nlink == 0
+        if restarted:
+            fd = self._reopen()
+            try:
+                data = os.pread(fd, os.fstat(fd).st_size, 0)
+                records: StateRecords = journal_records(data, self.path)
+                self.version = state_file_version(data[: STATE_FILE_HEADER.size])
+            except BaseException:
+                os.close(fd)
+                raise
+            self.adopt(fd, 0)
+            base = 0
+        else:
+            size = st.st_size
+            if size == self.size:
+                return [], False
+            base = self.size
+            data = os.pread(fd, size - base, base)
+            crc = state_checksum(self.version)
+            records = StateRecords(data, 0, self.path, base=base, crc=crc)
+        found = list(records)
+        end = records.end
+        if end < base + len(data):
+            # A handle died appending (under the lock), or this handle's own failed
+            # append could not be cut back: either way nobody writes now - cut it.
+            logger.warning(
+                "ledgerq: cutting %d bytes a handle left half-written at the end of %s",
+                base + len(data) - end,
+                self.path,
+            )
+            with storage_errors("cut a torn record of", self.path):
+                os.ftruncate(fd, end)
+            self._fragment = False
+        self.size = end
+        if restarted:
+            self._adopted_size = end
+            self._set_compaction_point()
+        return found, restarted
+
+    def _reopen(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            raise ReaderRemovedError(self.path) from None

@@ -65,7 +65,7 @@ from ledgerq.format.entry import (
 )
 from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.layout import subtract_ranges
-from ledgerq.segment.lock import DirLock
+from ledgerq.segment.lock import DirLock, LockFile, lock_mode_holding
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import (
     DamagedMetaError,
@@ -78,10 +78,12 @@ from ledgerq.segment.meta import (
 from ledgerq.segment.meta_rebuild import rebuild_meta
 from ledgerq.segment.naming import (
     META_NAME,
+    OPENING_NAME,
     OPTIONS_NAME,
     QUEUE_NAMES,
     READERS_DIR,
     RESERVE_NAME,
+    SHARED_DIR,
     STATE_SUFFIX,
     reader_state_path,
 )
@@ -141,6 +143,8 @@ def _flush_in_background(
 
 class QueueCore(Closing):
     """A durable message queue in one directory.  Use :func:`ledgerq.open` to get one."""
+
+    shared = False  # shared mode (``ledgerq.open(path, shared=True)``): see core/shared_queue
 
     def __init__(
         self,
@@ -216,18 +220,33 @@ class QueueCore(Closing):
         try:
             return DirLock(self.path)
         except QueueLockedError:
-            if not any(
-                isinstance(obj, QueueCore) and obj.path == self.path and not obj._closed
-                for obj in tracked()
-            ):
-                raise
-        # A queue of this process holds it.  Unclosed and unreferenced, it may be
-        # garbage in a reference cycle, which its finalizer closes once collected.
-        gc.collect()
-        try:
-            return DirLock(self.path)
-        except QueueLockedError:
-            raise QueueLockedError(self.path, in_this_process=True) from None
+            pass
+        if any(
+            isinstance(obj, QueueCore)
+            and obj.path == self.path
+            and not obj._closed
+            and not obj.shared
+            for obj in tracked()
+        ):
+            # A queue of this process holds it.  Unclosed and unreferenced, it may be
+            # garbage in a reference cycle, which its finalizer closes once collected.
+            gc.collect()
+            try:
+                return DirLock(self.path)
+            except QueueLockedError:
+                raise QueueLockedError(self.path, in_this_process=True) from None
+        opening_path = os.path.join(self.path, SHARED_DIR, OPENING_NAME)
+        if os.path.exists(opening_path):
+            # A shared-mode handle holds the lock exclusively while it recovers the queue
+            # (under shared/OPENING): wait for that, then look again.
+            opening = LockFile(opening_path, create=False)
+            try:
+                opening.acquire()
+                with contextlib.suppress(QueueLockedError):
+                    return DirLock(self.path)
+            finally:
+                opening.close()
+        raise QueueLockedError(self.path, held_by=lock_mode_holding(self.path))
 
     def _open_locked(self) -> None:
         opts = self.options
@@ -246,55 +265,12 @@ class QueueCore(Closing):
             self._meta_store, meta, self._options_store, copy.options if copy else None
         )
         counters = meta.counters
-        self._tally = Tally(counters)
-        self._manager = SegmentManager(
-            self.path,
-            segment_size=opts.segment_size,
-            index_interval=opts.index_interval,
-            on_corrupt=self._tally.on_corrupt,  # not methods of the queue: see lifecycle
-            on_gap=self._keeper.record_gap,
-            sync_on_rotate=opts.sync == "always",
-        )
-        # A corrupt region is counted once, however many times it is met (and reopened).
-        self._manager.remember_reported(
-            [(int(a), int(b)) for a, b in meta.corrupt_regions if isinstance(a, int)]
-        )
-        self._keeper.note_loaded(self._manager, self._tally)
-        floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
-        self._reserve = DiskReserve(os.path.join(self.path, RESERVE_NAME))
-        self._reserve.ensure()  # before recovery: its space can take recovery's writes
+        self._reserve = self._new_disk_reserve()
         # Not a method of the queue (see lifecycle): the journals keep it.
         self._make_room = functools.partial(
             make_room, self._reserve, self._cores, weakref.ref(self), self.path
         )
-        self._open_segments(floor)
-        if meta.gaps_from is None:
-            # First open by a ledgerq that records its gaps: the gaps below this id (of
-            # an older ledgerq) cannot be told from lost ids, so they raise no alarm.
-            meta.gaps_from = self._manager.log_next_id
-        self._next_id = self._manager.next_id
-        self._start_clock()
-        # Entries appended after the last counter save were enqueued too (counted up to
-        # the last entry in the log, not the reserved ids a crash made us skip).
-        self._enqueued = counters.get("enqueued", 0) + max(
-            0, self._manager.log_next_id - counters.get("enqueued_through", meta.next_id)
-        )
-        # The durable id reservation, and the gate of the append paths: an append of an
-        # id at or past _reserved_until takes the slow path (_reserve_ids) first.  The
-        # gate is closed (set low) while the disk reserve is spent, or while the
-        # reservation could not be saved, so the fast paths pay nothing for either.
-        self._ids_reserved_until = self._reserved_until = self._next_id
-        try:
-            self._ids_reserved_until = self._next_id + ID_BLOCK
-            self._save_meta(clean=False)
-        except StorageError as exc:
-            # A full disk must not lock the user out: reading, dequeuing and acking need
-            # no reservation.  The first enqueue saves it (or raises while it cannot).
-            self._ids_reserved_until = self._next_id
-            logger.warning("ledgerq: %s; the first enqueue will reserve ids", exc)
-        else:
-            if self._reserve.is_held:  # else the gate stays closed: see _reserve_ids
-                self._reserved_until = self._ids_reserved_until
+        recovering = self._open_log(meta)
         self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
         self._register_hooks()
@@ -318,15 +294,16 @@ class QueueCore(Closing):
             stem = name.removesuffix(STATE_SUFFIX)
             if stem != name and stem != DEFAULT_READER and READER_NAME.match(stem):
                 self._open_reader(stem, start_latest=False)
-        counted = self._judge_gaps()
-        if "enqueued" not in counters:
-            # meta.json was rebuilt: what the default reader finished and what is retained
-            # unfinished is what was enqueued, as far as the files tell.
-            core = self._default._core
-            finished = sum(core.counters[k] for k in ("acked", "dead_lettered", "expired"))
-            self._enqueued = finished + core.pending() + core.in_flight()
-        if counted or "enqueued" not in counters:
-            self._save_meta(clean=False)  # the newly counted lost ids, counted once
+        if recovering:
+            counted = self._judge_gaps()
+            if "enqueued" not in counters:
+                # meta.json was rebuilt: what the default reader finished and what is
+                # retained unfinished is what was enqueued, as far as the files tell.
+                core = self._default._core
+                finished = sum(core.counters[k] for k in ("acked", "dead_lettered", "expired"))
+                self._enqueued = finished + core.pending() + core.in_flight()
+            if counted or "enqueued" not in counters:
+                self._save_meta(clean=False)  # the newly counted lost ids, counted once
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         if opts.sync == "interval":
@@ -337,7 +314,79 @@ class QueueCore(Closing):
                 daemon=True,
             )
             self._flusher.start()
-        self._holdings = Holdings(
+        self._holdings = self._new_holdings()
+
+    def _open_log(self, meta: Meta) -> bool:
+        """Open (and recover) the segments; set the ids, the clock and the counters.
+
+        Returns whether this open recovered the queue (an exclusive open always does;
+        see the shared mode's): then it judges the gaps between segments too.
+        """
+        opts = self.options
+        counters = meta.counters
+        self._tally = Tally(counters)
+        self._manager = SegmentManager(
+            self.path,
+            segment_size=opts.segment_size,
+            index_interval=opts.index_interval,
+            on_corrupt=self._tally.on_corrupt,  # not methods of the queue: see lifecycle
+            on_gap=self._keeper.record_gap,
+            sync_on_rotate=opts.sync == "always",
+        )
+        self._recover_log(meta)
+        self._reserve_ids_at_open()
+        return True
+
+    def _new_disk_reserve(self) -> DiskReserve:
+        """The queue's disk reserve (shared mode's is one for every handle)."""
+        return DiskReserve(os.path.join(self.path, RESERVE_NAME))
+
+    def _recover_log(self, meta: Meta) -> None:
+        """Recover the segments as an exclusive open does (the lock excludes every other)."""
+        counters = meta.counters
+        # A corrupt region is counted once, however many times it is met (and reopened).
+        self._manager.remember_reported(
+            [(int(a), int(b)) for a, b in meta.corrupt_regions if isinstance(a, int)]
+        )
+        self._keeper.note_loaded(self._manager, self._tally)
+        floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
+        self._reserve.ensure()  # before recovery: its space can take recovery's writes
+        self._open_segments(floor)
+        if meta.gaps_from is None:
+            # First open by a ledgerq that records its gaps: the gaps below this id (of
+            # an older ledgerq) cannot be told from lost ids, so they raise no alarm.
+            meta.gaps_from = self._manager.log_next_id
+        self._next_id = self._manager.next_id
+        self._start_clock()
+        # Entries appended after the last counter save were enqueued too (counted up to
+        # the last entry in the log, not the reserved ids a crash made us skip).
+        self._enqueued = counters.get("enqueued", 0) + max(
+            0, self._manager.log_next_id - counters.get("enqueued_through", meta.next_id)
+        )
+
+    def _reserve_ids_at_open(self) -> None:
+        """Save the first id reservation, and open the append gate if the disk allows.
+
+        The durable id reservation, and the gate of the append paths: an append of an
+        id at or past _reserved_until takes the slow path (_reserve_ids) first.  The
+        gate is closed (set low) while the disk reserve is spent, or while the
+        reservation could not be saved, so the fast paths pay nothing for either.
+        """
+        self._ids_reserved_until = self._reserved_until = self._next_id
+        try:
+            self._ids_reserved_until = self._next_id + ID_BLOCK
+            self._save_meta(clean=False)
+        except StorageError as exc:
+            # A full disk must not lock the user out: reading, dequeuing and acking need
+            # no reservation.  The first enqueue saves it (or raises while it cannot).
+            self._ids_reserved_until = self._next_id
+            logger.warning("ledgerq: %s; the first enqueue will reserve ids", exc)
+        else:
+            if self._reserve.is_held:  # else the gate stays closed: see _reserve_ids
+                self._reserved_until = self._ids_reserved_until
+
+    def _new_holdings(self) -> Holdings:
+        return Holdings(
             self,
             lock=self._lock,
             manager=self._manager,
@@ -378,20 +427,13 @@ class QueueCore(Closing):
         self._reader_hooks = ReaderHooks(self._features)
 
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
-        journal = ReaderJournal(self._reader_path(name))
+        journal = self._new_journal(name)
         journal.on_full = self._make_room
         journal.set_low_space(not self._reserve.is_held)
         is_new = not os.path.exists(journal.path)
         try:
             with storage_errors("open reader state", journal.path):
-                core = ReaderCore(
-                    name,
-                    journal,
-                    self._manager,
-                    self._reader_hooks,
-                    visibility_timeout=self.options.visibility_timeout,
-                    start_latest=start_latest,
-                )
+                core = self._new_reader_core(name, journal, start_latest=start_latest)
         except BaseException:
             journal.close()
             if is_new:
@@ -404,6 +446,21 @@ class QueueCore(Closing):
         self._readers[name] = reader
         self._cores[name] = core
         return reader
+
+    def _new_journal(self, name: str) -> ReaderJournal:
+        return ReaderJournal(self._reader_path(name))
+
+    def _new_reader_core(
+        self, name: str, journal: ReaderJournal, *, start_latest: bool
+    ) -> ReaderCore:
+        return ReaderCore(
+            name,
+            journal,
+            self._manager,
+            self._reader_hooks,
+            visibility_timeout=self.options.visibility_timeout,
+            start_latest=start_latest,
+        )
 
     def _load_meta(self, copy: OptionsCopy | None) -> Meta:
         """``meta.json``, or a new one for a new queue, or one rebuilt when it is lost.
@@ -793,6 +850,18 @@ class QueueCore(Closing):
         self._tally.duplicates += len(existing)
         return fresh, existing
 
+    def _refuse_full_disk(self) -> NoReturn:
+        """Refuse an append while the disk reserve is spent (nothing written)."""
+        raise StorageError(
+            "append to",
+            self._manager.directory,
+            OSError(
+                errno.ENOSPC,
+                f"No space left for messages (the last {self._reserve.size // 1024} KiB "
+                "are kept for acks, which free space)",
+            ),
+        )
+
     def _reserve_ids(self, end: int) -> None:
         """The slow path before an append of ids up to ``end`` (exclusive) (lock held).
 
@@ -808,15 +877,7 @@ class QueueCore(Closing):
         covered and write ids no durable record reserves.
         """
         if not self._restore_reserve():
-            raise StorageError(
-                "append to",
-                self._manager.directory,
-                OSError(
-                    errno.ENOSPC,
-                    f"No space left for messages (the last {self._reserve.size // 1024} KiB "
-                    "are kept for acks, which free space)",
-                ),
-            )
+            self._refuse_full_disk()
         if end <= self._ids_reserved_until:  # the gate was closed for the reserve only
             self._reserved_until = self._ids_reserved_until
             return
@@ -1006,6 +1067,32 @@ class QueueCore(Closing):
 
     # ------------------------------------------------------------------ waking
 
+    def _prepare_wait(self) -> bool:
+        """Before a dequeue blocks (queue lock held): True if it must look once more.
+
+        An exclusive queue learns of every change through its own lock; a shared-mode
+        handle starts watching the other processes' writes here.
+        """
+        return False
+
+    def appends_locked(self) -> contextlib.AbstractContextManager[None]:
+        """A block no other handle appends in: nothing to take for an exclusive queue (its
+        own lock serialises the appends); shared mode's append lock otherwise.  For
+        features that replace their files outside an append (a flush)."""
+        return contextlib.nullcontext()
+
+    def holding_reader(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """A block in which no other handle changes reader ``name`` (tooling that reads
+        its pending messages, then settles them: requeue, purge).  Nothing to take for
+        an exclusive queue; shared mode holds the reader's lock."""
+        return contextlib.nullcontext()
+
+    @property
+    def is_alone(self) -> bool:
+        """Whether no other handle can have this queue open (exclusive mode, or the first
+        shared handle while it opens): features may then rewrite their files freely."""
+        return True
+
     def _wake(self) -> None:
         """Messages may have become available (or the queue closed): wake every waiter."""
         self._cond.notify_all()
@@ -1058,6 +1145,10 @@ class QueueCore(Closing):
         return settled
 
     # ------------------------------------------------------------------ retention
+
+    def _retire_after_settle(self, core: ReaderCore) -> None:
+        """A settle of ``core``'s may have finished the oldest segment: apply retention."""
+        self._retire_consumed()
 
     def _retire_consumed(self) -> None:
         """Apply retention after a call whose effect has happened (lock held); never raises.

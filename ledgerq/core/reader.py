@@ -304,9 +304,13 @@ class ReaderCore:
                 self._reported[message_id] = before
                 self._unreported[message_id] = (failures, reason)
                 if give_back:
-                    self._selector.give_back(entry)
+                    self._give_back(entry)
                 raise
         return False
+
+    def _give_back(self, entry: Entry) -> None:
+        """Make ``entry`` (leased or reported on, behind the cursor) available again."""
+        self._selector.give_back(entry)
 
     def _finish(self, message_id: int, kind: StateRecordType, counter: str) -> int:
         """Settle an id that is not leased (expired, dead-lettered)."""
@@ -334,7 +338,7 @@ class ReaderCore:
             del self._leased[message_id]
             try:
                 if not self._report_failure(lease[0], attempt, _TIMED_OUT, now_ns):
-                    self._selector.give_back(lease[0])
+                    self._give_back(lease[0])
             except LedgerQError as exc:
                 self._move_failed(message_id, exc)  # given back; moved before redelivery
 
@@ -407,7 +411,7 @@ class ReaderCore:
             entry, attempt = self._leased.pop(message_id)
             try:
                 if not self._report_failure(entry, attempt, reason, now_ns):
-                    self._selector.give_back(entry)
+                    self._give_back(entry)
             except LedgerQError as exc:
                 self._move_failed(message_id, exc)
         return ticket
@@ -425,7 +429,7 @@ class ReaderCore:
                 self._deliveries[message_id] = attempt - 1
             else:
                 self._deliveries.pop(message_id, None)
-            self._selector.give_back(entry)
+            self._give_back(entry)
         if self._deadlines:
             # A deadline is matched to its lease by attempt number, and the next lease
             # of a released id has the same one: drop the stale deadline, or it would
@@ -708,6 +712,7 @@ class Reader:
         queue = self._queue
         with queue._lock:
             self._ensure_usable()
+            queue._manager.refresh()
             found = queue._manager.first_id_at_or_after(timestamp_ns)
             self._core.seek(found if found is not None else queue._manager.next_id)
             queue._wake()
@@ -769,6 +774,8 @@ class Reader:
                     if lease_deadline is not None:
                         until = max(lease_deadline - lease_now, 0.0)
                         remaining = until if remaining is None else min(remaining, until)
+                    if queue._prepare_wait():
+                        continue  # now watching for other processes' changes: look once more
                     queue._waiting += 1
                     try:
                         queue._cond.wait(remaining)
@@ -834,7 +841,7 @@ class Reader:
         """
         segments = self._queue._manager.segments
         if len(segments) > 1 and self._core.has_read_past(segments[0].last_id):
-            self._queue._retire_consumed()
+            self._queue._retire_after_settle(self._core)
 
     def nack(self, message_id: int, reason: str = "") -> None:
         """Give a leased message back as failed: it is delivered again with attempts + 1.

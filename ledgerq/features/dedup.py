@@ -15,6 +15,12 @@ be written (a full disk) does not undo the enqueue, which has happened: it is cu
 (never left torn in the middle of the file), later records are appended as usual, and
 the table is rewritten whole at the next sync or close.  A damaged record in the middle of
 the file is skipped and counted (``stats().corrupt_skipped``); the ones after it count.
+
+In shared mode every handle appends to the same file, under the queue's append lock,
+and before admitting anything reads the records the others appended since its last
+look (:meth:`DedupFeature.catch_up`): a ``dedup_id`` enqueued by one process is a
+duplicate for all.  A rewrite replaces the file (under that lock too); the others
+notice it (their descriptor's file has no name left) and read the new one whole.
 """
 
 from __future__ import annotations
@@ -30,8 +36,11 @@ from ledgerq._options import Options
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.feature_state import (
+    FEATURE_FILE_HEADER,
     FEATURE_VERSION,
+    FeatureFile,
     decode_feature_file,
+    decode_feature_records,
     encode_feature_file_header,
     encode_feature_record,
 )
@@ -88,21 +97,22 @@ class DedupFeature(Feature):
         self._log: AppendLog | None = None
         self._records = 0
         self._unsaved = False  # a record could not be written: rewrite the table whole
+        self._queue: QueueCore | None = None
+        self._shared = False  # other handles append to the file too (shared mode)
 
     def attach(self, queue: QueueCore) -> None:
         directory = os.path.join(queue.path, FEATURES_DIR)
         make_durable_dir(directory)
         path = os.path.join(directory, "dedup.log")
         self._log = AppendLog(path, "dedup state")
+        self._queue = queue
+        self._shared = queue.shared
+        if self._shared and not queue.is_alone:
+            self._join(path, queue)
+            return
         values, end = self._load(path, queue)
         for value in values:
-            record = _table_record(value)
-            if record is None:
-                queue.note_corrupt_skipped(1)  # not a record this library writes
-                continue
-            key, message_id, expires_ns = record
-            self._table[key] = (message_id, expires_ns)
-            self._table.move_to_end(key)
+            self._take(value, queue)
         try:
             self._rewrite()  # drops expired entries and any damage the file held
         except StorageError as exc:
@@ -117,6 +127,58 @@ class DedupFeature(Feature):
                 self._records = len(self._table)
             except StorageError as again:
                 self._not_saved(again)
+
+    def _take(self, value: Any, queue: QueueCore) -> None:
+        record = _table_record(value)
+        if record is None:
+            queue.note_corrupt_skipped(1)  # not a record this library writes
+            return
+        key, message_id, expires_ns = record
+        self._table[key] = (message_id, expires_ns)
+        self._table.move_to_end(key)
+
+    def _join(self, path: str, queue: QueueCore) -> None:
+        """Shared mode, other handles live: read the file as it is, rewrite nothing."""
+        assert self._log is not None
+        with queue.appends_locked():
+            if not os.path.exists(path):
+                self._log.replace(encode_feature_file_header(_MAGIC))
+            else:
+                self._log.open(0, cut=False)
+                self._log.size = 0
+            self._catch_up_locked()
+
+    def catch_up(self) -> None:
+        """Shared mode: apply the records other handles appended (append lock held)."""
+        if self._shared:
+            self._catch_up_locked()
+
+    def _catch_up_locked(self) -> None:
+        log, queue = self._log, self._queue
+        assert log is not None
+        assert queue is not None
+        news = log.news()
+        if news is None:
+            return
+        data, replaced = news
+        base = log.size
+        if replaced or base == 0:
+            self._table.clear()
+            try:
+                found = decode_feature_file(data, _MAGIC)
+            except DecodeError:
+                logger.warning("ledgerq: %s is unreadable; the dedup window starts empty", log.path)
+                found = FeatureFile([], FEATURE_FILE_HEADER.size, 0)
+                log.replace(encode_feature_file_header(_MAGIC))
+                return
+        else:
+            found = decode_feature_records(data, 0)
+        if found.damaged:
+            queue.note_corrupt_skipped(found.damaged)
+        for value in found.values:
+            self._take(value, queue)
+        self._records += len(found.values)
+        log.settle(base + found.end)
 
     @staticmethod
     def _load(path: str, queue: QueueCore) -> tuple[list[Any], int]:
@@ -212,7 +274,10 @@ class DedupFeature(Feature):
         if self._log is None:
             return
         if self._unsaved:
-            self._rewrite()  # raises StorageError while the disk is still full
+            assert self._queue is not None
+            with self._queue.appends_locked():  # shared mode: nobody appends meanwhile
+                self.catch_up()
+                self._rewrite()  # raises StorageError while the disk is still full
         self._log.sync()
 
     def close(self) -> None:

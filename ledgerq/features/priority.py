@@ -92,6 +92,15 @@ class _Level:
         except (DecodeError, OSError, IndexError):
             return None  # its segment was dropped (retention_max_bytes) or damaged
 
+    def holds(self, message_id: int) -> bool:
+        """Whether ``message_id`` is in this level's column (ahead of its head) or among
+        its returned entries - discarded or not."""
+        ids = self.ids
+        i = bisect.bisect_left(ids, message_id, lo=self.head)
+        if i < len(ids) and ids[i] == message_id:
+            return True
+        return any(item[0] == message_id for item in self.returned)
+
     def size(self) -> int:
         return len(self.ids) - self.head + len(self.returned) - len(self.discarded)
 
@@ -151,7 +160,10 @@ class PrioritySelector:
 
     def give_back(self, entry: Entry) -> None:
         level = self._levels[entry.priority]
-        level.discarded.discard(entry.id)
+        if entry.id in level.discarded:
+            level.discarded.discard(entry.id)
+            if level.holds(entry.id):
+                return  # still in its column (another handle's lease ended): live again
         heapq.heappush(level.returned, (entry.id, entry.timestamp, entry))
 
     def discard(self, message_id: int) -> bool:
@@ -168,9 +180,7 @@ class PrioritySelector:
         """The level holding ``message_id`` available, if any."""
         self._pull()
         for level in self._levels:
-            in_columns = message_id in level.ids[level.head :]
-            in_returned = any(item[0] == message_id for item in level.returned)
-            if (in_columns or in_returned) and message_id not in level.discarded:
+            if message_id not in level.discarded and level.holds(message_id):
                 return level
         return None
 

@@ -27,12 +27,15 @@ from ledgerq.format.index import (
 )
 from ledgerq.format.reader_state import (
     Checkpoint,
+    ReclaimCause,
     StateRecordType,
     decode_checkpoint,
     decode_state_file_header,
     decode_state_record,
     encode_checkpoint,
     encode_ids_record,
+    encode_lease_by_record,
+    encode_reclaim_record,
     encode_state_file_header,
     state_file_version,
 )
@@ -52,6 +55,7 @@ __all__ = [
     "EntryFlags",
     "IncompleteRecord",
     "IndexEntry",
+    "ReclaimCause",
     "RecordType",
     "StateRecordType",
     "checksum",
@@ -68,6 +72,8 @@ __all__ = [
     "encode_ids_record",
     "encode_index_entry",
     "encode_index_header",
+    "encode_lease_by_record",
+    "encode_reclaim_record",
     "encode_state_file_header",
     "peek_length",
     "state_file_version",

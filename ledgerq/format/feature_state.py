@@ -31,6 +31,7 @@ __all__ = [
     "FEATURE_VERSION",
     "FeatureFile",
     "decode_feature_file",
+    "decode_feature_records",
     "encode_feature_file_header",
     "encode_feature_record",
 ]
@@ -82,8 +83,16 @@ def decode_feature_file(buf: bytes, magic: bytes) -> FeatureFile:
     crc = _CHECKSUMS.get(got_version)
     if got_magic != magic or crc is None:
         raise CorruptRecord(f"bad feature file header {got_magic!r} v{got_version}", 0)
+    return decode_feature_records(buf, FEATURE_FILE_HEADER.size, got_version)
+
+
+def decode_feature_records(buf: bytes, pos: int, version: int = FEATURE_VERSION) -> FeatureFile:
+    """Decode the records of ``buf`` from ``pos`` (after the header, or where an earlier
+    read stopped) in a file of ``version``; see :func:`decode_feature_file` for what is
+    returned."""
+    crc = _CHECKSUMS[version]
     values: list[Any] = []
-    pos = end = FEATURE_FILE_HEADER.size
+    end = pos
     damaged = 0
     # Checksumming candidates after bad bytes is capped (see recovery_crc_allowance), so a
     # crafted file of plausible lengths cannot make decoding quadratic.
@@ -100,7 +109,7 @@ def decode_feature_file(buf: bytes, magic: bytes) -> FeatureFile:
             break  # nothing valid follows: a torn tail
         damaged += 1
         pos = resume
-    return FeatureFile(values, end, damaged, got_version)
+    return FeatureFile(values, end, damaged, version)
 
 
 def _record_at(buf: bytes, pos: int, crc: Checksum) -> tuple[Any, int] | None:

@@ -19,12 +19,21 @@ not-yet-acked message has been delivered.  It lives in an append-only journal
       DEAD_LETTER  done here: moved to the dead-letter queue
       EXPIRE       done here: its TTL passed before delivery
       RELEASE      given back unused: undoes its LEASE's delivery (not a failure)
+    LEASE_BY body: holder u64, deadline_ns u64, then one or more u64 ids
+                   (shared mode) a LEASE held by the handle ``holder`` until
+                   ``deadline_ns`` (the queue's time; 0: no visibility timeout)
+    RECLAIM body:  holder u64, cause u64, then one or more u64 ids
+                   (shared mode) the holder's leases of these ids are void: the
+                   messages are available again, each lease a failed delivery
+                   (cause 1: the holder closed or died; 2: its deadline passed)
     CHECKPOINT body: a msgpack array
-        [head, done_ids, deliveries, counters]
+        [head, done_ids, deliveries, counters]          (every version)
+        [head, done_ids, deliveries, counters, leases]  (version 2 and 3)
       head        int            lowest id that may still need delivering
       done_ids    [int, ...]     ids > head already acked
       deliveries  [[id, n], ...] deliveries so far of each id not acked
       counters    {str: int}     acked, nacked, expired, dead_lettered, ...
+      leases      [[id, holder, deadline_ns], ...]  live shared-mode leases
     Every id and count is an int in 0..2**64-1; anything else is a corrupt checkpoint.
 
 The journal starts with a CHECKPOINT and is rewritten (temp file, fsync, rename)
@@ -34,6 +43,7 @@ with a fresh CHECKPOINT when it grows; replaying it from the start yields the st
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any, NamedTuple
 
@@ -48,6 +58,7 @@ __all__ = [
     "STATE_RECORD_HEADER",
     "STATE_VERSION",
     "V1_TYPES_END",
+    "ReclaimCause",
     "MIN_STATE_RECORD_SIZE",
     "Checkpoint",
     "StateRecordType",
@@ -57,6 +68,9 @@ __all__ = [
     "encode_checkpoint",
     "encode_id_record",
     "encode_ids_record",
+    "encode_lease_by_one",
+    "encode_lease_by_record",
+    "encode_reclaim_record",
     "encode_state_file_header",
     "plausible_record_length",
     "state_checksum",
@@ -65,12 +79,14 @@ __all__ = [
 
 STATE_MAGIC = b"LQRS"
 STATE_VERSION = 3  # the version written; 1, 2 and 3 are read
-# Version 1 files hold only the types below RELEASE; version 2 may hold RELEASE; both
-# are checksummed with CRC-32.  Version 3 (format 2 of the queue) is version 2's records
-# checksummed with CRC-32C.  Every file this ledgerq writes is version 3, and a journal of
-# an older version is rewritten as version 3 when its queue opens, before anything is
-# appended to it: one file never mixes checksums, and an older ledgerq refuses the file
-# by its version ("unsupported reader state version 3") instead of misreading it.
+# Version 1 files hold only the types below RELEASE; version 2 adds RELEASE, LEASE_BY and
+# RECLAIM, and the checkpoint's fifth element (leases; shared mode); both are checksummed
+# with CRC-32.  Version 3 (format 2 of the queue) is version 2's records checksummed with
+# CRC-32C.  Every file this ledgerq writes is version 3, and a journal of an older
+# version is rewritten as version 3 when a handle loads it, before anything is appended
+# to it (in shared mode under the reader's lock, as a compaction: see core.journal): one
+# file never mixes checksums, and an older ledgerq refuses the file by its version
+# ("unsupported reader state version 3") instead of misreading it.
 V1_TYPES_END = 7
 STATE_FILE_HEADER = struct.Struct("<4sI")
 assert STATE_FILE_HEADER.size == 8
@@ -93,6 +109,15 @@ class StateRecordType(IntEnum):
     DEAD_LETTER = 5
     EXPIRE = 6
     RELEASE = 7  # version 2
+    LEASE_BY = 8  # version 2: a lease with its holder and deadline (shared mode)
+    RECLAIM = 9  # version 2: a holder's leases made void (shared mode)
+
+
+class ReclaimCause(IntEnum):
+    """Why a RECLAIM record voids a holder's leases."""
+
+    GONE = 1  # the holder closed, or its process died
+    TIMED_OUT = 2  # the lease's deadline (visibility timeout) passed
 
 
 # The type byte's member, by a dict lookup: calling the enum costs ten times more, and
@@ -107,17 +132,27 @@ _ID_TYPES = frozenset(
         StateRecordType.DEAD_LETTER,
         StateRecordType.EXPIRE,
         StateRecordType.RELEASE,
+        StateRecordType.LEASE_BY,
+        StateRecordType.RECLAIM,
     )
 )
+# Types whose body starts with two u64 fields (holder, deadline or cause) before the ids.
+_HELD_TYPES = frozenset((StateRecordType.LEASE_BY, StateRecordType.RECLAIM))
+_HELD_TYPE_VALUES = frozenset(int(t) for t in _HELD_TYPES)
 
 
 class Checkpoint(NamedTuple):
-    """A reader's whole state at one moment."""
+    """A reader's whole state at one moment.
+
+    ``leases`` (shared mode, version 2 and 3 files) are the live leases as ``(id,
+    holder, deadline_ns)``; an exclusive queue's checkpoint has none.
+    """
 
     head: int
     done: list[int]
     deliveries: list[tuple[int, int]]
     counters: dict[str, int]
+    leases: Sequence[tuple[int, int, int]] = []  # never mutated: NamedTuple fields are set once
 
 
 def encode_state_file_header(version: int = STATE_VERSION) -> bytes:
@@ -179,6 +214,8 @@ def encode_id_record(record_type: int, message_id: int) -> bytes:
 
 def encode_ids_record(record_type: StateRecordType, ids: list[int] | tuple[int, ...]) -> bytes:
     """Return a LEASE, ACK, NACK, DEAD_LETTER, EXPIRE or RELEASE record naming ``ids``."""
+    if record_type in _HELD_TYPES:
+        raise ValueError(f"{record_type!r} needs its holder: use its own encoder")
     if len(ids) == 1 and record_type in _ID_TYPES and 0 <= ids[0] < 1 << 64:
         framed = _ONE_ID.pack(_ONE_ID_LENGTH, record_type, ids[0])
         return framed + _CRC.pack(checksum(framed))
@@ -189,11 +226,49 @@ def encode_ids_record(record_type: StateRecordType, ids: list[int] | tuple[int, 
     return _frame(record_type, struct.pack(f"<{len(ids)}Q", *ids))
 
 
+def _held_record(
+    record_type: StateRecordType, holder: int, second: int, ids: list[int] | tuple[int, ...]
+) -> bytes:
+    if not ids:
+        raise ValueError("an ids record needs at least one id")
+    return _frame(record_type, struct.pack(f"<{len(ids) + 2}Q", holder, second, *ids))
+
+
+def encode_lease_by_record(
+    holder: int, deadline_ns: int, ids: list[int] | tuple[int, ...]
+) -> bytes:
+    """Return a LEASE_BY record: ``ids`` leased by ``holder`` until ``deadline_ns`` (0: none)."""
+    return _held_record(StateRecordType.LEASE_BY, holder, deadline_ns, ids)
+
+
+_LEASE_BY_ONE = struct.Struct("<IBQQQ")  # length, type, holder, deadline, one id
+assert _LEASE_BY_ONE.size == 29
+_LEASE_BY_ONE_LENGTH = _LEASE_BY_ONE.size + _CRC.size
+_pack_lease_by_one = _LEASE_BY_ONE.pack
+
+
+def encode_lease_by_one(holder: int, deadline_ns: int, message_id: int) -> bytes:
+    """:func:`encode_lease_by_record` for one id (the shared-mode dequeue's hot path)."""
+    framed = _pack_lease_by_one(
+        _LEASE_BY_ONE_LENGTH, StateRecordType.LEASE_BY, holder, deadline_ns, message_id
+    )
+    return framed + _pack_crc(checksum(framed))
+
+
+def encode_reclaim_record(
+    holder: int, cause: ReclaimCause | int, ids: list[int] | tuple[int, ...]
+) -> bytes:
+    """Return a RECLAIM record: ``holder``'s leases of ``ids`` are void, for ``cause``."""
+    return _held_record(StateRecordType.RECLAIM, holder, int(cause), ids)
+
+
 def _is_u64(value: object) -> bool:
     return type(value) is int and 0 <= value <= _U64_MAX
 
 
-def _checkpoint_problem(head: object, done: object, deliveries: object, counters: object) -> str:
+def _checkpoint_problem(
+    head: object, done: object, deliveries: object, counters: object, leases: object = ()
+) -> str:
     """Return what makes these fields an invalid checkpoint; "" when they are valid.
 
     Exact types only: a float, a bool or a digit string where an id belongs is a
@@ -212,25 +287,38 @@ def _checkpoint_problem(head: object, done: object, deliveries: object, counters
         type(name) is str and _is_u64(value) for name, value in counters.items()
     ):
         return "counters are not a map of str to u64"
+    if not isinstance(leases, list | tuple) or not all(
+        isinstance(lease, list | tuple) and len(lease) == 3 and all(_is_u64(v) for v in lease)
+        for lease in leases
+    ):
+        return "leases are not an array of [id, holder, deadline_ns] triples of u64"
     return ""
 
 
-def encode_checkpoint(checkpoint: Checkpoint, crc: Checksum = checksum) -> bytes:
+def encode_checkpoint(
+    checkpoint: Checkpoint, crc: Checksum = checksum, *, shared: bool = False
+) -> bytes:
     """Return a CHECKPOINT record (``crc``: that of the file's version, the newest's).
+
+    ``shared`` writes the five-element form with the live leases (version 2 and 3 files
+    only); otherwise the four-element form, which every version reads, and
+    ``checkpoint.leases`` must be empty.
 
     Raises ``ValueError`` for a checkpoint :func:`decode_checkpoint` would reject
     (negative or non-int ids and counts, non-str counter names): such a record would
     make the reader's journal unreadable on the next open.
     """
-    head, done, deliveries, counters = checkpoint
+    head, done, deliveries, counters, leases = checkpoint
     counters = dict(counters)
-    problem = _checkpoint_problem(head, done, deliveries, counters)
+    problem = _checkpoint_problem(head, done, deliveries, counters, leases)
     if problem:
         raise ValueError(f"invalid reader checkpoint: {problem}")
-    body = msgpack.packb(
-        [head, list(done), [list(pair) for pair in deliveries], counters],
-        use_bin_type=True,
-    )
+    fields: list[Any] = [head, list(done), [list(pair) for pair in deliveries], counters]
+    if shared:
+        fields.append([list(lease) for lease in leases])
+    elif leases:
+        raise ValueError("invalid reader checkpoint: leases belong in a shared-mode checkpoint")
+    body = msgpack.packb(fields, use_bin_type=True)
     return _frame(StateRecordType.CHECKPOINT, body, crc)
 
 
@@ -243,13 +331,20 @@ def decode_checkpoint(body: bytes, pos: int = 0) -> Checkpoint:
         value: Any = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise CorruptRecord(f"malformed reader checkpoint ({exc})", pos) from None
-    if type(value) is not list or len(value) != 4:
-        raise CorruptRecord("malformed reader checkpoint (not an array of 4 fields)", pos)
-    head, done, deliveries, counters = value
-    problem = _checkpoint_problem(head, done, deliveries, counters)
+    if type(value) is not list or len(value) not in (4, 5):
+        raise CorruptRecord("malformed reader checkpoint (not an array of 4 or 5 fields)", pos)
+    head, done, deliveries, counters = value[:4]
+    leases = value[4] if len(value) == 5 else []
+    problem = _checkpoint_problem(head, done, deliveries, counters, leases)
     if problem:
         raise CorruptRecord(f"malformed reader checkpoint ({problem})", pos)
-    return Checkpoint(head, done, [(i, n) for i, n in deliveries], counters)
+    return Checkpoint(
+        head,
+        done,
+        [(i, n) for i, n in deliveries],
+        counters,
+        [(i, h, d) for i, h, d in leases],
+    )
 
 
 def plausible_record_length(buf: bytes | bytearray | memoryview, pos: int) -> int:
@@ -267,6 +362,8 @@ def plausible_record_length(buf: bytes | bytearray | memoryview, pos: int) -> in
     body = length - _MIN_RECORD
     if record_type not in _ID_TYPES or not body or body % 8:
         return 0
+    if record_type in _HELD_TYPE_VALUES and body < 24:
+        return 0
     return int(length)
 
 
@@ -276,7 +373,8 @@ def decode_state_record(
     """Decode the record at ``pos``; return its type, its body and the next offset.
 
     The body is the raw bytes for CHECKPOINT (see :func:`decode_checkpoint`) and a
-    tuple of ids for the others.  ``crc`` is the file's checksum
+    tuple of u64 for the others: the ids, after the holder and the deadline (LEASE_BY)
+    or the cause (RECLAIM) for those two.  ``crc`` is the file's checksum
     (:func:`state_checksum` of its version).
     """
     end = len(buf)
@@ -297,6 +395,6 @@ def decode_state_record(
         raise CorruptRecord(f"unknown reader state record type {record_type}", pos)
     if kind is StateRecordType.CHECKPOINT:
         return kind, body, stop
-    if not body or len(body) % 8:
+    if not body or len(body) % 8 or (kind in _HELD_TYPES and len(body) < 24):
         raise CorruptRecord("reader state ids record of bad size", pos)
     return kind, struct.unpack(f"<{len(body) // 8}Q", body), stop

@@ -49,15 +49,17 @@ class AppendLog:
         """Whether the log has a file to append to."""
         return self._fd is not None
 
-    def open(self, size: int) -> None:
+    def open(self, size: int, *, cut: bool = True) -> None:
         """Append to the existing file, whose first ``size`` bytes are valid, from now on.
 
-        Bytes past ``size`` (a torn tail the caller's recovery found) are cut first.
+        Bytes past ``size`` (a torn tail the caller's recovery found) are cut first -
+        unless ``cut`` is False (shared mode without the lock: they may be another
+        handle's record in flight; :meth:`news` under the lock deals with them).
         """
         with storage_errors(f"open {self.what}", self.path):
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
             try:
-                if os.fstat(fd).st_size != size:
+                if cut and os.fstat(fd).st_size != size:
                     os.ftruncate(fd, size)
             except BaseException:
                 os.close(fd)
@@ -144,6 +146,42 @@ class AppendLog:
         except StorageError:
             pass  # the append's own error is the one to report; the next one retries
         return StorageError(f"write {self.what}", self.path, exc)
+
+    def news(self) -> tuple[bytes, bool] | None:
+        """Shared mode, the caller's lock held: what other handles appended since
+        :attr:`size` - ``(bytes, False)`` - or, when another handle replaced the file,
+        the whole new file - ``(bytes, True)``, now appended to - or None if nothing.
+
+        After decoding, the caller calls :meth:`settle` with where its whole records end.
+        """
+        fd = self._fd
+        if fd is None:
+            raise StorageError(f"read {self.what}", self.path, OSError(errno.EBADF, "closed"))
+        with storage_errors(f"read {self.what}", self.path):
+            st = os.fstat(fd)
+            if not st.st_nlink:
+                new_fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+                try:
+                    data = os.pread(new_fd, os.fstat(new_fd).st_size, 0)
+                except BaseException:
+                    os.close(new_fd)
+                    raise
+                self.adopt(new_fd, 0)
+                return data, True
+            if st.st_size == self.size:
+                return None
+            return os.pread(fd, st.st_size - self.size, self.size), False
+
+    def settle(self, end: int) -> None:
+        """Whole records end at ``end`` (after :meth:`news`): cut what follows - the remains
+        of a handle that died appending under the lock - and append from there."""
+        fd = self._fd
+        if fd is None:
+            return
+        with storage_errors(f"cut a torn record of {self.what}", self.path):
+            if os.fstat(fd).st_size > end:
+                os.ftruncate(fd, end)
+        self.size = end
 
     def _cut_back(self, fd: int) -> None:
         """Cut the file to :attr:`size` (the end of the last whole append)."""

@@ -31,9 +31,17 @@ class LogCursor:
         if target < seg.first_id:
             target = seg.first_id
         offset, after_id = manager.position_of(seg, target)
+        try:
+            fd = seg.read_fd()
+        except FileNotFoundError:
+            # Deleted by another shared-mode handle's retention since the view was made:
+            # the manager drops it from the view (an exclusive one raises).
+            manager.note_missing(seg)
+            self._position(max(target, manager.segments[0].first_id))
+            return
         self._seg = seg
         self._scanner = EntryScanner(
-            seg.read_fd(), offset, seg.size, after_id=after_id, boundaries=seg.boundaries()
+            fd, offset, seg.size, after_id=after_id, boundaries=seg.boundaries()
         )
         self._skip_to = target
         self.next_id = target

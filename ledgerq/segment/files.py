@@ -145,7 +145,8 @@ def _replace(path: str, data: bytes, *, durable: bool, adopt: Callable[[int], No
     """temp file -> (fsync) -> rename -> (fsync of the directory); ``adopt`` gets the fd."""
     tmp = f"{path}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        # Readable too: a shared-mode handle reads what others append to a file it adopts.
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         try:
             write_all(fd, data)
             if durable:

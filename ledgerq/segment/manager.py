@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -850,6 +851,31 @@ class SegmentManager:
         if entry.id != message_id:
             raise CorruptRecord(f"expected entry {message_id}, found {entry.id}", offset)
         return entry
+
+    def read_entry(self, message_id: int) -> Entry | None:
+        """The entry ``message_id``, read from the index point before it; None if the
+        log does not hold it (never written, deleted, or damaged)."""
+        seg = self.segments[self.find(message_id)]
+        if seg.is_empty or not seg.first_id <= message_id <= seg.last_id:
+            return None
+        offset, after_id = self.position_of(seg, message_id)
+        try:
+            fd = seg.read_fd()
+        except FileNotFoundError:
+            return None
+        scanner = EntryScanner(fd, offset, seg.size, after_id=after_id, boundaries=seg.boundaries())
+        while (entry := scanner.next()) is not None:
+            if entry.id >= message_id:
+                return entry if entry.id == message_id else None
+        return None
+
+    def note_missing(self, seg: Segment) -> None:
+        """A segment file of the view is gone from disk: raise (an exclusive owner
+        deletes its files itself; a shared-mode manager reloads its view instead)."""
+        raise FileNotFoundError(errno.ENOENT, "segment file deleted under the queue", seg.log_path)
+
+    def refresh(self) -> None:
+        """Bring the view up to date with the files (nothing to do for an exclusive owner)."""
 
     def first_id_at_or_after(self, timestamp_ns: int) -> int | None:
         """Id of the first entry whose timestamp is >= ``timestamp_ns``, or None.

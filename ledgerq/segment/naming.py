@@ -13,6 +13,12 @@
         <name>.state            reader_state_path(): one reader's journal
       features/                 FEATURES_DIR: retry and dedup state
       dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
+      shared/                   SHARED_DIR: coordination of shared-mode handles
+        OPENING                 OPENING_NAME: flock'ed while a shared handle opens
+        APPEND                  APPEND_NAME: flock'ed across one append
+        state                   SHARED_STATE_NAME: the state page (format.shared_state)
+        <name>.reader           reader_lock_path(): flock'ed across a reader's step
+        <handle:016x>.live      handle_live_path(): flock'ed while that handle lives
       reserve                   RESERVE_NAME: disk space held back for acks on a full disk
 
 A file being replaced is written first as ``<name>.tmp`` (TMP_SUFFIX) and renamed.
@@ -25,24 +31,32 @@ import os
 import re
 
 __all__ = [
+    "APPEND_NAME",
     "DLQ_DIR",
     "FEATURES_DIR",
     "INDEX_SUFFIX",
+    "LIVE_SUFFIX",
     "LOCK_NAME",
     "LOG_SUFFIX",
     "META_NAME",
+    "OPENING_NAME",
     "OPTIONS_NAME",
     "QUEUE_NAMES",
     "READERS_DIR",
     "RESERVE_NAME",
     "SEGMENTS_DIR",
+    "SHARED_DIR",
+    "SHARED_STATE_NAME",
     "STATE_SUFFIX",
     "TMP_SUFFIX",
+    "handle_live_path",
     "idx_path",
+    "list_live_handles",
     "list_reader_names",
     "list_segment_ids",
     "log_path",
     "parse_log_name",
+    "reader_lock_path",
     "reader_state_path",
 ]
 
@@ -58,6 +72,12 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".idx"
 STATE_SUFFIX = ".state"
 TMP_SUFFIX = ".tmp"
+SHARED_DIR = "shared"
+OPENING_NAME = "OPENING"
+APPEND_NAME = "APPEND"
+SHARED_STATE_NAME = "state"
+READER_LOCK_SUFFIX = ".reader"
+LIVE_SUFFIX = ".live"
 
 # Everything a queue directory may hold: a directory holding anything else and no
 # meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).
@@ -72,6 +92,7 @@ QUEUE_NAMES = frozenset(
         READERS_DIR,
         FEATURES_DIR,
         DLQ_DIR,
+        SHARED_DIR,
         RESERVE_NAME,
     )
 )
@@ -129,3 +150,25 @@ def list_reader_names(queue_dir: str) -> list[str]:
         for name in names
         if name.endswith(STATE_SUFFIX) and len(name) > len(STATE_SUFFIX)
     )
+
+
+def reader_lock_path(queue_dir: str, name: str) -> str:
+    """Path of the file shared-mode handles lock across a step of the reader ``name``."""
+    return os.path.join(queue_dir, SHARED_DIR, name + READER_LOCK_SUFFIX)
+
+
+_LIVE_NAME = re.compile(r"^([0-9a-f]{16})" + re.escape(LIVE_SUFFIX) + r"$")
+
+
+def handle_live_path(queue_dir: str, handle_id: int) -> str:
+    """Path of the file the shared-mode handle ``handle_id`` keeps locked while it lives."""
+    return os.path.join(queue_dir, SHARED_DIR, f"{handle_id:016x}{LIVE_SUFFIX}")
+
+
+def list_live_handles(queue_dir: str) -> list[int]:
+    """Ids of the shared-mode handles with a liveness file (live, or dead uncleaned)."""
+    try:
+        names = os.listdir(os.path.join(queue_dir, SHARED_DIR))
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1), 16) for m in map(_LIVE_NAME.match, names) if m)

@@ -63,7 +63,8 @@ __all__ = [
     "replay_reader",
 ]
 
-# One record of a journal: its type, its ids (LEASE ... RELEASE; empty for a CHECKPOINT),
+# One record of a journal: its type, its u64 fields (the ids of LEASE ... RELEASE; the
+# holder, deadline or cause, then the ids, of LEASE_BY and RECLAIM; empty for a CHECKPOINT),
 # its Checkpoint (None for the others) and its offset in the file.  A plain tuple: the
 # queue replays many of them when it opens.
 StateRecord = tuple[StateRecordType, tuple[int, ...], Checkpoint | None, int]
@@ -86,6 +87,8 @@ _NACK = StateRecordType.NACK
 _ACK = StateRecordType.ACK
 _EXPIRE = StateRecordType.EXPIRE
 _RELEASE = StateRecordType.RELEASE
+_LEASE_BY = StateRecordType.LEASE_BY
+_RECLAIM = StateRecordType.RECLAIM
 
 
 def next_record_after(data: bytes, pos: int, crc: Checksum = checksum) -> int:
@@ -275,11 +278,14 @@ class ReaderState:
     expired) out of order; ``deliveries``: times each unfinished id was delivered
     (a released lease not counted);
     ``counters``: acked, nacked, dead_lettered, expired, ...; ``leased``: ids leased
-    since the last checkpoint and not settled since (a checkpoint's deliveries are
-    counts, not live leases; none is live once the queue has closed cleanly).
+    since the last checkpoint and not settled since, and the live leases a shared-mode
+    checkpoint lists (a checkpoint's deliveries are counts, not live leases; none is
+    live once the queue has closed cleanly); ``holders``: of those, the ones a
+    shared-mode handle holds (LEASE_BY, or a checkpoint's leases), as
+    ``id -> (holder, deadline_ns)`` - live only while that handle is.
     """
 
-    __slots__ = ("counters", "deliveries", "done", "head", "leased")
+    __slots__ = ("counters", "deliveries", "done", "head", "holders", "leased")
 
     def __init__(self) -> None:
         self.head = 1
@@ -287,24 +293,42 @@ class ReaderState:
         self.deliveries: dict[int, int] = {}
         self.counters: dict[str, int] = {}
         self.leased: set[int] = set()
+        self.holders: dict[int, tuple[int, int]] = {}
 
     def apply(self, records: Iterable[StateRecord]) -> None:
         """Fold ``records`` (in journal order) into this state."""
         done, deliveries, counters, leased = self.done, self.deliveries, self.counters, self.leased
+        holders = self.holders
         for kind, body, checkpoint, _ in records:
             if checkpoint is not None:
                 self.head = checkpoint.head
                 done = self.done = set(checkpoint.done)
                 deliveries = self.deliveries = dict(checkpoint.deliveries)
                 counters = self.counters = dict(checkpoint.counters)
-                leased = self.leased = set()
+                holders = self.holders = {i: (h, d) for i, h, d in checkpoint.leases}
+                leased = self.leased = set(holders)
                 continue
             if kind is _LEASE:
                 for message_id in body:
                     deliveries[message_id] = deliveries.get(message_id, 0) + 1
                 leased.update(body)
+            elif kind is _LEASE_BY:
+                lease = (body[0], body[1])
+                for message_id in body[2:]:
+                    deliveries[message_id] = deliveries.get(message_id, 0) + 1
+                    holders[message_id] = lease
+                    leased.add(message_id)
+            elif kind is _RECLAIM:
+                # Void leases: the messages are unfinished and available again; each
+                # lease stays counted as a delivery (a failed one, like a lost lease).
+                for message_id in body[2:]:
+                    leased.discard(message_id)
+                    holders.pop(message_id, None)
             elif kind is _NACK:
                 leased.difference_update(body)
+                if holders:
+                    for message_id in body:
+                        holders.pop(message_id, None)
                 counters["nacked"] = counters.get("nacked", 0) + len(body)
             elif kind is _RELEASE:
                 # Given back unused: the LEASE before it did not count as a delivery, so
@@ -317,12 +341,16 @@ class ReaderState:
                         deliveries[message_id] = count
                     else:
                         deliveries.pop(message_id, None)
+                    holders.pop(message_id, None)
                 leased.difference_update(body)
             else:  # ACK, DEAD_LETTER, EXPIRE: done for this reader, and counted
                 for message_id in body:
                     done.add(message_id)
                     deliveries.pop(message_id, None)
                 leased.difference_update(body)
+                if holders:
+                    for message_id in body:
+                        holders.pop(message_id, None)
                 # (branches, not a dict keyed by the enum: an enum's hash is Python code)
                 counter = (
                     "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"

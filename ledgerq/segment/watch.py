@@ -137,6 +137,17 @@ class InotifyWatcher(DirectoryWatcher):
             if left is not None and left <= 0:
                 return False
 
+    def fileno(self) -> int:
+        """The inotify descriptor: readable when events wait (for a caller's own poll)."""
+        file = self._file
+        if file is None:
+            raise ValueError("watcher is closed")
+        return file.fileno()
+
+    def drain(self) -> bool:
+        """Read the events that wait, without blocking; True if one of them matters."""
+        return self._drain(self.fileno())
+
     def _drain(self, fd: int) -> bool:
         """Read every queued event; True if one of them matters."""
         relevant = False

@@ -37,13 +37,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class Config:
-    """One configuration under test: how to open a queue with it, and what it implies."""
+    """One configuration under test: how to open a queue with it, and what it implies.
+
+    ``shared``: every open is a shared-mode handle (``ledgerq.open(path, shared=True)``),
+    which must keep every promise an exclusive queue keeps.
+    """
 
     name: str
     options: dict[str, Any]
+    shared: bool = False
 
     def open(self, path: Path) -> ledgerq.Queue:
-        return ledgerq.open(path, **self.options)
+        return ledgerq.open(path, shared=self.shared, **self.options)
 
     @property
     def max_retries(self) -> int:
@@ -54,9 +59,16 @@ class Config:
         return bool(self.options.get("priorities", False))
 
 
-@pytest.fixture(params=list(CONFIGS), ids=list(CONFIGS))
+MODES = {"exclusive": False, "shared": True}
+
+
+@pytest.fixture(
+    params=[(name, mode) for mode in MODES for name in CONFIGS],
+    ids=[f"{name}-{mode}" for mode in MODES for name in CONFIGS],
+)
 def config(request: pytest.FixtureRequest) -> Config:
-    return Config(request.param, CONFIGS[request.param])
+    name, mode = request.param
+    return Config(name, CONFIGS[name], MODES[mode])
 
 
 @pytest.fixture
@@ -286,14 +298,20 @@ def test_consumed_segments_are_deleted_and_unconsumed_ones_kept(
 _MODEL_SETTINGS = settings(max_examples=12, stateful_step_count=30, deadline=None)
 
 
-def _model_test(name: str, options: dict[str, Any]) -> Any:
+def _model_test(name: str, options: dict[str, Any], shared: bool) -> Any:
     """The model's TestCase for ``options`` (starvation off: it depends on the clock)."""
     extra = {"starvation_after": None} if options.get("priorities") else {}
-    machine = type(f"Model_{name}", (QueueMachine,), {"options": {**options, **extra}})
+    machine = type(
+        f"Model_{name}", (QueueMachine,), {"options": {**options, **extra}, "shared": shared}
+    )
     test = machine.TestCase
     test.settings = _MODEL_SETTINGS
     return test
 
 
 for _name, _options in CONFIGS.items():
-    globals()[f"TestModel_{_name.replace('-', '_')}"] = _model_test(_name, _options)
+    for _mode, _shared in MODES.items():
+        _suffix = "" if _mode == "exclusive" else "_shared"
+        globals()[f"TestModel_{_name.replace('-', '_')}{_suffix}"] = _model_test(
+            _name, _options, _shared
+        )

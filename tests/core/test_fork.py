@@ -128,15 +128,23 @@ def test_a_sharded_queue_in_a_fork_started_worker_raises(tmp_path: Path) -> None
         assert sharded.stats().enqueued == 0
 
 
+def _run_until(started: object, stop: object) -> None:
+    started.set()  # type: ignore[attr-defined]
+    stop.wait(60)  # type: ignore[attr-defined]
+
+
 def test_a_child_holding_the_queue_forgotten_keeps_nothing_locked(tmp_path: Path) -> None:
     """The child inherited an open queue and never uses it: the parent can close and reopen."""
     path = tmp_path / "q"
     ctx = multiprocessing.get_context("fork")
     q = ledgerq.open(path)
-    stop = ctx.Event()
-    child = ctx.Process(target=stop.wait, args=(60,))
+    started, stop = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_run_until, args=(started, stop))
     child.start()
     try:
+        # The child drops its copy of the lock in its at-fork hook, which runs when it is
+        # first scheduled: on a busy machine, after the parent's next steps.
+        assert started.wait(60)
         q.enqueue(b"x")
         q.close()
         with ledgerq.open(path) as again:  # not locked by the child's copy
@@ -194,3 +202,33 @@ def test_a_follower_keeps_following_in_a_forked_child(tmp_path: Path) -> None:
             child_lines.close()
             _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_close_unlocks_though_a_fresh_childs_copy_of_the_lock_is_still_open(
+    tmp_path: Path,
+) -> None:
+    """Between fork() and its at-fork hook, a child holds a copy of the lock's descriptor.
+
+    The parent's close must free the queue even then: before, the flock stayed with the
+    child's copy, and a reopen right after the close raised QueueLockedError (seen as an
+    order-dependent failure of the test above).  A second descriptor of the same open file
+    description is exactly what the child holds in that moment.
+    """
+    path = tmp_path / "q"
+    q = ledgerq.open(path)
+    lock_path = str(path / "LOCK")
+    (held,) = [int(fd) for fd in os.listdir("/proc/self/fd") if _target(fd) == lock_path]
+    copy = os.dup(held)  # the child's copy, before its hook closes it
+    try:
+        q.close()
+        with ledgerq.open(path):  # not locked by the copy
+            pass
+    finally:
+        os.close(copy)
+
+
+def _target(fd: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None

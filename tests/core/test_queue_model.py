@@ -46,12 +46,13 @@ class Model:
 
 class QueueMachine(RuleBasedStateMachine):
     options: ClassVar[dict[str, Any]] = {}
+    shared: ClassVar[bool] = False  # open every handle in shared mode
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="ledgerq-model-")
         self.path = f"{self.tmp}/q"
-        self.q = ledgerq.open(self.path, **self.options)
+        self.q = ledgerq.open(self.path, shared=self.shared, **self.options)
         self.max_retries = self.q.options.max_retries
         self.by_priority = self.q.options.priorities
         self.messages: dict[int, Model] = {}
@@ -188,7 +189,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def reopen(self) -> None:
         self.q.close()
-        self.q = ledgerq.open(self.path, **self.options)
+        self.q = ledgerq.open(self.path, shared=self.shared, **self.options)
         for model in self.messages.values():
             if model.state == "leased":
                 model.state = "available"

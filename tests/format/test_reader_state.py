@@ -20,6 +20,8 @@ from ledgerq.format import (
     decode_state_record,
     encode_checkpoint,
     encode_ids_record,
+    encode_lease_by_record,
+    encode_reclaim_record,
     encode_state_file_header,
     state_file_version,
 )
@@ -29,12 +31,17 @@ from ledgerq.format.reader_state import (
     STATE_MAGIC,
     STATE_RECORD_HEADER,
     STATE_VERSION,
+    ReclaimCause,
     state_checksum,
 )
 from tests.strategies import U64_MAX, checkpoints, id_batches
 
-# Every record type but CHECKPOINT carries a batch of ids.
-ID_TYPES = [t for t in StateRecordType if t is not StateRecordType.CHECKPOINT]
+# Every record type but CHECKPOINT carries a batch of ids; LEASE_BY and RECLAIM carry two
+# more u64 first (the holder, and a deadline or a cause) and have encoders of their own.
+HELD_TYPES = [StateRecordType.LEASE_BY, StateRecordType.RECLAIM]
+ID_TYPES = [
+    t for t in StateRecordType if t is not StateRecordType.CHECKPOINT and t not in HELD_TYPES
+]
 UNKNOWN_TYPES = [0, max(StateRecordType) + 1, 255]
 
 CHECKPOINT = Checkpoint(5, [7, 9], [(5, 2), (6, 1)], {"acked": 4, "nacked": 1})
@@ -44,6 +51,9 @@ FIXED = [
     encode_ids_record(StateRecordType.NACK, [10, 11, 12]),
     encode_checkpoint(Checkpoint(1, [], [], {})),
     encode_checkpoint(CHECKPOINT),
+    encode_lease_by_record(0xABCDEF, 1_700_000_000_000_000_000, [4, 5]),
+    encode_reclaim_record(0xABCDEF, ReclaimCause.GONE, [4]),
+    encode_checkpoint(CHECKPOINT._replace(leases=[(5, 0xABCDEF, 0)]), shared=True),
 ]
 
 
@@ -126,6 +136,42 @@ def test_ids_record_round_trip(kind: StateRecordType, ids: list[int]) -> None:
     assert got is kind
     assert body == tuple(ids)
     assert stop == len(raw)
+
+
+@pytest.mark.parametrize("kind", HELD_TYPES)
+@settings(max_examples=30)
+@given(holder=st.integers(0, U64_MAX), second=st.integers(0, U64_MAX), ids=id_batches)
+def test_held_record_round_trip(
+    kind: StateRecordType, holder: int, second: int, ids: list[int]
+) -> None:
+    if kind is StateRecordType.LEASE_BY:
+        raw = encode_lease_by_record(holder, second, ids)
+    else:
+        raw = encode_reclaim_record(holder, ReclaimCause(1 + second % 2), ids)
+        second = 1 + second % 2
+    assert len(raw) == 9 + 16 + 8 * len(ids)
+    got, body, stop = decode_state_record(raw, 0)
+    assert got is kind
+    assert body == (holder, second, *ids)
+    assert stop == len(raw)
+
+
+@pytest.mark.parametrize("kind", HELD_TYPES)
+def test_held_record_without_an_id_is_corrupt(kind: StateRecordType) -> None:
+    """Holder and deadline (or cause) but no id: a body of 16 bytes is not a record."""
+    with pytest.raises(CorruptRecord):
+        decode_state_record(frame(kind, struct.pack("<QQ", 1, 2)), 0)
+    with pytest.raises(ValueError, match="needs its holder"):
+        encode_ids_record(kind, [1])
+
+
+def test_shared_checkpoint_carries_the_leases() -> None:
+    cp = CHECKPOINT._replace(leases=[(5, 7, 0), (6, 8, 123)])
+    body = encode_checkpoint(cp, shared=True)[5:-4]
+    assert msgpack.unpackb(body)[4] == [[5, 7, 0], [6, 8, 123]]
+    assert decode_checkpoint(body) == cp
+    with pytest.raises(ValueError, match="shared-mode"):
+        encode_checkpoint(cp)  # leases only in the five-element (version 2) form
 
 
 def test_ids_record_bytes() -> None:

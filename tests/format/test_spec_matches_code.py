@@ -16,6 +16,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -51,6 +52,8 @@ CHECKED_TABLES = {
     "state-record",
     "state-types",
     "checkpoint",
+    "shared-state",
+    "shared-tail",
     "meta",
     "options",
     "constants",
@@ -319,13 +322,91 @@ def test_state_types() -> None:
     assert {r["name"]: int(r["value"]) for r in rows} == {t.name: t.value for t in StateRecordType}
     for r in rows:
         kind = StateRecordType[r["name"]]
-        assert r["body"] in ("ids", "checkpoint"), r
+        assert r["body"] in ("ids", "checkpoint", *HELD_BODIES), r
         if r["body"] == "ids":
             encode_state_ids = state_mod.encode_ids_record(kind, [1])
             assert encode_state_ids[4] == kind
-        else:
+        elif r["body"] == "checkpoint":
             with pytest.raises(ValueError, match="does not carry ids"):
                 state_mod.encode_ids_record(kind, [1])
+        else:
+            # Two u64 as named, then the ids: the decoded body is (first, second, *ids).
+            record = HELD_BODIES[r["body"]](7, 2, [1, 5])
+            decoded, body, _ = state_mod.decode_state_record(record, 0)
+            assert (decoded, body) == (kind, (7, 2, 1, 5))
+
+
+HELD_BODY_NAMES = ("holder, deadline_ns, ids", "holder, cause, ids")
+
+
+@settings(max_examples=20)
+@given(
+    st.sampled_from([r for r in TABLES["state-types"] if r["body"] in HELD_BODY_NAMES]),
+    st.integers(0, (1 << 64) - 1),
+    st.sampled_from([int(c) for c in state_mod.ReclaimCause]),
+    id_batches,
+)
+def test_tables_decode_shared_mode_records(
+    kind: Row, holder: int, second: int, ids: list[int]
+) -> None:
+    """LEASE_BY and RECLAIM walked with the tables alone, checksummed with CRC-32C (the
+    format's checksum, computed here by the crc32c package, not by format.checksum)."""
+    raw = HELD_BODIES[kind["body"]](holder, second, ids)
+    record, end = walk(table("state-record"), raw)
+    assert end == len(raw)
+    assert record["type"] == int(kind["value"])
+    assert record["crc"] == crc32c.crc32c(raw[:-4])
+    body = record["body"]
+    assert list(struct.unpack(f"<{len(body) // 8}Q", body)) == [holder, second, *ids]
+
+
+HELD_BODIES = {
+    "holder, deadline_ns, ids": state_mod.encode_lease_by_record,
+    "holder, cause, ids": lambda h, c, ids: state_mod.encode_reclaim_record(
+        h, state_mod.ReclaimCause(c), ids
+    ),
+}
+
+
+def test_shared_state_tables_match_the_layout() -> None:
+    from ledgerq.format import shared_state as page
+
+    rows = table("shared-state")
+    assert_rows_match_struct(rows[:2], page.STATE_HEADER)
+    assert (int(rows[2]["offset"]), int(rows[2]["size"])) == (
+        page.TAIL_OFFSET,
+        page.TAIL_RECORD.size,
+    )
+    slots = {r["field"]: int(r["offset"]) for r in rows[3:]}
+    assert slots == {
+        "writing": page.SLOT_WRITING,
+        "reserved_until": page.SLOT_RESERVED_UNTIL,
+        "duplicates": page.SLOT_DUPLICATES,
+        "corrupt_skipped": page.SLOT_CORRUPT_SKIPPED,
+        "enqueued_base": page.SLOT_ENQUEUED_BASE,
+        "enqueued_through": page.SLOT_ENQUEUED_THROUGH,
+        "reserve_spent": page.SLOT_RESERVE_SPENT,
+    }
+    assert all(r["size"] == "8" and r["type"] == "u64" for r in rows[3:])
+    tail_rows = table("shared-tail")
+    assert_rows_match_struct(tail_rows, page.TAIL_RECORD)
+    assert [r["field"] for r in tail_rows[:7]] == list(page.SharedTail._fields)
+    # Decode a page written by the code with the tables alone.
+    tail = page.SharedTail(11, 2048, 40, 1999, 1_700_000_000_000_000_000, 1024, 3)
+    blob = page.encode_page(tail, reserved_until=99, counters={"duplicates": 5, "reserve_spent": 1})
+    values, _ = walk(rows[:2], blob)
+    assert values["magic"] == b"LQSP" and values["version"] == 1
+    tail_values, _ = walk(tail_rows, blob[page.TAIL_OFFSET :])
+    assert [tail_values[f] for f in page.SharedTail._fields] == list(tail)
+    # The tail's checksum is the format's (CRC-32C, what the spec's row names).
+    assert "CRC-32C" in tail_rows[7]["meaning"]
+    assert tail_values["crc"] == checksum_mod.checksum(
+        blob[page.TAIL_OFFSET : page.TAIL_OFFSET + 56]
+    )
+    assert tail_values["crc"] == crc32c.crc32c(blob[page.TAIL_OFFSET : page.TAIL_OFFSET + 56])
+    assert struct.unpack_from("<Q", blob, slots["reserved_until"])[0] == 99
+    assert struct.unpack_from("<Q", blob, slots["duplicates"])[0] == 5
+    assert struct.unpack_from("<Q", blob, slots["reserve_spent"])[0] == 1
 
 
 def test_constants() -> None:
@@ -347,6 +428,8 @@ def test_constants() -> None:
         "segment.naming.READERS_DIR",
         "segment.naming.FEATURES_DIR",
         "segment.naming.DLQ_DIR",
+        "segment.naming.SHARED_DIR",
+        "format.shared_state.SHARED_MAGIC",
     }
     rows = table("constants")
     assert required <= {r["constant"] for r in rows}
@@ -385,6 +468,13 @@ def test_files() -> None:
     from ledgerq.segment.layout import DAMAGED_DIR
 
     assert f"{segments}/{DAMAGED_DIR}/" in paths
+    shared = naming.SHARED_DIR
+    for name in (naming.OPENING_NAME, naming.APPEND_NAME, naming.SHARED_STATE_NAME):
+        assert f"{shared}/{name}" in paths
+    (reader_lock,) = [p for p in paths if p.endswith(".reader")]
+    assert reader_lock.format(name="r") == naming.reader_lock_path("", "r")
+    (live,) = [p for p in paths if p.endswith(".live")]
+    assert live.format(handle=0xAB) == naming.handle_live_path("", 0xAB)
 
 
 def test_meta_fields() -> None:
@@ -417,7 +507,7 @@ def test_options_fields() -> None:
 def test_checkpoint_table() -> None:
     rows = table("checkpoint")
     assert [int(r["index"]) for r in rows] == list(range(len(Checkpoint._fields)))
-    assert [r["field"] for r in rows] == ["head", "done_ids", "deliveries", "counters"]
+    assert [r["field"] for r in rows] == ["head", "done_ids", "deliveries", "counters", "leases"]
 
 
 # ---------------------------------------------------------------- decoding by the tables
@@ -471,9 +561,13 @@ def _doc_checkpoint(body: list[Any]) -> dict[str, Any]:
             type(v) is list and all(type(p) is list and len(p) == 2 for p in v)
         ),
         "map of str to uint": lambda v: type(v) is dict and all(type(k) is str for k in v),
+        "array of [uint, uint, uint]": lambda v: (
+            type(v) is list and all(type(p) is list and len(p) == 3 for p in v)
+        ),
     }
-    rows = table("checkpoint")
-    assert len(body) == len(rows)
+    # Four elements, or five (the leases, a shared-mode version 2 checkpoint).
+    rows = table("checkpoint")[: len(body)]
+    assert len(body) in (4, 5)
     for r in rows:
         assert shapes[r["msgpack type"]](body[int(r["index"])]), r
     return {r["field"]: body[int(r["index"])] for r in rows}
@@ -494,6 +588,21 @@ def test_tables_decode_checkpoints(checkpoint: Checkpoint) -> None:
     assert fields["done_ids"] == checkpoint.done
     assert [tuple(p) for p in fields["deliveries"]] == checkpoint.deliveries
     assert fields["counters"] == checkpoint.counters
+
+
+@settings(max_examples=20)
+@given(checkpoints(), st.lists(st.tuples(*[st.integers(0, (1 << 64) - 1)] * 3), max_size=4))
+def test_tables_decode_shared_checkpoints(
+    checkpoint: Checkpoint, leases: list[tuple[int, int, int]]
+) -> None:
+    cp = checkpoint._replace(leases=leases)
+    raw = state_mod.encode_state_file_header() + state_mod.encode_checkpoint(cp, shared=True)
+    header, pos = walk(table("state-header"), raw)
+    assert header["version"] == 3
+    record, end = walk(table("state-record"), raw, pos)
+    assert record["crc"] == crc32c.crc32c(raw[pos : end - 4])
+    fields = _doc_checkpoint(msgpack.unpackb(record["body"], raw=False))
+    assert [tuple(lease) for lease in fields["leases"]] == leases
 
 
 @settings(max_examples=40)

@@ -201,7 +201,10 @@ def _journal(data: bytes) -> None:
 
 
 class _QueueStub:
-    """What a feature's ``attach`` uses of the queue."""
+    """What a feature's ``attach`` uses of the queue (an exclusive one)."""
+
+    shared = False  # shared mode: other handles append to the feature's files too
+    is_alone = True
 
     def __init__(self, path: Path) -> None:
         self.path = str(path)

@@ -135,13 +135,20 @@ def test_a_forked_child_does_not_keep_the_queue_locked(tmp_path: Path) -> None:
     path = tmp_path / "q"
     q = ledgerq.open(path)
     read_end, write_end = os.pipe()
+    started_r, started_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child never touches the queue; it waits for the pipe to close
         os.close(write_end)
+        os.write(started_w, b"s")  # (after fork()'s hooks, which drop its copy of the lock)
         os.read(read_end, 1)
         os._exit(0)
     os.close(read_end)
+    os.close(started_w)
     try:
+        # Only a child that ran can have dropped its copy: on a busy machine the parent's
+        # next steps may come first.
+        assert os.read(started_r, 1) == b"s"
+        os.close(started_r)
         q.close()
         with ledgerq.open(path):  # the child is alive and must not hold the lock
             pass

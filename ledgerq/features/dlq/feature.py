@@ -49,7 +49,11 @@ class DeadLetterFeature(DeadLetterStore):
         self._main = queue
         directory = os.path.join(queue.path, FEATURES_DIR)
         make_durable_dir(directory)
-        self._tracker = RetryTracker(os.path.join(directory, "retries.log"))
+        self._tracker = RetryTracker(
+            os.path.join(directory, "retries.log"),
+            shared_lock=queue.appends_locked if queue.shared else None,
+            rewrite=not queue.shared or queue.is_alone,
+        )
 
     def failed(self, delivery: FailedDelivery) -> bool:
         """Record the failure, or move the message to the DLQ after ``max_retries``.

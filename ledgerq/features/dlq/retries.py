@@ -9,23 +9,32 @@ reason and time - for the dead-letter headers.  It is an append-only log
 reason]``, each written to the OS before the nack returns, rewritten with only
 the live entries when it holds four times as many records as live entries.
 A record that cannot be written does not fail the nack (see :class:`RetryTracker`).
+
+In shared mode the handles of every process append to it, each under the queue's
+append lock after reading what the others appended (so a failed write is cut back to
+the end of their records, never into them), and only a handle alone with the queue -
+the first of a session, while it opens - rewrites it: a rewrite would lose the records
+other handles append to the file it replaces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.feature_state import (
     FEATURE_VERSION,
     decode_feature_file,
+    decode_feature_records,
     encode_feature_file_header,
     encode_feature_record,
 )
 from ledgerq.segment.appendlog import AppendLog
-from ledgerq.segment.files import StorageError
+from ledgerq.segment.files import StorageError, storage_errors
 
 __all__ = ["RetryTracker"]
 
@@ -62,8 +71,19 @@ class RetryTracker:
     table is rewritten whole at the next sync or close.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        shared_lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+        rewrite: bool = True,
+    ) -> None:
+        """Load ``path``.  ``shared_lock`` (shared mode): the queue's append lock, held
+        across each append; ``rewrite`` False (shared mode, other handles live): the
+        file is appended to as it is, never replaced."""
         self.path = path
+        self._shared_lock = shared_lock
+        self._may_rewrite = rewrite and shared_lock is None
         self._last: dict[tuple[str, int], tuple[int, str]] = {}
         self._log = AppendLog(path, "retry state")
         self._records = 0
@@ -90,12 +110,36 @@ class RetryTracker:
                 self._last.pop((reader, message_id), None)
             else:
                 self._last[(reader, message_id)] = (when, reason)
+        if not rewrite:
+            self._join(end)
+            return
         try:
             self._rewrite()  # drops the entries of messages that left
         except StorageError as exc:
             # A full disk must not make the queue unopenable: the file as it is holds the
             # table (with entries the rewrite would have dropped): append to it.
             self._keep_file(end, exc)
+
+    def _join(self, end: int) -> None:
+        """Shared mode, other handles live: append to the file as it is (created with its
+        header if missing); records past ``end`` are the others' (see _follow_others)."""
+        path = self.path
+        with storage_errors("open retry state", path):
+            if not end:
+                with open(path, "ab") as f:  # O_APPEND: another handle may be creating it too
+                    if not f.tell():
+                        f.write(encode_feature_file_header(_MAGIC))
+                with open(path, "rb") as f:
+                    try:
+                        end = decode_feature_file(f.read(), _MAGIC).end
+                    except DecodeError:
+                        logger.warning(
+                            "ledgerq: %s is unreadable; retry reasons are kept in memory only "
+                            "until every handle has closed the queue",
+                            path,
+                        )
+                        return
+            self._log.open(end, cut=False)
 
     def _keep_file(self, end: int, exc: StorageError) -> None:
         """The rewrite at open failed: append to the file as it is, if it has a header."""
@@ -117,6 +161,23 @@ class RetryTracker:
         self._records = len(self._last)
         self._unsaved = False
 
+    def _follow_others(self) -> None:
+        """Shared mode (append lock held): append after the others' records from now on.
+
+        A torn record at the end - a handle killed while appending - is cut.  (Their
+        records are not applied: this table only feeds this handle's reports.)
+        """
+        log = self._log
+        news = log.news()
+        if news is None:
+            return
+        data, replaced = news
+        if replaced:  # (by the first handle of a session only: not while we are open)
+            found = decode_feature_file(data, _MAGIC)
+            log.settle(found.end)
+        else:
+            log.settle(log.size + decode_feature_records(data, 0).end)
+
     def _not_saved(self, exc: StorageError) -> None:
         logger.warning("ledgerq: %s; the retry reasons will be saved at the next sync", exc)
         self._unsaved = True
@@ -129,13 +190,19 @@ class RetryTracker:
             return  # never opened (a full disk at open): rewritten whole at the next flush
         # After a record that could not be written, later ones are still appended: the
         # failed one was cut back, and a later record of the same message supersedes it.
+        record = encode_feature_record([reader, message_id, when_ns, reason])
         try:
-            self._log.append_record(encode_feature_record([reader, message_id, when_ns, reason]))
+            if self._shared_lock is None:
+                self._log.append_record(record)
+            else:
+                with self._shared_lock():
+                    self._follow_others()
+                    self._log.append_record(record)
         except StorageError as exc:
             self._not_saved(exc)
             return
         self._records += 1
-        if self._records > 4 * len(self._last) + 1024:
+        if self._may_rewrite and self._records > 4 * len(self._last) + 1024:
             try:
                 self._rewrite()
             except StorageError as exc:
@@ -154,7 +221,7 @@ class RetryTracker:
 
         Raises :class:`StorageError` if the disk refuses.
         """
-        if self._unsaved:
+        if self._unsaved and self._may_rewrite:
             self._rewrite()
         self._log.sync()
 

@@ -1,0 +1,1145 @@
+"""Shared mode: a queue open in any number of processes (and handles) at once.
+
+``ledgerq.open(path, shared=True)`` returns a handle whose every decision is made on
+the state of the files, brought up to date under a short OS lock (docs/architecture.md,
+"Shared mode", has the whole design and why it survives kill -9 at every step):
+
+* ``LOCK`` is held shared (``LOCK_SH``) by every handle: an exclusive open and a
+  shared one exclude each other.  The first shared handle of a session - no other has
+  the queue open - takes it exclusively while it recovers the queue exactly as an
+  exclusive open does, then shares it; ``shared/OPENING`` serialises the opens.
+* appends take ``shared/APPEND`` (:class:`~ledgerq.segment.shared_manager.SharedSegmentManager`):
+  catch-up of the tail, id reservation, dedup admission, the ``write()``, rotation,
+  retention - never the fsync of ``sync="always"``, which waits after the lock;
+* every step of a reader takes ``shared/<name>.reader`` and catches up with the
+  reader's journal first (:class:`~ledgerq.core.shared_reader.SharedReaderCore`);
+* each handle holds ``shared/<id>.live`` locked while it lives: a handle whose file
+  can be locked by another is dead, and its leases are reclaimed as failed deliveries
+  by the process housekeeper (:mod:`ledgerq.core.shared_process`) within a second;
+* waits: a blocked ``dequeue`` is woken by the housekeeper, which watches the
+  segments and journals (inotify, or polling) while someone waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from ledgerq._errors import CorruptionError, QueueClosedError, QueueLockedError, StorageError
+from ledgerq._options import Options
+from ledgerq._types import ReaderStats, Stats
+from ledgerq.core.args import READER_NAME
+from ledgerq.core.clock import Clock
+from ledgerq.core.feature import Draft, Feature
+from ledgerq.core.journal import ReaderJournal, ReaderRemovedError, SharedReaderJournal
+from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, attempt
+from ledgerq.core.meta import ID_BLOCK
+from ledgerq.core.queue import DEFAULT_READER, QueueCore
+from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
+from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
+from ledgerq.format.entry import encode_entry, encode_plain_batch_parts, encode_plain_entry
+from ledgerq.format.shared_state import (
+    SLOT_CORRUPT_SKIPPED,
+    SLOT_DUPLICATES,
+    SLOT_ENQUEUED_BASE,
+    SLOT_ENQUEUED_THROUGH,
+    SLOT_RESERVE_SPENT,
+    SLOT_RESERVED_UNTIL,
+    SLOT_WRITING,
+    encode_page,
+    page_problem,
+)
+from ledgerq.segment.files import make_durable_dir, storage_errors
+from ledgerq.segment.lock import DirLock, LockFile
+from ledgerq.segment.meta import DamagedMetaError, Meta
+from ledgerq.segment.naming import (
+    APPEND_NAME,
+    LIVE_SUFFIX,
+    OPENING_NAME,
+    RESERVE_NAME,
+    SHARED_DIR,
+    SHARED_STATE_NAME,
+    TMP_SUFFIX,
+    handle_live_path,
+    list_live_handles,
+    list_reader_names,
+    reader_lock_path,
+)
+from ledgerq.segment.readonly_state import replay_reader
+from ledgerq.segment.scanner import CorruptRegion
+from ledgerq.segment.segment import Segment
+from ledgerq.segment.shared_manager import SharedSegmentManager
+from ledgerq.segment.shared_page import SharedPage, write_page
+from ledgerq.segment.shared_reserve import SharedDiskReserve
+
+__all__ = ["SharedQueueCore", "SharedTally"]
+
+logger = logging.getLogger("ledgerq")
+
+_NS = 1_000_000_000
+
+
+def _new_handle_id() -> int:
+    """A random, non-zero 64-bit id: the holder of this handle's leases."""
+    return int.from_bytes(os.urandom(8), "little") or 1
+
+
+class SharedTally(Tally):
+    """The queue-wide counters of a shared-mode handle: the state page's, once attached.
+
+    ``duplicates`` and ``corrupt_skipped`` live in the page (changed under the append
+    lock), so every handle reports the same; until the page exists (the first
+    handle's recovery) they are kept here.
+    """
+
+    __slots__ = ("_corrupt", "_dups", "_page")
+
+    def __init__(self, counters: dict[str, int]) -> None:
+        self._page: SharedPage | None = None
+        self._dups = counters.get("duplicates", 0)
+        self._corrupt = counters.get("corrupt_skipped", 0)
+        self.dropped = counters.get("dropped", 0)
+        self.lost = counters.get("lost", 0)
+
+    def attach(self, page: SharedPage) -> None:
+        """Count in ``page`` from now on (it holds the values already)."""
+        self._page = page
+
+    @property
+    def duplicates(self) -> int:
+        page = self._page
+        return page.get(SLOT_DUPLICATES) if page is not None else self._dups
+
+    @duplicates.setter
+    def duplicates(self, value: int) -> None:
+        page = self._page
+        if page is not None:
+            page.set(SLOT_DUPLICATES, value)
+        else:
+            self._dups = value
+
+    @property
+    def corrupt_skipped(self) -> int:
+        page = self._page
+        return page.get(SLOT_CORRUPT_SKIPPED) if page is not None else self._corrupt
+
+    @corrupt_skipped.setter
+    def corrupt_skipped(self, value: int) -> None:
+        page = self._page
+        if page is not None:
+            page.set(SLOT_CORRUPT_SKIPPED, value)
+        else:
+            self._corrupt = value
+
+    def on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
+        self.corrupt_skipped += 1
+
+
+def _enqueued(page: SharedPage, next_id: int) -> int:
+    """``stats().enqueued``: the page's base, plus one per id handed out since."""
+    return page.get(SLOT_ENQUEUED_BASE) + max(0, next_id - page.get(SLOT_ENQUEUED_THROUGH))
+
+
+def save_shared_meta(
+    keeper: MetaKeeper,
+    manager: SharedSegmentManager,
+    tally: Tally,
+    options: Options | None,
+    *,
+    clean: bool,
+    reserved_until: int = 0,
+    dropped: int | None = None,
+) -> None:
+    """Save ``meta.json`` from a shared handle: read, merge, replace (append lock taken).
+
+    Other handles save it too, so it is read again first: their corrupt regions and
+    reservation are kept, ours (``reserved_until``: the ids this handle reserves) added.
+    """
+    manager.lock_appends()
+    try:
+        manager.refresh()
+        store = keeper.store
+        try:
+            fresh = store.load()
+        except (DamagedMetaError, CorruptionError):
+            fresh = keeper.meta
+        manager.remember_reported(
+            [(int(a), int(b)) for a, b in fresh.corrupt_regions if isinstance(a, int)]
+        )
+        keeper.meta = fresh
+        if dropped is not None:
+            tally.dropped = dropped
+        tally.lost = max(tally.lost, fresh.counters.get("lost", 0))
+        page = manager.page
+        next_id = manager.next_id
+        reserved = max(page.get(SLOT_RESERVED_UNTIL), fresh.reserved_until, reserved_until)
+        keeper.save(
+            manager,
+            options,
+            tally,
+            clean=clean,
+            next_id=next_id,
+            reserved_until=reserved,
+            enqueued=_enqueued(page, next_id),
+        )
+    finally:
+        manager.unlock_appends()
+
+
+class SharedHoldings(Holdings):
+    """What a shared handle must release (see ``Holdings``), and how it closes.
+
+    Closing: return this handle's leases (RECLAIM), close the features, save
+    ``meta.json``; then, under ``shared/OPENING``, find out whether this is the last
+    live handle - then the journals are checkpointed clean and ``meta.json`` saved
+    clean, as an exclusive close does - and finally let go of the liveness file and
+    the shared lock.
+    """
+
+    __slots__ = (
+        "append_lock",
+        "clean_close",
+        "live",
+        "opening_path",
+        "page",
+        "reader_locks",
+        "shared_dir",
+    )
+
+    def __init__(
+        self,
+        queue: QueueCore,
+        *,
+        live: LockFile,
+        append_lock: LockFile,
+        page: SharedPage,
+        reader_locks: dict[str, LockFile],
+        **kwargs: object,
+    ) -> None:
+        super().__init__(queue, **kwargs)  # type: ignore[arg-type]
+        self.live = live
+        self.append_lock = append_lock
+        self.page = page
+        self.reader_locks = reader_locks
+        self.shared_dir = os.path.join(queue.path, SHARED_DIR)
+        self.opening_path = os.path.join(self.shared_dir, OPENING_NAME)
+        self.clean_close = False
+
+    def release(self, *, next_id: int, reserved_until: int, enqueued: int) -> list[Exception]:
+        self.stop_flusher.set()
+        flusher = self.flusher
+        if flusher is not None and flusher is not threading.current_thread():
+            flusher.join()
+        errors: list[Exception] = []
+        manager = self.manager
+        assert isinstance(manager, SharedSegmentManager)
+        opening: LockFile | None = None
+        try:
+            with self.lock:
+                attempt(errors, manager.sync)
+                for feature in self.features:
+                    attempt(errors, feature.flush)
+                    attempt(errors, feature.close)
+                try:
+                    opening = LockFile(self.opening_path)
+                    opening.acquire()
+                except StorageError as exc:
+                    errors.append(exc)
+                last = opening is not None and not errors and self._is_last()
+                default = self.cores.get(DEFAULT_READER)
+                for core in self.cores.values():
+                    assert isinstance(core, SharedReaderCore)
+                    if last:
+                        attempt(errors, functools.partial(core.close_last, self.with_room))
+                    else:
+                        attempt(errors, core.close)
+                    attempt(errors, core.journal.close)
+                if last:
+                    attempt(errors, self._forget_dead_handles)
+                    dropped = default.counters.get("dropped", 0) if default is not None else None
+                    attempt(
+                        errors,
+                        lambda: self._save_meta_last(
+                            manager,
+                            clean=not errors,
+                            reserved_until=reserved_until,
+                            dropped=dropped,
+                        ),
+                    )
+                # (Not the last: nothing to save - the reservation was saved when it was
+                # made, the queue's counters are in the page, which the last close saves.)
+                self.clean_close = last and not errors
+                attempt(errors, manager.close)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(self.live.path)
+            self.live.close()
+            self.append_lock.close()
+            for lock in self.reader_locks.values():
+                lock.close()
+            self.dirlock.release()
+            self.page.close()
+            if opening is not None:
+                opening.close()
+        return errors
+
+    def _save_meta_last(
+        self,
+        manager: SharedSegmentManager,
+        *,
+        clean: bool,
+        reserved_until: int,
+        dropped: int | None,
+    ) -> None:
+        """Save meta.json as the last handle leaves it, by the rules of an exclusive close
+        (``Holdings._save_meta_at_close``): not at all when it says that already (a read
+        on a full disk keeps the disk reserve), with the reserve's room if needed, and a
+        failure only logged (the file on disk is safe to reopen with)."""
+        keeper = self.keeper
+        manager.lock_appends()
+        try:
+            manager.refresh()
+            if dropped is not None:
+                self.tally.dropped = dropped
+            page = manager.page
+            next_id = manager.next_id
+            figures = keeper.figures(
+                manager,
+                self.tally,
+                clean=clean,
+                next_id=next_id,
+                reserved_until=max(page.get(SLOT_RESERVED_UNTIL), reserved_until),
+                enqueued=_enqueued(page, next_id),
+            )
+            if keeper.saved == figures:
+                return
+            try:
+                self.with_room(
+                    lambda: save_shared_meta(
+                        keeper,
+                        manager,
+                        self.tally,
+                        self.options,
+                        clean=clean,
+                        reserved_until=reserved_until,
+                        dropped=dropped,
+                    )
+                )
+            except StorageError as exc:
+                logger.warning(
+                    "ledgerq: %s; the next open skips the ids reserved before (never reused) "
+                    "and its counters of duplicates and dropped messages may be behind",
+                    exc,
+                )
+        finally:
+            manager.unlock_appends()
+
+    def _is_last(self) -> bool:
+        """Whether every other handle's liveness file can be locked: none lives (the
+        caller holds ``shared/OPENING``, so none can start meanwhile)."""
+        own = self.live.path
+        for handle in list_live_handles(self.path):
+            path = handle_live_path(self.path, handle)
+            if path == own:
+                continue
+            try:
+                other = LockFile(path, create=False)
+            except StorageError:
+                continue  # gone meanwhile: closed
+            try:
+                if not other.try_acquire():
+                    return False
+            finally:
+                other.close()
+        return True
+
+    def _forget_dead_handles(self) -> None:
+        for handle in list_live_handles(self.path):
+            path = handle_live_path(self.path, handle)
+            if path != self.live.path:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
+
+class SharedQueueCore(QueueCore):
+    """A queue handle in shared mode (see the module).  Use ``ledgerq.open(path, shared=True)``."""
+
+    shared = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        options: Options,
+        features: Iterable[Feature] = (),
+        clock: Clock | None = None,
+        *,
+        remember_options: bool = True,
+    ) -> None:
+        self.handle_id = _new_handle_id()
+        self._first = False  # this handle started the session (no other had the queue open)
+        self._alone = False  # ... and it is still opening: no other handle exists yet
+        self._opening: LockFile | None = None
+        self._reader_locks: dict[str, LockFile] = {}
+        self._live: LockFile | None = None
+        self._page: SharedPage | None = None
+        self._last_wait = 0.0
+        self._max_bytes = options.retention_max_bytes is not None
+        super().__init__(path, options, list(features), clock, remember_options=remember_options)
+        from ledgerq.core.shared_process import housekeeper
+
+        housekeeper().register(self)
+
+    # ------------------------------------------------------------------ opening
+
+    @property
+    def is_alone(self) -> bool:
+        return self._alone
+
+    @contextlib.contextmanager
+    def appends_locked(self) -> Iterator[None]:
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        manager.lock_appends()
+        try:
+            yield
+        finally:
+            manager.unlock_appends()
+
+    def _lock_directory(self) -> DirLock:
+        shared_dir = os.path.join(self.path, SHARED_DIR)
+        make_durable_dir(shared_dir)
+        opening = LockFile(os.path.join(shared_dir, OPENING_NAME))
+        try:
+            opening.acquire()  # opens are one at a time: the first one recovers alone
+            try:
+                lock = DirLock(self.path, mode="first")
+                self._first = self._alone = True
+            except QueueLockedError:
+                try:
+                    lock = DirLock(self.path, mode="shared")
+                except QueueLockedError:
+                    raise QueueLockedError(self.path, held_by="exclusive") from None
+        except BaseException:
+            opening.close()
+            raise
+        self._opening = opening
+        return lock
+
+    def _open_locked(self) -> None:
+        try:
+            super()._open_locked()
+            page = self._page
+            assert page is not None
+            if self._first:
+                # The counters as the recovery found them (meta.json may have been rebuilt).
+                page.set(SLOT_ENQUEUED_BASE, self._enqueued)
+                page.set(SLOT_ENQUEUED_THROUGH, self._next_id)
+                for core in self._cores.values():
+                    assert isinstance(core, SharedReaderCore)
+                    core.publish_head(moved=True)  # a new session: forget older values
+                self._alone = False
+                self._dirlock.downgrade()  # now others may join
+            self._live = self._create_live_file()
+            self._holdings = self._new_holdings()
+        finally:
+            opening, self._opening = self._opening, None
+            if opening is not None:
+                opening.close()
+
+    def _create_live_file(self) -> LockFile:
+        """Create this handle's liveness file, locked before it has its name.
+
+        Another process's housekeeper may look at ``shared/`` at any moment: a ``.live``
+        file it could lock, it would take for a dead handle's.  So the file is locked
+        under a temporary name and renamed into place (the lock stays with the file).
+        """
+        final = handle_live_path(self.path, self.handle_id)
+        live = LockFile(final + TMP_SUFFIX)
+        try:
+            if not live.try_acquire():  # pragma: no cover - a 64-bit random id taken
+                raise StorageError(
+                    "lock the liveness file", live.path, OSError(0, "held by another handle")
+                )
+            with storage_errors("name the liveness file", final):
+                os.replace(live.path, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(live.path)
+            live.close()
+            raise
+        live.path = final
+        return live
+
+    def _open_log(self, meta: Meta) -> bool:
+        shared_dir = os.path.join(self.path, SHARED_DIR)
+        self._append_lock = LockFile(os.path.join(shared_dir, APPEND_NAME))
+        tally = SharedTally(meta.counters)
+        self._tally = tally
+        page_path = os.path.join(shared_dir, SHARED_STATE_NAME)
+        if self._first:
+            manager = self._new_shared_manager(None)
+            self._manager = manager
+            self._recover_log(meta)
+            self._reserve_ids_at_open()
+            self._forget_dead_handles()
+            old = self._old_page_counters(page_path)
+            counters = {
+                "duplicates": max(tally.duplicates, old.get("duplicates", 0)),
+                "corrupt_skipped": max(tally.corrupt_skipped, old.get("corrupt_skipped", 0)),
+                "enqueued_base": self._enqueued,
+                "enqueued_through": self._next_id,
+                "reserve_spent": 0 if self._reserve.is_held else 1,
+            }
+            manager.generation = 1
+            write_page(
+                page_path,
+                encode_page(
+                    manager.current_tail(),
+                    reserved_until=self._ids_reserved_until,
+                    counters=counters,
+                ),
+            )
+            page = SharedPage(page_path)
+            self._page = page
+            manager.page = page
+            tally.attach(page)
+            self._attach_reserve(page)
+            manager.set_claim_region(self._claim_region)
+            return True
+        page = SharedPage(page_path)
+        self._page = page
+        problem = page.problem()
+        if problem and not problem.startswith("the published tail"):
+            raise CorruptionError(
+                f"the shared-mode state page is damaged ({problem}); close every handle of "
+                "the queue and open it again (the first handle rebuilds it)",
+                page_path,
+            )
+        manager = self._new_shared_manager(page)
+        self._manager = manager
+        tally.attach(page)
+        with storage_errors("open the segments in", manager.directory):
+            manager.join()
+        self._next_id = manager.next_id
+        self._start_clock()
+        self._attach_reserve(page)
+        self._reserve.ensure()  # the queue's: written if missing and there is room
+        self._ids_reserved_until = page.get(SLOT_RESERVED_UNTIL)
+        # The append gate (see QueueCore._reserve_ids_at_open): closed while the reserve
+        # is spent (the page's word is checked at every append too).
+        self._reserved_until = self._ids_reserved_until if self._reserve.is_held else 0
+        self._enqueued = _enqueued(page, self._next_id)  # (stats() reads the page)
+        return False
+
+    def _new_disk_reserve(self) -> SharedDiskReserve:
+        return SharedDiskReserve(os.path.join(self.path, RESERVE_NAME))
+
+    def _attach_reserve(self, page: SharedPage) -> None:
+        reserve = self._reserve
+        assert isinstance(reserve, SharedDiskReserve)
+        reserve.attach(page, self.appends_locked)
+        self._spent = page.memory  # the append gate reads byte SLOT_RESERVE_SPENT of it
+
+    def _new_shared_manager(self, page: SharedPage | None) -> SharedSegmentManager:
+        opts = self.options
+        return SharedSegmentManager(
+            self.path,
+            page=page,  # type: ignore[arg-type] # set once the first handle wrote it
+            append_lock=self._append_lock,
+            segment_size=opts.segment_size,
+            index_interval=opts.index_interval,
+            on_corrupt=self._tally.on_corrupt,
+            on_gap=self._keeper.record_gap,
+            claim_region=self._claim_region if page is not None else None,
+            sync_on_rotate=opts.sync == "always",
+        )
+
+    @staticmethod
+    def _old_page_counters(path: str) -> dict[str, int]:
+        """The counters a previous session's page holds (it may be ahead of meta.json)."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return {}
+        if page_problem(data):
+            return {}
+        return {
+            "duplicates": struct.unpack_from("<Q", data, SLOT_DUPLICATES)[0],
+            "corrupt_skipped": struct.unpack_from("<Q", data, SLOT_CORRUPT_SKIPPED)[0],
+        }
+
+    def _forget_dead_handles(self) -> None:
+        """The first handle: every ``.live`` file there is a dead handle's (and every
+        ``.live.tmp``: a handle that died while creating its own)."""
+        for handle in list_live_handles(self.path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(handle_live_path(self.path, handle))
+        shared_dir = os.path.join(self.path, SHARED_DIR)
+        for name in os.listdir(shared_dir):
+            if name.endswith(LIVE_SUFFIX + TMP_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(shared_dir, name))
+
+    def _claim_region(self, first_id: int, offset: int) -> bool:
+        """Whether a corrupt region is new to the queue; record it (append lock held)."""
+        store = self._meta_store
+        try:
+            meta = store.load()
+        except (DamagedMetaError, CorruptionError):
+            meta = self._meta
+        if [first_id, offset] in meta.corrupt_regions:
+            return False
+        meta.corrupt_regions.append([first_id, offset])
+        meta.corrupt_regions[:] = meta.corrupt_regions[-10_000:]
+        store.save(meta)
+        self._keeper.meta = meta
+        return True
+
+    def _new_journal(self, name: str) -> ReaderJournal:
+        return SharedReaderJournal(self._reader_path(name), self.handle_id)
+
+    @contextlib.contextmanager
+    def holding_reader(self, name: str) -> Iterator[None]:
+        with self._lock:
+            self._ensure_open()
+            reader = self._readers.get(name)
+            if reader is None:
+                raise KeyError(name)
+            core = reader._core
+            assert isinstance(core, SharedReaderCore)
+            core._enter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                core._leave()
+
+    def _foreign_holders(self) -> set[int]:
+        """The other handles this handle knows to hold leases (for the housekeeper)."""
+        holders: set[int] = set()
+        for core in list(self._cores.values()):
+            if isinstance(core, SharedReaderCore):
+                holders |= core.foreign_holders()
+        return holders
+
+    def _reclaim_dead(self, holder: int) -> int:
+        """Return the leases of the dead handle ``holder`` in every reader; how many."""
+        with self._lock:
+            if self._closed:
+                return 0
+            self._open_readers_on_disk()
+            reclaimed = 0
+            for reader in list(self._readers.values()):
+                core = reader._core
+                assert isinstance(core, SharedReaderCore)
+                with contextlib.suppress(QueueClosedError):  # removed by another handle
+                    reclaimed += core.reclaim_holder(holder)
+            if reclaimed and (self._waiting or self._listeners):
+                self._wake()
+            return reclaimed
+
+    def _reader_lock(self, name: str) -> LockFile:
+        lock = self._reader_locks.get(name)
+        if lock is None:
+            lock = LockFile(reader_lock_path(self.path, name))
+            self._reader_locks[name] = lock
+        return lock
+
+    def _new_reader_core(
+        self, name: str, journal: ReaderJournal, *, start_latest: bool
+    ) -> ReaderCore:
+        assert isinstance(journal, SharedReaderJournal)
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        return SharedReaderCore(
+            name,
+            journal,
+            manager,
+            self._reader_hooks,
+            visibility_timeout=self.options.visibility_timeout,
+            start_latest=start_latest,
+            lock=self._reader_lock(name),
+            clock=self._clock,
+            first=self.is_alone,
+        )
+
+    def _new_holdings(self) -> Holdings:
+        if self._live is None or self._page is None:
+            return super()._new_holdings()  # still opening: a failed open releases the plain way
+        return SharedHoldings(
+            self,
+            live=self._live,
+            append_lock=self._append_lock,
+            page=self._page,
+            reader_locks=self._reader_locks,
+            lock=self._lock,
+            manager=self._manager,
+            cores=self._cores,
+            features=self._features,
+            keeper=self._keeper,
+            tally=self._tally,
+            dirlock=self._dirlock,
+            stop_flusher=self._stop_flusher,
+            flusher=self._flusher,
+            reserve=self._reserve,
+        )
+
+    def _close_after_failed_open(self) -> None:
+        super()._close_after_failed_open()
+        for lock in self._reader_locks.values():
+            lock.close()
+        for name in ("_append_lock", "_live", "_opening"):
+            held = getattr(self, name, None)
+            if isinstance(held, LockFile):
+                if name == "_live":
+                    with contextlib.suppress(OSError):
+                        os.unlink(held.path)
+                held.close()
+        if self._page is not None:
+            self._page.close()
+
+    # ------------------------------------------------------------------ meta.json
+
+    def _save_meta(self, *, clean: bool) -> None:
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        if self._page is None:  # the first handle, recovering alone
+            super()._save_meta(clean=clean)
+            return
+        save_shared_meta(
+            self._keeper,
+            manager,
+            self._tally,
+            self.options if self._remember_options else None,
+            clean=clean,
+            reserved_until=self._ids_reserved_until,
+        )
+        self._meta = self._keeper.meta
+
+    def _reserve_ids(self, end: int) -> None:
+        """The slow path before an append of ids up to ``end`` (exclusive) (append lock held).
+
+        Refuses while the queue's disk reserve is spent and cannot be written again
+        (``QueueCore._reserve_ids``).  Then reserves the ids for every handle: another
+        handle may have raised the reservation already (the page holds a copy of
+        meta.json's); else it is raised by a block and saved, then published.
+        """
+        if not self._restore_reserve():
+            self._refuse_full_disk()
+        page = self._page
+        assert page is not None
+        shared = page.get(SLOT_RESERVED_UNTIL)
+        if shared >= end:
+            self._ids_reserved_until = self._reserved_until = shared
+            return
+        previous = self._ids_reserved_until
+        self._ids_reserved_until = end + ID_BLOCK
+        try:
+            self._save_meta(clean=False)
+        except BaseException:
+            self._ids_reserved_until = previous
+            raise
+        page.set(SLOT_RESERVED_UNTIL, self._ids_reserved_until)
+        self._reserved_until = self._ids_reserved_until
+
+    # ------------------------------------------------------------------ appending
+
+    @property
+    def _enqueued_now(self) -> int:
+        page = self._page
+        assert page is not None
+        return _enqueued(page, self._manager.next_id)
+
+    def _begin_append(self) -> SharedSegmentManager:
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        manager.begin_append()
+        self._next_id = manager.next_id
+        return manager
+
+    def _now_ns(self, manager: SharedSegmentManager) -> int:
+        """The time to stamp: the queue clock, never below the log's newest stamp (the
+        handles' clocks differ a little; timestamps must not go back in log order)."""
+        now = self._clock_offset_ns + self._clock_mono()
+        newest = manager.segments[-1].last_timestamp
+        return now if now >= newest else newest
+
+    def _append_plain(self, payload: bytes) -> int:
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            manager = self._manager
+            manager.begin_append()  # type: ignore[attr-defined]
+            try:
+                seg = manager.segments[-1]
+                message_id = seg.last_id + 1 if seg.last_id else seg.first_id
+                # The queue clock, never below the log's newest stamp (see _now_ns).
+                now = self._clock_offset_ns + self._clock_mono()
+                if now < seg.last_timestamp:
+                    now = seg.last_timestamp
+                record = encode_plain_entry(message_id, now, payload)
+                try:
+                    if message_id >= self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
+                        self._reserve_ids(message_id + 1)
+                    rotated = manager.append_one(record, message_id, now)
+                except BaseException:
+                    self._count_written(message_id)
+                    raise
+                self._next_id = message_id + 1
+                ticket = self._log_commit.note_write()
+                if rotated:
+                    self._retire_locked()
+            finally:
+                manager.end_append()  # type: ignore[attr-defined]
+            if self._waiting or self._listeners or (rotated and self._max_bytes):
+                self._after_shared_append()
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return message_id
+
+    def _append_plain_batch(self, payloads: list[bytes]) -> list[int]:
+        count = len(payloads)
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            manager = self._begin_append()
+            try:
+                first = self._next_id
+                now = self._now_ns(manager)
+                parts, sizes = encode_plain_batch_parts(first, now, payloads)
+                segments = len(manager.segments)
+                try:
+                    if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
+                        self._reserve_ids(first + count)
+                    manager.append(parts, sizes, first, now)
+                except BaseException:
+                    self._count_written(first)
+                    raise
+                ticket = self._appended(first, count, len(manager.segments) != segments)
+            finally:
+                manager.end_append()
+            self._after_shared_append()
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return list(range(first, first + count))
+
+    def _append(self, drafts: list[Draft]) -> list[int]:
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            manager = self._begin_append()
+            try:
+                now = self._now_ns(manager)
+                if self._admitters:
+                    for feature in self._admitters:
+                        feature.catch_up()
+                    to_write, existing = self._admit(drafts, now)
+                else:
+                    to_write, existing = drafts, {}
+                if not to_write:
+                    return [existing[i] for i in range(len(drafts))]
+                first = self._next_id
+                count = len(to_write)
+                segments = len(manager.segments)
+                try:
+                    records = [
+                        encode_entry(
+                            first + i,
+                            now,
+                            draft.payload,
+                            expires_at=None
+                            if draft.expires_in_ns is None
+                            else now + draft.expires_in_ns,
+                            priority=draft.priority,
+                            headers_blob=draft.headers_blob,
+                            compressed=draft.compressed,
+                            batch_continues=i < count - 1,
+                        )
+                        for i, draft in enumerate(to_write)
+                    ]
+                    if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
+                        self._reserve_ids(first + count)
+                    manager.append(records, [len(r) for r in records], first, now)
+                except BaseException:
+                    for feature in self._admitters:
+                        feature.rollback()
+                    self._count_written(first)
+                    raise
+                ticket = self._appended(first, count, len(manager.segments) != segments)
+                for feature in self._recorders:
+                    feature.appended(to_write, first, now)
+            finally:
+                manager.end_append()
+            self._after_shared_append()
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        if not existing:
+            return list(range(first, first + count))
+        fresh_ids = iter(range(first, first + count))
+        return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
+
+    def _appended(self, first: int, count: int, rotated: bool) -> int:
+        """Account entries now in the log (append lock held); retention after a rotation."""
+        self._next_id = first + count
+        ticket = self._log_commit.note_write()
+        if rotated:
+            self._retire_locked()
+        return ticket
+
+    def _after_shared_append(self) -> None:
+        """After the append lock is released: wake this handle's waiters, and drop
+        segments for ``retention_max_bytes`` (which takes the readers' locks first)."""
+        if self._waiting or self._listeners:
+            self._wake()
+        if self._max_bytes and len(self._manager.segments) > 1:
+            self._enforce_max_bytes()
+
+    # ------------------------------------------------------------------ retention
+
+    def _published_heads(self) -> list[int]:
+        """Each reader's published head (a lower bound of its true head)."""
+        heads = []
+        for name in list_reader_names(self.path):
+            lock = self._reader_locks.get(name)
+            head: int | None = None
+            if lock is None:
+                with contextlib.suppress(StorageError):
+                    lock = self._reader_lock(name)
+            if lock is not None:
+                head = read_published_head(lock)
+            if head is None:
+                # Never published (a reader no shared handle has opened): its journal.
+                head = replay_reader(self.path, name).durable_head()
+            heads.append(head)
+        return heads
+
+    def _retire_after_settle(self, core: ReaderCore) -> None:
+        assert isinstance(core, SharedReaderCore)
+        core.publish_head()
+        self._retire_consumed()
+
+    def _retire_consumed(self) -> None:
+        """Apply retention after a call whose effect has happened; never raises (a
+        deletion the disk refuses is logged and tried again later).  The space of a
+        deleted segment refills a spent disk reserve first."""
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        if len(manager.segments) < 2:
+            return
+        segments = len(manager.segments)
+        try:
+            manager.lock_appends()
+            try:
+                self._retire_locked()
+            finally:
+                manager.unlock_appends()
+            if self.options.retention_max_bytes is not None:
+                self._enforce_max_bytes()
+        except StorageError as exc:
+            logger.warning("ledgerq: retention could not delete a segment (%s)", exc)
+        if len(manager.segments) < segments and not self._reserve.is_held:
+            self._restore_reserve()
+
+    def _retire_locked(self) -> None:
+        """Delete the sealed segments every reader has consumed (append lock held)."""
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        manager.refresh()
+        segments = manager.segments
+        if len(segments) < 2:
+            return
+        head = min(self._published_heads(), default=0)
+        if segments[0].last_id >= head:
+            return
+        max_age = self.options.retention_max_age
+        cutoff = None if max_age is None else self._clock.now_ns() - int(max_age * _NS)
+        deleted = False
+        while len(segments) > 1 and segments[0].last_id < head:
+            if cutoff is not None and segments[0].last_timestamp >= cutoff:
+                break
+            if not deleted:
+                # Dying between a deletion and the publication leaves the word set: the
+                # next appender republishes (a new generation: the others look again).
+                manager.page.set(SLOT_WRITING, 1)
+            manager.delete_first()
+            deleted = True
+        if deleted:
+            manager.publish()
+
+    def _enforce_max_bytes(self) -> None:
+        """``retention_max_bytes``: drop the oldest segments, settled in every reader.
+
+        The readers' locks are taken (in name order) before the append lock, as every
+        step takes them: no two handles wait for each other.
+        """
+        max_bytes = self.options.retention_max_bytes
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        if max_bytes is None or manager.disk_bytes <= max_bytes:
+            return
+        self._open_readers_on_disk()
+        cores = [self._cores[name] for name in sorted(self._cores)]
+        entered: list[SharedReaderCore] = []
+        try:
+            for core in cores:
+                assert isinstance(core, SharedReaderCore)
+                core._enter()
+                entered.append(core)
+            manager.lock_appends()
+            try:
+                manager.refresh()
+                while len(manager.segments) > 1 and manager.disk_bytes > max_bytes:
+                    if not self._drop_oldest_segment(max_bytes):
+                        break
+                    manager.publish()
+            finally:
+                manager.unlock_appends()
+        finally:
+            for core in reversed(entered):
+                core._leave()
+
+    def _open_readers_on_disk(self) -> None:
+        """Open the readers other handles created since this one opened."""
+        for name in list_reader_names(self.path):
+            if name not in self._readers and READER_NAME.match(name):
+                with contextlib.suppress(FileNotFoundError, ReaderRemovedError):
+                    self._open_reader(name, start_latest=False)
+
+    def compact(self) -> None:
+        """Apply retention now, and rewrite every reader's journal as a checkpoint."""
+        with self._lock:
+            self._ensure_open()
+            self._open_readers_on_disk()
+            for reader in self._readers.values():
+                core = reader._core
+                assert isinstance(core, SharedReaderCore)
+                core.checkpoint()
+                core.publish_head()
+            self._retire_consumed()
+            self._restore_reserve()
+
+    # ------------------------------------------------------------------ readers
+
+    def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
+        new = not os.path.exists(self._reader_path(name))
+        reader = super()._open_reader(name, start_latest=start_latest)
+        core = reader._core
+        assert isinstance(core, SharedReaderCore)
+        if new or read_published_head(core._lock_file) is None:
+            core.publish_head(moved=True)  # (a removed reader's lock file may remain)
+        return reader
+
+    def _open_new_reader(self, name: str, head: int, done: Iterable[int]) -> Reader:
+        """Create a reader under its lock: another handle may be creating it too."""
+        lock = self._reader_lock(name)
+        lock.acquire()
+        try:
+            path = self._reader_path(name)
+            if not os.path.exists(path):
+                checkpoint = initial_checkpoint(head, done, self._manager.next_id)
+                journal = self._new_journal(name)
+                try:
+                    journal.rewrite(checkpoint)
+                finally:
+                    journal.close()
+        finally:
+            lock.release()
+        reader = self._open_reader(name, start_latest=False)
+        reader._core.publish_head(moved=True)  # type: ignore[attr-defined]
+        return reader
+
+    def remove_reader(self, name: str) -> bool:
+        with self._lock:
+            self._ensure_open()
+            self._open_readers_on_disk()  # another handle's reader is the queue's too
+        removed = super().remove_reader(name)
+        if removed:
+            lock = self._reader_locks.pop(name, None)
+            if lock is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(lock.path)
+                lock.close()
+        return removed
+
+    # ------------------------------------------------------------------ observing
+
+    def stats(self) -> Stats:
+        with self._lock:
+            self._ensure_open()
+            self._open_readers_on_disk()
+            self._manager.refresh()
+            now = self._clock.now_ns()
+            readers: dict[str, ReaderStats] = {
+                name: r._core.stats(now) for name, r in self._readers.items()
+            }
+            default = readers[DEFAULT_READER]
+            manager = self._manager
+            return Stats(
+                pending=default.pending,
+                in_flight=default.in_flight,
+                enqueued=self._enqueued_now,
+                acked=default.acked,
+                nacked=default.nacked,
+                dead_lettered=default.dead_lettered,
+                expired=default.expired,
+                duplicates=self._tally.duplicates,
+                dropped=self._default._core.counters.get("dropped", 0),
+                corrupt_skipped=self._tally.corrupt_skipped,
+                segments=len(manager.segments),
+                disk_bytes=manager.disk_bytes,
+                oldest_pending_age=default.oldest_pending_age,
+                next_id=manager.next_id,
+                readers=readers,
+                lost=self._tally.lost,
+            )
+
+    # ------------------------------------------------------------------ waiting
+
+    def _prepare_wait(self) -> bool:
+        from ledgerq.core.shared_process import housekeeper
+
+        self._last_wait = time.monotonic()
+        return housekeeper().arm(self)
+
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        remove = super().add_listener(callback)
+        with self._lock:
+            self._prepare_wait()
+        return remove
+
+    def _wake_from_outside(self) -> None:
+        """Another process (or handle) may have made messages available: wake waiters."""
+        with self._lock:
+            if self._waiting or self._listeners:
+                self._wake()
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        from ledgerq.core.shared_process import housekeeper
+
+        try:
+            super().close()
+        finally:
+            housekeeper().unregister(self)
+
+    def _check(self) -> None:
+        with self._lock:
+            self._manager.refresh()
+            self._manager._check()
+            for reader in self._readers.values():
+                core = reader._core
+                assert isinstance(core, SharedReaderCore)
+                core.catch_up()
+                core._check()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"handle={self.handle_id:016x}"
+        return f"<ledgerq.Queue {self.path!r} shared {state}>"

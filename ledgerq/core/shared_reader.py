@@ -1,0 +1,790 @@
+"""One reader's state shared by the handles of many processes (shared mode).
+
+Each shared handle keeps its own :class:`SharedReaderCore` per reader: the in-memory
+state of :class:`~ledgerq.core.reader.ReaderCore` (a cursor over the log, the
+selector, the leases, delivery counts), kept equal to what the reader's journal says
+by *catching up* before every decision.  A step of the reader - a dequeue, an ack, a
+nack, ``len``, ``stats`` - is a *section*:
+
+1. take the reader's lock ``shared/<name>.reader`` (``flock``, blocking);
+2. bring the log's view up to date (the state page: one read) and read the records
+   the other handles appended to the journal since this handle's offset, applying
+   each to the in-memory state (:meth:`_apply`);
+3. decide and write this handle's own record (nobody else writes meanwhile, so it
+   lands at the offset this handle knows, which then moves past it);
+4. release the lock.
+
+A lease belongs to a *handle* (its 64-bit id, the holder of LEASE_BY records).  The
+other handles' leases are ``_foreign``: the cursor passes over them, and they come
+back only through a record - NACK, RELEASE, RECLAIM (the holder closed or died, or its
+visibility timeout passed: whoever notices first writes it), or end with ACK,
+DEAD_LETTER, EXPIRE.  So at any moment one message is leased by at most one live
+handle: every lease is decided under the reader's lock, after catching up with every
+earlier lease.
+
+A compaction by another handle replaces the journal by one CHECKPOINT of the whole
+state, live leases included: the state is then rebuilt from it (:meth:`_rebuild`),
+keeping this handle's own leases that it still lists.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import struct
+from collections.abc import Callable, Iterable
+
+from ledgerq._errors import QueueClosedError, UnknownMessageError
+from ledgerq._types import ReaderStats
+from ledgerq.core.clock import QueueClock
+from ledgerq.core.journal import ReaderRemovedError, SharedReaderJournal
+from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, ReaderCore, ReaderHooks
+from ledgerq.format.entry import Entry, RecordType
+from ledgerq.format.reader_state import Checkpoint, ReclaimCause, StateRecordType
+from ledgerq.segment.cursor import LogCursor
+from ledgerq.segment.files import StorageError
+from ledgerq.segment.lock import LockFile
+from ledgerq.segment.readonly_state import StateRecord
+from ledgerq.segment.shared_manager import SharedSegmentManager
+
+__all__ = ["SharedReaderCore", "read_published_head"]
+
+logger = logging.getLogger("ledgerq")
+
+_LEASE = StateRecordType.LEASE
+_LEASE_BY = StateRecordType.LEASE_BY
+_RECLAIM = StateRecordType.RECLAIM
+_NACK = StateRecordType.NACK
+_RELEASE = StateRecordType.RELEASE
+_ACK = StateRecordType.ACK
+_EXPIRE = StateRecordType.EXPIRE
+_DATA = int(RecordType.DATA)
+_GONE = ReclaimCause.GONE
+_EXPIRED = ReclaimCause.TIMED_OUT
+_HEAD = struct.Struct("<Q")  # the published head, at offset 0 of the reader's lock file
+_HOLDER_GONE = "the handle that held it closed or its process died"
+
+
+def read_published_head(lock: LockFile) -> int | None:
+    """The head a handle of the reader last published in its lock file (None: none yet)."""
+    data = os.pread(lock.fd, _HEAD.size, 0)
+    return int(_HEAD.unpack(data)[0]) if len(data) == _HEAD.size else None
+
+
+class SharedReaderCore(ReaderCore):
+    """A :class:`ReaderCore` that catches up with the other handles' journal records.
+
+    ``lock`` is this handle's descriptor of the reader's lock file, ``clock`` the
+    queue's clock (lease deadlines are its time, in LEASE_BY records).  With
+    ``first`` (the first handle of a session, after a crash or with no other handle)
+    every lease the journal holds is lost: their holders are gone.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        journal: SharedReaderJournal,
+        manager: SharedSegmentManager,
+        hooks: ReaderHooks,
+        *,
+        visibility_timeout: float | None,
+        start_latest: bool = False,
+        lock: LockFile,
+        clock: QueueClock,
+        first: bool = False,
+    ) -> None:
+        self._lock_file = lock
+        self._shared_journal = journal
+        self._shared_manager = manager
+        self._depth = 0
+        self._clock = clock
+        self.holder = journal.holder
+        self._visibility_ns = (
+            int(visibility_timeout * 1_000_000_000) if visibility_timeout is not None else 0
+        )
+        # id -> (holder, deadline_ns) of leases other handles hold
+        self._foreign: dict[int, tuple[int, int]] = {}
+        self._foreign_deadlines: list[tuple[int, int, int]] = []  # (deadline_ns, id, holder)
+        self._own_deadline_ns: dict[int, int] = {}  # our leases' deadlines, for checkpoints
+        self._lost: dict[int, str] = {}  # our leases that ended elsewhere: why (for the error)
+        self._fail_reason: dict[int, str] = {}  # why a reclaimed lease failed (its report)
+        lock.acquire()
+        self._depth = 1
+        try:
+            manager.refresh()
+            super().__init__(
+                name,
+                journal,
+                manager,
+                hooks,
+                visibility_timeout=visibility_timeout,
+                start_latest=start_latest,
+            )
+            state = journal.loaded
+            if state is not None and not first:
+                head = self.head
+                for message_id, (holder, deadline) in state.holders.items():
+                    if message_id >= head and message_id not in self._skip:
+                        self._note_foreign(message_id, holder, deadline)
+            if first:
+                # A clean start (the dead holders' leases lost).  (The file is version 3
+                # by now: load() upgraded an older one, under this lock.)
+                try:
+                    self.checkpoint()
+                except StorageError as exc:
+                    # (A full disk must not lock the user out.)  The dead holders' leases
+                    # stay in the file: later handles reclaim them as any dead handle's.
+                    logger.warning("ledgerq: %s; the reader state is kept as it is", exc)
+        finally:
+            self._depth = 0
+            lock.release()
+
+    # ------------------------------------------------------------------ sections
+
+    def _enter(self) -> None:
+        if self._depth:
+            self._depth += 1
+            return
+        self._lock_file.acquire()
+        self._depth = 1
+        try:
+            self._manager.refresh()
+            journal = self._shared_journal
+            st = journal.has_news()
+            if st is not None:
+                records, restarted = journal.read_new(st)
+                if records:
+                    self._apply(records, restarted)
+        except BaseException as exc:
+            self._depth = 0
+            self._lock_file.release()
+            if isinstance(exc, ReaderRemovedError):
+                raise QueueClosedError(
+                    f"reader {self.name!r} was removed (remove_reader) by another handle"
+                ) from None
+            raise
+
+    def _leave(self) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._lock_file.release()
+
+    def catch_up(self) -> None:
+        """Apply what the other handles wrote (a section of its own)."""
+        self._enter()
+        self._leave()
+
+    # ------------------------------------------------------------------ applying records
+
+    def _note_foreign(self, message_id: int, holder: int, deadline: int) -> None:
+        self._foreign[message_id] = (holder, deadline)
+        if deadline:
+            heapq.heappush(self._foreign_deadlines, (deadline, message_id, holder))
+
+    def _revoke(self, message_id: int, why: str) -> None:
+        """Our lease of ``message_id`` ended elsewhere: its ack or nack now raises."""
+        if self._leased.pop(message_id, None) is not None:
+            self._own_deadline_ns.pop(message_id, None)
+            self._lost[message_id] = why
+            while len(self._lost) > 10_000:
+                del self._lost[next(iter(self._lost))]
+
+    def _apply(self, records: Iterable[StateRecord], restarted: bool) -> None:
+        """Fold other handles' records into the state (the reader lock held)."""
+        foreign = self._foreign
+        deliveries = self._deliveries
+        reported = self._reported
+        counters = self.counters
+        selector = self._selector
+        cursor_next = self._cursor.next_id
+        back: set[int] = set()  # ids available again behind the cursor: given back at the end
+        me = self.holder
+        for kind, body, checkpoint, _ in records:
+            if checkpoint is not None:
+                self._rebuild(checkpoint)
+                foreign = self._foreign
+                deliveries, reported, counters = self._deliveries, self._reported, self.counters
+                selector, cursor_next = self._selector, self._cursor.next_id
+                back.clear()
+                continue
+            if kind is _LEASE_BY or kind is _LEASE:
+                if kind is _LEASE_BY:
+                    holder, deadline, ids = body[0], body[1], body[2:]
+                else:
+                    holder, deadline, ids = 0, 0, body
+                for message_id in ids:
+                    before = deliveries.get(message_id, 0)
+                    deliveries[message_id] = before + 1
+                    # The leaser reported the failures before it (or learnt of them).
+                    if reported.get(message_id, 0) < before:
+                        reported[message_id] = before
+                    back.discard(message_id)
+                    if message_id in self._leased and holder != me:
+                        self._revoke(message_id, "another handle leased it after it expired")
+                    if message_id < cursor_next:
+                        selector.discard(message_id)
+                    self._note_foreign(message_id, holder, deadline)
+            elif kind is _NACK:
+                # Not marked reported: the nacker may have died between its NACK and the
+                # move to the DLQ that the failure called for; the next taker reports the
+                # failure again (same count: at worst the retry log hears of it twice).
+                counters["nacked"] += len(body)
+                for message_id in body:
+                    foreign.pop(message_id, None)
+                    if message_id < cursor_next:
+                        back.add(message_id)
+            elif kind is _RELEASE:
+                for message_id in body:
+                    count = deliveries.get(message_id, 0) - 1
+                    if count > 0:
+                        deliveries[message_id] = count
+                    else:
+                        deliveries.pop(message_id, None)
+                    if reported.get(message_id, 0) > count:
+                        reported[message_id] = max(count, 0)
+                    foreign.pop(message_id, None)
+                    if message_id < cursor_next:
+                        back.add(message_id)
+            elif kind is _RECLAIM:
+                holder, cause, ids = body[0], body[1], body[2:]
+                self._apply_reclaim(holder, cause, ids, back, cursor_next)
+            else:  # ACK, DEAD_LETTER, EXPIRE: finished
+                counter = (
+                    "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
+                )
+                counters[counter] = counters.get(counter, 0) + len(body)
+                for message_id in body:
+                    foreign.pop(message_id, None)
+                    back.discard(message_id)
+                    if message_id in self._leased:
+                        self._revoke(message_id, "another handle settled it")
+                    if message_id < cursor_next:
+                        selector.discard(message_id)
+                    else:
+                        self._skip.add(message_id)
+                    self._forget(message_id)
+        self._give_back_ids(back)
+        self._fast_forward()
+
+    def _apply_reclaim(
+        self, holder: int, cause: int, ids: Iterable[int], back: set[int], cursor_next: int
+    ) -> None:
+        reason = _TIMED_OUT if cause == _EXPIRED else _LOST_LEASE
+        for message_id in ids:
+            lease = self._foreign.get(message_id)
+            if lease is not None and lease[0] == holder:
+                del self._foreign[message_id]
+            elif holder == self.holder and message_id in self._leased:
+                why = (
+                    "its visibility timeout expired"
+                    if cause == _EXPIRED
+                    else "its lease was reclaimed"
+                )
+                self._revoke(message_id, why)
+            else:
+                continue  # not (or no longer) that holder's lease
+            self._fail_reason[message_id] = reason
+            if message_id < cursor_next:
+                back.add(message_id)
+
+    def _give_back_ids(self, ids: set[int]) -> None:
+        """Make ``ids`` (behind the cursor) available again: read their entries back."""
+        selector = self._selector
+        for message_id in sorted(ids):
+            entry = self._manager.read_entry(message_id)
+            if entry is not None:
+                selector.give_back(entry)
+
+    def _fast_forward(self) -> None:
+        """Move the cursor over a long run of ids other handles finished ahead of it.
+
+        A handle that does not consume this reader (a producer asking ``stats()``)
+        would otherwise remember every id acked ahead of its cursor.
+        """
+        skip = self._skip
+        if len(skip) < 1024:
+            return
+        cursor = self._cursor
+        start = end = cursor.next_id
+        while end in skip:
+            end += 1
+        if end - start < 256:
+            return
+        for message_id in range(start, end):
+            skip.discard(message_id)
+            self._done.add(message_id)
+        cursor.seek(end)
+        if len(self._done) > 65536:
+            self._prune_done()
+
+    def _rebuild(self, checkpoint: Checkpoint) -> None:
+        """Start over from ``checkpoint`` (another handle compacted, or seeked)."""
+        manager = self._manager
+        head = max(checkpoint.head, manager.segments[0].first_id)
+        counters = {"acked": 0, "nacked": 0, "expired": 0, "dead_lettered": 0}
+        counters.update(checkpoint.counters)
+        self.counters = counters
+        self._deliveries = dict(checkpoint.deliveries)
+        mine: dict[int, int] = {}
+        self._foreign = {}
+        self._foreign_deadlines = []
+        for message_id, holder, deadline in checkpoint.leases:
+            if holder == self.holder:
+                mine[message_id] = deadline
+            else:
+                self._note_foreign(message_id, holder, deadline)
+        for message_id in list(self._leased):
+            if message_id not in mine:
+                self._revoke(message_id, "another handle moved the reader (seek) or dropped it")
+        self._leased_heap = list(self._leased)
+        heapq.heapify(self._leased_heap)
+        self._skip = {i for i in checkpoint.done if i >= head and self._exists_unread(i)}
+        self._done = set()
+        self._reported = {i: n for i, n in self._reported.items() if i in self._deliveries}
+        self._cursor = LogCursor(manager, head)
+        self._selector = self._make_selector()
+
+    # ------------------------------------------------------------------ the log
+
+    def read_next(self) -> Entry | None:
+        skip = self._skip
+        foreign = self._foreign
+        leased = self._leased
+        cursor = self._cursor
+        while True:
+            entry = cursor.next()
+            if entry is None:
+                return None
+            if entry.type != _DATA:
+                continue
+            message_id = entry.id
+            if message_id in skip:
+                skip.discard(message_id)
+                self._done.add(message_id)
+                continue
+            if message_id in foreign or message_id in leased:
+                continue  # leased: it comes back (if ever) through a record
+            return entry
+
+    def peek_unread(self, n: int) -> list[Entry]:
+        found: list[Entry] = []
+        cursor = self._cursor.clone()
+        while len(found) < n:
+            entry = cursor.next()
+            if entry is None:
+                break
+            message_id = entry.id
+            if message_id in self._skip or message_id in self._foreign:
+                continue
+            if message_id in self._leased:
+                continue
+            found.append(entry)
+        return found
+
+    # ------------------------------------------------------------------ delivery
+
+    def take(self, n: int, now: float, now_ns: int) -> list[tuple[Entry, int]]:
+        self._enter()
+        try:
+            self._expire_foreign(now_ns)
+            deadline = now_ns + self._visibility_ns if self._visibility_ns else 0
+            self.journal.lease_deadline_ns = deadline  # type: ignore[attr-defined]
+            taken = super().take(n, now, now_ns)
+            if deadline:
+                for entry, _ in taken:
+                    self._own_deadline_ns[entry.id] = deadline
+            return taken
+        finally:
+            self._leave()
+
+    def take_one(self, now: float, now_ns: int) -> tuple[Entry, int] | None:
+        self._enter()
+        try:
+            if self._foreign_deadlines and self._foreign_deadlines[0][0] <= now_ns:
+                self._expire_foreign(now_ns)
+            deadline = now_ns + self._visibility_ns if self._visibility_ns else 0
+            self.journal.lease_deadline_ns = deadline  # type: ignore[attr-defined]
+            taken = super().take_one(now, now_ns)
+            if deadline and taken is not None:
+                self._own_deadline_ns[taken[0].id] = deadline
+            return taken
+        finally:
+            self._leave()
+
+    def _expire_foreign(self, now_ns: int) -> None:
+        """Void the other handles' leases whose visibility timeout passed (lock held)."""
+        heap = self._foreign_deadlines
+        expired: dict[int, list[int]] = {}
+        while heap and heap[0][0] <= now_ns:
+            deadline, message_id, holder = heapq.heappop(heap)
+            if self._foreign.get(message_id) == (holder, deadline):
+                expired.setdefault(holder, []).append(message_id)
+        back: set[int] = set()
+        for holder, ids in expired.items():
+            self.journal.append_reclaim(holder, _EXPIRED, ids)  # type: ignore[attr-defined]
+            self._apply_reclaim(holder, _EXPIRED, ids, back, self._cursor.next_id)
+        self._give_back_ids(back)
+
+    def expire_leases(self, now: float, now_ns: int) -> None:
+        """Give back our leases whose visibility timeout passed, after writing so."""
+        deadlines = self._deadlines
+        expired: list[tuple[int, tuple[Entry, int]]] = []
+        while deadlines and deadlines[0][0] <= now:
+            _, message_id, attempt = heapq.heappop(deadlines)
+            lease = self._leased.get(message_id)
+            if lease is not None and lease[1] == attempt:
+                expired.append((message_id, lease))
+        if not expired:
+            return
+        try:
+            self.journal.append_reclaim(  # type: ignore[attr-defined]
+                self.holder, _EXPIRED, [message_id for message_id, _ in expired]
+            )
+        except BaseException:
+            for message_id, lease in expired:  # still ours: expire them next time
+                heapq.heappush(deadlines, (now, message_id, lease[1]))
+            raise
+        for message_id, lease in expired:
+            del self._leased[message_id]
+            self._own_deadline_ns.pop(message_id, None)
+            self._lost[message_id] = "its visibility timeout expired"
+            if not self._report_failure(lease[0], lease[1], _TIMED_OUT, now_ns):
+                self._give_back(lease[0])
+
+    def _report_failure(
+        self, entry: Entry, failures: int, reason: str, now_ns: int, *, give_back: bool = True
+    ) -> bool:
+        if reason is _LOST_LEASE and self._fail_reason:
+            reason = self._fail_reason.pop(entry.id, reason)
+        return super()._report_failure(entry, failures, reason, now_ns, give_back=give_back)
+
+    def _give_back(self, entry: Entry) -> None:
+        if entry.id >= self._cursor.next_id:
+            return  # ahead of the cursor (a lease kept across a rebuild): it reads it again
+        self._selector.give_back(entry)
+
+    def _forget(self, message_id: int) -> None:
+        if message_id >= self._cursor.next_id:
+            self._skip.add(message_id)  # finished ahead of the cursor: it must pass over it
+        super()._forget(message_id)
+        if self._fail_reason:
+            self._fail_reason.pop(message_id, None)
+        if self._own_deadline_ns:
+            self._own_deadline_ns.pop(message_id, None)
+
+    def next_deadline(self) -> float | None:
+        """Lease time of the next visibility-timeout expiry, ours or another handle's."""
+        own = super().next_deadline()
+        heap = self._foreign_deadlines
+        while heap and self._foreign.get(heap[0][1]) != (heap[0][2], heap[0][0]):
+            heapq.heappop(heap)
+        if not heap:
+            return own
+        clock = self._clock
+        foreign = clock.lease_time() + (heap[0][0] - clock.now_ns()) / 1e9
+        return foreign if own is None else min(own, foreign)
+
+    def check_leased(self, message_id: int) -> None:
+        self._enter()
+        try:
+            if message_id not in self._leased:
+                why = self._lost.get(message_id)
+                if why is not None:
+                    raise UnknownMessageError(
+                        f"message {message_id} is no longer leased by this handle of reader "
+                        f"{self.name!r}: {why}"
+                    )
+                if message_id in self._foreign:
+                    raise UnknownMessageError(
+                        f"message {message_id} is leased by another handle of reader "
+                        f"{self.name!r}, not by this one"
+                    )
+                super().check_leased(message_id)
+        finally:
+            self._leave()
+
+    def ack(self, ids: list[int]) -> int:
+        self._enter()
+        try:
+            for message_id in ids:
+                self.check_leased(message_id)
+            return super().ack(ids)
+        finally:
+            self._leave()
+
+    def ack_one(self, message_id: int) -> int:
+        self._enter()
+        try:
+            return super().ack_one(message_id)
+        finally:
+            self._leave()
+
+    def nack(self, ids: list[int], reason: str, now_ns: int) -> int:
+        self._enter()
+        try:
+            for message_id in ids:
+                self.check_leased(message_id)
+            return super().nack(ids, reason, now_ns)
+        finally:
+            self._leave()
+
+    def release(self, ids: list[int]) -> int:
+        self._enter()
+        try:
+            for message_id in ids:
+                self.check_leased(message_id)
+            ticket = super().release(ids)
+            for message_id in ids:
+                self._own_deadline_ns.pop(message_id, None)
+            return ticket
+        finally:
+            self._leave()
+
+    def settle_any(self, message_id: int) -> bool:
+        self._enter()
+        try:
+            if message_id not in self._foreign:
+                return super().settle_any(message_id)
+            self.journal.append(_ACK, [message_id])
+            del self._foreign[message_id]
+            if message_id >= self._cursor.next_id:
+                self._skip.add(message_id)
+            self._forget(message_id)
+            self.counters["acked"] += 1
+            return True
+        finally:
+            self._leave()
+
+    def drop_segment(self, first_id: int, last_id: int) -> tuple[int, int]:
+        self._enter()
+        try:
+            start = self._cursor.next_id
+            behind = [i for i in self._foreign if i <= last_id]
+            for message_id in behind:
+                del self._foreign[message_id]
+            lost, leased = super().drop_segment(first_id, last_id)
+            # Foreign leases the cursor had passed are not counted by the base class.
+            extra = sum(1 for i in behind if i < start)
+            self.counters["dropped"] = self.counters.get("dropped", 0) + extra
+            return lost + extra, leased + len(behind)
+        finally:
+            self._leave()
+
+    def seek(self, target: int) -> None:
+        self._enter()
+        try:
+            for message_id in list(self._leased):
+                self._lost[message_id] = "the reader was moved (seek)"
+            self._foreign = {}
+            self._foreign_deadlines = []
+            self._own_deadline_ns = {}
+            self._fail_reason = {}
+            super().seek(target)
+            self.publish_head(moved=True)
+        finally:
+            self._leave()
+
+    def leased_entries(self) -> list[Entry]:
+        self._enter()
+        try:
+            entries = super().leased_entries()
+            for message_id in sorted(self._foreign):
+                entry = self._manager.read_entry(message_id)
+                if entry is not None:
+                    entries.append(entry)
+            return entries
+        finally:
+            self._leave()
+
+    def reclaim_holder(self, holder: int) -> int:
+        """Return the leases of ``holder`` (a dead handle) as failed deliveries; how many."""
+        self._enter()
+        try:
+            ids = sorted(i for i, (h, _) in self._foreign.items() if h == holder)
+            if ids:
+                self.journal.append_reclaim(holder, _GONE, ids)  # type: ignore[attr-defined]
+                back: set[int] = set()
+                self._apply_reclaim(holder, _GONE, ids, back, self._cursor.next_id)
+                self._give_back_ids(back)
+            return len(ids)
+        finally:
+            self._leave()
+
+    def foreign_holders(self) -> set[int]:
+        """The handles this state says hold leases (as of the last catch-up)."""
+        return {holder for holder, _ in self._foreign.values()}
+
+    # ------------------------------------------------------------------ reading ahead
+
+    def peek(self, n: int, now_ns: int) -> list[Entry]:
+        self._enter()
+        try:
+            return super().peek(n, now_ns)
+        finally:
+            self._leave()
+
+    def deliveries(self, message_id: int) -> int:
+        return self._deliveries.get(message_id, 0)
+
+    def pending(self) -> int:
+        self._enter()
+        try:
+            unread = super().pending()
+            start = self._cursor.next_id
+            ahead = sum(1 for i in self._foreign if i >= start)
+            ahead += sum(1 for i in self._leased if i >= start)
+            return max(unread - ahead, 0)
+        finally:
+            self._leave()
+
+    def in_flight(self) -> int:
+        return len(self._leased) + len(self._foreign)
+
+    @property
+    def head(self) -> int:
+        head = super().head
+        cursor_next = self._cursor.next_id
+        if head == cursor_next and self._skip:
+            # Other handles finished ids ahead of this cursor: the head is past them.
+            skip = self._skip
+            while head in skip:
+                head += 1
+            held = self._selector.min_id()
+            if held is not None and held < head:
+                head = held
+            lowest_leased = min(self._leased, default=head)
+            if lowest_leased < head:
+                head = lowest_leased
+        if self._foreign:
+            lowest = min(self._foreign)
+            if lowest < head:
+                head = lowest
+        return head
+
+    def stats(self, now_ns: int) -> ReaderStats:
+        self._enter()
+        try:
+            return super().stats(now_ns)
+        finally:
+            self._leave()
+
+    # ------------------------------------------------------------------ persistence
+
+    def publish_head(self, *, moved: bool = False) -> None:
+        """Write this reader's head where retention reads it.
+
+        In a section, so it is a lower bound of the true head (every record before it
+        applied); and the published value only grows - another handle's cursor may lag
+        this one's - except when the reader ``moved`` (seek), which sets it.
+        """
+        self._enter()
+        try:
+            head = self.head
+            if not moved:
+                published = read_published_head(self._lock_file)
+                if published is not None and published > head:
+                    return
+            os.pwrite(self._lock_file.fd, _HEAD.pack(head), 0)
+        finally:
+            self._leave()
+
+    def checkpoint(self, *, version: int = 2, keep_leases: bool = True) -> None:
+        """Rewrite the journal as one checkpoint (see ``ReaderCore``), in a section.
+
+        ``keep_leases`` False: every lease is lost (the last handle closing) - they stay
+        unfinished, so their messages come again, each a failed delivery.
+        """
+        self._enter()
+        try:
+            head = self.head
+            if head > self._cursor.next_id:
+                # Everything between the cursor and the head is finished (other handles'
+                # acks ahead of it): move the cursor there before dropping those ids.
+                self._done.update(i for i in self._skip if i < head)
+                self._cursor.seek(head)
+            self._prune_done()
+            self._skip = {i for i in self._skip if i >= head}
+            done = sorted(self._done | self._skip)
+            deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
+            leases: list[tuple[int, int, int]] = []
+            if keep_leases:
+                leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
+                leases.extend((i, h, deadline) for i, (h, deadline) in self._foreign.items())
+                leases.sort()
+            self.journal.rewrite(Checkpoint(head, done, deliveries, dict(self.counters), leases))
+        finally:
+            self._leave()
+
+    def maybe_compact(self) -> None:
+        # Compact early while the queue's disk reserve is spent - by any handle: this
+        # journal must not grow into the room it freed for the acks (see set_low_space).
+        self.journal.set_low_space(self._shared_manager.reserve_spent)
+        if self.journal.wants_compaction:
+            self._enter()
+            try:
+                if self.journal.wants_compaction:  # unless another handle just did
+                    self.checkpoint()
+            except StorageError as exc:
+                self.journal.postpone_compaction()
+                logger.warning("ledgerq: could not compact a reader's state (%s)", exc)
+            finally:
+                self._leave()
+
+    def close(self) -> None:
+        """Return this handle's leases (RECLAIM: failed deliveries), make the journal
+        durable and close it.
+
+        A reader another handle removed has nothing left to return.
+        """
+        try:
+            try:
+                self._enter()
+            except QueueClosedError:
+                return
+            try:
+                if self._leased:
+                    ids = sorted(self._leased)
+                    self.journal.append_reclaim(self.holder, _GONE, ids)  # type: ignore[attr-defined]
+                    self._leased.clear()
+                self.publish_head()
+            finally:
+                self._leave()
+            self.journal.commit.sync_now()
+        finally:
+            self.journal.close()
+
+    def close_last(self, with_room: Callable[[Callable[[], object]], None]) -> None:
+        """Close as the last handle of the queue: one clean checkpoint, no leases.
+
+        As an exclusive close: only a journal that changed is rewritten, with
+        ``with_room`` (the disk reserve on a full disk); a checkpoint that still fails is
+        logged, the journal synced as it is (the next session's first handle drops the
+        leases it holds).
+        """
+        try:
+            try:
+                self._enter()
+            except QueueClosedError:
+                return
+            try:
+                if self.journal.has_grown or self._leased or self._foreign:
+                    try:
+                        with_room(lambda: self.checkpoint(keep_leases=False))
+                    except StorageError as exc:
+                        logger.warning(
+                            "ledgerq: %s; the reader state is kept as it is (synced)", exc
+                        )
+                self._leased.clear()
+                self._foreign = {}
+            finally:
+                self._leave()
+            self.journal.commit.sync_now()
+        finally:
+            self.journal.close()
+
+    def _check(self) -> None:
+        for message_id, (entry, attempt) in self._leased.items():
+            assert entry.id == message_id
+            assert self._deliveries.get(message_id) == attempt, "lease without its delivery"
+        assert not set(self._leased) & set(self._foreign), "leased here and elsewhere"
