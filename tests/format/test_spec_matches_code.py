@@ -395,7 +395,7 @@ def test_shared_state_tables_match_the_layout() -> None:
     tail = page.SharedTail(11, 2048, 40, 1999, 1_700_000_000_000_000_000, 1024, 3)
     blob = page.encode_page(tail, reserved_until=99, counters={"duplicates": 5, "reserve_spent": 1})
     values, _ = walk(rows[:2], blob)
-    assert values["magic"] == b"LQSP" and values["version"] == 1
+    assert values["magic"] == b"LQSP" and values["version"] == page.SHARED_VERSION == 2
     tail_values, _ = walk(tail_rows, blob[page.TAIL_OFFSET :])
     assert [tail_values[f] for f in page.SharedTail._fields] == list(tail)
     # The tail's checksum is the format's (CRC-32C, what the spec's row names).
