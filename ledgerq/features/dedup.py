@@ -179,6 +179,12 @@ class DedupFeature(Feature):
             self._take(value, queue)
         self._records += len(found.values)
         log.settle(base + found.end)
+        if found.version != FEATURE_VERSION:
+            # A version-1 file (CRC-32) that no live handle had loaded - every one that
+            # had, upgraded it - is never appended to: rewritten as the newest version
+            # now, under the append lock every append to it takes; the other handles see
+            # it replaced and read it again (as after the rewrite of an unreadable file).
+            self._rewrite()
 
     @staticmethod
     def _load(path: str, queue: QueueCore) -> tuple[list[Any], int]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import ledgerq
+from ledgerq.format.feature_state import decode_feature_file
 from ledgerq.format.shared_state import (
     PAGE_SIZE,
     SLOT_CORRUPT_SKIPPED,
@@ -103,3 +104,46 @@ def test_the_next_session_keeps_a_format_1_pages_counters(tmp_path: Path) -> Non
     with ledgerq.open(path, shared=True) as q:
         assert (q.stats().duplicates, q.stats().corrupt_skipped) == (1000, 77)
     assert _version(path / "shared" / "state") == 2
+
+
+def test_a_joining_handle_upgrades_a_dedup_file_it_is_the_first_to_load(tmp_path: Path) -> None:
+    path = _copy("v1_clean", tmp_path)
+    old = decode_feature_file((path / "features" / "dedup.log").read_bytes(), b"LQDD")
+    a = ledgerq.open(path, shared=True, dedup_window=None)  # no dedup: the file stays as is
+    try:
+        assert _version(path / "features" / "dedup.log") == 1
+        b = ledgerq.open(path, shared=True, dedup_window=3600.0)
+        c = ledgerq.open(path, shared=True, dedup_window=3600.0)
+        try:
+            found = decode_feature_file((path / "features" / "dedup.log").read_bytes(), b"LQDD")
+            assert (found.version, found.values) == (2, old.values), "every record kept"
+            first = b.enqueue(b"x", dedup_id="fresh")
+            assert c.enqueue(b"y", dedup_id="fresh") == first  # b's record, read by c
+            assert c.stats().corrupt_skipped == 0
+        finally:
+            b.close()
+            c.close()
+    finally:
+        a.close()
+
+
+def test_a_joining_handle_upgrades_a_retry_file_it_is_the_first_to_load(tmp_path: Path) -> None:
+    path = _copy("v1_clean", tmp_path)
+    retries = path / "features" / "retries.log"
+    old = decode_feature_file(retries.read_bytes(), b"LQRT")
+    a = ledgerq.open(path, shared=True, max_retries=0)  # no DLQ: the file stays as it is
+    try:
+        assert _version(retries) == 1
+        with ledgerq.open(path, shared=True, max_retries=5) as b:
+            b.enqueue(b"fails")
+            msg = None
+            while (got := b.dequeue()) is not None:
+                msg = got
+            assert msg is not None
+            b.nack(msg.id, "the reason")
+            found = decode_feature_file(retries.read_bytes(), b"LQRT")
+            assert found.version == 2
+            assert found.values[: len(old.values)] == old.values, "every record kept"
+            assert found.values[-1][1:] == [msg.id, found.values[-1][2], "the reason"]
+    finally:
+        a.close()
