@@ -35,6 +35,9 @@ from ledgerq.format.shared_state import (
     TAIL_FIELDS,
     TAIL_OFFSET,
 )
+from tests._child import Children
+
+from ._procs import WORKER
 
 FIXTURES = Path(__file__).parent.parent / "format" / "fixtures"
 
@@ -106,6 +109,40 @@ def test_the_next_session_keeps_a_format_1_pages_counters(tmp_path: Path) -> Non
     assert _version(path / "shared" / "state") == 2
 
 
+def test_two_processes_open_a_format_1_queue_shared(tmp_path: Path, children: Children) -> None:
+    """Both race to be the session's first; either way every message is delivered once
+    between them, and what they leave is format 2 that an exclusive open reads."""
+    reference = _copy("v1_queue", tmp_path / "reference")
+    with ledgerq.open(reference) as q:
+        expected = sorted(m.id for m in q.dequeue_batch(1000))
+    assert expected, "the fixture has messages to deliver"
+    path = _copy("v1_queue", tmp_path)
+    workers = [children.start([*WORKER, "hold", str(path)]) for _ in range(2)]
+    for worker in workers:
+        worker.wait_for("READY")
+    delivered: list[int] = []
+    for _ in range(len(expected) + 1):
+        for worker in workers:
+            worker.send("deq")
+            message_id = int(worker.line().split()[1])
+            if message_id:
+                worker.send(f"ack {message_id}")
+                assert worker.line() == f"A {message_id}"
+                delivered.append(message_id)
+    assert sorted(delivered) == expected, "each message once, between the two processes"
+    for token, worker in enumerate(workers):
+        worker.send(f"enq {token}")
+        assert worker.line().startswith("E ")
+    for worker in workers:
+        worker.send("close")
+        worker.wait_for("BYE")
+    assert _meta_version(path) == 2
+    for state in (path / "readers").glob("*.state"):
+        assert _version(state) == 3, state
+    with ledgerq.open(path) as q:
+        assert len(q.dequeue_batch(10)) == 2
+
+
 def test_a_joining_handle_upgrades_a_dedup_file_it_is_the_first_to_load(tmp_path: Path) -> None:
     path = _copy("v1_clean", tmp_path)
     old = decode_feature_file((path / "features" / "dedup.log").read_bytes(), b"LQDD")
@@ -145,5 +182,34 @@ def test_a_joining_handle_upgrades_a_retry_file_it_is_the_first_to_load(tmp_path
             assert found.version == 2
             assert found.values[: len(old.values)] == old.values, "every record kept"
             assert found.values[-1][1:] == [msg.id, found.values[-1][2], "the reason"]
+    finally:
+        a.close()
+
+
+def _figures(stats: ledgerq.ReaderStats) -> tuple[int, int, int, int]:
+    return (stats.pending, stats.in_flight, stats.acked, stats.nacked)
+
+
+def test_the_first_handle_upgrades_every_journal_and_the_others_read_them(
+    tmp_path: Path,
+) -> None:
+    """Every reader on disk is loaded by the session's first handle (it holds retention
+    back, opened by the user or not), so a joining handle never meets an old journal:
+    the named reader ``other`` is version 3 before anyone asks for it, and both handles
+    read and write it."""
+    path = _copy("v1_clean", tmp_path)
+    journal = path / "readers" / "other.state"
+    with ledgerq.open(_copy("v1_clean", tmp_path / "reference")) as q:
+        expected = q.reader("other").stats()
+    a = ledgerq.open(path, shared=True)
+    try:
+        assert _version(journal) == 3
+        with ledgerq.open(path, shared=True) as b:
+            assert _figures(b.reader("other").stats()) == _figures(expected)
+            assert _figures(a.reader("other").stats()) == _figures(expected)
+            got = a.reader("other").dequeue()
+            assert got is not None
+            a.reader("other").ack(got.id)
+            assert b.reader("other").stats().acked == expected.acked + 1
     finally:
         a.close()
