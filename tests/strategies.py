@@ -62,9 +62,10 @@ class EntrySpec:
     priority: int = 1
     headers: dict[str, str] | None = None
     compressed: bool = False
+    entry_format: int = 2  # 1: as a format-1 ledgerq wrote it (CRC-32)
 
     def encode(self) -> bytes:
-        """Return the entry's bytes, as the queue would write them."""
+        """Return the entry's bytes, as the queue (of ``entry_format``) would write them."""
         blob = encode_headers(self.headers) if self.headers is not None else None
         return encode_entry(
             self.id,
@@ -74,6 +75,7 @@ class EntrySpec:
             priority=self.priority,
             headers_blob=blob,
             compressed=self.compressed,
+            entry_format=self.entry_format,
         )
 
     def matches(self, entry: Entry) -> bool:
@@ -86,6 +88,7 @@ class EntrySpec:
             and entry.priority == self.priority
             and entry.headers == self.headers
             and bool(entry.flags & EntryFlags.COMPRESSED) == self.compressed
+            and entry.format == self.entry_format
         )
 
 
@@ -104,6 +107,7 @@ def entry_specs(
         priority=priorities,
         headers=st.none() | header_maps,
         compressed=st.booleans(),
+        entry_format=st.sampled_from([2, 1]),
     )
 
 

@@ -422,10 +422,6 @@ class ReaderCore:
         Not a failed delivery: the RELEASE record undoes the count its LEASE added, so
         the next delivery has the same attempt number, and no feature hears of it.
         """
-        if self.journal.version < 2:
-            # A version 1 file must not hold a RELEASE (an older ledgerq would take it for
-            # damage): start a version 2 file first - it refuses those by its version.
-            self.checkpoint(version=2)
         ticket = self.journal.append(_RELEASE, ids)  # first: if it fails, nothing changed
         for message_id in ids:
             entry, attempt = self._leased.pop(message_id)
@@ -573,10 +569,11 @@ class ReaderCore:
         head = self.head
         self._done = {i for i in self._done if i >= head}
 
-    def checkpoint(self, *, version: int = 1) -> None:
+    def checkpoint(self) -> None:
         """Rewrite the journal as one checkpoint of the current state (durable).
 
-        ``version`` 2 makes room for records version 1 does not know (RELEASE).
+        The journal is of the newest version from its open on (``ReaderJournal.load``
+        rewrites an older one), so a RELEASE can be appended to it as it is.
         """
         head = self.head
         self._prune_done()
@@ -584,7 +581,7 @@ class ReaderCore:
         done = sorted(self._done | self._skip)
         deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
         checkpoint = Checkpoint(head, done, deliveries, dict(self.counters))
-        self.journal.rewrite(checkpoint, version=version)
+        self.journal.rewrite(checkpoint)
 
     def maybe_compact(self) -> None:
         """Checkpoint if the journal has grown enough; never raises.

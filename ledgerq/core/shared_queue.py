@@ -31,7 +31,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from ledgerq._errors import CorruptionError, QueueClosedError, QueueLockedError, StorageError
+from ledgerq._errors import (
+    CorruptionError,
+    IncompatibleFormatError,
+    QueueClosedError,
+    QueueLockedError,
+    StorageError,
+)
 from ledgerq._options import Options
 from ledgerq._types import ReaderStats, Stats
 from ledgerq.core.args import READER_NAME
@@ -45,6 +51,7 @@ from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
 from ledgerq.format.entry import encode_entry, encode_plain_batch_parts, encode_plain_entry
 from ledgerq.format.shared_state import (
+    SHARED_VERSION,
     SLOT_CORRUPT_SKIPPED,
     SLOT_DUPLICATES,
     SLOT_ENQUEUED_BASE,
@@ -54,6 +61,7 @@ from ledgerq.format.shared_state import (
     SLOT_WRITING,
     encode_page,
     page_problem,
+    page_version,
 )
 from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.lock import DirLock, LockFile
@@ -515,6 +523,17 @@ class SharedQueueCore(QueueCore):
         page = SharedPage(page_path)
         self._page = page
         problem = page.problem()
+        version = page_version(page.memory[:])  # a copy: no view left on the mapping
+        if version is not None and version < SHARED_VERSION:
+            # The session was started by a format-1 ledgerq (a format-2 first handle
+            # writes a version-2 page): its handles would take our format-2 records
+            # for damage, and we their CRC-32 tail for a torn one.  Nothing is written.
+            raise IncompatibleFormatError(
+                f"queue {self.path!r} is open in shared mode by handles of an older "
+                f"ledgerq (state page version {version}, format 1); this ledgerq writes "
+                "format 2, which they cannot read: close them, then open the queue here "
+                "(or open it with the older ledgerq)"
+            )
         if problem and not problem.startswith("the published tail"):
             raise CorruptionError(
                 f"the shared-mode state page is damaged ({problem}); close every handle of "
@@ -568,7 +587,11 @@ class SharedQueueCore(QueueCore):
                 data = f.read()
         except OSError:
             return {}
-        if page_problem(data):
+        # A format-1 page (version 1: its tail's checksum is CRC-32) holds the same slots.
+        version = page_version(data)
+        if version is None or version > SHARED_VERSION:
+            return {}
+        if version == SHARED_VERSION and page_problem(data):
             return {}
         return {
             "duplicates": struct.unpack_from("<Q", data, SLOT_DUPLICATES)[0],

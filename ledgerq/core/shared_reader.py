@@ -127,13 +127,12 @@ class SharedReaderCore(ReaderCore):
                 for message_id, (holder, deadline) in state.holders.items():
                     if message_id >= head and message_id not in self._skip:
                         self._note_foreign(message_id, holder, deadline)
-            if first or journal.version < 2:
-                # A clean start (the dead holders' leases lost), in a version 2 file.
+            if first:
+                # A clean start (the dead holders' leases lost).  (The file is version 3
+                # by now: load() upgraded an older one, under this lock.)
                 try:
                     self.checkpoint()
                 except StorageError as exc:
-                    if journal.version < 2:
-                        raise  # its records would be a version 2 file's
                     # (A full disk must not lock the user out.)  The dead holders' leases
                     # stay in the file: later handles reclaim them as any dead handle's.
                     logger.warning("ledgerq: %s; the reader state is kept as it is", exc)
@@ -713,9 +712,7 @@ class SharedReaderCore(ReaderCore):
                 leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
                 leases.extend((i, h, deadline) for i, (h, deadline) in self._foreign.items())
                 leases.sort()
-            self.journal.rewrite(
-                Checkpoint(head, done, deliveries, dict(self.counters), leases), version=2
-            )
+            self.journal.rewrite(Checkpoint(head, done, deliveries, dict(self.counters), leases))
         finally:
             self._leave()
 

@@ -5,7 +5,7 @@ keeps the two in step)::
 
     offset  size  field
     0       4     length      u32  whole entry, this field and the CRC included
-    4       1     type        u8   RecordType
+    4       1     type        u8   format << 4 | RecordType (format 2: 0x21 for DATA; format 1: 1)
     5       1     flags       u8   EntryFlags (optional fields present; BATCH_CONTINUES)
     6       8     id          u64  message id, > 0
     14      8     timestamp   i64  enqueue time, ns since the Unix epoch
@@ -13,11 +13,18 @@ keeps the two in step)::
     ..      1     priority    u8   [HAS_PRIORITY] 0 LOW, 1 MEDIUM, 2 HIGH (absent = MEDIUM)
     ..      4+n   headers     u32 n, then a msgpack map str -> str  [HAS_HEADERS]
     ..      m     payload     the rest (zstd frame when COMPRESSED)
-    end-4   4     crc32       u32  CRC-32 of every byte before it
+    end-4   4     crc         u32  CRC-32C (format 2) or CRC-32 (format 1) of every byte before it
 
 The length comes first so a scanner can step from entry to entry without parsing
 them; the CRC comes last so that a torn write (a prefix of the entry reached the
 file) can never validate.
+
+Every entry says its own format in the high nibble of its type byte (0 in format 1,
+whose type bytes were 1 to 3; 2 in format 2), and that picks its checksum.  So a
+segment of either format, or one that a newer ledgerq went on appending to (format-2
+entries after format-1 ones), reads the same whoever reads it, with no header and no
+index to trust: the nibble is covered by the checksum it selects, so a flipped bit
+there makes the entry fail the other CRC (but for a 2**-32 chance), like any flip.
 """
 
 from __future__ import annotations
@@ -28,16 +35,19 @@ from typing import NamedTuple
 
 import msgpack
 
-from ledgerq.format.checksum import checksum
+from ledgerq.format.checksum import checksum, checksum_v1
 from ledgerq.format.errors import CorruptRecord, IncompleteRecord
 
 __all__ = [
     "CRC",
     "ENTRY_HEADER",
+    "ENTRY_FORMAT",
+    "ENTRY_FORMAT_SHIFT",
     "EXPIRES_AT",
     "HEADERS_LENGTH",
     "KNOWN_FLAGS",
     "KNOWN_TYPES",
+    "KNOWN_TYPE_BYTES",
     "MAX_ENTRY_SIZE",
     "MIN_ENTRY_SIZE",
     "PRIORITY",
@@ -77,6 +87,8 @@ class EntryFlags(IntFlag):
     COMPRESSED = 1 << 2
     HAS_PRIORITY = 1 << 3
     BATCH_CONTINUES = 1 << 4
+    # Bits 5 and 6 are reserved for issue 17 (a not-before time, a message group) and
+    # bit 7 for ENCRYPTED (issue 18): not written yet, and corrupt when set.
 
 
 KNOWN_FLAGS = int(
@@ -86,7 +98,16 @@ KNOWN_FLAGS = int(
     | EntryFlags.HAS_PRIORITY
     | EntryFlags.BATCH_CONTINUES
 )
-KNOWN_TYPES = frozenset(int(t) for t in RecordType)  # every type byte a valid entry may have
+KNOWN_TYPES = frozenset(int(t) for t in RecordType)  # every record type a valid entry may have
+
+ENTRY_FORMAT = 2  # the format of the entries this ledgerq writes
+ENTRY_FORMAT_SHIFT = 4  # the type byte is ENTRY_FORMAT << 4 | RecordType (format 1: 0 << 4)
+_FORMAT_2 = 2 << ENTRY_FORMAT_SHIFT
+_TYPE_MASK = (1 << ENTRY_FORMAT_SHIFT) - 1
+_DATA_V2 = _FORMAT_2 | RecordType.DATA  # the type byte of every message written today
+# Every type byte a valid entry may have, of either format (for scanners that look for an
+# entry's start without checksumming every offset).
+KNOWN_TYPE_BYTES = KNOWN_TYPES | frozenset(_FORMAT_2 | t for t in KNOWN_TYPES)
 
 ENTRY_HEADER = struct.Struct("<IBBQq")  # length, type, flags, id, timestamp_ns
 assert ENTRY_HEADER.size == 22
@@ -120,6 +141,7 @@ _CHECK_BY_COPY = 1024
 # The checksum, bound once under a name of its own: the C function itself (no call layer),
 # chosen in format.checksum.  Tests count the bytes the decoder checksums through it.
 _crc32 = checksum
+_crc32_v1 = checksum_v1
 _pack_header = ENTRY_HEADER.pack
 _unpack_header = ENTRY_HEADER.unpack_from
 _pack_crc = CRC.pack
@@ -138,6 +160,7 @@ class Entry(NamedTuple):
     flags: int
     type: int
     size: int
+    format: int = ENTRY_FORMAT  # 1 or 2: which checksum the entry has
 
 
 def encode_headers(headers: object) -> bytes:
@@ -188,10 +211,12 @@ def encode_entry(
     compressed: bool = False,
     batch_continues: bool = False,
     record_type: int = RecordType.DATA,
+    entry_format: int = ENTRY_FORMAT,
 ) -> bytes:
     """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`.
 
     ``batch_continues`` sets BATCH_CONTINUES: for every entry of a batch but its last.
+    ``entry_format`` 1 writes a format-1 entry (CRC-32; for tests and tools).
 
     Raises ``ValueError`` for any value :func:`decode_entry` would reject as corrupt
     (id 0, priority above HIGH, unknown type) or that does not fit its field: bytes
@@ -207,6 +232,14 @@ def encode_entry(
         raise ValueError(f"entry priority must be 0, 1 or 2, got {priority}")
     if record_type not in KNOWN_TYPES:
         raise ValueError(f"unknown entry type {record_type}")
+    if entry_format == ENTRY_FORMAT:
+        crc = _crc32
+        kind = _FORMAT_2 | record_type
+    elif entry_format == 1:
+        crc = _crc32_v1
+        kind = record_type
+    else:
+        raise ValueError(f"entry format must be 1 or 2, got {entry_format}")
     flags = 0
     parts: list[bytes | bytearray | memoryview] = []
     extra = 0
@@ -230,9 +263,9 @@ def encode_entry(
     length = MIN_ENTRY_SIZE + extra + len(payload)
     if length > MAX_ENTRY_SIZE:
         raise ValueError(f"entry of {length} bytes exceeds the format limit {MAX_ENTRY_SIZE}")
-    head = _pack_header(length, record_type, flags, message_id, timestamp)
+    head = _pack_header(length, kind, flags, message_id, timestamp)
     body = b"".join((head, *parts, payload)) if parts else head + payload
-    return body + _pack_crc(checksum(body))
+    return body + _pack_crc(crc(body))
 
 
 def encode_plain_entry(message_id: int, timestamp: int, payload: bytes) -> bytes:
@@ -241,7 +274,8 @@ def encode_plain_entry(message_id: int, timestamp: int, payload: bytes) -> bytes
     The caller guarantees ``message_id`` >= 1 and ``timestamp`` fitting an i64 (the
     queue's own counter and clock); the bytes are exactly what encode_entry makes.
     """
-    body = _pack_header(MIN_ENTRY_SIZE + len(payload), 1, 0, message_id, timestamp) + payload
+    body = _pack_header(MIN_ENTRY_SIZE + len(payload), _DATA_V2, 0, message_id, timestamp)
+    body += payload
     return body + _pack_crc(_crc32(body))
 
 
@@ -269,24 +303,25 @@ def encode_plain_batch_parts(
     pack_crc = _pack_crc
     crc = _crc32
     continues = _BATCH_CONTINUES
+    kind = _DATA_V2
     message_id = first_id
     if sizes[0] < _JOIN_PAYLOAD_BELOW:  # batches are usually alike: judge by the first
         for payload, size in zip(payloads, sizes, strict=True):
-            body = pack_header(size, 1, continues, message_id, timestamp) + payload
+            body = pack_header(size, kind, continues, message_id, timestamp) + payload
             add(body)
             add(pack_crc(crc(body)))
             message_id += 1
         # The last entry ends the batch: encoded again without BATCH_CONTINUES.
-        body = pack_header(sizes[-1], 1, 0, message_id - 1, timestamp) + payloads[-1]
+        body = pack_header(sizes[-1], kind, 0, message_id - 1, timestamp) + payloads[-1]
         parts[-2:] = (body, pack_crc(crc(body)))
     else:
         for payload, size in zip(payloads, sizes, strict=True):
-            head = pack_header(size, 1, continues, message_id, timestamp)
+            head = pack_header(size, kind, continues, message_id, timestamp)
             add(head)
             add(payload)
             add(pack_crc(crc(payload, crc(head))))
             message_id += 1
-        head = pack_header(sizes[-1], 1, 0, message_id - 1, timestamp)
+        head = pack_header(sizes[-1], kind, 0, message_id - 1, timestamp)
         parts[-3:] = (head, payloads[-1], pack_crc(crc(payloads[-1], crc(head))))
     return parts, sizes
 
@@ -316,18 +351,26 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         if end - pos >= 4:
             peek_length(buf, pos)  # a corrupt length is corrupt even when short
         raise IncompleteRecord("entry header cut short", pos, ENTRY_HEADER.size)
-    length, rtype, flags, message_id, timestamp = _unpack_header(buf, pos)
+    length, kind, flags, message_id, timestamp = _unpack_header(buf, pos)
     if length < MIN_ENTRY_SIZE or length > MAX_ENTRY_SIZE:
         raise CorruptRecord(f"impossible entry length {length}", pos)
     stop = pos + length
     if stop > end:
         raise IncompleteRecord(f"entry of {length} bytes cut short", pos, length)
+    # The type byte's high nibble is the entry's format, which picks the checksum.
+    if kind >> ENTRY_FORMAT_SHIFT == ENTRY_FORMAT:
+        crc, entry_format = _crc32, ENTRY_FORMAT
+    elif kind >> ENTRY_FORMAT_SHIFT == 0:
+        crc, entry_format = _crc32_v1, 1
+    else:
+        raise CorruptRecord(f"entry of unknown format (type byte {kind:#04x})", pos)
     crc_at = stop - 4
     (stored,) = _unpack_crc(buf, crc_at)
     # Small entries are cheaper to check as a copied slice than through a memoryview.
     covered = buf[pos:crc_at] if length <= _CHECK_BY_COPY else memoryview(buf)[pos:crc_at]
-    if _crc32(covered) != stored:
+    if crc(covered) != stored:
         raise CorruptRecord("entry checksum mismatch", pos)
+    rtype = kind & _TYPE_MASK
     if rtype not in KNOWN_TYPES:
         raise CorruptRecord(f"unknown entry type {rtype}", pos)
     if flags & ~KNOWN_FLAGS:
@@ -361,5 +404,14 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         at += hlen
     payload = bytes(buf[at:crc_at])
     return Entry(
-        message_id, timestamp, expires_at, priority, headers, payload, flags, rtype, length
+        message_id,
+        timestamp,
+        expires_at,
+        priority,
+        headers,
+        payload,
+        flags,
+        rtype,
+        length,
+        entry_format,
     ), stop

@@ -37,6 +37,7 @@ from ledgerq.segment.naming import (
 __all__ = [
     "FORMAT_VERSION",
     "OPTIONS_FORMAT",
+    "OPTIONS_VERSION",
     "DamagedMetaError",
     "Meta",
     "MetaStore",
@@ -46,8 +47,14 @@ __all__ = [
     "stored_options",
 ]
 
-FORMAT_VERSION = 1
+# Version 2: entries, reader journals and feature logs checksummed with CRC-32C.  A
+# queue's meta.json says 2 from the first open by a ledgerq that writes format 2 (before
+# it appends anything), so an older ledgerq - and its follow, ship and Spark, which read
+# meta.json first - refuses the queue ("upgrade ledgerq") instead of taking every new
+# record for damage.  Version 1 queues are read, and appended to, as they are.
+FORMAT_VERSION = 2
 OPTIONS_FORMAT = "ledgerq-options"
+OPTIONS_VERSION = 1  # options.json did not change with format 2: older ledgerqs use it
 
 
 class DamagedMetaError(NotAQueueError):
@@ -88,7 +95,7 @@ class OptionsCopy:
     """The content of ``options.json``: the stored options, and when the queue was made."""
 
     format: str = OPTIONS_FORMAT
-    version: int = FORMAT_VERSION
+    version: int = OPTIONS_VERSION
     created_ns: int = 0
     options: dict[str, object] = field(default_factory=dict)
 
@@ -147,7 +154,7 @@ class OptionsStore:
         if not isinstance(raw, dict) or raw.get("format") != OPTIONS_FORMAT:
             return None
         version, created, options = raw.get("version"), raw.get("created_ns"), raw.get("options")
-        if type(version) is not int or version > FORMAT_VERSION or not isinstance(options, dict):
+        if type(version) is not int or version > OPTIONS_VERSION or not isinstance(options, dict):
             return None
         return OptionsCopy(
             version=version,
