@@ -1129,7 +1129,10 @@ class SharedQueueCore(QueueCore):
         from ledgerq.core.shared_process import housekeeper
 
         self._last_wait = time.monotonic()
-        return housekeeper().arm(self)
+        armed = housekeeper().arm(self)
+        if self._manager.wait_for_appender():
+            return True  # another handle published an append we were woken for: look again
+        return armed
 
     def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
         remove = super().add_listener(callback)

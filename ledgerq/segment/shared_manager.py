@@ -120,6 +120,7 @@ class SharedSegmentManager(SegmentManager):
         # the tail with a clear ``writing`` word (72) as this handle last published it -
         # when the page still holds exactly that, nobody appended since: the fast path.
         self._seen = b""
+        self._waited_for = b""  # the last tail wait_for_appender sent a waiter to look at
         self._published = b""
 
     def reopened(self) -> SharedSegmentManager:
@@ -174,6 +175,27 @@ class SharedSegmentManager(SegmentManager):
         self._append_depth -= 1
         if not self._append_depth:
             self._append_lock.release()
+
+    def wait_for_appender(self) -> bool:
+        """Let an append under way in another handle end; True if this handle must look again.
+
+        An appender's ``write()`` wakes the other processes' waiters (a file event) before
+        it publishes the new tail in the page, which fires no event: a waiter that looked
+        in between would wait for good.  The appender publishes before it releases the
+        append lock, so taking that lock once waits for the publication.  True when the
+        published tail is not the one this handle's last look took - once per tail, so a
+        tail the view cannot take (a dead appender's, repaired by the next one) is not
+        looked at in a loop.
+        """
+        if self._append_depth or self._mm is None:
+            return False
+        self.lock_appends()
+        self.unlock_appends()
+        raw = self.page.raw_tail()
+        if raw == self._seen or raw == self._waited_for:
+            return False
+        self._waited_for = raw
+        return True
 
     @property
     def holds_append_lock(self) -> bool:

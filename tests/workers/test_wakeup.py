@@ -14,7 +14,6 @@ import queue
 import threading
 from pathlib import Path
 
-import pytest
 
 import ledgerq
 from tests._child import Child, Children
@@ -64,11 +63,6 @@ def _lines(child: Child) -> queue.Queue[str | None]:
     return found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: a waiter woken by an append's write() before its tail is published "
-    "is not woken again by the publication (ledgerq/segment/shared_manager.py end_append)",
-)
 def test_a_waiter_that_looked_before_the_publication_is_woken(
     tmp_path: Path, children: Children
 ) -> None:
