@@ -14,7 +14,6 @@ import queue
 import threading
 from pathlib import Path
 
-
 import ledgerq
 from tests._child import Child, Children
 
