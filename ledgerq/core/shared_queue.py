@@ -1130,7 +1130,9 @@ class SharedQueueCore(QueueCore):
 
         self._last_wait = time.monotonic()
         armed = housekeeper().arm(self)
-        if self._manager.wait_for_appender():
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        if manager.wait_for_appender():
             return True  # another handle published an append we were woken for: look again
         return armed
 
