@@ -235,7 +235,9 @@ class Ledger:
             elif kind == "E":
                 self.enqueues.append((int(f[1]), int(f[2]), f[3], proc.number))
             elif kind == "L":
-                lease = Lease(f[1], int(f[2]), int(f[3]), int(f[4]), proc.number, int(op[0]), int(f[0]))
+                lease = Lease(
+                    f[1], int(f[2]), int(f[3]), int(f[4]), proc.number, int(op[0]), int(f[0])
+                )
                 self.leases.append(lease)
                 held[(f[1], lease.message_id)] = lease
             elif kind == "A":
@@ -337,7 +339,9 @@ class Ledger:
         for reader, messages in drained.items():
             acked = self.acks[reader]
             again = {m.id for m in messages} & set(acked)
-            self.require(not again, f"acked on reader {reader}, delivered again: {sorted(again)[:10]}")
+            self.require(
+                not again, f"acked on reader {reader}, delivered again: {sorted(again)[:10]}"
+            )
             for msg in messages:
                 self._check_bytes(msg, tokens)
         # A reader's dead letters carry its name (``dlq.reader``); the main reader's none.

@@ -131,7 +131,11 @@ class SharedWorkload:
         ]
         ids = self.q.enqueue_batch(items)
         t1 = now()
-        emit("".join(f"E {t1} {i} {t} {k or '-'}\n" for i, t, k in zip(ids, tokens, keys, strict=True)))
+        emit(
+            "".join(
+                f"E {t1} {i} {t} {k or '-'}\n" for i, t, k in zip(ids, tokens, keys, strict=True)
+            )
+        )
 
     def dequeue(self) -> None:
         n = self.rng.randint(1, 3)
