@@ -836,7 +836,7 @@ def _run_shared(recorder: Recorder, config: dict[str, Any], scenario: Scenario) 
 # cut the first handle rebuilds it from the files (docs/architecture.md), so whatever
 # bytes of it reached the disk, the replay's (the bytes written when it was created)
 # are one legal state.
-_MAPPED = ("shared/state",)
+_MAPPED = "shared/state"  # the queue's, and its DLQ's (dlq/shared/state)
 
 
 def _check_complete(recorder: Recorder, queue_dir: Path) -> None:
@@ -852,8 +852,8 @@ def _check_complete(recorder: Recorder, queue_dir: Path) -> None:
             actual[rel_top] = None
         for name in files:
             actual[recorder.rel(os.path.join(top, name))] = (Path(top) / name).read_bytes()
-    for rel in _MAPPED:
-        if rel in simulated and rel in actual:
+    for rel in simulated.keys() & actual.keys():
+        if rel == _MAPPED or rel.endswith("/" + _MAPPED):
             simulated[rel] = actual[rel]
     if simulated != actual:
         differ = sorted(set(simulated) ^ set(actual)) or [

@@ -111,7 +111,10 @@ class Proc:
     lines: list[str] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     handle: int | None = None
-    death_ns: int | None = None  # when the parent sent SIGKILL, or noticed the death
+    # Alive until at least death_ns (the parent's SIGKILL, or its last stamped report
+    # when it killed itself); dead by noticed_ns (the parent saw its output end).
+    death_ns: int | None = None
+    noticed_ns: int | None = None
     parent_killed: bool = False
 
     def __post_init__(self) -> None:
@@ -152,14 +155,16 @@ class Proc:
         return 0
 
     def kill_now(self) -> None:
-        self.death_ns = time.monotonic_ns()
+        self.death_ns = self.noticed_ns = time.monotonic_ns()
         self.parent_killed = True
         self.child.kill()
 
     def reap(self) -> int:
         assert self.done.wait(30), "a killed child's output did not end"
+        if self.noticed_ns is None:
+            self.noticed_ns = time.monotonic_ns()
         if self.death_ns is None:
-            self.death_ns = time.monotonic_ns()
+            self.death_ns = self.noticed_ns
         return self.child.finish()
 
 
@@ -507,12 +512,12 @@ class Campaign:
     def after_death(self, proc: Proc, observer: ledgerq.Queue) -> None:
         """The checks after one process died: survivors go on, its leases come back."""
         proc.reap()
-        assert proc.death_ns is not None
-        death = proc.death_ns
+        assert proc.noticed_ns is not None
+        noticed = proc.noticed_ns
         self._observer_step(observer)
         deadline = time.monotonic() + PROGRESS_BOUND_S
         for other in self.roster:
-            while other.last_z_ns() <= death:
+            while other.last_z_ns() <= noticed:
                 self.ledger.require(
                     other.alive,
                     f"child {other.number} ({other.role}) died by itself: "
@@ -527,15 +532,14 @@ class Campaign:
         if proc.handle is not None:
             live = Path(handle_live_path(str(self.path), proc.handle))
             while live.exists():
-                waited = (time.monotonic_ns() - death) / 1e9
+                waited = (time.monotonic_ns() - noticed) / 1e9
                 self.ledger.require(
                     waited < RECLAIM_BOUND_S,
                     f"child {proc.number}'s leases not reclaimed {waited:.1f} s after its death",
                 )
                 time.sleep(0.002)
-            held = self._held_at_death(proc)
-            if proc.parent_killed and held:
-                self.result.reclaim_s.append((time.monotonic_ns() - death) / 1e9)
+            if proc.parent_killed and self._held_at_death(proc):
+                self.result.reclaim_s.append((time.monotonic_ns() - noticed) / 1e9)
         self.ledger.load(self.procs, self.parent_enqueues)
         self.ledger.check()
 
@@ -612,7 +616,8 @@ class Campaign:
             # It died after its last report, at a moment the parent cannot know: the
             # spans of its leases end at that report (a lower bound of its death).
             doomed.done.wait(30)
-            doomed.death_ns = doomed.last_stamp_ns()
+            doomed.noticed_ns = time.monotonic_ns()
+            doomed.death_ns = doomed.last_stamp_ns()  # 0: it died in (or right after) open
             self.result.kills[kind + ("/torn" if torn else "")] += 1
         code = doomed.child.proc.wait()
         self.ledger.require(
