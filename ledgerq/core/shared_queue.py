@@ -483,9 +483,12 @@ class SharedQueueCore(QueueCore):
         self._tally = tally
         page_path = os.path.join(shared_dir, SHARED_STATE_NAME)
         if self._first:
-            manager = self._new_shared_manager(None)
-            self._manager = manager
+            self._manager = self._new_shared_manager(None)
             self._recover_log(meta)
+            # (not before: a recovery that met a full disk ran again, with the disk
+            # reserve's space, on a new manager - the first one is closed)
+            manager = self._manager
+            assert isinstance(manager, SharedSegmentManager)
             self._reserve_ids_at_open()
             self._forget_dead_handles()
             old = self._old_page_counters(page_path)

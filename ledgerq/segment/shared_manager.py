@@ -229,7 +229,14 @@ class SharedSegmentManager(SegmentManager):
             finally:
                 self.unlock_appends()
             raw = encode_tail(tail)
-        self._take(tail)
+        # Reading other handles' new segments can fail (EIO): the view stays as it was
+        # and ``_seen`` unchanged, so the next call reads it again.
+        try:
+            self._take(tail)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise StorageError("read", exc.filename or self.directory, exc) from exc
         self._seen = raw
 
     def _take(self, tail: SharedTail) -> None:

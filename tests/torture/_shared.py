@@ -562,7 +562,10 @@ class Campaign:
         self.parent_enqueues.append((message_id, made.token))
         stats = observer.stats()
         self.ledger.require(stats.corrupt_skipped == 0, "kill -9 left a corrupt region")
-        observer._check()  # type: ignore[attr-defined]
+        try:
+            observer._check()  # type: ignore[attr-defined]
+        except AssertionError as exc:
+            raise self.ledger.fail(f"the observer's view is inconsistent: {exc}") from exc
 
     # ------------------------------------------------------------------ rounds
 
@@ -626,6 +629,21 @@ class Campaign:
         self.after_death(doomed, observer)
 
     def run(self, rounds: int, target: str | None, progress: Callable[[str], None] | None) -> None:
+        try:
+            self._run(rounds, target, progress)
+        except ModelError:
+            self.dump()
+            raise
+
+    def dump(self) -> None:
+        """Keep every child's reports beside its stderr, to look into a failure."""
+        for proc in self.procs:
+            path = self.workdir / f"shared-{self.seed}-{proc.number}.lines"
+            path.write_text(
+                f"# {proc.role} {proc.kill} handle {proc.handle}\n" + "\n".join(proc.lines)
+            )
+
+    def _run(self, rounds: int, target: str | None, progress: Callable[[str], None] | None) -> None:
         with ledgerq.open(self.path, **self.options) as q:
             q.dlq.stats()
             q.reader(AUDIT)  # before any message: retention keeps what it has not read
