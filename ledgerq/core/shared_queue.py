@@ -166,7 +166,8 @@ def save_shared_meta(
         manager.refresh()
         store = keeper.store
         try:
-            fresh = store.load()
+            # (none yet: a new queue whose first save failed - this one writes it)
+            fresh = store.load() if store.exists() else keeper.meta
         except (DamagedMetaError, CorruptionError):
             fresh = keeper.meta
         manager.remember_reported(

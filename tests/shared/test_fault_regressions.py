@@ -135,3 +135,23 @@ def test_an_io_error_reading_a_segment_another_process_made_is_a_storage_error(
         assert [m.id for m in q.peek(10)] == [1, 2, 3, 4]
         writer.send("close")
         writer.wait_for("BYE")
+
+
+@pytest.mark.parametrize("site", ["fsync", "rename"])
+def test_a_new_queue_whose_first_meta_save_failed_opens_shared(tmp_path: Path, site: str) -> None:
+    """**The first save of ``meta.json``.**  An exclusive open of a new queue goes on when
+    its first ``meta.json`` write fails (the next save writes it); the first shared
+    handle read the file back before saving, found none, and failed with
+    ``NotAQueueError`` - in the sweep, leaving a DLQ nobody could open."""
+    path = tmp_path / "q"
+    match = "meta.json.tmp" if site == "fsync" else "/meta.json"
+    injector = FaultInjector(path, Fault(site, 1, errno.EIO, match=match))
+    with injector.installed():
+        q = ledgerq.open(path, shared=True)  # raised NotAQueueError
+    try:
+        assert injector.fired == 1
+        message_id = q.enqueue(b"x")
+    finally:
+        q.close()
+    with ledgerq.open(path, shared=True) as again:
+        assert [m.id for m in again.peek(10)] == [message_id]
