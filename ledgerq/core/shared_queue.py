@@ -955,7 +955,7 @@ class SharedQueueCore(QueueCore):
         """Delete the sealed segments every reader has consumed (append lock held)."""
         manager = self._manager
         assert isinstance(manager, SharedSegmentManager)
-        manager.refresh()
+        manager.catch_up_locked()  # (it publishes below: a dead appender's tail first)
         segments = manager.segments
         if len(segments) < 2:
             return
@@ -998,7 +998,7 @@ class SharedQueueCore(QueueCore):
                 entered.append(core)
             manager.lock_appends()
             try:
-                manager.refresh()
+                manager.catch_up_locked()  # (it publishes below: see _retire_locked)
                 while len(manager.segments) > 1 and manager.disk_bytes > max_bytes:
                     if not self._drop_oldest_segment(max_bytes):
                         break

@@ -35,7 +35,8 @@ import logging
 import mmap
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ledgerq.format.checksum import checksum
 from ledgerq.format.index import IndexEntry
@@ -69,6 +70,19 @@ _TAIL_AT = TAIL_OFFSET
 _WRITING_END = SLOT_WRITING + 8
 _set_u64 = struct.Struct("<Q").pack_into
 _checksum = checksum
+
+
+@contextmanager
+def _reading(directory: str) -> Iterator[None]:
+    """Bring a view up to date: an OS error reading the other handles' new segments
+    (EIO) is a :class:`StorageError` naming the file.  The view stays as it was (what
+    it has seen is only noted once read), so the next call reads them again."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError("read", exc.filename or directory, exc) from exc
 
 
 def _pop(segments: dict[int, Segment], name_id: int) -> Segment | None:
@@ -231,12 +245,8 @@ class SharedSegmentManager(SegmentManager):
             raw = encode_tail(tail)
         # Reading other handles' new segments can fail (EIO): the view stays as it was
         # and ``_seen`` unchanged, so the next call reads it again.
-        try:
+        with _reading(self.directory):
             self._take(tail)
-        except StorageError:
-            raise
-        except OSError as exc:
-            raise StorageError("read", exc.filename or self.directory, exc) from exc
         self._seen = raw
 
     def _take(self, tail: SharedTail) -> None:
@@ -397,7 +407,8 @@ class SharedSegmentManager(SegmentManager):
             mm = self._mm
             assert mm is not None
             if mm[_TAIL_AT:_WRITING_END] != self._published:
-                self._catch_up_appender()
+                with _reading(self.directory):
+                    self._catch_up_appender()
             _set_u64(mm, SLOT_WRITING, 1)
             self._appending = True
             seg = self.segments[-1]
@@ -407,6 +418,22 @@ class SharedSegmentManager(SegmentManager):
             self._appending = False
             self.unlock_appends()
             raise
+
+    def catch_up_locked(self) -> None:
+        """Bring the view up to the tail with the append lock held, to publish after.
+
+        Not :meth:`refresh`: a tail a dead appender left (the ``writing`` word set) is
+        repaired first, as the next appender would.  Whoever publishes clears the word;
+        publishing a view that leaves the dead one's bytes outside the tail would let
+        the next appender write after them, under ids they already carry.
+        """
+        if self._appending:
+            return  # this handle is the appender: its view is ahead of the page
+        mm = self._mm
+        assert mm is not None
+        if mm[_TAIL_AT:_WRITING_END] != self._published:
+            with _reading(self.directory):
+                self._catch_up_appender()
 
     def _catch_up_appender(self) -> None:
         """Another handle appended (or died appending) since this one published."""

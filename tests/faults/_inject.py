@@ -236,13 +236,15 @@ def _workload_config(
 def _judge_error(run: FaultRun, what: str, exc: BaseException, path: Path) -> None:
     run.errors[type(exc).__name__] += 1
     tb = exc.__traceback__
-    innermost = ""
+    frames: list[str] = []
     while tb is not None:
         code = tb.tb_frame.f_code
         if "/ledgerq/" in code.co_filename:
             run.failed_in.add(code.co_name)
-            innermost = f"{code.co_filename.rsplit('/ledgerq/', 1)[-1]}:{tb.tb_lineno}"
+            where = code.co_filename.rsplit("/ledgerq/", 1)[-1]
+            frames.append(f"{where}:{tb.tb_lineno} {code.co_name}")
         tb = tb.tb_next
+    innermost = " < ".join(reversed(frames[-5:]))
     if not isinstance(exc, ledgerq.LedgerQError):
         run.problems.append(
             f"{what} raised {type(exc).__name__} (not a LedgerQError) in {innermost}: {exc}"

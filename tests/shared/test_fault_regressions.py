@@ -111,14 +111,15 @@ def test_a_shared_open_that_meets_a_full_disk_in_recovery_uses_the_reserve(
         q.close()
 
 
+@pytest.mark.parametrize("call", ["peek", "enqueue"])
 def test_an_io_error_reading_a_segment_another_process_made_is_a_storage_error(
-    tmp_path: Path, children: Children
+    tmp_path: Path, children: Children, call: str
 ) -> None:
     """**A handle's view of the segments.**  When another process rotated, the next
     section of this handle reads the new segments (their index, their log); an EIO
     opening one escaped as a raw ``OSError`` (found by the sweep: from ``peek`` and
-    ``dequeue``).  It is a ``StorageError`` naming the file, and the view is read again
-    at the next call."""
+    ``dequeue``, and from an append catching up with them).  It is a ``StorageError``
+    naming the file, and the view is read again at the next call."""
     path = tmp_path / "q"
     injector = FaultInjector(path)
     with injector.installed(), ledgerq.open(path, shared=True, segment_size=64) as q:
@@ -128,7 +129,7 @@ def test_an_io_error_reading_a_segment_another_process_made_is_a_storage_error(
             writer.wait_for("E ")
         injector.arm(Fault("open", 1, errno.EIO, match="00000000000000000003.log"))
         with pytest.raises(ledgerq.StorageError) as caught:
-            q.peek(10)  # raised the raw OSError
+            q.peek(10) if call == "peek" else q.enqueue(b"x")  # raised the raw OSError
         assert caught.value.errno == errno.EIO
         assert "00000000000000000003.log" in str(caught.value)
         injector.clear()
