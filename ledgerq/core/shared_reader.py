@@ -732,7 +732,13 @@ class SharedReaderCore(ReaderCore):
                 # Everything between the cursor and the head is finished (other handles'
                 # acks ahead of it): move the cursor there before dropping those ids.
                 self._done.update(i for i in self._skip if i < head)
-                self._cursor.seek(head)
+                try:
+                    self._cursor.seek(head)  # (reads the segments: EIO opening one)
+                except StorageError:
+                    raise
+                except OSError as exc:
+                    where = exc.filename or self._manager.directory
+                    raise StorageError("read", where, exc) from exc
             self._prune_done()
             self._skip = {i for i in self._skip if i >= head}
             done = sorted(self._done | self._skip)

@@ -156,3 +156,35 @@ def test_a_new_queue_whose_first_meta_save_failed_opens_shared(tmp_path: Path, s
         q.close()
     with ledgerq.open(path, shared=True) as again:
         assert [m.id for m in again.peek(10)] == [message_id]
+
+
+def test_an_io_error_moving_the_cursor_in_a_compaction_is_a_storage_error(
+    tmp_path: Path,
+) -> None:
+    """**A compaction moving the cursor.**  Before it checkpoints, a handle whose cursor
+    lags the head (another handle acked ahead of it) moves its cursor there, reading
+    the segments; an EIO opening one escaped ``compact()`` as a raw ``OSError`` (found
+    by the sweep, ``sync="never"``)."""
+    path = tmp_path / "q"
+    injector = FaultInjector(path)
+    with injector.installed():
+        a = ledgerq.open(path, shared=True, segment_size=64)
+        b = ledgerq.open(path, shared=True, segment_size=64)
+        try:
+            for n in range(6):  # one entry per segment
+                a.enqueue(b"message %d" % n + b"." * 40)
+            for _ in range(3):
+                msg = b.dequeue()
+                assert msg is not None
+                b.ack(msg.id)
+            # The first open of a log refreshes a's view; the second moves its cursor.
+            injector.arm(Fault("open", 2, errno.EIO, match=".log"))
+            with pytest.raises(ledgerq.StorageError) as caught:
+                a.compact()  # raised the raw OSError
+            assert caught.value.errno == errno.EIO and ".log" in str(caught.value)
+            injector.clear()
+            a.compact()
+            assert [m.payload[:9] for m in a.peek(10)] == [b"message %d" % n for n in (3, 4, 5)]
+        finally:
+            a.close()
+            b.close()

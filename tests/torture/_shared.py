@@ -180,7 +180,9 @@ class Lease:
     proc: int
     start_ns: int  # the dequeue began (B)
     held_ns: int  # the dequeue returned (L): certainly held from here...
-    until_ns: float = float("inf")  # ...to the start of its ack/nack, or its holder's death
+    # ...to the start of its ack/nack, or its holder's death, or (held by a live child)
+    # its last report read so far
+    until_ns: float = float("inf")
     settled: str = ""
 
 
@@ -257,6 +259,13 @@ class Ledger:
                 lease.until_ns = end  # held until its holder was killed (or seen dead)
             if op:
                 self._cut(op, op_lines)
+        else:
+            # A live child's reports arrive on its own pipe, so the start of its ack may
+            # be written and not read yet: what is certain is that it held the lease at
+            # its last report read so far (reports are stamped in order).
+            last = proc.last_stamp_ns()
+            for lease in held.values():
+                lease.until_ns = max(lease.held_ns, min(lease.until_ns, last))
 
     def _cut(self, op: list[str], lines: list[str]) -> None:
         """Note what the operation a kill interrupted may or may not have done."""
@@ -635,6 +644,11 @@ class Campaign:
             self.dump()
             raise
 
+    def _settle_reports(self) -> None:
+        """Before the children are killed after a failure: let them report a while more
+        (a child whose lease was taken from it says why when it settles it)."""
+        time.sleep(2.0)
+
     def dump(self) -> None:
         """Keep every child's reports beside its stderr, to look into a failure."""
         for proc in self.procs:
@@ -669,6 +683,9 @@ class Campaign:
                 proc.kill_now()
             for proc in self.roster:
                 proc.reap()
+        except ModelError:
+            self._settle_reports()
+            raise
         finally:
             for proc in self.procs:
                 proc.child.close()

@@ -163,7 +163,12 @@ class SharedWorkload:
             emit(f"N {now()} {self.reader_name} {message_id}\n")
         else:
             emit(f"B {now()} ack {self.reader_name} {message_id}\n")
-            self.reader.ack(message_id)
+            try:
+                self.reader.ack(message_id)
+            except ledgerq.UnknownMessageError as exc:
+                # Our lease was taken from us: say why (the parent fails the run).
+                emit(f"X lease of {message_id} lost: {exc}\n")
+                raise
             emit(f"A {now()} {self.reader_name} {message_id}\n")
 
     def consume(self) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.torture._model import ModelError
-from tests.torture._shared import Ledger, run_shared_rounds
+from tests.torture._shared import Ledger, Proc, run_shared_rounds
 
 
 def test_random_kills_of_processes_sharing_a_queue(tmp_path: Path) -> None:
@@ -37,19 +37,25 @@ def test_processes_killed_inside_the_shared_engine(tmp_path: Path, target: str) 
 
 
 class _Dead:
-    """A finished child's reports, as :meth:`Ledger.load` reads them."""
+    """A child's reports, as :meth:`Ledger.load` reads them (finished, unless ``alive``)."""
 
-    def __init__(self, number: int, lines: list[str], death_ns: int = 10**12) -> None:
+    def __init__(
+        self, number: int, lines: list[str], death_ns: int = 10**12, *, alive: bool = False
+    ) -> None:
         self.number = number
         self.role = "consumer"
         self.lines = lines
         self.death_ns = death_ns
         self.done = threading.Event()
-        self.done.set()
+        if not alive:
+            self.done.set()
 
     @property
     def alive(self) -> bool:
-        return False
+        return not self.done.is_set()
+
+    def last_stamp_ns(self) -> int:
+        return Proc.last_stamp_ns(self)  # type: ignore[arg-type]
 
 
 def _ledger(*procs: _Dead) -> Ledger:
@@ -63,6 +69,18 @@ def test_the_checker_finds_a_message_leased_to_two_live_handles() -> None:
     second = _Dead(1, ["B 200 deq 1", "L 210 - 1 2 1", "Z 211"])
     with pytest.raises(ModelError, match="two live handles"):
         _ledger(first, second).check()
+
+
+def test_the_checker_judges_a_live_holder_by_the_reports_read_so_far() -> None:
+    # Its nack may be written and not read yet: held for certain only up to its last
+    # report read (111), before the other lease (210).  A report at 300 without a
+    # release proves the overlap.
+    holder = _Dead(0, ["B 100 deq 1", "L 110 - 1 1 1", "Z 111"], alive=True)
+    other = _Dead(1, ["B 200 deq 1", "L 210 - 1 2 1", "Z 211"])
+    _ledger(holder, other).check()
+    holder.lines += ["B 290 enq 7 -", "E 300 5 7 -", "Z 301"]
+    with pytest.raises(ModelError, match="two live handles"):
+        _ledger(holder, other).check()
 
 
 def test_the_checker_accepts_a_lease_taken_after_the_holder_died() -> None:
