@@ -35,8 +35,7 @@ import logging
 import mmap
 import os
 import struct
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from ledgerq.format.checksum import checksum
 from ledgerq.format.index import IndexEntry
@@ -72,17 +71,14 @@ _set_u64 = struct.Struct("<Q").pack_into
 _checksum = checksum
 
 
-@contextmanager
-def _reading(directory: str) -> Iterator[None]:
-    """Bring a view up to date: an OS error reading the other handles' new segments
-    (EIO) is a :class:`StorageError` naming the file.  The view stays as it was (what
-    it has seen is only noted once read), so the next call reads them again."""
-    try:
-        yield
-    except StorageError:
-        raise
-    except OSError as exc:
-        raise StorageError("read", exc.filename or directory, exc) from exc
+def _read_error(exc: OSError, directory: str) -> StorageError:
+    """An OS error met reading other handles' new segments (EIO), naming the file.
+
+    Raised with the view as it was (what it has seen is noted only once read), so the
+    next call reads them again.  (A ``try`` at the call sites, not a context manager:
+    it costs nothing on the reader's path until something fails.)
+    """
+    return StorageError("read", exc.filename or directory, exc)
 
 
 def _pop(segments: dict[int, Segment], name_id: int) -> Segment | None:
@@ -243,10 +239,12 @@ class SharedSegmentManager(SegmentManager):
             finally:
                 self.unlock_appends()
             raw = encode_tail(tail)
-        # Reading other handles' new segments can fail (EIO): the view stays as it was
-        # and ``_seen`` unchanged, so the next call reads it again.
-        with _reading(self.directory):
+        try:
             self._take(tail)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise _read_error(exc, self.directory) from exc
         self._seen = raw
 
     def _take(self, tail: SharedTail) -> None:
@@ -407,8 +405,7 @@ class SharedSegmentManager(SegmentManager):
             mm = self._mm
             assert mm is not None
             if mm[_TAIL_AT:_WRITING_END] != self._published:
-                with _reading(self.directory):
-                    self._catch_up_appender()
+                self._catch_up_reading()
             _set_u64(mm, SLOT_WRITING, 1)
             self._appending = True
             seg = self.segments[-1]
@@ -432,8 +429,15 @@ class SharedSegmentManager(SegmentManager):
         mm = self._mm
         assert mm is not None
         if mm[_TAIL_AT:_WRITING_END] != self._published:
-            with _reading(self.directory):
-                self._catch_up_appender()
+            self._catch_up_reading()
+
+    def _catch_up_reading(self) -> None:
+        try:
+            self._catch_up_appender()
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise _read_error(exc, self.directory) from exc
 
     def _catch_up_appender(self) -> None:
         """Another handle appended (or died appending) since this one published."""
