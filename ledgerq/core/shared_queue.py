@@ -174,7 +174,8 @@ def save_shared_meta(
         manager.refresh()
         store = keeper.store
         try:
-            fresh = store.load()
+            # (none yet: a new queue whose first save failed - this one writes it)
+            fresh = store.load() if store.exists() else keeper.meta
         except (DamagedMetaError, CorruptionError):
             fresh = keeper.meta
         manager.remember_reported(
@@ -491,9 +492,12 @@ class SharedQueueCore(QueueCore):
         self._tally = tally
         page_path = os.path.join(shared_dir, SHARED_STATE_NAME)
         if self._first:
-            manager = self._new_shared_manager(None)
-            self._manager = manager
+            self._manager = self._new_shared_manager(None)
             self._recover_log(meta)
+            # (not before: a recovery that met a full disk ran again, with the disk
+            # reserve's space, on a new manager - the first one is closed)
+            manager = self._manager
+            assert isinstance(manager, SharedSegmentManager)
             self._reserve_ids_at_open()
             self._forget_dead_handles()
             old = self._old_page_counters(page_path)
@@ -974,7 +978,7 @@ class SharedQueueCore(QueueCore):
         """Delete the sealed segments every reader has consumed (append lock held)."""
         manager = self._manager
         assert isinstance(manager, SharedSegmentManager)
-        manager.refresh()
+        manager.catch_up_locked()  # (it publishes below: a dead appender's tail first)
         segments = manager.segments
         if len(segments) < 2:
             return
@@ -1017,7 +1021,7 @@ class SharedQueueCore(QueueCore):
                 entered.append(core)
             manager.lock_appends()
             try:
-                manager.refresh()
+                manager.catch_up_locked()  # (it publishes below: see _retire_locked)
                 while len(manager.segments) > 1 and manager.disk_bytes > max_bytes:
                     if not self._drop_oldest_segment(max_bytes):
                         break

@@ -685,9 +685,38 @@ class SharedReaderCore(ReaderCore):
                 published = read_published_head(self._lock_file)
                 if published is not None and published > head:
                     return
-            os.pwrite(self._lock_file.fd, _HEAD.pack(head), 0)
+            try:
+                os.pwrite(self._lock_file.fd, _HEAD.pack(head), 0)
+            except OSError as exc:
+                self._head_not_published(head, moved, exc)
         finally:
             self._leave()
+
+    def _head_not_published(self, head: int, moved: bool, exc: OSError) -> None:
+        """Decide what a refused write of the published head means (a full disk: a new
+        lock file needs a block for its 8 bytes; EIO).
+
+        The published head is retention's lower bound of this reader's head.  Left as
+        it was, it still is one when it only had to grow, or when nothing was published
+        yet (retention then reads the journal): the call that got here - an open, an
+        ack whose record is written - goes on, and a later publish writes it.  Only a
+        head that had to move back (a seek, a new session) and stays above the true
+        one would let retention delete what this reader has not read: that fails.
+        """
+        path = self._lock_file.path
+        try:
+            stale = read_published_head(self._lock_file)
+        except OSError:
+            stale = head + 1  # unknown: assume the worst
+        if moved and stale is not None and stale > head:
+            raise StorageError(f"publish the head ({head}) of reader {self.name!r} in", path, exc)
+        logger.warning(
+            "ledgerq: could not publish the head of reader %r in %s (%s); retention "
+            "keeps its segments until a later publish",
+            self.name,
+            path,
+            exc,
+        )
 
     def checkpoint(self, *, version: int = 2, keep_leases: bool = True) -> None:
         """Rewrite the journal as one checkpoint (see ``ReaderCore``), in a section.
@@ -702,7 +731,13 @@ class SharedReaderCore(ReaderCore):
                 # Everything between the cursor and the head is finished (other handles'
                 # acks ahead of it): move the cursor there before dropping those ids.
                 self._done.update(i for i in self._skip if i < head)
-                self._cursor.seek(head)
+                try:
+                    self._cursor.seek(head)  # (reads the segments: EIO opening one)
+                except StorageError:
+                    raise
+                except OSError as exc:
+                    where = exc.filename or self._manager.directory
+                    raise StorageError("read", where, exc) from exc
             self._prune_done()
             self._skip = {i for i in self._skip if i >= head}
             done = sorted(self._done | self._skip)

@@ -71,6 +71,16 @@ _set_u64 = struct.Struct("<Q").pack_into
 _checksum = checksum
 
 
+def _read_error(exc: OSError, directory: str) -> StorageError:
+    """An OS error met reading other handles' new segments (EIO), naming the file.
+
+    Raised with the view as it was (what it has seen is noted only once read), so the
+    next call reads them again.  (A ``try`` at the call sites, not a context manager:
+    it costs nothing on the reader's path until something fails.)
+    """
+    return StorageError("read", exc.filename or directory, exc)
+
+
 def _pop(segments: dict[int, Segment], name_id: int) -> Segment | None:
     return segments.pop(name_id, None)
 
@@ -251,7 +261,12 @@ class SharedSegmentManager(SegmentManager):
             finally:
                 self.unlock_appends()
             raw = encode_tail(tail)
-        self._take(tail)
+        try:
+            self._take(tail)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise _read_error(exc, self.directory) from exc
         self._seen = raw
 
     def _take(self, tail: SharedTail) -> None:
@@ -412,7 +427,7 @@ class SharedSegmentManager(SegmentManager):
             mm = self._mm
             assert mm is not None
             if mm[_TAIL_AT:_WRITING_END] != self._published:
-                self._catch_up_appender()
+                self._catch_up_reading()
             _set_u64(mm, SLOT_WRITING, 1)
             self._appending = True
             seg = self.segments[-1]
@@ -422,6 +437,29 @@ class SharedSegmentManager(SegmentManager):
             self._appending = False
             self.unlock_appends()
             raise
+
+    def catch_up_locked(self) -> None:
+        """Bring the view up to the tail with the append lock held, to publish after.
+
+        Not :meth:`refresh`: a tail a dead appender left (the ``writing`` word set) is
+        repaired first, as the next appender would.  Whoever publishes clears the word;
+        publishing a view that leaves the dead one's bytes outside the tail would let
+        the next appender write after them, under ids they already carry.
+        """
+        if self._appending:
+            return  # this handle is the appender: its view is ahead of the page
+        mm = self._mm
+        assert mm is not None
+        if mm[_TAIL_AT:_WRITING_END] != self._published:
+            self._catch_up_reading()
+
+    def _catch_up_reading(self) -> None:
+        try:
+            self._catch_up_appender()
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise _read_error(exc, self.directory) from exc
 
     def _catch_up_appender(self) -> None:
         """Another handle appended (or died appending) since this one published."""
