@@ -1232,7 +1232,7 @@ class QueueCore(Closing):
     def _room_made(self) -> None:
         """Messages left the backlog (lock held): wake the enqueues waiting for room."""
         if self._room_waiting:
-            self._cond.notify_all()
+            self._wake()
 
     def _wake(self) -> None:
         """Messages may have become available (or the queue closed): wake every waiter."""
@@ -1257,6 +1257,27 @@ class QueueCore(Closing):
                 self._listeners.pop(key, None)
 
         return remove
+
+    def add_room_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """:meth:`add_listener` for a waiter of room in a bounded queue: ``callback`` is
+        also called when messages leave the backlog (acks, dead-letters, expiries,
+        drops, purges), here or - in shared mode - in another handle or process.
+        Used by ``ledgerq.aio`` to wait for room without a thread."""
+        remove = self.add_listener(callback)
+        with self._lock:
+            self._room_waiting += 1
+        removed = False
+
+        def remove_room() -> None:
+            nonlocal removed
+            with self._lock:
+                if removed:
+                    return
+                removed = True
+                self._room_waiting -= 1
+            remove()
+
+        return remove_room
 
     # ------------------------------------------------------------------ tooling
 

@@ -745,7 +745,7 @@ class Reader:
                 if taken is not None:
                     core.maybe_compact()
                 if queue._room_waiting:  # a take may expire or dead-letter messages
-                    queue._cond.notify_all()
+                    queue._wake()
             if taken is None:
                 return None
             entry, attempt = taken
@@ -772,7 +772,7 @@ class Reader:
                     lease_now = monotonic_ns * 1e-9
                     taken = core.take(n, lease_now, queue._clock_offset_ns + monotonic_ns)
                     if queue._room_waiting:  # a take may expire or dead-letter messages
-                        queue._cond.notify_all()
+                        queue._wake()
                     if taken:
                         core.maybe_compact()
                         break
@@ -816,7 +816,7 @@ class Reader:
             core.maybe_compact()
             self._retire_if_passed_oldest()
             if queue._room_waiting:  # a bounded queue's enqueue waits for this room
-                queue._cond.notify_all()
+                queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
@@ -844,7 +844,7 @@ class Reader:
             core.maybe_compact()
             self._retire_if_passed_oldest()
             if queue._room_waiting:  # a bounded queue's enqueue waits for this room
-                queue._cond.notify_all()
+                queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
