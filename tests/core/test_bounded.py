@@ -268,3 +268,20 @@ def test_a_bad_timeout_is_refused(tmp_path: Path, timeout: object) -> None:
         with pytest.raises((TypeError, ValueError)):
             q.enqueue_batch([b"a"], timeout=timeout)  # type: ignore[arg-type]
         assert q.stats().enqueued == 0
+
+
+def test_a_reader_that_starts_behind_fills_the_bound_until_it_catches_up(
+    tmp_path: Path,
+) -> None:
+    with _open(tmp_path / "q", max_pending=2) as q:
+        for payload in (b"a", b"b"):
+            q.enqueue(payload)
+            msg = q.dequeue()
+            assert msg is not None
+            q.ack(msg.id)
+        q.enqueue(b"c")  # the default reader's backlog: 1
+        late = q.reader("late")  # starts at the oldest retained message: a, b, c
+        with pytest.raises(ledgerq.QueueFullError, match="3 messages pending of max_pending=2"):
+            q.enqueue(b"d")
+        late.seek(3)  # past a and b
+        q.enqueue(b"d")
