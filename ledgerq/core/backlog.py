@@ -20,8 +20,8 @@ head are subtracted one by one (few, unless priorities reorder much of the backl
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from ledgerq.format.entry import Entry, RecordType
 
@@ -81,25 +81,29 @@ class PayloadSizes:
             self.base += cut
 
 
+class LogAccess(Protocol):
+    """What the backlog reads of the queue to build its ledger (the queue is one)."""
+
+    def _entries_from(self, first_id: int) -> Iterable[Entry]:
+        """The log's entries from ``first_id`` on, in id order."""
+        ...
+
+    def _given_size(self, entry: Entry) -> int:
+        """A stored entry's payload size as its producer gave it (decompressed)."""
+        ...
+
+
 class Backlog:
     """Decide whether a batch fits the bounds; keep the payload ledger for bytes.
 
-    ``read_from(first_id)`` yields the log's entries from ``first_id`` on, and
-    ``given_size(entry)`` a stored entry's payload size as given (decompressed); the
-    queue provides both.  Every method runs with the queue lock held.
+    Every method runs with the queue lock held.  The queue is passed in (``log``), not
+    kept: the backlog belongs to the queue, and a reference back would make a cycle
+    that keeps an unclosed queue alive until the cyclic collector runs.
     """
 
-    def __init__(
-        self,
-        max_pending: int | None,
-        max_pending_bytes: int | None,
-        read_from: Callable[[int], Iterable[Entry]],
-        given_size: Callable[[Entry], int],
-    ) -> None:
+    def __init__(self, max_pending: int | None, max_pending_bytes: int | None) -> None:
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
-        self._read_from = read_from
-        self._given_size = given_size
         self._sizes: PayloadSizes | None = None
 
     def refusal(self, count: int, size: int) -> str | None:
@@ -113,7 +117,9 @@ class Backlog:
             return f"{what} of {size} payload bytes is more than max_pending_bytes={limit}"
         return None
 
-    def shortfall(self, cores: Iterable[ReaderCore], next_id: int, count: int, size: int) -> str:
+    def shortfall(
+        self, log: LogAccess, cores: Iterable[ReaderCore], next_id: int, count: int, size: int
+    ) -> str:
         """Why ``count`` more messages of ``size`` bytes do not fit now ("" if they do).
 
         ``next_id`` is the id the first of them would get: the log holds every id below.
@@ -124,7 +130,7 @@ class Backlog:
             if backlog + count > self.max_pending:
                 return f"{backlog} messages pending of max_pending={self.max_pending}"
         if self.max_pending_bytes is not None:
-            backlog_bytes = self._largest_bytes(cores, next_id)
+            backlog_bytes = self._largest_bytes(log, cores, next_id)
             if backlog_bytes + size > self.max_pending_bytes:
                 return (
                     f"{backlog_bytes} payload bytes pending of "
@@ -140,7 +146,7 @@ class Backlog:
         for offset, size in enumerate(sizes):
             ledger.add(first + offset, size)
 
-    def _largest_bytes(self, cores: list[ReaderCore], next_id: int) -> int:
+    def _largest_bytes(self, log: LogAccess, cores: list[ReaderCore], next_id: int) -> int:
         heads = {core.name: core.head for core in cores}
         oldest = min(heads.values())
         ledger = self._sizes
@@ -150,7 +156,7 @@ class Backlog:
         else:
             ledger.forget_below(oldest)
         if ledger.end < next_id:
-            self._read(ledger, next_id)  # appends the ledger did not see (other handles)
+            self._read(log, ledger, next_id)  # appends the ledger did not see (other handles)
         largest = 0
         for core in cores:
             head = heads[core.name]
@@ -159,11 +165,11 @@ class Backlog:
             largest = max(largest, backlog)
         return largest
 
-    def _read(self, ledger: PayloadSizes, next_id: int) -> None:
-        for entry in self._read_from(ledger.end):
+    def _read(self, log: LogAccess, ledger: PayloadSizes, next_id: int) -> None:
+        for entry in log._entries_from(ledger.end):
             if entry.id >= next_id:
                 break
             if entry.type == _DATA:
-                ledger.add(entry.id, self._given_size(entry))
+                ledger.add(entry.id, log._given_size(entry))
         if ledger.end < next_id:
             ledger.add(next_id - 1, 0)  # a lost tail: those ids weigh nothing

@@ -430,9 +430,7 @@ class QueueCore(Closing):
         opts = self.options
         self._backlog: Backlog | None = None
         if opts.max_pending is not None or opts.max_pending_bytes is not None:
-            self._backlog = Backlog(
-                opts.max_pending, opts.max_pending_bytes, self._entries_from, self._given_size
-            )
+            self._backlog = Backlog(opts.max_pending, opts.max_pending_bytes)
         # The plain paths skip admission: a bounded queue takes the checked one.
         self._plain_path = not (
             self._transformers or self._admitters or overriding("appended") or self._backlog
@@ -933,7 +931,7 @@ class QueueCore(Closing):
         size = sum(written_sizes(sizes, existing))
         never = backlog.refusal(len(to_write), size)
         cores = [r._core for r in self._readers.values()]
-        short = never or backlog.shortfall(cores, self._next_id, len(to_write), size)
+        short = never or backlog.shortfall(self, cores, self._next_id, len(to_write), size)
         if short:
             for feature in self._admitters:
                 feature.rollback()
