@@ -563,6 +563,11 @@ class ReaderCore:
         """Messages leased and not yet acked or nacked."""
         return len(self._leased)
 
+    def finished_from(self, first: int) -> set[int]:
+        """The ids >= ``first`` already finished (acked, dead-lettered, expired), in this
+        run or an earlier one: out of order, above the head (for a bounded queue)."""
+        return {i for i in self._done if i >= first} | {i for i in self._skip if i >= first}
+
     # ------------------------------------------------------------------ persistence
 
     def _prune_done(self) -> None:
@@ -736,6 +741,8 @@ class Reader:
                 taken = core.take_one(monotonic_ns * 1e-9, queue._clock_offset_ns + monotonic_ns)
                 if taken is not None:
                     core.maybe_compact()
+                if queue._room_waiting:  # a take may expire or dead-letter messages
+                    queue._wake()
             if taken is None:
                 return None
             entry, attempt = taken
@@ -761,6 +768,8 @@ class Reader:
                     monotonic_ns = queue._clock_mono()
                     lease_now = monotonic_ns * 1e-9
                     taken = core.take(n, lease_now, queue._clock_offset_ns + monotonic_ns)
+                    if queue._room_waiting:  # a take may expire or dead-letter messages
+                        queue._wake()
                     if taken:
                         core.maybe_compact()
                         break
@@ -803,6 +812,8 @@ class Reader:
             ticket = core.ack_one(message_id)
             core.maybe_compact()
             self._retire_if_passed_oldest()
+            if queue._room_waiting:  # a bounded queue's enqueue waits for this room
+                queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
@@ -829,6 +840,8 @@ class Reader:
             ticket = core.ack(ids)
             core.maybe_compact()
             self._retire_if_passed_oldest()
+            if queue._room_waiting:  # a bounded queue's enqueue waits for this room
+                queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 

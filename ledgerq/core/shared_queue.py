@@ -40,7 +40,8 @@ from ledgerq._errors import (
 )
 from ledgerq._options import Options
 from ledgerq._types import ReaderStats, Stats
-from ledgerq.core.args import READER_NAME
+from ledgerq.core.args import READER_NAME, check_timeout
+from ledgerq.core.backlog import written_sizes
 from ledgerq.core.clock import Clock
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal, ReaderRemovedError, SharedReaderJournal
@@ -857,60 +858,106 @@ class SharedQueueCore(QueueCore):
             self._log_commit.wait_durable(ticket)
         return list(range(first, first + count))
 
-    def _append(self, drafts: list[Draft]) -> list[int]:
+    def _append(
+        self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
+    ) -> list[int]:
+        wait = check_timeout(timeout)
+        deadline = None if wait is None else time.monotonic() + wait
         with self._lock:
-            if self._closed:
-                self._ensure_open()
-            manager = self._begin_append()
-            try:
-                now = self._now_ns(manager)
-                if self._admitters:
-                    for feature in self._admitters:
-                        feature.catch_up()
-                    to_write, existing = self._admit(drafts, now)
-                else:
-                    to_write, existing = drafts, {}
-                if not to_write:
-                    return [existing[i] for i in range(len(drafts))]
-                first = self._next_id
-                count = len(to_write)
-                segments = len(manager.segments)
-                try:
-                    records = [
-                        encode_entry(
-                            first + i,
-                            now,
-                            draft.payload,
-                            expires_at=None
-                            if draft.expires_in_ns is None
-                            else now + draft.expires_in_ns,
-                            priority=draft.priority,
-                            headers_blob=draft.headers_blob,
-                            compressed=draft.compressed,
-                            batch_continues=i < count - 1,
-                        )
-                        for i, draft in enumerate(to_write)
-                    ]
-                    if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
-                        self._reserve_ids(first + count)
-                    manager.append(records, [len(r) for r in records], first, now)
-                except BaseException:
-                    for feature in self._admitters:
-                        feature.rollback()
-                    self._count_written(first)
-                    raise
-                ticket = self._appended(first, count, len(manager.segments) != segments)
-                for feature in self._recorders:
-                    feature.appended(to_write, first, now)
-            finally:
-                manager.end_append()
+            while True:
+                if self._closed:
+                    self._ensure_open()
+                with self._readers_held():
+                    manager = self._begin_append()
+                    try:
+                        now = self._now_ns(manager)
+                        if self._admitters:
+                            for feature in self._admitters:
+                                feature.catch_up()
+                            to_write, existing = self._admit(drafts, now)
+                        else:
+                            to_write, existing = drafts, {}
+                        if not to_write:
+                            return [existing[i] for i in range(len(drafts))]
+                        short = ""
+                        if self._backlog is not None:
+                            assert sizes is not None
+                            short = self._check_room(to_write, sizes, existing)
+                        if not short:
+                            first, ticket = self._write_drafts(manager, to_write, now)
+                            if self._backlog is not None:
+                                assert sizes is not None
+                                self._backlog.appended(first, written_sizes(sizes, existing))
+                            break
+                    finally:
+                        manager.end_append()
+                self._wait_for_room(short, deadline, wait)
             self._after_shared_append()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
+        count = len(to_write)
         if not existing:
             return list(range(first, first + count))
         fresh_ids = iter(range(first, first + count))
         return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
+
+    def _readers_held(self) -> contextlib.AbstractContextManager[None]:
+        """A bounded queue's appends hold every reader (in name order, before the append
+        lock, as every step takes them): the backlog they count cannot shrink or grow
+        under the check, and two handles cannot both take the last room."""
+        if self._backlog is None:
+            return contextlib.nullcontext()
+        return self._holding_every_reader()
+
+    @contextlib.contextmanager
+    def _holding_every_reader(self) -> Iterator[None]:
+        self._open_readers_on_disk()
+        entered: list[SharedReaderCore] = []
+        try:
+            for name in sorted(self._cores):
+                core = self._cores[name]
+                assert isinstance(core, SharedReaderCore)
+                core._enter()
+                entered.append(core)
+            yield
+        finally:
+            for core in reversed(entered):
+                core._leave()
+
+    def _write_drafts(
+        self, manager: SharedSegmentManager, to_write: list[Draft], now: int
+    ) -> tuple[int, int]:
+        """Write the admitted drafts (append lock held); return the first id and the
+        commit ticket."""
+        first = self._next_id
+        count = len(to_write)
+        segments = len(manager.segments)
+        try:
+            records = [
+                encode_entry(
+                    first + i,
+                    now,
+                    draft.payload,
+                    expires_at=None if draft.expires_in_ns is None else now + draft.expires_in_ns,
+                    priority=draft.priority,
+                    headers_blob=draft.headers_blob,
+                    compressed=draft.compressed,
+                    batch_continues=i < count - 1,
+                )
+                for i, draft in enumerate(to_write)
+            ]
+            if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
+                self._reserve_ids(first + count)
+            manager.append(records, [len(r) for r in records], first, now)
+        except BaseException:
+            for feature in self._admitters:
+                feature.rollback()
+            self._count_written(first)
+            raise
+        ticket = self._appended(first, count, len(manager.segments) != segments)
+        for feature in self._recorders:
+            feature.appended(to_write, first, now)
+        return first, ticket
 
     def _appended(self, first: int, count: int, rotated: bool) -> int:
         """Account entries now in the log (append lock held); retention after a rotation."""
