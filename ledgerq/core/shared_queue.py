@@ -23,6 +23,7 @@ the state of the files, brought up to date under a short OS lock (docs/architect
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -507,17 +508,28 @@ class SharedQueueCore(QueueCore):
                 "corrupt_skipped": max(tally.corrupt_skipped, old.get("corrupt_skipped", 0)),
                 "enqueued_base": self._enqueued,
                 "enqueued_through": self._next_id,
-                "reserve_spent": 0 if self._reserve.is_held else 1,
             }
             manager.generation = 1
-            write_page(
-                page_path,
-                encode_page(
-                    manager.current_tail(),
-                    reserved_until=self._ids_reserved_until,
-                    counters=counters,
-                ),
-            )
+
+            def write() -> None:
+                counters["reserve_spent"] = 0 if self._reserve.is_held else 1
+                write_page(
+                    page_path,
+                    encode_page(
+                        manager.current_tail(),
+                        reserved_until=self._ids_reserved_until,
+                        counters=counters,
+                    ),
+                )
+
+            try:
+                write()
+            except StorageError as exc:
+                # A full disk must not lock the user out (a drain opens shared too, e.g.
+                # `ledgerq dequeue`): the page's first block comes from the disk reserve.
+                if exc.errno != errno.ENOSPC or not self._make_room():
+                    raise
+                write()
             page = SharedPage(page_path)
             self._page = page
             manager.page = page
