@@ -132,8 +132,9 @@ class AsyncReader:
                 pause = None if deadline is None else deadline - loop.time()
                 if pause is not None and pause <= 0:
                     return []
-                # An expiring visibility timeout makes a message available without
-                # any enqueue or nack to wake us: wake up for it too.
+                # An expiring visibility timeout, or a delayed message falling due,
+                # makes a message available without any enqueue or nack to wake us:
+                # wake up for it too.
                 expiry = reader.seconds_to_next_expiry()
                 pause = min((t for t in (pause, expiry) if t is not None), default=None)
                 try:
@@ -234,6 +235,7 @@ class AsyncQueue:
         priority: Priority | int = Priority.MEDIUM,
         ttl: float | None = None,
         dedup_id: str | bytes | None = None,
+        delay: float | None = None,
     ) -> int:
         """Append one message in a thread; return its id (see :meth:`ledgerq.Queue.enqueue`).
 
@@ -247,6 +249,7 @@ class AsyncQueue:
             priority=priority,
             ttl=ttl,
             dedup_id=dedup_id,
+            delay=delay,
         )
 
     async def enqueue_batch(

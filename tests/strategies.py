@@ -62,6 +62,7 @@ class EntrySpec:
     priority: int = 1
     headers: dict[str, str] | None = None
     compressed: bool = False
+    deliver_at: int | None = None
 
     def encode(self) -> bytes:
         """Return the entry's bytes, as the queue would write them."""
@@ -74,6 +75,7 @@ class EntrySpec:
             priority=self.priority,
             headers_blob=blob,
             compressed=self.compressed,
+            deliver_at=self.deliver_at,
         )
 
     def matches(self, entry: Entry) -> bool:
@@ -86,6 +88,7 @@ class EntrySpec:
             and entry.priority == self.priority
             and entry.headers == self.headers
             and bool(entry.flags & EntryFlags.COMPRESSED) == self.compressed
+            and entry.deliver_at == self.deliver_at
         )
 
 
@@ -104,6 +107,7 @@ def entry_specs(
         priority=priorities,
         headers=st.none() | header_maps,
         compressed=st.booleans(),
+        deliver_at=st.none() | timestamps_ns,
     )
 
 

@@ -104,6 +104,24 @@ def check_ttl(ttl: object) -> float | None:
     return float(ttl)
 
 
+def check_delay(delay: object, what: str = "delay") -> float | None:
+    """None (no delay), or a number of seconds from 0 to :data:`MAX_SECONDS`.
+
+    Negative, NaN and infinite delays, and anything beyond 100 years, raise
+    ``ValueError``; a non-number (a bool, a str) ``TypeError``.
+    """
+    if delay is None:
+        return None
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds or None, got {type(delay).__name__}")
+    if not 0 <= delay <= MAX_SECONDS:  # NaN fails both
+        raise ValueError(
+            f"{what} must be a number of seconds from 0 to {MAX_SECONDS:.0f} (100 years), "
+            f"got {delay!r}"
+        )
+    return float(delay)
+
+
 def check_id(message_id: object) -> int:
     """A message id: an int (not a bool)."""
     if isinstance(message_id, bool) or not isinstance(message_id, int):

@@ -33,6 +33,7 @@ from ledgerq._types import Item, Message, Priority, ReaderStart, Stats
 from ledgerq.core.args import (
     READER_NAME,
     check_dedup_id,
+    check_delay,
     check_headers_size,
     check_payload,
     check_priority,
@@ -68,6 +69,8 @@ from ledgerq.segment.layout import subtract_ranges
 from ledgerq.segment.lock import DirLock, LockFile, lock_mode_holding
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import (
+    DELIVER_AT_VERSION,
+    FIRST_VERSION,
     DamagedMetaError,
     Meta,
     MetaStore,
@@ -442,6 +445,7 @@ class QueueCore(Closing):
                 with contextlib.suppress(OSError):
                     os.unlink(journal.path)
             raise
+        core.may_hold_delays = self._keeper.meta.version >= DELIVER_AT_VERSION
         reader = Reader(self, core)
         self._readers[name] = reader
         self._cores[name] = core
@@ -635,18 +639,22 @@ class QueueCore(Closing):
         priority: object,
         ttl: object,
         dedup_id: object,
+        delay: object = None,
     ) -> Draft:
         limit = self.options.max_message_size
         data = check_payload(payload, limit)
         blob = check_headers_size(encode_headers(headers), limit) if headers is not None else None
         level = check_priority(priority) if priority is not Priority.MEDIUM else 1
         seconds = check_ttl(ttl)
+        delay_seconds = check_delay(delay)
         draft = Draft(
             data,
             blob,
             level,
             int(seconds * _NS) if seconds is not None else None,
             check_dedup_id(dedup_id),
+            # A delay of 0 is no delay: the entry stays plain (and readable by any ledgerq).
+            int(delay_seconds * _NS) if delay_seconds else None,
         )
         for feature in self._transformers:
             feature.transform(draft)
@@ -660,12 +668,15 @@ class QueueCore(Closing):
         priority: Priority | int = Priority.MEDIUM,
         ttl: float | None = None,
         dedup_id: str | bytes | None = None,
+        delay: float | None = None,
     ) -> int:
         """Append one message; return its id.
 
         The message has reached the OS when this returns (it survives a crash
-        of this process); with ``sync="always"`` it is also on disk.  Raises
-        ``TypeError``/``ValueError`` for bad arguments and
+        of this process); with ``sync="always"`` it is also on disk.  With ``delay``
+        (seconds) it is not delivered, peeked or counted as ready before that much
+        time has passed, across reopens and crashes (``stats().delayed`` counts it).
+        Raises ``TypeError``/``ValueError`` for bad arguments and
         :class:`MessageTooLargeError` before anything is written.
         """
         if (
@@ -674,11 +685,12 @@ class QueueCore(Closing):
             and priority is _MEDIUM
             and ttl is None
             and dedup_id is None
+            and delay is None
             and self._plain_path
             and len(payload) <= self._max_size
         ):
             return self._append_plain(payload)
-        draft = self._prepare(payload, headers, priority, ttl, dedup_id)
+        draft = self._prepare(payload, headers, priority, ttl, dedup_id, delay)
         return self._append([draft])[0]
 
     # The three append paths below (one plain payload, a plain batch, drafts with
@@ -769,7 +781,12 @@ class QueueCore(Closing):
             if isinstance(item, Item):
                 prepared.append(
                     self._prepare(
-                        item.payload, item.headers, item.priority, item.ttl, item.dedup_id
+                        item.payload,
+                        item.headers,
+                        item.priority,
+                        item.ttl,
+                        item.dedup_id,
+                        item.delay,
                     )
                 )
             else:
@@ -795,22 +812,7 @@ class QueueCore(Closing):
             count = len(to_write)
             segments = len(self._manager.segments)
             try:
-                records = [
-                    encode_entry(
-                        first + i,
-                        now,
-                        draft.payload,
-                        expires_at=None
-                        if draft.expires_in_ns is None
-                        else now + draft.expires_in_ns,
-                        priority=draft.priority,
-                        headers_blob=draft.headers_blob,
-                        compressed=draft.compressed,
-                        # Marks the batch's extent, so recovery can cut a partial one.
-                        batch_continues=i < count - 1,
-                    )
-                    for i, draft in enumerate(to_write)
-                ]
+                records = self._encode_drafts(to_write, first, now)
                 if first + count > self._reserved_until:
                     self._reserve_ids(first + count)
                 self._manager.append(records, [len(r) for r in records], first, now)
@@ -828,6 +830,54 @@ class QueueCore(Closing):
             return list(range(first, first + count))
         fresh_ids = iter(range(first, first + count))
         return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
+
+    def _encode_drafts(self, drafts: list[Draft], first: int, now: int) -> list[bytes]:
+        """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held).
+
+        Before the queue's first delayed entry, meta.json's version is raised (durably).
+        """
+        count = len(drafts)
+        records = [
+            encode_entry(
+                first + i,
+                now,
+                draft.payload,
+                expires_at=None if draft.expires_in_ns is None else now + draft.expires_in_ns,
+                priority=draft.priority,
+                headers_blob=draft.headers_blob,
+                compressed=draft.compressed,
+                # Marks the batch's extent, so recovery can cut a partial one.
+                batch_continues=i < count - 1,
+                deliver_at=None if draft.delay_ns is None else now + draft.delay_ns,
+            )
+            for i, draft in enumerate(drafts)
+        ]
+        if self._keeper.meta.version < DELIVER_AT_VERSION and any(
+            draft.delay_ns is not None for draft in drafts
+        ):
+            self._raise_format_for_delays()
+        return records
+
+    def _learn_format(self) -> None:
+        """Before stats (lock held): whether entries may be delayed is known here (this
+        queue raises the version itself); shared mode reads it from meta.json."""
+
+    def _raise_format_for_delays(self) -> None:
+        """Before the queue's first delayed entry: meta.json version 2, durably (lock held).
+
+        An older ledgerq would skip a delayed entry as corrupt; reading version 2 in
+        meta.json it refuses the queue instead (``segment.meta``).  If the save fails
+        the version stays 1 in memory too, and the append raises with nothing written.
+        """
+        meta = self._keeper.meta  # shared mode replaces it with the file's at each save
+        meta.version = DELIVER_AT_VERSION
+        try:
+            self._save_meta(clean=False)
+        except BaseException:
+            self._keeper.meta.version = FIRST_VERSION
+            raise
+        for core in self._cores.values():
+            core.may_hold_delays = True
 
     def _admit(self, drafts: list[Draft], now: int) -> tuple[list[Draft], dict[int, int]]:
         """Ask the admitting features about each draft (lock held).
@@ -1246,6 +1296,7 @@ class QueueCore(Closing):
         """A snapshot of the queue's figures (see :class:`ledgerq.Stats`)."""
         with self._lock:
             self._ensure_open()
+            self._learn_format()
             now = self._clock.now_ns()
             readers = {name: r._core.stats(now) for name, r in self._readers.items()}
             default = readers[DEFAULT_READER]
@@ -1266,6 +1317,7 @@ class QueueCore(Closing):
                 next_id=self._next_id,
                 readers=readers,
                 lost=self._tally.lost,
+                delayed=default.delayed,
             )
 
     @property

@@ -12,10 +12,14 @@ In memory:
 * the *selector* holds entries available for delivery that the cursor has
   already passed (given back by nack or a lost lease; with priorities, every
   pending entry) and decides the order;
-* ``_leased`` the entries handed out, with their delivery number.
+* ``_leased`` the entries handed out, with their delivery number;
+* ``_delays`` the ids read (or given back) that may not be delivered yet, by due
+  time (``core.delays``): the selector hands out an entry whose ``deliver_at`` lies
+  ahead, the reader parks its id there, and gives the entry back to the selector
+  when it falls due.
 
 The head is the smallest of: the smallest leased id, the selector's smallest
-id, and the cursor's next id.  Every method runs with the queue lock held.
+id, the smallest parked id, and the cursor's next id.  Every method runs with the queue lock held.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import heapq
 import logging
 import os
 import time
+from array import array
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NoReturn
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, NoReturn
 from ledgerq._errors import CorruptionError, LedgerQError, QueueClosedError, UnknownMessageError
 from ledgerq._types import Message, Priority, ReaderStats
 from ledgerq.core.args import check_count, check_id, check_timeout
+from ledgerq.core.delays import NEVER_NS, DelayIndex
 from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.processes import unpicklable
@@ -54,6 +61,7 @@ _DEAD = StateRecordType.DEAD_LETTER
 _EXPIRE = StateRecordType.EXPIRE
 _RELEASE = StateRecordType.RELEASE
 _DATA = int(RecordType.DATA)
+_DELIVER_AT = int(EntryFlags.HAS_DELIVER_AT)
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
 _PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
@@ -116,6 +124,12 @@ class ReaderCore:
         # Leases revoked because retention_max_bytes deleted their segment (the newest
         # _REVOKED_KEPT), for the error their ack or nack then raises.
         self._revoked: dict[int, None] = {}
+        self._delays = DelayIndex()
+        self._due_ns = NEVER_NS  # the delay index's earliest due time, read on every take
+        # Delayed entries found ahead of the cursor, for stats (see _unread_delayed).
+        self._ahead_ids = array("Q")
+        self._ahead_dues = array("q")
+        self._ahead_from = 0
         self._selector: Selector = self._make_selector()
         if is_new:
             self.checkpoint()
@@ -178,6 +192,10 @@ class ReaderCore:
         held = self._selector.min_id()
         if held is not None and held < head:
             head = held
+        if self._delays:
+            parked = self._delays.min_id()
+            if parked is not None and parked < head:
+                head = parked
         return head
 
     # ------------------------------------------------------------------ delivery
@@ -228,6 +246,8 @@ class ReaderCore:
         later dequeue, never delivered meanwhile; its error is raised only if no other
         entry can be delivered.
         """
+        if now_ns >= self._due_ns:
+            self._release_due(now_ns)
         selector = self._selector
         hooks = self._hooks
         deferred: list[Entry] = []
@@ -239,6 +259,8 @@ class ReaderCore:
                     if error is not None:
                         raise error
                     return None
+                if entry.flags & _DELIVER_AT and not self._is_due(entry, now_ns):
+                    continue  # parked until its time
                 if entry.flags & hooks.deliverable_flags and not all(
                     f.deliverable(self, entry, now_ns) for f in hooks.deliverable
                 ):
@@ -263,6 +285,87 @@ class ReaderCore:
         finally:
             for entry in deferred:
                 selector.give_back(entry)
+
+    # ------------------------------------------------------------------ delays
+
+    def _is_due(self, entry: Entry, now_ns: int) -> bool:
+        """Whether a delayed ``entry`` may be delivered at ``now_ns``; if not, park it."""
+        due = entry.deliver_at
+        if due is None or due <= now_ns:
+            return True
+        self._delays.add(due, entry.id)
+        if due < self._due_ns:
+            self._due_ns = due
+        return False
+
+    def _release_due(self, now_ns: int) -> None:
+        """Give the parked entries whose time has come back to the selector.
+
+        Each is read back from the log (the index keeps ids only).  An id settled or
+        leased meanwhile (shared mode: by another handle) is not given back.
+        """
+        selector = self._selector
+        for message_id in self._delays.pop_due(now_ns):
+            if not self._may_release(message_id):
+                continue
+            entry = self._manager.read_entry(message_id)
+            if entry is not None:
+                selector.give_back(entry)
+        self._due_ns = self._delays.next_due_ns
+
+    def _may_release(self, message_id: int) -> bool:
+        """Whether a parked id is still this reader's to deliver."""
+        return message_id not in self._leased and message_id not in self._done
+
+    def next_due_ns(self) -> int | None:
+        """When the earliest parked message falls due (the queue's ns), if any."""
+        return None if self._due_ns == NEVER_NS else self._due_ns
+
+    def delayed(self, now_ns: int) -> int:
+        """Pending messages waiting for their delay (parked, or unread and not due)."""
+        if now_ns >= self._due_ns:
+            self._release_due(now_ns)
+        return len(self._delays) + self._unread_delayed(now_ns)
+
+    def _unread_delayed(self, now_ns: int) -> int:
+        """Delayed entries the cursor has not read yet that are not due at ``now_ns``.
+
+        For stats only, and only once the queue may hold delayed entries (meta.json
+        version 2: :attr:`may_hold_delays`).  The unread log is scanned once; the
+        delayed entries found ahead of the cursor are remembered (16 bytes each) and
+        later calls scan only what was appended since.
+        """
+        if not self.may_hold_delays:
+            return 0
+        ahead_ids, ahead_dues = self._ahead_ids, self._ahead_dues
+        start = self._cursor.next_id
+        cursor = LogCursor(self._manager, max(start, self._ahead_from))
+        while True:
+            entry = cursor.next()
+            if entry is None:
+                break
+            if entry.flags & _DELIVER_AT and entry.deliver_at is not None:
+                ahead_ids.append(entry.id)
+                ahead_dues.append(entry.deliver_at)
+        self._ahead_from = cursor.next_id
+        passed = bisect_left(ahead_ids, start)  # read by the cursor since: parked or gone
+        if passed:
+            del ahead_ids[:passed]
+            del ahead_dues[:passed]
+        skip = self._skip
+        return sum(
+            1
+            for message_id, due in zip(ahead_ids, ahead_dues, strict=True)
+            if due > now_ns and message_id not in skip
+        )
+
+    def _forget_ahead(self) -> None:
+        """The cursor moved other than forward by reading: scan the unread log again."""
+        self._ahead_ids = array("Q")
+        self._ahead_dues = array("q")
+        self._ahead_from = 0
+
+    may_hold_delays = False  # whether an entry may be delayed: set by the queue
 
     def _lease(self, entry: Entry, now: float) -> tuple[Entry, int]:
         """Record the lease of ``entry`` (its LEASE record is written); return it, attempt."""
@@ -465,6 +568,8 @@ class ReaderCore:
         """
         leased = message_id in self._leased
         held = not leased and self._selector.holds(message_id)
+        parked = not leased and not held and bool(self._delays) and message_id in self._delays
+        held = held or parked
         if not leased and not held:  # not read yet, or not pending here at all
             if message_id < self._cursor.next_id or message_id in self._skip:
                 return False
@@ -473,6 +578,9 @@ class ReaderCore:
         self.journal.append(_ACK, [message_id])  # first: if it fails, nothing changed
         if leased:
             del self._leased[message_id]
+        elif parked:
+            self._delays.discard(message_id)
+            self._due_ns = self._delays.next_due_ns
         elif held:
             self._selector.discard(message_id)
         else:
@@ -498,11 +606,15 @@ class ReaderCore:
         while len(self._revoked) > _REVOKED_KEPT:
             del self._revoked[next(iter(self._revoked))]
         lost = len(revoked) + len(self._selector.drop_through(last_id))
+        if self._delays:
+            lost += self._delays.drop_through(last_id)
+            self._due_ns = self._delays.next_due_ns
         start = max(self._cursor.next_id, first_id)
         if start <= last_id:
             # Ids are contiguous inside a segment (as pending() counts them).
             lost += last_id - start + 1 - sum(1 for i in self._skip if start <= i <= last_id)
             self._cursor.seek(last_id + 1)
+            self._forget_ahead()
         self._skip = {i for i in self._skip if i > last_id}
         failed = [i for i in self._deliveries if i <= last_id]
         for message_id in failed:
@@ -539,14 +651,32 @@ class ReaderCore:
         self._unreported.clear()
         self._skip = set()
         self._done = set()
+        self._delays.clear()
+        self._due_ns = NEVER_NS
+        self._forget_ahead()
         self._cursor.seek(target)
         self._selector = self._make_selector()
 
     # ------------------------------------------------------------------ reading ahead
 
     def peek(self, n: int, now_ns: int) -> list[Entry]:
-        """The next ``n`` entries that would be delivered, without leasing them."""
-        return self._selector.peek(n, now_ns)
+        """The next ``n`` entries that would be delivered, without leasing them.
+
+        Never one whose delay has not passed: those ahead are skipped (looking further).
+        """
+        if now_ns >= self._due_ns:
+            self._release_due(now_ns)
+        want = n
+        while True:
+            found = self._selector.peek(want, now_ns)
+            ready = [
+                e
+                for e in found
+                if not e.flags & _DELIVER_AT or e.deliver_at is None or e.deliver_at <= now_ns
+            ]
+            if len(ready) >= n or len(found) < want:
+                return ready[:n]
+            want *= 2
 
     def pending(self) -> int:
         """Messages waiting to be delivered (not leased, not acked)."""
@@ -561,7 +691,7 @@ class ReaderCore:
                 unread += seg.last_id - start + 1
         if self._skip:
             unread -= sum(1 for i in self._skip if i >= start)
-        return max(unread, 0) + self._selector.held()
+        return max(unread, 0) + self._selector.held() + len(self._delays)
 
     def in_flight(self) -> int:
         """Messages leased and not yet acked or nacked."""
@@ -613,6 +743,7 @@ class ReaderCore:
             dead_lettered=self.counters["dead_lettered"],
             head=self.head,
             oldest_pending_age=max(0.0, (now_ns - oldest) / 1e9) if oldest is not None else 0.0,
+            delayed=self.delayed(now_ns),
         )
 
     def _check(self) -> None:
@@ -777,6 +908,11 @@ class Reader:
                     if lease_deadline is not None:
                         until = max(lease_deadline - lease_now, 0.0)
                         remaining = until if remaining is None else min(remaining, until)
+                    due_ns = core.next_due_ns()
+                    if due_ns is not None:
+                        # A timer on the earliest delayed message: it falls due then.
+                        until = max(due_ns - queue._clock_offset_ns - monotonic_ns, 0) / 1e9
+                        remaining = until if remaining is None else min(remaining, until)
                     if queue._prepare_wait():
                         continue  # now watching for other processes' changes: look once more
                     queue._waiting += 1
@@ -916,16 +1052,24 @@ class Reader:
             return self._core.stats(self._queue._clock.now_ns())
 
     def seconds_to_next_expiry(self) -> float | None:
-        """Seconds until the next lease's visibility timeout expires (None: no such lease).
+        """Seconds until a message may become available by time alone (None: none will).
 
-        A waiter that is not blocked in :meth:`dequeue` (e.g. ``ledgerq.aio``) uses
-        this to retry when an expired lease makes a message available again.
+        The next lease whose visibility timeout expires, or the next delayed message
+        that falls due.  A waiter that is not blocked in :meth:`dequeue` (e.g.
+        ``ledgerq.aio``) uses this to retry when time makes a message available.
         """
         queue = self._queue
         with queue._lock:
             deadline = self._core.next_deadline()
             now = queue._clock.lease_time()
-        return None if deadline is None else max(0.0, deadline - now)
+            due_ns = self._core.next_due_ns()
+            now_ns = queue._clock.now_ns()
+        waits = []
+        if deadline is not None:
+            waits.append(max(0.0, deadline - now))
+        if due_ns is not None:
+            waits.append(max(0.0, (due_ns - now_ns) / 1e9))
+        return min(waits) if waits else None
 
     def __len__(self) -> int:
         with self._queue._lock:

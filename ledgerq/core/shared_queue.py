@@ -31,7 +31,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from ledgerq._errors import CorruptionError, QueueClosedError, QueueLockedError, StorageError
+from ledgerq._errors import (
+    CorruptionError,
+    NotAQueueError,
+    QueueClosedError,
+    QueueLockedError,
+    StorageError,
+)
 from ledgerq._options import Options
 from ledgerq._types import ReaderStats, Stats
 from ledgerq.core.args import READER_NAME
@@ -43,7 +49,7 @@ from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
-from ledgerq.format.entry import encode_entry, encode_plain_batch_parts, encode_plain_entry
+from ledgerq.format.entry import encode_plain_batch_parts, encode_plain_entry
 from ledgerq.format.shared_state import (
     SLOT_CORRUPT_SKIPPED,
     SLOT_DUPLICATES,
@@ -57,7 +63,7 @@ from ledgerq.format.shared_state import (
 )
 from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.lock import DirLock, LockFile
-from ledgerq.segment.meta import DamagedMetaError, Meta
+from ledgerq.segment.meta import DELIVER_AT_VERSION, DamagedMetaError, Meta
 from ledgerq.segment.naming import (
     APPEND_NAME,
     LIVE_SUFFIX,
@@ -169,6 +175,8 @@ def save_shared_meta(
             fresh = store.load()
         except (DamagedMetaError, CorruptionError):
             fresh = keeper.meta
+        # A version raised by this handle (its first delayed entry) is never lowered.
+        fresh.version = max(fresh.version, keeper.meta.version)
         manager.remember_reported(
             [(int(a), int(b)) for a, b in fresh.corrupt_regions if isinstance(a, int)]
         )
@@ -707,6 +715,19 @@ class SharedQueueCore(QueueCore):
 
     # ------------------------------------------------------------------ meta.json
 
+    def _learn_format(self) -> None:
+        """Another handle may have written the queue's first delayed entry: look at
+        meta.json's version (until it says so, then never again)."""
+        if self._default._core.may_hold_delays:
+            return
+        try:
+            version = self._meta_store.load().version
+        except (NotAQueueError, CorruptionError):
+            return
+        if version >= DELIVER_AT_VERSION:
+            for core in self._cores.values():
+                core.may_hold_delays = True
+
     def _save_meta(self, *, clean: bool) -> None:
         manager = self._manager
         assert isinstance(manager, SharedSegmentManager)
@@ -849,21 +870,7 @@ class SharedQueueCore(QueueCore):
                 count = len(to_write)
                 segments = len(manager.segments)
                 try:
-                    records = [
-                        encode_entry(
-                            first + i,
-                            now,
-                            draft.payload,
-                            expires_at=None
-                            if draft.expires_in_ns is None
-                            else now + draft.expires_in_ns,
-                            priority=draft.priority,
-                            headers_blob=draft.headers_blob,
-                            compressed=draft.compressed,
-                            batch_continues=i < count - 1,
-                        )
-                        for i, draft in enumerate(to_write)
-                    ]
+                    records = self._encode_drafts(to_write, first, now)
                     if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
                         self._reserve_ids(first + count)
                     manager.append(records, [len(r) for r in records], first, now)
@@ -1075,6 +1082,7 @@ class SharedQueueCore(QueueCore):
             self._ensure_open()
             self._open_readers_on_disk()
             self._manager.refresh()
+            self._learn_format()
             now = self._clock.now_ns()
             readers: dict[str, ReaderStats] = {
                 name: r._core.stats(now) for name, r in self._readers.items()
@@ -1098,6 +1106,7 @@ class SharedQueueCore(QueueCore):
                 next_id=manager.next_id,
                 readers=readers,
                 lost=self._tally.lost,
+                delayed=default.delayed,
             )
 
     # ------------------------------------------------------------------ waiting

@@ -11,6 +11,7 @@ keeps the two in step)::
     14      8     timestamp   i64  enqueue time, ns since the Unix epoch
     22      8     expires_at  i64  [HAS_TTL] ns since the epoch
     ..      1     priority    u8   [HAS_PRIORITY] 0 LOW, 1 MEDIUM, 2 HIGH (absent = MEDIUM)
+    ..      8     deliver_at  i64  [HAS_DELIVER_AT] not before this time, ns since the epoch
     ..      4+n   headers     u32 n, then a msgpack map str -> str  [HAS_HEADERS]
     ..      m     payload     the rest (zstd frame when COMPRESSED)
     end-4   4     crc32       u32  CRC-32 of every byte before it
@@ -33,6 +34,7 @@ from ledgerq.format.errors import CorruptRecord, IncompleteRecord
 
 __all__ = [
     "CRC",
+    "DELIVER_AT",
     "ENTRY_HEADER",
     "EXPIRES_AT",
     "HEADERS_LENGTH",
@@ -77,6 +79,11 @@ class EntryFlags(IntFlag):
     COMPRESSED = 1 << 2
     HAS_PRIORITY = 1 << 3
     BATCH_CONTINUES = 1 << 4
+    # Issue 17: the message may not be delivered before ``deliver_at``.  An older
+    # ledgerq takes the bit for damage, so the first entry carrying it raises
+    # meta.json's version first (``docs/format.md``): an older ledgerq refuses the queue.
+    HAS_DELIVER_AT = 1 << 5
+    # Bit 6 is reserved for issue 17's message group, bit 7 for issue 18's ENCRYPTED.
 
 
 KNOWN_FLAGS = int(
@@ -85,6 +92,7 @@ KNOWN_FLAGS = int(
     | EntryFlags.COMPRESSED
     | EntryFlags.HAS_PRIORITY
     | EntryFlags.BATCH_CONTINUES
+    | EntryFlags.HAS_DELIVER_AT
 )
 KNOWN_TYPES = frozenset(int(t) for t in RecordType)  # every type byte a valid entry may have
 
@@ -94,6 +102,8 @@ EXPIRES_AT = struct.Struct("<q")
 assert EXPIRES_AT.size == 8
 PRIORITY = struct.Struct("<B")
 assert PRIORITY.size == 1
+DELIVER_AT = struct.Struct("<q")
+assert DELIVER_AT.size == 8
 HEADERS_LENGTH = struct.Struct("<I")
 assert HEADERS_LENGTH.size == 4
 CRC = struct.Struct("<I")
@@ -115,6 +125,7 @@ _HAS_HEADERS = int(EntryFlags.HAS_HEADERS)
 _HAS_PRIORITY = int(EntryFlags.HAS_PRIORITY)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
+_HAS_DELIVER_AT = int(EntryFlags.HAS_DELIVER_AT)
 
 _CHECK_BY_COPY = 1024
 # The checksum, bound once under a name of its own: the C function itself (no call layer),
@@ -138,6 +149,7 @@ class Entry(NamedTuple):
     flags: int
     type: int
     size: int
+    deliver_at: int | None = None  # [HAS_DELIVER_AT]: not delivered before (ns)
 
 
 def encode_headers(headers: object) -> bytes:
@@ -188,6 +200,7 @@ def encode_entry(
     compressed: bool = False,
     batch_continues: bool = False,
     record_type: int = RecordType.DATA,
+    deliver_at: int | None = None,
 ) -> bytes:
     """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`.
 
@@ -203,6 +216,8 @@ def encode_entry(
         raise ValueError(f"entry timestamp {timestamp} does not fit an i64")
     if expires_at is not None and not _I64_MIN <= expires_at <= _I64_MAX:
         raise ValueError(f"entry expires_at {expires_at} does not fit an i64")
+    if deliver_at is not None and not _I64_MIN <= deliver_at <= _I64_MAX:
+        raise ValueError(f"entry deliver_at {deliver_at} does not fit an i64")
     if not 0 <= priority <= _MAX_PRIORITY:
         raise ValueError(f"entry priority must be 0, 1 or 2, got {priority}")
     if record_type not in KNOWN_TYPES:
@@ -218,6 +233,10 @@ def encode_entry(
         flags |= _HAS_PRIORITY
         parts.append(PRIORITY.pack(priority))
         extra += 1
+    if deliver_at is not None:
+        flags |= _HAS_DELIVER_AT
+        parts.append(DELIVER_AT.pack(deliver_at))
+        extra += 8
     if headers_blob is not None:
         flags |= _HAS_HEADERS
         parts.append(HEADERS_LENGTH.pack(len(headers_blob)))
@@ -350,6 +369,12 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         if priority > _MAX_PRIORITY:
             raise CorruptRecord(f"invalid priority {priority}", pos)
         at += 1
+    deliver_at: int | None = None
+    if flags & _HAS_DELIVER_AT:
+        if at + 8 > crc_at:
+            raise CorruptRecord("entry too short for its deliver_at field", pos)
+        (deliver_at,) = DELIVER_AT.unpack_from(buf, at)
+        at += 8
     if flags & _HAS_HEADERS:
         if at + 4 > crc_at:
             raise CorruptRecord("entry too short for its headers length", pos)
@@ -361,5 +386,14 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         at += hlen
     payload = bytes(buf[at:crc_at])
     return Entry(
-        message_id, timestamp, expires_at, priority, headers, payload, flags, rtype, length
+        message_id,
+        timestamp,
+        expires_at,
+        priority,
+        headers,
+        payload,
+        flags,
+        rtype,
+        length,
+        deliver_at,
     ), stop

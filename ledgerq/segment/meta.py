@@ -35,8 +35,11 @@ from ledgerq.segment.naming import (
 )
 
 __all__ = [
+    "DELIVER_AT_VERSION",
     "FORMAT_VERSION",
     "OPTIONS_FORMAT",
+    "OPTIONS_VERSION",
+    "FIRST_VERSION",
     "DamagedMetaError",
     "Meta",
     "MetaStore",
@@ -46,8 +49,17 @@ __all__ = [
     "stored_options",
 ]
 
-FORMAT_VERSION = 1
+# The newest meta.json version this ledgerq reads.  Version 2: entries may carry the
+# HAS_DELIVER_AT flag (a delayed message), which an older ledgerq would take for damage
+# and skip.  A queue is written as version 1 until its first delayed message, and the
+# version is raised (durably) before that entry is written: an older ledgerq - and its
+# follow, ship and Spark, which read meta.json first - then refuses the queue ("upgrade
+# ledgerq") instead of losing messages, and reads every queue that never held one.
+FORMAT_VERSION = 2
+FIRST_VERSION = 1  # what a new queue is written as
+DELIVER_AT_VERSION = 2  # the version from which an entry may be delayed
 OPTIONS_FORMAT = "ledgerq-options"
+OPTIONS_VERSION = 1  # options.json is the same in both versions: older ledgerqs read it
 
 
 class DamagedMetaError(NotAQueueError):
@@ -64,7 +76,7 @@ class Meta:
     """The content of ``meta.json``."""
 
     format: str = "ledgerq"
-    version: int = FORMAT_VERSION
+    version: int = FIRST_VERSION  # kept as loaded: raised only by what needs it
     created_ns: int = field(default_factory=time.time_ns)
     clean: bool = True
     next_id: int = 1
@@ -88,7 +100,7 @@ class OptionsCopy:
     """The content of ``options.json``: the stored options, and when the queue was made."""
 
     format: str = OPTIONS_FORMAT
-    version: int = FORMAT_VERSION
+    version: int = OPTIONS_VERSION
     created_ns: int = 0
     options: dict[str, object] = field(default_factory=dict)
 
@@ -147,7 +159,7 @@ class OptionsStore:
         if not isinstance(raw, dict) or raw.get("format") != OPTIONS_FORMAT:
             return None
         version, created, options = raw.get("version"), raw.get("created_ns"), raw.get("options")
-        if type(version) is not int or version > FORMAT_VERSION or not isinstance(options, dict):
+        if type(version) is not int or version > OPTIONS_VERSION or not isinstance(options, dict):
             return None
         return OptionsCopy(
             version=version,
@@ -204,7 +216,7 @@ class MetaStore:
                 f"queue at {os.path.dirname(self.path)} has format version {version!r}; this "
                 f"ledgerq reads version {FORMAT_VERSION} and older - upgrade ledgerq to open it"
             )
-        meta = Meta()
+        meta = Meta(version=max(version, FIRST_VERSION))
         for key in ("created_ns", "next_id", "reserved_until"):
             if isinstance(raw.get(key), int):
                 setattr(meta, key, raw[key])

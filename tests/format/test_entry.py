@@ -47,7 +47,9 @@ FIXED = [
         priority=0,
         headers={"a": ""},
         compressed=True,
+        deliver_at=(1 << 63) - 1,
     ),
+    EntrySpec(id=13, timestamp=13, payload=b"later", deliver_at=13 + 10**9),
 ]
 FIXED_IDS = [f"id{s.id}" for s in FIXED]
 
@@ -122,6 +124,7 @@ def test_flags_say_which_optional_fields_are_present() -> None:
         (EntrySpec(1, 1, b"", priority=2), EntryFlags.HAS_PRIORITY),
         (EntrySpec(1, 1, b"", headers={}), EntryFlags.HAS_HEADERS),
         (EntrySpec(1, 1, b"", compressed=True), EntryFlags.COMPRESSED),
+        (EntrySpec(1, 1, b"", deliver_at=2), EntryFlags.HAS_DELIVER_AT),
     ]
     for spec, flags in cases:
         raw = spec.encode()
@@ -325,9 +328,12 @@ def test_checksummed_but_invalid_fields_are_corrupt() -> None:
     for rtype in (0, 4, 255):
         with pytest.raises(CorruptRecord, match="type"):
             decode_entry(variant(4, rtype))
-    for flags in (1 << 5, 1 << 6, 1 << 7):
+    for flags in (1 << 6, 1 << 7):
         with pytest.raises(CorruptRecord, match="flags"):
             decode_entry(variant(5, flags))
+    # HAS_DELIVER_AT on an entry too short for its field (a 7-byte payload).
+    with pytest.raises(CorruptRecord, match="deliver_at"):
+        decode_entry(variant(5, 1 << 5))
     raw = bytearray(base)
     raw[6:14] = bytes(8)
     with pytest.raises(CorruptRecord, match="id 0"):

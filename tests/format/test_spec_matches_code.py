@@ -28,6 +28,7 @@ from ledgerq.format import index as index_mod
 from ledgerq.format import reader_state as state_mod
 from ledgerq.format.entry import EntryFlags, RecordType, encode_entry
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
+from ledgerq.segment.meta import DELIVER_AT_VERSION
 from tests.strategies import EntrySpec, checkpoints, entry_specs, id_batches, index_entry_lists
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
@@ -230,6 +231,7 @@ def test_entry_optional_fields_match_their_structs() -> None:
     for field, layout in (
         ("expires_at", entry_mod.EXPIRES_AT),
         ("priority", entry_mod.PRIORITY),
+        ("deliver_at", entry_mod.DELIVER_AT),
         ("headers_length", entry_mod.HEADERS_LENGTH),
         ("crc32", entry_mod.CRC),
     ):
@@ -435,6 +437,10 @@ def test_meta_fields() -> None:
         assert type(saved[r["field"]]) is json_types[r["json type"]], r
     assert f"`{saved['format']}`" in row("meta", "format")["meaning"]
     assert f", {saved['version']};" in row("meta", "version")["meaning"]
+    assert (
+        f"; {DELIVER_AT_VERSION} once an entry may carry HAS_DELIVER_AT"
+        in (row("meta", "version")["meaning"])
+    )
 
 
 def test_options_fields() -> None:
