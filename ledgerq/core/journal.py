@@ -16,6 +16,7 @@ from ledgerq.format.reader_state import (
     encode_ids_record,
     encode_lease_by_one,
     encode_lease_by_record,
+    encode_not_before_record,
     encode_reclaim_record,
     encode_state_file_header,
     state_file_version,
@@ -144,6 +145,19 @@ class ReaderJournal(AppendLog):
             self.size += _ONE_ID_RECORD_SIZE
         return self.commit.note_write()
 
+    def append_not_before(self, due_ns: int, ids: list[int], *, nack: bool = False) -> int:
+        """Append a NOT_BEFORE record (after a NACK of ``ids`` with ``nack``, in the same
+        write: a kill never keeps the nack without its delay); return the ticket.
+
+        The file must be version 3 (the caller checkpoints it first).  Raises
+        :class:`StorageError` having written nothing.
+        """
+        record = encode_not_before_record(due_ns, ids)
+        if nack:
+            record = encode_ids_record(StateRecordType.NACK, ids) + record
+        self.append_record(record)
+        return self.commit.note_write()
+
     def postpone_compaction(self) -> None:
         """A compaction failed: try again once the journal has grown some more."""
         if self._low_space:
@@ -208,8 +222,8 @@ class SharedReaderJournal(ReaderJournal):
         self.lease_deadline_ns = 0  # the deadline of the LEASE_BY records written next
 
     def rewrite(self, checkpoint: Checkpoint, *, version: int = 2) -> None:
-        """Replace the journal with ``checkpoint`` (leases included): always version 2."""
-        super().rewrite(checkpoint, version=2)
+        """Replace the journal with ``checkpoint`` (leases included): version 2 at least."""
+        super().rewrite(checkpoint, version=max(version, 2))
 
     def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
         if kind is not StateRecordType.LEASE:

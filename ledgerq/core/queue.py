@@ -56,6 +56,7 @@ from ledgerq.core.reader import (
     entry_to_message,
     initial_checkpoint,
 )
+from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import (
     Entry,
     EntryFlags,
@@ -464,6 +465,7 @@ class QueueCore(Closing):
             self._reader_hooks,
             visibility_timeout=self.options.visibility_timeout,
             start_latest=start_latest,
+            retry_policy=RetryPolicy.from_options(self.options),
         )
 
     def _load_meta(self, copy: OptionsCopy | None) -> Meta:
@@ -1098,9 +1100,9 @@ class QueueCore(Closing):
         """Mark several leased messages done at once (see :meth:`Reader.ack_batch`)."""
         self._default.ack_batch(message_ids)
 
-    def nack(self, message_id: int, reason: str = "") -> None:
+    def nack(self, message_id: int, reason: str = "", *, delay: float | None = None) -> None:
         """Give a leased message back as failed (see :meth:`Reader.nack`)."""
-        self._default.nack(message_id, reason)
+        self._default.nack(message_id, reason, delay=delay)
 
     def release(self, message_id: int) -> None:
         """Give a leased message back unused, not as a failure (see :meth:`Reader.release`)."""

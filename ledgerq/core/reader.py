@@ -36,13 +36,20 @@ from typing import TYPE_CHECKING, NoReturn
 
 from ledgerq._errors import CorruptionError, LedgerQError, QueueClosedError, UnknownMessageError
 from ledgerq._types import Message, Priority, ReaderStats
-from ledgerq.core.args import check_count, check_id, check_timeout
+from ledgerq.core.args import check_count, check_delay, check_id, check_timeout
 from ledgerq.core.delays import NEVER_NS, DelayIndex
 from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.processes import unpicklable
+from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
-from ledgerq.format.reader_state import Checkpoint, StateRecordType
+from ledgerq.format.reader_state import (
+    NOT_BEFORE_VERSION,
+    Checkpoint,
+    StateRecordType,
+    encode_ids_record,
+    encode_not_before_record,
+)
 from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.files import StorageError
 
@@ -97,8 +104,10 @@ class ReaderCore:
         *,
         visibility_timeout: float | None,
         start_latest: bool = False,
+        retry_policy: RetryPolicy | None = None,
     ) -> None:
         self.name = name
+        self._retry_policy = retry_policy
         self.journal = journal
         self._manager = manager
         self._hooks = hooks
@@ -124,6 +133,12 @@ class ReaderCore:
         # Leases revoked because retention_max_bytes deleted their segment (the newest
         # _REVOKED_KEPT), for the error their ack or nack then raises.
         self._revoked: dict[int, None] = {}
+        # id -> not before (ns): a failed delivery's retry delay, or a delayed release;
+        # journalled (NOT_BEFORE records), void once the id is leased again or finished.
+        self._not_before: dict[int, int] = dict(state.not_before)
+        for message_id in self._not_before:
+            # Its failure was reported before its NOT_BEFORE was written: not again.
+            self._reported[message_id] = self._deliveries.get(message_id, 0)
         self._delays = DelayIndex()
         self._due_ns = NEVER_NS  # the delay index's earliest due time, read on every take
         # Delayed entries found ahead of the cursor, for stats (see _unread_delayed).
@@ -261,6 +276,8 @@ class ReaderCore:
                     return None
                 if entry.flags & _DELIVER_AT and not self._is_due(entry, now_ns):
                     continue  # parked until its time
+                if self._not_before and not self._may_retry(entry.id, now_ns):
+                    continue  # parked until its retry time
                 if entry.flags & hooks.deliverable_flags and not all(
                     f.deliverable(self, entry, now_ns) for f in hooks.deliverable
                 ):
@@ -277,6 +294,10 @@ class ReaderCore:
                             entry, failures, _LOST_LEASE, now_ns, give_back=False
                         ):
                             continue
+                        if self._retry_policy is not None and self._retry_later(
+                            entry.id, now_ns + self._retry_policy.delay_ns(failures), now_ns
+                        ):
+                            continue  # a lost lease waits its retry delay too
                     except LedgerQError as exc:
                         deferred.append(entry)
                         error = error or exc
@@ -312,6 +333,44 @@ class ReaderCore:
             if entry is not None:
                 selector.give_back(entry)
         self._due_ns = self._delays.next_due_ns
+
+    def _may_retry(self, message_id: int, now_ns: int) -> bool:
+        """Whether ``message_id`` is past its retry time (if any); if not, park it."""
+        due = self._not_before.get(message_id)
+        if due is None or due <= now_ns:
+            return True
+        self._park(due, message_id)
+        return False
+
+    def _park(self, due_ns: int, message_id: int) -> None:
+        self._delays.add(due_ns, message_id)
+        if due_ns < self._due_ns:
+            self._due_ns = due_ns
+
+    def _retry_later(self, message_id: int, due_ns: int, now_ns: int) -> bool:
+        """Record that ``message_id`` comes back no earlier than ``due_ns``, and park it.
+
+        Writes a NOT_BEFORE record first, so a reopen does not shorten the wait.
+        Returns False (writing nothing) when ``due_ns`` is not in the future.
+        """
+        if due_ns <= now_ns:
+            return False
+        self._append_with_not_before(b"", {message_id: due_ns})
+        self._not_before[message_id] = due_ns
+        self._park(due_ns, message_id)
+        return True
+
+    def _append_with_not_before(self, record: bytes, dues: dict[int, int]) -> int:
+        """Append ``record`` and a NOT_BEFORE record per id of ``dues``, as one write (a
+        kill keeps all or none of them); return the durability ticket."""
+        if self.journal.version < NOT_BEFORE_VERSION:
+            # An older ledgerq must not meet the record: a version 3 file first, which it
+            # refuses by its version (as RELEASE needs version 2).
+            self.checkpoint(version=NOT_BEFORE_VERSION)
+        records = [record]
+        records.extend(encode_not_before_record(due, [i]) for i, due in dues.items())
+        self.journal.append_record(b"".join(records))
+        return self.journal.commit.note_write()
 
     def _may_release(self, message_id: int) -> bool:
         """Whether a parked id is still this reader's to deliver."""
@@ -372,6 +431,8 @@ class ReaderCore:
         message_id = entry.id
         attempt = self._deliveries.get(message_id, 0) + 1
         self._deliveries[message_id] = attempt
+        if self._not_before:
+            self._not_before.pop(message_id, None)  # the LEASE record voids it
         lease = (entry, attempt)
         self._leased[message_id] = lease
         heapq.heappush(self._leased_heap, message_id)
@@ -424,6 +485,8 @@ class ReaderCore:
 
     def _forget(self, message_id: int) -> None:
         self._deliveries.pop(message_id, None)
+        if self._not_before:
+            self._not_before.pop(message_id, None)
         if self._reported:
             self._reported.pop(message_id, None)
         if self._unreported:
@@ -441,9 +504,27 @@ class ReaderCore:
             del self._leased[message_id]
             try:
                 if not self._report_failure(lease[0], attempt, _TIMED_OUT, now_ns):
-                    self._give_back(lease[0])
+                    self._retry_or_give_back(lease[0], attempt, now_ns)
             except LedgerQError as exc:
                 self._move_failed(message_id, exc)  # given back; moved before redelivery
+
+    def _retry_or_give_back(self, entry: Entry, failures: int, now_ns: int) -> None:
+        """After a failed delivery (not dead-lettered): park ``entry`` for the retry
+        policy's delay, or make it available at once (no policy, or the journal
+        refused the delay: logged - the message comes back early rather than never)."""
+        policy = self._retry_policy
+        if policy is not None:
+            try:
+                if self._retry_later(entry.id, now_ns + policy.delay_ns(failures), now_ns):
+                    return
+            except StorageError as exc:
+                logger.warning(
+                    "ledgerq: could not record the retry delay of message %d (%s); it is "
+                    "delivered again at once",
+                    entry.id,
+                    exc,
+                )
+        self._give_back(entry)
 
     def next_deadline(self) -> float | None:
         """Lease time (the queue clock's monotonic seconds) of the next visibility-timeout
@@ -501,22 +582,47 @@ class ReaderCore:
         if len(self._done) > 65536:
             self._prune_done()
 
-    def nack(self, ids: list[int], reason: str, now_ns: int) -> int:
+    def nack(self, ids: list[int], reason: str, now_ns: int, delay_ns: int | None = None) -> int:
         """Fail leased ids (checked by the caller); return the journal ticket.
 
-        Raises having changed nothing if the NACK record cannot be written.  Once it is,
-        the nack has happened: a move to the DLQ that fails then (a full disk) does not
-        raise - the message is held back and moved before it can be delivered again.
+        Each comes back no earlier than ``delay_ns`` from ``now_ns``, or (None) its
+        retry policy's delay for its attempt; the delay is written with the NACK record,
+        in the same write.  Raises having changed nothing if that cannot be written.
+        Once it is, the nack has happened: a move to the DLQ that fails then (a full
+        disk) does not raise - the message is held back and moved before it can be
+        delivered again.
         """
-        ticket = self.journal.append(_NACK, ids)
+        dues: dict[int, int] = {}
+        policy = self._retry_policy
+        for message_id in ids:
+            if delay_ns is not None:
+                wait = delay_ns
+            elif policy is not None:
+                wait = policy.delay_ns(self._leased[message_id][1])
+            else:
+                continue
+            if wait > 0:
+                dues[message_id] = now_ns + wait
+        if not dues:
+            ticket = self.journal.append(_NACK, ids)
+        else:
+            ticket = self._append_with_not_before(encode_ids_record(_NACK, ids), dues)
         self.counters["nacked"] += len(ids)
         for message_id in ids:
             entry, attempt = self._leased.pop(message_id)
+            due = dues.get(message_id)
+            if due is not None:
+                self._not_before[message_id] = due
             try:
-                if not self._report_failure(entry, attempt, reason, now_ns):
-                    self._give_back(entry)
+                if self._report_failure(entry, attempt, reason, now_ns):
+                    continue  # dead-lettered (its NOT_BEFORE forgotten with it)
             except LedgerQError as exc:
                 self._move_failed(message_id, exc)
+                continue
+            if due is not None:
+                self._park(due, message_id)
+            else:
+                self._give_back(entry)
         return ticket
 
     def release(self, ids: list[int]) -> int:
@@ -653,6 +759,7 @@ class ReaderCore:
         self._done = set()
         self._delays.clear()
         self._due_ns = NEVER_NS
+        self._not_before.clear()
         self._forget_ahead()
         self._cursor.seek(target)
         self._selector = self._make_selector()
@@ -713,7 +820,10 @@ class ReaderCore:
         self._skip = {i for i in self._skip if i >= head}
         done = sorted(self._done | self._skip)
         deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
-        checkpoint = Checkpoint(head, done, deliveries, dict(self.counters))
+        not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
+        if not_before:
+            version = max(version, NOT_BEFORE_VERSION)
+        checkpoint = Checkpoint(head, done, deliveries, dict(self.counters), [], not_before)
         self.journal.rewrite(checkpoint, version=version)
 
     def maybe_compact(self) -> None:
@@ -982,22 +1092,28 @@ class Reader:
         if len(segments) > 1 and self._core.has_read_past(segments[0].last_id):
             self._queue._retire_after_settle(self._core)
 
-    def nack(self, message_id: int, reason: str = "") -> None:
+    def nack(self, message_id: int, reason: str = "", *, delay: float | None = None) -> None:
         """Give a leased message back as failed: it is delivered again with attempts + 1.
 
-        After ``max_retries`` failed deliveries it moves to the dead-letter queue
-        instead.  Raises :class:`UnknownMessageError` if the id is not leased by
-        this reader.
+        Not before ``delay`` seconds from now; with ``delay=None`` after the retry
+        policy's delay for this attempt (options ``retry_delay``, ``retry_backoff``,
+        ``retry_delay_max``, ``retry_jitter``; none by default).  The delay is durable
+        with the nack: a reopen does not shorten it.  After ``max_retries`` failed
+        deliveries it moves to the dead-letter queue instead.  Raises
+        :class:`UnknownMessageError` if the id is not leased by this reader,
+        ``TypeError``/``ValueError`` for a bad ``delay`` (nothing changed).
         """
         message_id = check_id(message_id)
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        seconds = check_delay(delay)
+        delay_ns = None if seconds is None else int(seconds * 1_000_000_000)
         queue = self._queue
         core = self._core
         with queue._lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            ticket = core.nack([message_id], reason, queue._clock.now_ns())
+            ticket = core.nack([message_id], reason, queue._clock.now_ns(), delay_ns)
             self._retire_if_passed_oldest()  # a move to the DLQ may finish the oldest segment
             if queue._waiting or queue._listeners:
                 queue._wake()

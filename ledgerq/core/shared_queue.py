@@ -48,6 +48,7 @@ from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, attempt
 from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
+from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
 from ledgerq.format.entry import encode_plain_batch_parts, encode_plain_entry
 from ledgerq.format.shared_state import (
@@ -676,6 +677,7 @@ class SharedQueueCore(QueueCore):
             lock=self._reader_lock(name),
             clock=self._clock,
             first=self.is_alone,
+            retry_policy=RetryPolicy.from_options(self.options),
         )
 
     def _new_holdings(self) -> Holdings:

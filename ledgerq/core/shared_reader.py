@@ -38,10 +38,17 @@ from collections.abc import Callable, Iterable
 from ledgerq._errors import QueueClosedError, UnknownMessageError
 from ledgerq._types import ReaderStats
 from ledgerq.core.clock import QueueClock
+from ledgerq.core.delays import NEVER_NS
 from ledgerq.core.journal import ReaderRemovedError, SharedReaderJournal
 from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, ReaderCore, ReaderHooks
+from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import Entry, RecordType
-from ledgerq.format.reader_state import Checkpoint, ReclaimCause, StateRecordType
+from ledgerq.format.reader_state import (
+    NOT_BEFORE_VERSION,
+    Checkpoint,
+    ReclaimCause,
+    StateRecordType,
+)
 from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.files import StorageError
 from ledgerq.segment.lock import LockFile
@@ -55,6 +62,7 @@ logger = logging.getLogger("ledgerq")
 _LEASE = StateRecordType.LEASE
 _LEASE_BY = StateRecordType.LEASE_BY
 _RECLAIM = StateRecordType.RECLAIM
+_NOT_BEFORE = StateRecordType.NOT_BEFORE
 _NACK = StateRecordType.NACK
 _RELEASE = StateRecordType.RELEASE
 _ACK = StateRecordType.ACK
@@ -93,6 +101,7 @@ class SharedReaderCore(ReaderCore):
         lock: LockFile,
         clock: QueueClock,
         first: bool = False,
+        retry_policy: RetryPolicy | None = None,
     ) -> None:
         self._lock_file = lock
         self._shared_journal = journal
@@ -120,6 +129,7 @@ class SharedReaderCore(ReaderCore):
                 hooks,
                 visibility_timeout=visibility_timeout,
                 start_latest=start_latest,
+                retry_policy=retry_policy,
             )
             state = journal.loaded
             if state is not None and not first:
@@ -221,6 +231,7 @@ class SharedReaderCore(ReaderCore):
                     if reported.get(message_id, 0) < before:
                         reported[message_id] = before
                     back.discard(message_id)
+                    self._not_before.pop(message_id, None)
                     if message_id in self._leased and holder != me:
                         self._revoke(message_id, "another handle leased it after it expired")
                     if message_id < cursor_next:
@@ -250,6 +261,16 @@ class SharedReaderCore(ReaderCore):
             elif kind is _RECLAIM:
                 holder, cause, ids = body[0], body[1], body[2:]
                 self._apply_reclaim(holder, cause, ids, back, cursor_next)
+            elif kind is _NOT_BEFORE:
+                # Another handle's failed delivery (or delayed release) waits: its NACK
+                # or RELEASE just before made it available - park it instead.
+                due = body[0]
+                for message_id in body[1:]:
+                    self._not_before[message_id] = due
+                    reported[message_id] = deliveries.get(message_id, 0)
+                    if message_id in back:
+                        back.discard(message_id)
+                        self._park(due, message_id)
             else:  # ACK, DEAD_LETTER, EXPIRE: finished
                 counter = (
                     "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
@@ -345,8 +366,16 @@ class SharedReaderCore(ReaderCore):
         self._reported = {i: n for i, n in self._reported.items() if i in self._deliveries}
         self._cursor = LogCursor(manager, head)
         self._selector = self._make_selector()
+        # Parked ids are read again from the new cursor, and parked again if not due.
+        self._not_before = dict(checkpoint.not_before)
+        self._delays.clear()
+        self._due_ns = NEVER_NS
+        self._forget_ahead()
 
     # ------------------------------------------------------------------ the log
+
+    def _may_release(self, message_id: int) -> bool:
+        return super()._may_release(message_id) and message_id not in self._foreign
 
     def read_next(self) -> Entry | None:
         skip = self._skip
@@ -521,12 +550,12 @@ class SharedReaderCore(ReaderCore):
         finally:
             self._leave()
 
-    def nack(self, ids: list[int], reason: str, now_ns: int) -> int:
+    def nack(self, ids: list[int], reason: str, now_ns: int, delay_ns: int | None = None) -> int:
         self._enter()
         try:
             for message_id in ids:
                 self.check_leased(message_id)
-            return super().nack(ids, reason, now_ns)
+            return super().nack(ids, reason, now_ns, delay_ns)
         finally:
             self._leave()
 
@@ -713,8 +742,10 @@ class SharedReaderCore(ReaderCore):
                 leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
                 leases.extend((i, h, deadline) for i, (h, deadline) in self._foreign.items())
                 leases.sort()
+            not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
             self.journal.rewrite(
-                Checkpoint(head, done, deliveries, dict(self.counters), leases), version=2
+                Checkpoint(head, done, deliveries, dict(self.counters), leases, not_before),
+                version=NOT_BEFORE_VERSION if not_before else max(version, 2),
             )
         finally:
             self._leave()

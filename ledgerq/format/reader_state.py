@@ -26,14 +26,20 @@ not-yet-acked message has been delivered.  It lives in an append-only journal
                    (shared mode) the holder's leases of these ids are void: the
                    messages are available again, each lease a failed delivery
                    (cause 1: the holder closed or died; 2: its deadline passed)
+    NOT_BEFORE body: due_ns u64, then one or more u64 ids
+                   (version 3) a failed delivery of these ids is retried no earlier
+                   than ``due_ns`` (the queue's time): the retry policy's delay, or
+                   ``nack(..., delay=)``; void once the id is leased or finished
     CHECKPOINT body: a msgpack array
-        [head, done_ids, deliveries, counters]          (version 1 and 2)
-        [head, done_ids, deliveries, counters, leases]  (version 2 only)
+        [head, done_ids, deliveries, counters]          (version 1 to 3)
+        [head, done_ids, deliveries, counters, leases]  (version 2 and 3)
+        [head, done_ids, deliveries, counters, leases, not_before]  (version 3 only)
       head        int            lowest id that may still need delivering
       done_ids    [int, ...]     ids > head already acked
       deliveries  [[id, n], ...] deliveries so far of each id not acked
       counters    {str: int}     acked, nacked, expired, dead_lettered, ...
       leases      [[id, holder, deadline_ns], ...]  live shared-mode leases
+      not_before    [[id, due_ns], ...]  pending retry delays (NOT_BEFORE not yet void)
     Every id and count is an int in 0..2**64-1; anything else is a corrupt checkpoint.
 
 The journal starts with a CHECKPOINT and is rewritten (temp file, fsync, rename)
@@ -57,6 +63,7 @@ __all__ = [
     "STATE_MAGIC",
     "STATE_RECORD_HEADER",
     "STATE_VERSION",
+    "NOT_BEFORE_VERSION",
     "V1_TYPES_END",
     "ReclaimCause",
     "MIN_STATE_RECORD_SIZE",
@@ -71,19 +78,23 @@ __all__ = [
     "encode_lease_by_one",
     "encode_lease_by_record",
     "encode_reclaim_record",
+    "encode_not_before_record",
     "encode_state_file_header",
     "plausible_record_length",
     "state_file_version",
 ]
 
 STATE_MAGIC = b"LQRS"
-STATE_VERSION = 2  # the newest version written; 1 and 2 are read
+STATE_VERSION = 3  # the newest version written; 1 to 3 are read
 # Version 1 files hold only the types below RELEASE.  A file gets version 2 only when a
 # newer record is about to be written into it (the journal is checkpointed first), and a
 # checkpoint-only rewrite of an exclusive queue is version 1 again: an older ledgerq reads
 # every journal that holds nothing it cannot read, and refuses the others by their
 # version, never misreads.  Version 2 adds RELEASE, LEASE_BY and RECLAIM, and the
-# checkpoint's fifth element (leases); shared mode writes version 2 files only.
+# checkpoint's fifth element (leases); shared mode writes version 2 files (or 3).
+# Version 3 adds NOT_BEFORE and the checkpoint's sixth element (not_before): a file gets it
+# only when a retry delay is about to be written into it, the same way.
+NOT_BEFORE_VERSION = 3
 V1_TYPES_END = 7
 STATE_FILE_HEADER = struct.Struct("<4sI")
 assert STATE_FILE_HEADER.size == 8
@@ -108,6 +119,7 @@ class StateRecordType(IntEnum):
     RELEASE = 7  # version 2
     LEASE_BY = 8  # version 2: a lease with its holder and deadline (shared mode)
     RECLAIM = 9  # version 2: a holder's leases made void (shared mode)
+    NOT_BEFORE = 10  # version 3: a failed delivery retried no earlier than a time
 
 
 class ReclaimCause(IntEnum):
@@ -131,18 +143,21 @@ _ID_TYPES = frozenset(
         StateRecordType.RELEASE,
         StateRecordType.LEASE_BY,
         StateRecordType.RECLAIM,
+        StateRecordType.NOT_BEFORE,
     )
 )
 # Types whose body starts with two u64 fields (holder, deadline or cause) before the ids.
 _HELD_TYPES = frozenset((StateRecordType.LEASE_BY, StateRecordType.RECLAIM))
 _HELD_TYPE_VALUES = frozenset(int(t) for t in _HELD_TYPES)
+_NOT_BEFORE = StateRecordType.NOT_BEFORE
 
 
 class Checkpoint(NamedTuple):
     """A reader's whole state at one moment.
 
     ``leases`` (shared mode, version 2 files only) are the live leases as ``(id,
-    holder, deadline_ns)``; an exclusive queue's checkpoint has none.
+    holder, deadline_ns)``; an exclusive queue's checkpoint has none.  ``not_before``
+    (version 3 files only) are the pending retry delays as ``(id, due_ns)``.
     """
 
     head: int
@@ -150,6 +165,7 @@ class Checkpoint(NamedTuple):
     deliveries: list[tuple[int, int]]
     counters: dict[str, int]
     leases: Sequence[tuple[int, int, int]] = []  # never mutated: NamedTuple fields are set once
+    not_before: Sequence[tuple[int, int]] = []
 
 
 def encode_state_file_header(version: int = 1) -> bytes:
@@ -204,6 +220,8 @@ def encode_ids_record(record_type: StateRecordType, ids: list[int] | tuple[int, 
     """Return a LEASE, ACK, NACK, DEAD_LETTER, EXPIRE or RELEASE record naming ``ids``."""
     if record_type in _HELD_TYPES:
         raise ValueError(f"{record_type!r} needs its holder: use its own encoder")
+    if record_type is _NOT_BEFORE:
+        raise ValueError(f"{record_type!r} needs its due time: use its own encoder")
     if len(ids) == 1 and record_type in _ID_TYPES and 0 <= ids[0] < 1 << 64:
         framed = _ONE_ID.pack(_ONE_ID_LENGTH, record_type, ids[0])
         return framed + _CRC.pack(checksum(framed))
@@ -243,6 +261,13 @@ def encode_lease_by_one(holder: int, deadline_ns: int, message_id: int) -> bytes
     return framed + _pack_crc(checksum(framed))
 
 
+def encode_not_before_record(due_ns: int, ids: list[int] | tuple[int, ...]) -> bytes:
+    """Return a NOT_BEFORE record: ``ids`` are retried no earlier than ``due_ns``."""
+    if not ids:
+        raise ValueError("an ids record needs at least one id")
+    return _frame(StateRecordType.NOT_BEFORE, struct.pack(f"<{len(ids) + 1}Q", due_ns, *ids))
+
+
 def encode_reclaim_record(
     holder: int, cause: ReclaimCause, ids: list[int] | tuple[int, ...]
 ) -> bytes:
@@ -255,7 +280,12 @@ def _is_u64(value: object) -> bool:
 
 
 def _checkpoint_problem(
-    head: object, done: object, deliveries: object, counters: object, leases: object = ()
+    head: object,
+    done: object,
+    deliveries: object,
+    counters: object,
+    leases: object = (),
+    not_before: object = (),
 ) -> str:
     """Return what makes these fields an invalid checkpoint; "" when they are valid.
 
@@ -280,6 +310,11 @@ def _checkpoint_problem(
         for lease in leases
     ):
         return "leases are not an array of [id, holder, deadline_ns] triples of u64"
+    if not isinstance(not_before, list | tuple) or not all(
+        isinstance(pair, list | tuple) and len(pair) == 2 and _is_u64(pair[0]) and _is_u64(pair[1])
+        for pair in not_before
+    ):
+        return "not_before is not an array of [id, due_ns] pairs of u64"
     return ""
 
 
@@ -288,22 +323,25 @@ def encode_checkpoint(checkpoint: Checkpoint, *, shared: bool = False) -> bytes:
 
     ``shared`` writes the five-element form with the live leases (version 2 files
     only); otherwise the four-element form, which every version reads, and
-    ``checkpoint.leases`` must be empty.
+    ``checkpoint.leases`` must be empty.  Pending retry delays add a sixth element
+    (version 3 files only).
 
     Raises ``ValueError`` for a checkpoint :func:`decode_checkpoint` would reject
     (negative or non-int ids and counts, non-str counter names): such a record would
     make the reader's journal unreadable on the next open.
     """
-    head, done, deliveries, counters, leases = checkpoint
+    head, done, deliveries, counters, leases, not_before = checkpoint
     counters = dict(counters)
-    problem = _checkpoint_problem(head, done, deliveries, counters, leases)
+    problem = _checkpoint_problem(head, done, deliveries, counters, leases, not_before)
     if problem:
         raise ValueError(f"invalid reader checkpoint: {problem}")
     fields: list[Any] = [head, list(done), [list(pair) for pair in deliveries], counters]
-    if shared:
+    if shared or not_before:
         fields.append([list(lease) for lease in leases])
-    elif leases:
+    if leases and not shared:
         raise ValueError("invalid reader checkpoint: leases belong in a shared-mode checkpoint")
+    if not_before:
+        fields.append([list(pair) for pair in not_before])
     body = msgpack.packb(fields, use_bin_type=True)
     return _frame(StateRecordType.CHECKPOINT, body)
 
@@ -317,11 +355,12 @@ def decode_checkpoint(body: bytes, pos: int = 0) -> Checkpoint:
         value: Any = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise CorruptRecord(f"malformed reader checkpoint ({exc})", pos) from None
-    if type(value) is not list or len(value) not in (4, 5):
-        raise CorruptRecord("malformed reader checkpoint (not an array of 4 or 5 fields)", pos)
+    if type(value) is not list or len(value) not in (4, 5, 6):
+        raise CorruptRecord("malformed reader checkpoint (not an array of 4 to 6 fields)", pos)
     head, done, deliveries, counters = value[:4]
-    leases = value[4] if len(value) == 5 else []
-    problem = _checkpoint_problem(head, done, deliveries, counters, leases)
+    leases = value[4] if len(value) >= 5 else []
+    not_before = value[5] if len(value) == 6 else []
+    problem = _checkpoint_problem(head, done, deliveries, counters, leases, not_before)
     if problem:
         raise CorruptRecord(f"malformed reader checkpoint ({problem})", pos)
     return Checkpoint(
@@ -330,6 +369,7 @@ def decode_checkpoint(body: bytes, pos: int = 0) -> Checkpoint:
         [(i, n) for i, n in deliveries],
         counters,
         [(i, h, d) for i, h, d in leases],
+        [(i, d) for i, d in not_before],
     )
 
 
@@ -350,6 +390,8 @@ def plausible_record_length(buf: bytes | bytearray | memoryview, pos: int) -> in
         return 0
     if record_type in _HELD_TYPE_VALUES and body < 24:
         return 0
+    if record_type == _NOT_BEFORE and body < 16:
+        return 0
     return int(length)
 
 
@@ -359,8 +401,8 @@ def decode_state_record(
     """Decode the record at ``pos``; return its type, its body and the next offset.
 
     The body is the raw bytes for CHECKPOINT (see :func:`decode_checkpoint`) and a
-    tuple of u64 for the others: the ids, after the holder and the deadline (LEASE_BY)
-    or the cause (RECLAIM) for those two.
+    tuple of u64 for the others: the ids, after the holder and the deadline (LEASE_BY),
+    the holder and the cause (RECLAIM), or the due time (NOT_BEFORE).
     """
     end = len(buf)
     if end - pos < STATE_RECORD_HEADER.size:
@@ -380,6 +422,11 @@ def decode_state_record(
         raise CorruptRecord(f"unknown reader state record type {record_type}", pos)
     if kind is StateRecordType.CHECKPOINT:
         return kind, body, stop
-    if not body or len(body) % 8 or (kind in _HELD_TYPES and len(body) < 24):
+    if (
+        not body
+        or len(body) % 8
+        or (kind in _HELD_TYPES and len(body) < 24)
+        or (kind is _NOT_BEFORE and len(body) < 16)
+    ):
         raise CorruptRecord("reader state ids record of bad size", pos)
     return kind, struct.unpack(f"<{len(body) // 8}Q", body), stop

@@ -22,6 +22,7 @@ from ledgerq.format import (
     encode_checkpoint,
     encode_ids_record,
     encode_lease_by_record,
+    encode_not_before_record,
     encode_reclaim_record,
     encode_state_file_header,
     state_file_version,
@@ -37,9 +38,14 @@ from tests.strategies import U64_MAX, checkpoints, id_batches
 
 # Every record type but CHECKPOINT carries a batch of ids; LEASE_BY and RECLAIM carry two
 # more u64 first (the holder, and a deadline or a cause) and have encoders of their own.
+# NOT_BEFORE carries one u64 first (the due time) and has its own encoder too.
 HELD_TYPES = [StateRecordType.LEASE_BY, StateRecordType.RECLAIM]
 ID_TYPES = [
-    t for t in StateRecordType if t is not StateRecordType.CHECKPOINT and t not in HELD_TYPES
+    t
+    for t in StateRecordType
+    if t is not StateRecordType.CHECKPOINT
+    and t not in HELD_TYPES
+    and t is not StateRecordType.NOT_BEFORE
 ]
 UNKNOWN_TYPES = [0, max(StateRecordType) + 1, 255]
 
@@ -53,6 +59,8 @@ FIXED = [
     encode_lease_by_record(0xABCDEF, 1_700_000_000_000_000_000, [4, 5]),
     encode_reclaim_record(0xABCDEF, ReclaimCause.GONE, [4]),
     encode_checkpoint(CHECKPOINT._replace(leases=[(5, 0xABCDEF, 0)]), shared=True),
+    encode_not_before_record(1_700_000_000_000_000_000, [6]),
+    encode_checkpoint(CHECKPOINT._replace(not_before=[(6, 1_700_000_000_000_000_000)])),
 ]
 
 
@@ -91,18 +99,50 @@ def test_file_header_bad_magic_or_version_is_corrupt() -> None:
     for magic in (b"LQRT", b"LQIX", b"\x00" * 4):
         with pytest.raises(CorruptRecord, match="magic"):
             decode_state_file_header(STATE_FILE_HEADER.pack(magic, STATE_VERSION))
-    for version in (0, 3, 0xFFFFFFFF):
+    for version in (0, STATE_VERSION + 1, 0xFFFFFFFF):
         with pytest.raises(CorruptRecord, match="version"):
             decode_state_file_header(STATE_FILE_HEADER.pack(STATE_MAGIC, version))
 
 
-def test_both_versions_are_read_and_version_2_is_written_on_request() -> None:
-    for version in (1, 2):
+def test_every_version_is_read_and_newer_ones_are_written_on_request() -> None:
+    for version in (1, 2, 3):
         header = encode_state_file_header(version)
         assert state_file_version(header) == version
         assert decode_state_file_header(header) == 8
-    with pytest.raises(ValueError, match="version 3"):
-        encode_state_file_header(3)
+    with pytest.raises(ValueError, match="version 4"):
+        encode_state_file_header(4)
+
+
+@settings(max_examples=30)
+@given(due=st.integers(0, U64_MAX), ids=id_batches)
+def test_not_before_record_round_trip(due: int, ids: list[int]) -> None:
+    raw = encode_not_before_record(due, ids)
+    assert len(raw) == 9 + 8 + 8 * len(ids)
+    got, body, stop = decode_state_record(raw, 0)
+    assert got is StateRecordType.NOT_BEFORE
+    assert body == (due, *ids)
+    assert stop == len(raw)
+
+
+def test_not_before_record_without_an_id_is_corrupt() -> None:
+    with pytest.raises(CorruptRecord):
+        decode_state_record(frame(StateRecordType.NOT_BEFORE, struct.pack("<Q", 1)), 0)
+    with pytest.raises(ValueError, match="due time"):
+        encode_ids_record(StateRecordType.NOT_BEFORE, [1])
+    with pytest.raises(ValueError, match="at least one id"):
+        encode_not_before_record(1, [])
+
+
+def test_checkpoint_carries_the_retry_times_in_a_sixth_element() -> None:
+    cp = CHECKPOINT._replace(not_before=[(5, 99), (6, 100)])
+    body = encode_checkpoint(cp)[5:-4]
+    fields = msgpack.unpackb(body)
+    assert fields[4:] == [[], [[5, 99], [6, 100]]]
+    assert decode_checkpoint(body) == cp
+    shared = cp._replace(leases=[(5, 7, 0)])
+    assert decode_checkpoint(encode_checkpoint(shared, shared=True)[5:-4]) == shared
+    # Without retry times the four-element form every version reads.
+    assert len(msgpack.unpackb(encode_checkpoint(CHECKPOINT)[5:-4])) == 4
 
 
 # ---------------------------------------------------------------- round trips

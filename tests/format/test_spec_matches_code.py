@@ -300,13 +300,17 @@ def test_state_types() -> None:
     assert {r["name"]: int(r["value"]) for r in rows} == {t.name: t.value for t in StateRecordType}
     for r in rows:
         kind = StateRecordType[r["name"]]
-        assert r["body"] in ("ids", "checkpoint", *HELD_BODIES), r
+        assert r["body"] in ("ids", "checkpoint", "due_ns, ids", *HELD_BODIES), r
         if r["body"] == "ids":
             encode_state_ids = state_mod.encode_ids_record(kind, [1])
             assert encode_state_ids[4] == kind
         elif r["body"] == "checkpoint":
             with pytest.raises(ValueError, match="does not carry ids"):
                 state_mod.encode_ids_record(kind, [1])
+        elif r["body"] == "due_ns, ids":
+            record = state_mod.encode_not_before_record(9, [1, 5])
+            decoded, body, _ = state_mod.decode_state_record(record, 0)
+            assert (decoded, body) == (kind, (9, 1, 5))
         else:
             # Two u64 as named, then the ids: the decoded body is (first, second, *ids).
             record = HELD_BODIES[r["body"]](7, 2, [1, 5])
@@ -460,7 +464,14 @@ def test_options_fields() -> None:
 def test_checkpoint_table() -> None:
     rows = table("checkpoint")
     assert [int(r["index"]) for r in rows] == list(range(len(Checkpoint._fields)))
-    assert [r["field"] for r in rows] == ["head", "done_ids", "deliveries", "counters", "leases"]
+    assert [r["field"] for r in rows] == [
+        "head",
+        "done_ids",
+        "deliveries",
+        "counters",
+        "leases",
+        "not_before",
+    ]
 
 
 # ---------------------------------------------------------------- decoding by the tables
@@ -477,6 +488,7 @@ def test_tables_decode_entries(spec: EntrySpec) -> None:
     assert values["id"] == spec.id
     assert values["timestamp"] == spec.timestamp
     assert values.get("expires_at") == spec.expires_at
+    assert values.get("deliver_at") == spec.deliver_at
     assert values.get("priority", doc_default_priority()) == spec.priority
     assert values.get("headers") == spec.headers
     assert values["payload"] == spec.payload
