@@ -153,13 +153,17 @@ class AsyncReader:
         """Ack several leased messages at once (see :meth:`ledgerq.Reader.ack_batch`)."""
         await asyncio.to_thread(self._reader.ack_batch, list(message_ids))
 
-    async def nack(self, message_id: int, reason: str = "") -> None:
+    async def nack(self, message_id: int, reason: str = "", *, delay: float | None = None) -> None:
         """Give a leased message back as failed (see :meth:`ledgerq.Reader.nack`)."""
-        await asyncio.to_thread(self._reader.nack, message_id, reason)
+        await asyncio.to_thread(self._reader.nack, message_id, reason, delay=delay)
 
-    async def release(self, message_id: int) -> None:
+    async def release(self, message_id: int, *, delay: float | None = None) -> None:
         """Give a leased message back unused, not a failure (see :meth:`ledgerq.Reader.release`)."""
-        await asyncio.to_thread(self._reader.release, message_id)
+        await asyncio.to_thread(self._reader.release, message_id, delay=delay)
+
+    async def touch(self, message_id: int, seconds: float | None = None) -> None:
+        """Extend a lease (see :meth:`ledgerq.Reader.touch`); runs in a thread."""
+        await asyncio.to_thread(self._reader.touch, message_id, seconds)
 
     async def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` messages this reader would get, without leasing them."""
@@ -274,13 +278,18 @@ class AsyncQueue:
         """Ack several leased messages with one record and at most one fsync."""
         await self._default.ack_batch(message_ids)
 
-    async def nack(self, message_id: int, reason: str = "") -> None:
-        """Give a leased message back as failed: delivered again, or dead-lettered."""
-        await self._default.nack(message_id, reason)
+    async def nack(self, message_id: int, reason: str = "", *, delay: float | None = None) -> None:
+        """Give a leased message back as failed: delivered again (after ``delay`` seconds,
+        or the retry policy's), or dead-lettered."""
+        await self._default.nack(message_id, reason, delay=delay)
 
-    async def release(self, message_id: int) -> None:
+    async def release(self, message_id: int, *, delay: float | None = None) -> None:
         """Give a leased message back unused: same ``attempts`` next time, no step to the DLQ."""
-        await self._default.release(message_id)
+        await self._default.release(message_id, delay=delay)
+
+    async def touch(self, message_id: int, seconds: float | None = None) -> None:
+        """Keep a lease: it now expires ``seconds`` (default the visibility timeout) from now."""
+        await self._default.touch(message_id, seconds)
 
     async def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` pending messages, without leasing them."""

@@ -16,9 +16,9 @@ from ledgerq.format.reader_state import (
     encode_ids_record,
     encode_lease_by_one,
     encode_lease_by_record,
-    encode_not_before_record,
     encode_reclaim_record,
     encode_state_file_header,
+    encode_touch_record,
     state_file_version,
 )
 from ledgerq.segment.appendlog import AppendLog
@@ -145,19 +145,6 @@ class ReaderJournal(AppendLog):
             self.size += _ONE_ID_RECORD_SIZE
         return self.commit.note_write()
 
-    def append_not_before(self, due_ns: int, ids: list[int], *, nack: bool = False) -> int:
-        """Append a NOT_BEFORE record (after a NACK of ``ids`` with ``nack``, in the same
-        write: a kill never keeps the nack without its delay); return the ticket.
-
-        The file must be version 3 (the caller checkpoints it first).  Raises
-        :class:`StorageError` having written nothing.
-        """
-        record = encode_not_before_record(due_ns, ids)
-        if nack:
-            record = encode_ids_record(StateRecordType.NACK, ids) + record
-        self.append_record(record)
-        return self.commit.note_write()
-
     def postpone_compaction(self) -> None:
         """A compaction failed: try again once the journal has grown some more."""
         if self._low_space:
@@ -242,6 +229,13 @@ class SharedReaderJournal(ReaderJournal):
     def append_reclaim(self, holder: int, cause: ReclaimCause, ids: list[int]) -> int:
         """Append a RECLAIM of ``holder``'s leases of ``ids``; return the durability ticket."""
         self.append_record(encode_reclaim_record(holder, cause, ids))
+        return self.commit.note_write()
+
+    def append_touch(self, deadline_ns: int, ids: list[int]) -> int:
+        """Append a TOUCH of this handle's leases of ``ids``; return the durability ticket.
+
+        The file must be version 3 (the caller checkpoints it first)."""
+        self.append_record(encode_touch_record(self.holder, deadline_ns, ids))
         return self.commit.note_write()
 
     def has_news(self) -> os.stat_result | None:

@@ -1104,9 +1104,13 @@ class QueueCore(Closing):
         """Give a leased message back as failed (see :meth:`Reader.nack`)."""
         self._default.nack(message_id, reason, delay=delay)
 
-    def release(self, message_id: int) -> None:
+    def release(self, message_id: int, *, delay: float | None = None) -> None:
         """Give a leased message back unused, not as a failure (see :meth:`Reader.release`)."""
-        self._default.release(message_id)
+        self._default.release(message_id, delay=delay)
+
+    def touch(self, message_id: int, seconds: float | None = None) -> None:
+        """Extend a lease (see :meth:`Reader.touch`)."""
+        self._default.touch(message_id, seconds)
 
     def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` pending messages, without leasing them."""

@@ -73,6 +73,7 @@ _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
 _PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
 _REVOKED_KEPT = 10_000
+_NS = 1_000_000_000
 
 
 class ReaderHooks:
@@ -130,6 +131,7 @@ class ReaderCore:
         # id -> (failures, reason) of a report whose feature raised: to report again
         self._unreported: dict[int, tuple[int, str]] = {}
         self._deadlines: list[tuple[float, int, int]] = []  # (monotonic deadline, id, delivery)
+        self._touched: dict[int, float] = {}  # id -> its lease's deadline since a touch
         # Leases revoked because retention_max_bytes deleted their segment (the newest
         # _REVOKED_KEPT), for the error their ack or nack then raises.
         self._revoked: dict[int, None] = {}
@@ -433,6 +435,8 @@ class ReaderCore:
         self._deliveries[message_id] = attempt
         if self._not_before:
             self._not_before.pop(message_id, None)  # the LEASE record voids it
+        if self._touched:
+            self._touched.pop(message_id, None)  # a touch of an earlier lease
         lease = (entry, attempt)
         self._leased[message_id] = lease
         heapq.heappush(self._leased_heap, message_id)
@@ -485,6 +489,8 @@ class ReaderCore:
 
     def _forget(self, message_id: int) -> None:
         self._deliveries.pop(message_id, None)
+        if self._touched:
+            self._touched.pop(message_id, None)
         if self._not_before:
             self._not_before.pop(message_id, None)
         if self._reported:
@@ -497,10 +503,14 @@ class ReaderCore:
         """Give back leases whose visibility timeout passed (a failed delivery each)."""
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
-            _, message_id, attempt = heapq.heappop(deadlines)
+            deadline, message_id, attempt = heapq.heappop(deadlines)
             lease = self._leased.get(message_id)
             if lease is None or lease[1] != attempt:
                 continue
+            if self._touched:
+                if self._touched.get(message_id, deadline) > deadline:
+                    continue  # touched since: a later deadline is in the heap
+                self._touched.pop(message_id, None)
             del self._leased[message_id]
             try:
                 if not self._report_failure(lease[0], attempt, _TIMED_OUT, now_ns):
@@ -531,12 +541,34 @@ class ReaderCore:
         expiry, if any."""
         deadlines = self._deadlines
         while deadlines:
-            _, message_id, attempt = deadlines[0]
+            deadline, message_id, attempt = deadlines[0]
             lease = self._leased.get(message_id)
-            if lease is not None and lease[1] == attempt:
-                return deadlines[0][0]
+            if (
+                lease is not None
+                and lease[1] == attempt
+                and not (self._touched and self._touched.get(message_id, deadline) > deadline)
+            ):
+                return deadline
             heapq.heappop(deadlines)
         return None
+
+    def touch(
+        self, message_id: int, seconds: float | None, now: float, now_ns: int
+    ) -> float | None:
+        """Extend the lease of ``message_id`` (checked by the caller) to ``seconds`` from
+        ``now`` (lease time; ``now_ns`` the queue's time), default the visibility
+        timeout; return the new deadline (None: no visibility timeout, the lease lasts
+        until settled anyway)."""
+        if seconds is None:
+            seconds = self._visibility
+            if seconds is None:
+                return None
+        attempt = self._leased[message_id][1]
+        deadline = now + seconds
+        # The earlier deadline stays in the heap: _touched says it is stale.
+        self._touched[message_id] = deadline
+        heapq.heappush(self._deadlines, (deadline, message_id, attempt))
+        return deadline
 
     def check_leased(self, message_id: int) -> None:
         """Raise :class:`UnknownMessageError` unless ``message_id`` is leased here."""
@@ -625,24 +657,37 @@ class ReaderCore:
                 self._give_back(entry)
         return ticket
 
-    def release(self, ids: list[int]) -> int:
+    def release(self, ids: list[int], due_ns: int | None = None) -> int:
         """Give leased ids (checked by the caller) back unused; return the journal ticket.
 
         Not a failed delivery: the RELEASE record undoes the count its LEASE added, so
         the next delivery has the same attempt number, and no feature hears of it.
+        With ``due_ns``, not delivered again before then (a NOT_BEFORE record, in the
+        same write as the RELEASE).
         """
         if self.journal.version < 2:
             # A version 1 file must not hold a RELEASE (an older ledgerq would take it for
             # damage): start a version 2 file first - it refuses those by its version.
             self.checkpoint(version=2)
-        ticket = self.journal.append(_RELEASE, ids)  # first: if it fails, nothing changed
+        # First: if the write fails, nothing changed.
+        if due_ns is None:
+            ticket = self.journal.append(_RELEASE, ids)
+        else:
+            dues = dict.fromkeys(ids, due_ns)
+            ticket = self._append_with_not_before(encode_ids_record(_RELEASE, ids), dues)
         for message_id in ids:
             entry, attempt = self._leased.pop(message_id)
             if attempt > 1:
                 self._deliveries[message_id] = attempt - 1
             else:
                 self._deliveries.pop(message_id, None)
-            self._give_back(entry)
+            if self._touched:
+                self._touched.pop(message_id, None)
+            if due_ns is None:
+                self._give_back(entry)
+            else:
+                self._not_before[message_id] = due_ns
+                self._park(due_ns, message_id)
         if self._deadlines:
             # A deadline is matched to its lease by attempt number, and the next lease
             # of a released id has the same one: drop the stale deadline, or it would
@@ -752,6 +797,7 @@ class ReaderCore:
         self._leased.clear()
         self._leased_heap.clear()
         self._deadlines.clear()
+        self._touched.clear()
         self._deliveries.clear()
         self._reported.clear()
         self._unreported.clear()
@@ -1120,29 +1166,53 @@ class Reader:
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
-    def release(self, message_id: int) -> None:
+    def release(self, message_id: int, *, delay: float | None = None) -> None:
         """Give a leased message back unused: it is not a failed delivery.
 
         For a consumer that took a message it will not process (it is shutting down,
-        or could not pass the message on): the message is available again at once,
-        ahead of newer ones as after a nack, its next delivery has the same
-        ``attempts``, and it moves no closer to the dead-letter queue.  With
+        or could not pass the message on): the message is available again at once -
+        or, with ``delay``, no earlier than that many seconds from now (durably, as a
+        nack's delay) - ahead of newer ones as after a nack, its next delivery has the
+        same ``attempts``, and it moves no closer to the dead-letter queue.  With
         ``sync="always"`` this returns after the release is on disk; otherwise a crash
         before the next sync may count the lease as a failed delivery after all.
-        Raises :class:`UnknownMessageError` if the id is not leased by this reader.
+        Raises :class:`UnknownMessageError` if the id is not leased by this reader,
+        ``TypeError``/``ValueError`` for a bad ``delay`` (nothing changed).
         """
         message_id = check_id(message_id)
+        seconds = check_delay(delay)
         queue = self._queue
         core = self._core
         with queue._lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            ticket = core.release([message_id])
+            due_ns = queue._clock.now_ns() + int(seconds * _NS) if seconds else None
+            ticket = core.release([message_id], due_ns)
             core.maybe_compact()
             if queue._waiting or queue._listeners:
                 queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
+
+    def touch(self, message_id: int, seconds: float | None = None) -> None:
+        """Keep a lease: it now expires ``seconds`` from now (default: the visibility
+        timeout; with neither, a lease lasts until it is settled and this does nothing).
+
+        For a task that runs long: call it before the lease expires.  Not a delivery:
+        ``attempts`` does not change.  In shared mode the other handles learn of the new
+        deadline (a journal record).  Raises :class:`UnknownMessageError` if the id is
+        not leased by this reader (by this handle), ``TypeError``/``ValueError`` for bad
+        ``seconds``.
+        """
+        message_id = check_id(message_id)
+        wait = check_delay(seconds, "seconds")
+        queue = self._queue
+        core = self._core
+        with queue._lock:
+            self._ensure_usable()
+            core.check_leased(message_id)
+            monotonic_ns = queue._clock_mono()
+            core.touch(message_id, wait, monotonic_ns * 1e-9, queue._clock_offset_ns + monotonic_ns)
 
     def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` messages this reader would get, without leasing them."""

@@ -63,6 +63,7 @@ _LEASE = StateRecordType.LEASE
 _LEASE_BY = StateRecordType.LEASE_BY
 _RECLAIM = StateRecordType.RECLAIM
 _NOT_BEFORE = StateRecordType.NOT_BEFORE
+_TOUCH = StateRecordType.TOUCH
 _NACK = StateRecordType.NACK
 _RELEASE = StateRecordType.RELEASE
 _ACK = StateRecordType.ACK
@@ -261,6 +262,12 @@ class SharedReaderCore(ReaderCore):
             elif kind is _RECLAIM:
                 holder, cause, ids = body[0], body[1], body[2:]
                 self._apply_reclaim(holder, cause, ids, back, cursor_next)
+            elif kind is _TOUCH:
+                holder, deadline = body[0], body[1]
+                for message_id in body[2:]:
+                    held = self._foreign.get(message_id)
+                    if held is not None and held[0] == holder:
+                        self._note_foreign(message_id, holder, deadline)
             elif kind is _NOT_BEFORE:
                 # Another handle's failed delivery (or delayed release) waits: its NACK
                 # or RELEASE just before made it available - park it instead.
@@ -461,9 +468,11 @@ class SharedReaderCore(ReaderCore):
         deadlines = self._deadlines
         expired: list[tuple[int, tuple[Entry, int]]] = []
         while deadlines and deadlines[0][0] <= now:
-            _, message_id, attempt = heapq.heappop(deadlines)
+            deadline, message_id, attempt = heapq.heappop(deadlines)
             lease = self._leased.get(message_id)
             if lease is not None and lease[1] == attempt:
+                if self._touched and self._touched.get(message_id, deadline) > deadline:
+                    continue  # touched since: a later deadline is in the heap
                 expired.append((message_id, lease))
         if not expired:
             return
@@ -479,8 +488,10 @@ class SharedReaderCore(ReaderCore):
             del self._leased[message_id]
             self._own_deadline_ns.pop(message_id, None)
             self._lost[message_id] = "its visibility timeout expired"
+            if self._touched:
+                self._touched.pop(message_id, None)
             if not self._report_failure(lease[0], lease[1], _TIMED_OUT, now_ns):
-                self._give_back(lease[0])
+                self._retry_or_give_back(lease[0], lease[1], now_ns)
 
     def _report_failure(
         self, entry: Entry, failures: int, reason: str, now_ns: int, *, give_back: bool = True
@@ -559,15 +570,35 @@ class SharedReaderCore(ReaderCore):
         finally:
             self._leave()
 
-    def release(self, ids: list[int]) -> int:
+    def release(self, ids: list[int], due_ns: int | None = None) -> int:
         self._enter()
         try:
             for message_id in ids:
                 self.check_leased(message_id)
-            ticket = super().release(ids)
+            ticket = super().release(ids, due_ns)
             for message_id in ids:
                 self._own_deadline_ns.pop(message_id, None)
             return ticket
+        finally:
+            self._leave()
+
+    def touch(
+        self, message_id: int, seconds: float | None, now: float, now_ns: int
+    ) -> float | None:
+        """Extend this handle's lease, and tell the others (a TOUCH record) first."""
+        self._enter()
+        try:
+            self.check_leased(message_id)
+            if seconds is None:
+                if not self._visibility_ns:
+                    return None
+                seconds = self._visibility_ns / 1e9
+            deadline_ns = now_ns + int(seconds * 1_000_000_000)
+            if self.journal.version < NOT_BEFORE_VERSION:
+                self.checkpoint(version=NOT_BEFORE_VERSION)  # TOUCH is version 3
+            self._shared_journal.append_touch(deadline_ns, [message_id])
+            self._own_deadline_ns[message_id] = deadline_ns
+            return super().touch(message_id, seconds, now, now_ns)
         finally:
             self._leave()
 

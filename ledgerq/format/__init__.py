@@ -38,6 +38,7 @@ from ledgerq.format.reader_state import (
     encode_not_before_record,
     encode_reclaim_record,
     encode_state_file_header,
+    encode_touch_record,
     state_file_version,
 )
 
@@ -75,6 +76,7 @@ __all__ = [
     "encode_not_before_record",
     "encode_reclaim_record",
     "encode_state_file_header",
+    "encode_touch_record",
     "peek_length",
     "state_file_version",
 ]

@@ -26,6 +26,9 @@ not-yet-acked message has been delivered.  It lives in an append-only journal
                    (shared mode) the holder's leases of these ids are void: the
                    messages are available again, each lease a failed delivery
                    (cause 1: the holder closed or died; 2: its deadline passed)
+    TOUCH body:    holder u64, deadline_ns u64, then one or more u64 ids
+                   (version 3, shared mode) the holder's leases of these ids now
+                   last until ``deadline_ns`` (``touch``); not a delivery
     NOT_BEFORE body: due_ns u64, then one or more u64 ids
                    (version 3) a failed delivery of these ids is retried no earlier
                    than ``due_ns`` (the queue's time): the retry policy's delay, or
@@ -80,6 +83,7 @@ __all__ = [
     "encode_reclaim_record",
     "encode_not_before_record",
     "encode_state_file_header",
+    "encode_touch_record",
     "plausible_record_length",
     "state_file_version",
 ]
@@ -120,6 +124,7 @@ class StateRecordType(IntEnum):
     LEASE_BY = 8  # version 2: a lease with its holder and deadline (shared mode)
     RECLAIM = 9  # version 2: a holder's leases made void (shared mode)
     NOT_BEFORE = 10  # version 3: a failed delivery retried no earlier than a time
+    TOUCH = 11  # version 3: a holder's leases extended (shared mode)
 
 
 class ReclaimCause(IntEnum):
@@ -144,10 +149,11 @@ _ID_TYPES = frozenset(
         StateRecordType.LEASE_BY,
         StateRecordType.RECLAIM,
         StateRecordType.NOT_BEFORE,
+        StateRecordType.TOUCH,
     )
 )
 # Types whose body starts with two u64 fields (holder, deadline or cause) before the ids.
-_HELD_TYPES = frozenset((StateRecordType.LEASE_BY, StateRecordType.RECLAIM))
+_HELD_TYPES = frozenset((StateRecordType.LEASE_BY, StateRecordType.RECLAIM, StateRecordType.TOUCH))
 _HELD_TYPE_VALUES = frozenset(int(t) for t in _HELD_TYPES)
 _NOT_BEFORE = StateRecordType.NOT_BEFORE
 
@@ -266,6 +272,11 @@ def encode_not_before_record(due_ns: int, ids: list[int] | tuple[int, ...]) -> b
     if not ids:
         raise ValueError("an ids record needs at least one id")
     return _frame(StateRecordType.NOT_BEFORE, struct.pack(f"<{len(ids) + 1}Q", due_ns, *ids))
+
+
+def encode_touch_record(holder: int, deadline_ns: int, ids: list[int] | tuple[int, ...]) -> bytes:
+    """Return a TOUCH record: ``holder``'s leases of ``ids`` now last until ``deadline_ns``."""
+    return _held_record(StateRecordType.TOUCH, holder, deadline_ns, ids)
 
 
 def encode_reclaim_record(
@@ -402,7 +413,8 @@ def decode_state_record(
 
     The body is the raw bytes for CHECKPOINT (see :func:`decode_checkpoint`) and a
     tuple of u64 for the others: the ids, after the holder and the deadline (LEASE_BY),
-    the holder and the cause (RECLAIM), or the due time (NOT_BEFORE).
+    the holder and the cause (RECLAIM), the holder and the deadline (TOUCH), or the due
+    time (NOT_BEFORE).
     """
     end = len(buf)
     if end - pos < STATE_RECORD_HEADER.size:

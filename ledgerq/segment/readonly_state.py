@@ -88,6 +88,7 @@ _RELEASE = StateRecordType.RELEASE
 _LEASE_BY = StateRecordType.LEASE_BY
 _RECLAIM = StateRecordType.RECLAIM
 _NOT_BEFORE = StateRecordType.NOT_BEFORE
+_TOUCH = StateRecordType.TOUCH
 
 
 def next_record_after(data: bytes, pos: int) -> int:
@@ -322,6 +323,13 @@ class ReaderState:
                 due = body[0]
                 for message_id in body[1:]:
                     not_before[message_id] = due
+            elif kind is _TOUCH:
+                # A holder extended its leases: the ones it still holds last longer.
+                holder = body[0]
+                for message_id in body[2:]:
+                    held = holders.get(message_id)
+                    if held is not None and held[0] == holder:
+                        holders[message_id] = (holder, body[1])
             elif kind is _RECLAIM:
                 # Void leases: the messages are unfinished and available again; each
                 # lease stays counted as a delivery (a failed one, like a lost lease).

@@ -25,6 +25,7 @@ from ledgerq.format import (
     encode_not_before_record,
     encode_reclaim_record,
     encode_state_file_header,
+    encode_touch_record,
     state_file_version,
 )
 from ledgerq.format.reader_state import (
@@ -39,7 +40,7 @@ from tests.strategies import U64_MAX, checkpoints, id_batches
 # Every record type but CHECKPOINT carries a batch of ids; LEASE_BY and RECLAIM carry two
 # more u64 first (the holder, and a deadline or a cause) and have encoders of their own.
 # NOT_BEFORE carries one u64 first (the due time) and has its own encoder too.
-HELD_TYPES = [StateRecordType.LEASE_BY, StateRecordType.RECLAIM]
+HELD_TYPES = [StateRecordType.LEASE_BY, StateRecordType.RECLAIM, StateRecordType.TOUCH]
 ID_TYPES = [
     t
     for t in StateRecordType
@@ -169,6 +170,8 @@ def test_held_record_round_trip(
 ) -> None:
     if kind is StateRecordType.LEASE_BY:
         raw = encode_lease_by_record(holder, second, ids)
+    elif kind is StateRecordType.TOUCH:
+        raw = encode_touch_record(holder, second, ids)
     else:
         raw = encode_reclaim_record(holder, ReclaimCause(1 + second % 2), ids)
         second = 1 + second % 2

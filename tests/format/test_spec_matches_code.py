@@ -313,7 +313,12 @@ def test_state_types() -> None:
             assert (decoded, body) == (kind, (9, 1, 5))
         else:
             # Two u64 as named, then the ids: the decoded body is (first, second, *ids).
-            record = HELD_BODIES[r["body"]](7, 2, [1, 5])
+            encode = (
+                state_mod.encode_touch_record
+                if kind is StateRecordType.TOUCH
+                else HELD_BODIES[r["body"]]
+            )
+            record = encode(7, 2, [1, 5])
             decoded, body, _ = state_mod.decode_state_record(record, 0)
             assert (decoded, body) == (kind, (7, 2, 1, 5))
 
