@@ -38,7 +38,8 @@ class Priority(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A delivered message.  ``attempts`` is 1 on the first delivery."""
+    """A delivered message.  ``attempts`` is 1 on the first delivery; ``group`` is its
+    message group (``enqueue(..., group=)``), if any."""
 
     id: int
     payload: bytes
@@ -47,6 +48,7 @@ class Message:
     timestamp: int
     expires_at: int | None
     attempts: int
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,7 @@ class Item:
     ttl: float | None = None
     dedup_id: str | bytes | None = None
     delay: float | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,7 @@ class EntrySpec:
     headers: dict[str, str] | None = None
     compressed: bool = False
     deliver_at: int | None = None
+    group: str | None = None
 
     def encode(self) -> bytes:
         """Return the entry's bytes, as the queue would write them."""
@@ -76,6 +77,7 @@ class EntrySpec:
             headers_blob=blob,
             compressed=self.compressed,
             deliver_at=self.deliver_at,
+            group=None if self.group is None else self.group.encode(),
         )
 
     def matches(self, entry: Entry) -> bool:
@@ -89,7 +91,14 @@ class EntrySpec:
             and entry.headers == self.headers
             and bool(entry.flags & EntryFlags.COMPRESSED) == self.compressed
             and entry.deliver_at == self.deliver_at
+            and entry.group == self.group
         )
+
+
+# Message group names: 1 to 255 bytes of UTF-8 (no lone surrogates: not encodable).
+group_names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=60).filter(
+    lambda g: len(g.encode()) <= 255
+)
 
 
 def entry_specs(
@@ -108,6 +117,7 @@ def entry_specs(
         headers=st.none() | header_maps,
         compressed=st.booleans(),
         deliver_at=st.none() | timestamps_ns,
+        group=st.none() | group_names,
     )
 
 

@@ -48,6 +48,7 @@ class Draft:
         "dedup_id",
         "delay_ns",
         "expires_in_ns",
+        "group",
         "headers_blob",
         "payload",
         "priority",
@@ -61,6 +62,7 @@ class Draft:
         expires_in_ns: int | None,
         dedup_id: str | bytes | None,
         delay_ns: int | None = None,
+        group: bytes | None = None,
     ) -> None:
         self.payload = payload
         self.headers_blob = headers_blob
@@ -68,6 +70,7 @@ class Draft:
         self.expires_in_ns = expires_in_ns
         self.dedup_id = dedup_id
         self.delay_ns = delay_ns  # not delivered before enqueue time + this
+        self.group = group  # the message group, as UTF-8
         self.compressed = False
 
 

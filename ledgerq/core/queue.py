@@ -34,6 +34,7 @@ from ledgerq.core.args import (
     READER_NAME,
     check_dedup_id,
     check_delay,
+    check_group,
     check_headers_size,
     check_payload,
     check_priority,
@@ -642,6 +643,7 @@ class QueueCore(Closing):
         ttl: object,
         dedup_id: object,
         delay: object = None,
+        group: object = None,
     ) -> Draft:
         limit = self.options.max_message_size
         data = check_payload(payload, limit)
@@ -657,6 +659,7 @@ class QueueCore(Closing):
             check_dedup_id(dedup_id),
             # A delay of 0 is no delay: the entry stays plain (and readable by any ledgerq).
             int(delay_seconds * _NS) if delay_seconds else None,
+            check_group(group),
         )
         for feature in self._transformers:
             feature.transform(draft)
@@ -671,6 +674,7 @@ class QueueCore(Closing):
         ttl: float | None = None,
         dedup_id: str | bytes | None = None,
         delay: float | None = None,
+        group: str | None = None,
     ) -> int:
         """Append one message; return its id.
 
@@ -678,6 +682,9 @@ class QueueCore(Closing):
         of this process); with ``sync="always"`` it is also on disk.  With ``delay``
         (seconds) it is not delivered, peeked or counted as ready before that much
         time has passed, across reopens and crashes (``stats().delayed`` counts it).
+        With ``group`` (a str of 1 to 255 bytes of UTF-8) it is delivered after the
+        earlier messages of its group are acked, dead-lettered or expired, one at a
+        time; other groups and messages without one are not held up.
         Raises ``TypeError``/``ValueError`` for bad arguments and
         :class:`MessageTooLargeError` before anything is written.
         """
@@ -688,11 +695,12 @@ class QueueCore(Closing):
             and ttl is None
             and dedup_id is None
             and delay is None
+            and group is None
             and self._plain_path
             and len(payload) <= self._max_size
         ):
             return self._append_plain(payload)
-        draft = self._prepare(payload, headers, priority, ttl, dedup_id, delay)
+        draft = self._prepare(payload, headers, priority, ttl, dedup_id, delay, group)
         return self._append([draft])[0]
 
     # The three append paths below (one plain payload, a plain batch, drafts with
@@ -789,6 +797,7 @@ class QueueCore(Closing):
                         item.ttl,
                         item.dedup_id,
                         item.delay,
+                        item.group,
                     )
                 )
             else:
@@ -851,11 +860,12 @@ class QueueCore(Closing):
                 # Marks the batch's extent, so recovery can cut a partial one.
                 batch_continues=i < count - 1,
                 deliver_at=None if draft.delay_ns is None else now + draft.delay_ns,
+                group=draft.group,
             )
             for i, draft in enumerate(drafts)
         ]
         if self._keeper.meta.version < DELIVER_AT_VERSION and any(
-            draft.delay_ns is not None for draft in drafts
+            draft.delay_ns is not None or draft.group is not None for draft in drafts
         ):
             self._raise_format_for_delays()
         return records

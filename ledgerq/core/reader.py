@@ -69,6 +69,7 @@ _EXPIRE = StateRecordType.EXPIRE
 _RELEASE = StateRecordType.RELEASE
 _DATA = int(RecordType.DATA)
 _DELIVER_AT = int(EntryFlags.HAS_DELIVER_AT)
+_HAS_GROUP = int(EntryFlags.HAS_GROUP)
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
 _PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
@@ -141,6 +142,7 @@ class ReaderCore:
         for message_id in self._not_before:
             # Its failure was reported before its NOT_BEFORE was written: not again.
             self._reported[message_id] = self._deliveries.get(message_id, 0)
+        self._reset_groups()
         self._delays = DelayIndex()
         self._due_ns = NEVER_NS  # the delay index's earliest due time, read on every take
         # Delayed entries found ahead of the cursor, for stats (see _unread_delayed).
@@ -171,6 +173,8 @@ class ReaderCore:
             if entry.type != _DATA:
                 continue  # reserved record types carry no message
             if not skip or entry.id not in skip:
+                if entry.flags & _HAS_GROUP:
+                    self._note_member(entry)
                 return entry
             skip.discard(entry.id)
             self._done.add(entry.id)
@@ -213,6 +217,10 @@ class ReaderCore:
             parked = self._delays.min_id()
             if parked is not None and parked < head:
                 head = parked
+        if self._group_held:
+            waiting = min(self._group_held)
+            if waiting < head:
+                head = waiting
         return head
 
     # ------------------------------------------------------------------ delivery
@@ -280,6 +288,8 @@ class ReaderCore:
                     continue  # parked until its time
                 if self._not_before and not self._may_retry(entry.id, now_ns):
                     continue  # parked until its retry time
+                if entry.flags & _HAS_GROUP and not self._group_turn(entry):
+                    continue  # held aside until the earlier messages of its group are done
                 if entry.flags & hooks.deliverable_flags and not all(
                     f.deliverable(self, entry, now_ns) for f in hooks.deliverable
                 ):
@@ -308,6 +318,74 @@ class ReaderCore:
         finally:
             for entry in deferred:
                 selector.give_back(entry)
+
+    # ------------------------------------------------------------------ groups
+
+    def _reset_groups(self) -> None:
+        # Every unfinished message of a group this reader has read: id -> group, and per
+        # group a heap of ids (lazily pruned).  A grouped message may be delivered only
+        # when it is its group's smallest unfinished id - so one at a time, in id order,
+        # across nacks, delays and priorities.  Those taken out of turn wait in
+        # _group_held until the one before them is finished.
+        self._group_of: dict[int, str] = {}
+        self._group_heaps: dict[str, list[int]] = {}
+        self._group_held: dict[int, Entry] = {}
+
+    def _note_member(self, entry: Entry) -> None:
+        """``entry`` (grouped) was read: it is an unfinished member of its group."""
+        message_id = entry.id
+        group = entry.group
+        if group is None or message_id in self._group_of:
+            return
+        self._group_of[message_id] = group
+        heap = self._group_heaps.get(group)
+        if heap is None:
+            self._group_heaps[group] = [message_id]
+        else:
+            heapq.heappush(heap, message_id)
+
+    def _group_first(self, group: str) -> int | None:
+        """The smallest unfinished id of ``group`` read so far, if any."""
+        heap = self._group_heaps.get(group)
+        if heap is None:
+            return None
+        group_of = self._group_of
+        while heap and group_of.get(heap[0]) != group:
+            heapq.heappop(heap)
+        if not heap:
+            del self._group_heaps[group]
+            return None
+        return heap[0]
+
+    def _group_turn(self, entry: Entry) -> bool:
+        """Whether grouped ``entry`` may be delivered now; if not, hold it aside."""
+        if entry.id not in self._group_of:
+            self._note_member(entry)
+        group = entry.group
+        if group is None or self._group_first(group) == entry.id:
+            return True
+        self._group_held[entry.id] = entry
+        return False
+
+    def _group_advance(self, group: str) -> None:
+        """A member of ``group`` finished: hand its next one, if held aside, back."""
+        first = self._group_first(group)
+        if first is not None:
+            entry = self._group_held.pop(first, None)
+            if entry is not None:
+                self._selector.give_back(entry)
+
+    def _drop_group_members(self, last_id: int) -> int:
+        """Forget grouped ids <= ``last_id`` (retention deleted them); return how many
+        were held aside (pending, now lost)."""
+        for message_id in [i for i in self._group_of if i <= last_id]:
+            del self._group_of[message_id]
+        held = [i for i in self._group_held if i <= last_id]
+        for message_id in held:
+            del self._group_held[message_id]
+        for group in list(self._group_heaps):
+            self._group_advance(group)
+        return len(held)
 
     # ------------------------------------------------------------------ delays
 
@@ -489,6 +567,11 @@ class ReaderCore:
 
     def _forget(self, message_id: int) -> None:
         self._deliveries.pop(message_id, None)
+        if self._group_of:
+            group = self._group_of.pop(message_id, None)
+            if group is not None:
+                self._group_held.pop(message_id, None)
+                self._group_advance(group)
         if self._touched:
             self._touched.pop(message_id, None)
         if self._not_before:
@@ -720,7 +803,8 @@ class ReaderCore:
         leased = message_id in self._leased
         held = not leased and self._selector.holds(message_id)
         parked = not leased and not held and bool(self._delays) and message_id in self._delays
-        held = held or parked
+        aside = not leased and message_id in self._group_held
+        held = held or parked or aside
         if not leased and not held:  # not read yet, or not pending here at all
             if message_id < self._cursor.next_id or message_id in self._skip:
                 return False
@@ -729,6 +813,8 @@ class ReaderCore:
         self.journal.append(_ACK, [message_id])  # first: if it fails, nothing changed
         if leased:
             del self._leased[message_id]
+        elif aside:
+            del self._group_held[message_id]
         elif parked:
             self._delays.discard(message_id)
             self._due_ns = self._delays.next_due_ns
@@ -760,6 +846,8 @@ class ReaderCore:
         if self._delays:
             lost += self._delays.drop_through(last_id)
             self._due_ns = self._delays.next_due_ns
+        if self._group_of:
+            lost += self._drop_group_members(last_id)
         start = max(self._cursor.next_id, first_id)
         if start <= last_id:
             # Ids are contiguous inside a segment (as pending() counts them).
@@ -806,6 +894,7 @@ class ReaderCore:
         self._delays.clear()
         self._due_ns = NEVER_NS
         self._not_before.clear()
+        self._reset_groups()
         self._forget_ahead()
         self._cursor.seek(target)
         self._selector = self._make_selector()
@@ -827,9 +916,26 @@ class ReaderCore:
                 for e in found
                 if not e.flags & _DELIVER_AT or e.deliver_at is None or e.deliver_at <= now_ns
             ]
+            if any(e.flags & _HAS_GROUP for e in ready):
+                ready = self._in_group_turn(ready)
             if len(ready) >= n or len(found) < want:
                 return ready[:n]
             want *= 2
+
+    def _in_group_turn(self, entries: list[Entry]) -> list[Entry]:
+        """``entries`` without the grouped ones a dequeue would not deliver now: one per
+        group, its group's first unfinished message, and only if it is not leased."""
+        shown: set[str] = set()
+        kept = []
+        for entry in entries:
+            group = entry.group
+            if group is not None and entry.flags & _HAS_GROUP:
+                first = self._group_first(group)
+                if group in shown or (first is not None and first != entry.id):
+                    continue
+                shown.add(group)
+            kept.append(entry)
+        return kept
 
     def pending(self) -> int:
         """Messages waiting to be delivered (not leased, not acked)."""
@@ -844,7 +950,7 @@ class ReaderCore:
                 unread += seg.last_id - start + 1
         if self._skip:
             unread -= sum(1 for i in self._skip if i >= start)
-        return max(unread, 0) + self._selector.held() + len(self._delays)
+        return max(unread, 0) + self._selector.held() + len(self._delays) + len(self._group_held)
 
     def in_flight(self) -> int:
         """Messages leased and not yet acked or nacked."""
@@ -943,16 +1049,32 @@ _COMPRESSED = int(EntryFlags.COMPRESSED)
 _new_message = Message.__new__
 _MESSAGE_SLOTS = tuple(
     Message.__dict__[name].__set__
-    for name in ("id", "payload", "headers", "priority", "timestamp", "expires_at", "attempts")
+    for name in (
+        "id",
+        "payload",
+        "headers",
+        "priority",
+        "timestamp",
+        "expires_at",
+        "attempts",
+        "group",
+    )
 )
 
 
 def entry_to_message(entry: Entry, attempts: int, payload: bytes) -> Message:
     """The ``Message`` a reader hands out for ``entry`` (``payload`` already restored)."""
     message = _new_message(Message)
-    set_id, set_payload, set_headers, set_priority, set_timestamp, set_expiry, set_attempts = (
-        _MESSAGE_SLOTS
-    )
+    (
+        set_id,
+        set_payload,
+        set_headers,
+        set_priority,
+        set_timestamp,
+        set_expiry,
+        set_attempts,
+        set_group,
+    ) = _MESSAGE_SLOTS
     set_id(message, entry.id)
     set_payload(message, payload)
     set_headers(message, dict(entry.headers) if entry.headers else {})
@@ -960,6 +1082,7 @@ def entry_to_message(entry: Entry, attempts: int, payload: bytes) -> Message:
     set_timestamp(message, entry.timestamp)
     set_expiry(message, entry.expires_at)
     set_attempts(message, attempts)
+    set_group(message, entry.group)
     return message
 
 

@@ -42,7 +42,7 @@ from ledgerq.core.delays import NEVER_NS
 from ledgerq.core.journal import ReaderRemovedError, SharedReaderJournal
 from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, ReaderCore, ReaderHooks
 from ledgerq.core.retry import RetryPolicy
-from ledgerq.format.entry import Entry, RecordType
+from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import (
     NOT_BEFORE_VERSION,
     Checkpoint,
@@ -64,6 +64,7 @@ _LEASE_BY = StateRecordType.LEASE_BY
 _RECLAIM = StateRecordType.RECLAIM
 _NOT_BEFORE = StateRecordType.NOT_BEFORE
 _TOUCH = StateRecordType.TOUCH
+_HAS_GROUP = int(EntryFlags.HAS_GROUP)
 _NACK = StateRecordType.NACK
 _RELEASE = StateRecordType.RELEASE
 _ACK = StateRecordType.ACK
@@ -375,6 +376,7 @@ class SharedReaderCore(ReaderCore):
         self._selector = self._make_selector()
         # Parked ids are read again from the new cursor, and parked again if not due.
         self._not_before = dict(checkpoint.not_before)
+        self._reset_groups()
         self._delays.clear()
         self._due_ns = NEVER_NS
         self._forget_ahead()
@@ -400,6 +402,8 @@ class SharedReaderCore(ReaderCore):
                 skip.discard(message_id)
                 self._done.add(message_id)
                 continue
+            if entry.flags & _HAS_GROUP:
+                self._note_member(entry)  # leased elsewhere or not: it holds its group
             if message_id in foreign or message_id in leased:
                 continue  # leased: it comes back (if ever) through a record
             return entry

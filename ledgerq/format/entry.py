@@ -13,6 +13,7 @@ keeps the two in step)::
     ..      1     priority    u8   [HAS_PRIORITY] 0 LOW, 1 MEDIUM, 2 HIGH (absent = MEDIUM)
     ..      8     deliver_at  i64  [HAS_DELIVER_AT] not before this time, ns since the epoch
     ..      4+n   headers     u32 n, then a msgpack map str -> str  [HAS_HEADERS]
+    ..      1+g   group       u8 g (1..255), then g bytes of UTF-8  [HAS_GROUP]
     ..      m     payload     the rest (zstd frame when COMPRESSED)
     end-4   4     crc32       u32  CRC-32 of every byte before it
 
@@ -41,6 +42,7 @@ __all__ = [
     "KNOWN_FLAGS",
     "KNOWN_TYPES",
     "MAX_ENTRY_SIZE",
+    "MAX_GROUP_BYTES",
     "MIN_ENTRY_SIZE",
     "PRIORITY",
     "Entry",
@@ -83,7 +85,10 @@ class EntryFlags(IntFlag):
     # ledgerq takes the bit for damage, so the first entry carrying it raises
     # meta.json's version first (``docs/format.md``): an older ledgerq refuses the queue.
     HAS_DELIVER_AT = 1 << 5
-    # Bit 6 is reserved for issue 17's message group, bit 7 for issue 18's ENCRYPTED.
+    # Issue 17: the message belongs to a message group (delivered one at a time, in id
+    # order); meta.json version 2 as for HAS_DELIVER_AT.
+    HAS_GROUP = 1 << 6
+    # Bit 7 is reserved for issue 18's ENCRYPTED.
 
 
 KNOWN_FLAGS = int(
@@ -93,6 +98,7 @@ KNOWN_FLAGS = int(
     | EntryFlags.HAS_PRIORITY
     | EntryFlags.BATCH_CONTINUES
     | EntryFlags.HAS_DELIVER_AT
+    | EntryFlags.HAS_GROUP
 )
 KNOWN_TYPES = frozenset(int(t) for t in RecordType)  # every type byte a valid entry may have
 
@@ -126,6 +132,8 @@ _HAS_PRIORITY = int(EntryFlags.HAS_PRIORITY)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 _HAS_DELIVER_AT = int(EntryFlags.HAS_DELIVER_AT)
+_HAS_GROUP = int(EntryFlags.HAS_GROUP)
+MAX_GROUP_BYTES = 255  # a group name's UTF-8 length fits the u8 before it
 
 _CHECK_BY_COPY = 1024
 # The checksum, bound once under a name of its own: the C function itself (no call layer),
@@ -150,6 +158,7 @@ class Entry(NamedTuple):
     type: int
     size: int
     deliver_at: int | None = None  # [HAS_DELIVER_AT]: not delivered before (ns)
+    group: str | None = None  # [HAS_GROUP]: the message group
 
 
 def encode_headers(headers: object) -> bytes:
@@ -201,6 +210,7 @@ def encode_entry(
     batch_continues: bool = False,
     record_type: int = RecordType.DATA,
     deliver_at: int | None = None,
+    group: bytes | None = None,
 ) -> bytes:
     """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`.
 
@@ -218,6 +228,8 @@ def encode_entry(
         raise ValueError(f"entry expires_at {expires_at} does not fit an i64")
     if deliver_at is not None and not _I64_MIN <= deliver_at <= _I64_MAX:
         raise ValueError(f"entry deliver_at {deliver_at} does not fit an i64")
+    if group is not None and not 0 < len(group) <= MAX_GROUP_BYTES:
+        raise ValueError(f"an entry's group must be 1 to {MAX_GROUP_BYTES} bytes of UTF-8")
     if not 0 <= priority <= _MAX_PRIORITY:
         raise ValueError(f"entry priority must be 0, 1 or 2, got {priority}")
     if record_type not in KNOWN_TYPES:
@@ -242,6 +254,11 @@ def encode_entry(
         parts.append(HEADERS_LENGTH.pack(len(headers_blob)))
         parts.append(headers_blob)
         extra += 4 + len(headers_blob)
+    if group is not None:
+        flags |= _HAS_GROUP
+        parts.append(bytes((len(group),)))
+        parts.append(group)
+        extra += 1 + len(group)
     if compressed:
         flags |= _COMPRESSED
     if batch_continues:
@@ -384,6 +401,19 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
             raise CorruptRecord("headers run past the end of the entry", pos)
         headers = decode_headers(bytes(buf[at : at + hlen]), pos)
         at += hlen
+    group: str | None = None
+    if flags & _HAS_GROUP:
+        if at + 1 > crc_at:
+            raise CorruptRecord("entry too short for its group length", pos)
+        glen = buf[at]
+        at += 1
+        if not glen or at + glen > crc_at:
+            raise CorruptRecord("entry group empty or running past the end of the entry", pos)
+        try:
+            group = bytes(buf[at : at + glen]).decode()
+        except UnicodeDecodeError:
+            raise CorruptRecord("entry group is not UTF-8", pos) from None
+        at += glen
     payload = bytes(buf[at:crc_at])
     return Entry(
         message_id,
@@ -396,4 +426,5 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         rtype,
         length,
         deliver_at,
+        group,
     ), stop

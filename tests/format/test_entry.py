@@ -50,6 +50,8 @@ FIXED = [
         deliver_at=(1 << 63) - 1,
     ),
     EntrySpec(id=13, timestamp=13, payload=b"later", deliver_at=13 + 10**9),
+    EntrySpec(id=14, timestamp=14, payload=b"g", group="customer-42 \u00e9", headers={"k": "v"}),
+    EntrySpec(id=15, timestamp=15, payload=b"", group="x" * 255),
 ]
 FIXED_IDS = [f"id{s.id}" for s in FIXED]
 
@@ -125,6 +127,7 @@ def test_flags_say_which_optional_fields_are_present() -> None:
         (EntrySpec(1, 1, b"", headers={}), EntryFlags.HAS_HEADERS),
         (EntrySpec(1, 1, b"", compressed=True), EntryFlags.COMPRESSED),
         (EntrySpec(1, 1, b"", deliver_at=2), EntryFlags.HAS_DELIVER_AT),
+        (EntrySpec(1, 1, b"", group="g"), EntryFlags.HAS_GROUP),
     ]
     for spec, flags in cases:
         raw = spec.encode()
@@ -328,9 +331,11 @@ def test_checksummed_but_invalid_fields_are_corrupt() -> None:
     for rtype in (0, 4, 255):
         with pytest.raises(CorruptRecord, match="type"):
             decode_entry(variant(4, rtype))
-    for flags in (1 << 6, 1 << 7):
-        with pytest.raises(CorruptRecord, match="flags"):
-            decode_entry(variant(5, flags))
+    with pytest.raises(CorruptRecord, match="flags"):
+        decode_entry(variant(5, 1 << 7))
+    # HAS_GROUP over a payload whose first byte is no valid group length for it.
+    with pytest.raises(CorruptRecord, match="group"):
+        decode_entry(variant(5, 1 << 6))
     # HAS_DELIVER_AT on an entry too short for its field (a 7-byte payload).
     with pytest.raises(CorruptRecord, match="deliver_at"):
         decode_entry(variant(5, 1 << 5))

@@ -185,6 +185,8 @@ def walk(rows: list[Row], raw: bytes, start: int = 0) -> tuple[dict[str, Any], i
             values[r["field"]] = raw[pos : pos + size]
         elif kind == "msgpack":
             values[r["field"]] = msgpack.unpackb(raw[pos : pos + size], raw=False)
+        elif kind == "utf8":
+            values[r["field"]] = raw[pos : pos + size].decode()
         else:
             raise AssertionError(f"type {kind!r} is not in the spec's type table")
         pos += size
@@ -447,7 +449,7 @@ def test_meta_fields() -> None:
     assert f"`{saved['format']}`" in row("meta", "format")["meaning"]
     assert f", {saved['version']};" in row("meta", "version")["meaning"]
     assert (
-        f"; {DELIVER_AT_VERSION} once an entry may carry HAS_DELIVER_AT"
+        f"; {DELIVER_AT_VERSION} once an entry may carry HAS_DELIVER_AT or HAS_GROUP"
         in (row("meta", "version")["meaning"])
     )
 
@@ -494,6 +496,7 @@ def test_tables_decode_entries(spec: EntrySpec) -> None:
     assert values["timestamp"] == spec.timestamp
     assert values.get("expires_at") == spec.expires_at
     assert values.get("deliver_at") == spec.deliver_at
+    assert values.get("group") == spec.group
     assert values.get("priority", doc_default_priority()) == spec.priority
     assert values.get("headers") == spec.headers
     assert values["payload"] == spec.payload
