@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
@@ -36,7 +37,9 @@ import ledgerq
 from ledgerq._options import MAX_SECONDS
 from ledgerq._types import Message
 
-__all__ = ["WorkerReport", "run"]
+__all__ = ["Retry", "WorkerReport", "run"]
+
+logger = logging.getLogger("ledgerq")
 
 Handler = Callable[[Message], Any]
 
@@ -82,6 +85,16 @@ def _die_with(owner_pid: int) -> None:
         os._exit(1)
 
 
+class Retry(Exception):  # the handler's word: "retry this later"
+    """Raise in a handler to nack the message with a delay: it comes back no earlier
+    than ``delay`` seconds from now (None: the queue's retry policy), as
+    ``Queue.nack(id, reason, delay=delay)``; a failed delivery like any exception."""
+
+    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        super().__init__(reason or (f"retry in {delay} s" if delay is not None else "retry"))
+        self.delay = delay
+
+
 def _child_main(handler: Handler, conn: Connection, owner_pid: int) -> None:
     """Run tasks from ``conn`` until told to stop (None) or the pipe closes."""
     _die_with(owner_pid)
@@ -98,9 +111,10 @@ def _child_main(handler: Handler, conn: Connection, owner_pid: int) -> None:
             handler(message)
         except BaseException as exc:  # report every failure; the owner nacks it
             reason = f"{type(exc).__name__}: {exc}"
-            conn.send(("err", message.id, reason))
+            delay = exc.delay if isinstance(exc, Retry) else None
+            conn.send(("err", message.id, reason, delay))
         else:
-            conn.send(("ok", message.id, ""))
+            conn.send(("ok", message.id, "", None))
 
 
 class _Child:
@@ -177,6 +191,19 @@ def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _nack(queue: ledgerq.Queue, message_id: int, reason: str, delay: object) -> None:
+    """Nack for a handler that raised; a ``Retry`` with an unusable delay (negative,
+    NaN, not a number) is logged and nacked with the retry policy's delay instead."""
+    if delay is not None:
+        try:
+            queue.nack(message_id, reason, delay=delay)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            logger.warning("ledgerq worker: Retry(%r) of message %d: %s", delay, message_id, exc)
+        else:
+            return
+    queue.nack(message_id, reason)
 
 
 def _check_positive(name: str, value: object, kinds: type | tuple[type, ...], what: str) -> None:
@@ -266,7 +293,7 @@ def run(
                     for i, child in enumerate(children):
                         if child.task is not None and child.conn in ready:
                             try:
-                                kind, message_id, reason = child.conn.recv()
+                                kind, message_id, reason, delay = child.conn.recv()
                             except (EOFError, OSError):
                                 ready.append(child.process.sentinel)
                             else:
@@ -275,7 +302,7 @@ def run(
                                     queue.ack(message_id)
                                     processed += 1
                                 else:
-                                    queue.nack(message_id, reason)
+                                    _nack(queue, message_id, reason, delay)
                                     failed += 1
                         # Died: its sentinel fired, or its pipe hit EOF (a dying process
                         # closes the pipe before it can be reaped: it may look alive).
