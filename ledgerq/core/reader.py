@@ -467,36 +467,44 @@ class ReaderCore:
         return len(self._delays) + self._unread_delayed(now_ns)
 
     def _unread_delayed(self, now_ns: int) -> int:
-        """Delayed entries the cursor has not read yet that are not due at ``now_ns``.
+        """Messages the cursor has not read yet that wait at ``now_ns``: delayed entries
+        (``deliver_at``) and ids with a retry time from the journal (``not_before``).
 
-        For stats only, and only once the queue may hold delayed entries (meta.json
-        version 2: :attr:`may_hold_delays`).  The unread log is scanned once; the
-        delayed entries found ahead of the cursor are remembered (16 bytes each) and
-        later calls scan only what was appended since.
+        For stats only.  Delayed entries are looked for only once the queue may hold
+        them (meta.json version 2: :attr:`may_hold_delays`): the unread log is scanned
+        once, the delayed entries found ahead of the cursor are remembered (16 bytes
+        each), and later calls scan only what was appended since.
         """
-        if not self.may_hold_delays:
-            return 0
-        ahead_ids, ahead_dues = self._ahead_ids, self._ahead_dues
         start = self._cursor.next_id
-        cursor = LogCursor(self._manager, max(start, self._ahead_from))
-        while True:
-            entry = cursor.next()
-            if entry is None:
-                break
-            if entry.flags & _DELIVER_AT and entry.deliver_at is not None:
-                ahead_ids.append(entry.id)
-                ahead_dues.append(entry.deliver_at)
-        self._ahead_from = cursor.next_id
-        passed = bisect_left(ahead_ids, start)  # read by the cursor since: parked or gone
-        if passed:
-            del ahead_ids[:passed]
-            del ahead_dues[:passed]
         skip = self._skip
-        return sum(
-            1
-            for message_id, due in zip(ahead_ids, ahead_dues, strict=True)
-            if due > now_ns and message_id not in skip
-        )
+        waiting: set[int] = set()
+        if self.may_hold_delays:
+            ahead_ids, ahead_dues = self._ahead_ids, self._ahead_dues
+            cursor = LogCursor(self._manager, max(start, self._ahead_from))
+            while True:
+                entry = cursor.next()
+                if entry is None:
+                    break
+                if entry.flags & _DELIVER_AT and entry.deliver_at is not None:
+                    ahead_ids.append(entry.id)
+                    ahead_dues.append(entry.deliver_at)
+            self._ahead_from = cursor.next_id
+            passed = bisect_left(ahead_ids, start)  # read by the cursor since: parked or gone
+            if passed:
+                del ahead_ids[:passed]
+                del ahead_dues[:passed]
+            waiting.update(
+                message_id
+                for message_id, due in zip(ahead_ids, ahead_dues, strict=True)
+                if due > now_ns and message_id not in skip
+            )
+        if self._not_before:
+            waiting.update(
+                message_id
+                for message_id, due in self._not_before.items()
+                if due > now_ns and message_id >= start and message_id not in skip
+            )
+        return len(waiting)
 
     def _forget_ahead(self) -> None:
         """The cursor moved other than forward by reading: scan the unread log again."""
