@@ -445,8 +445,9 @@ class ReaderCore:
         kill keeps all or none of them); return the durability ticket."""
         if self.journal.version < NOT_BEFORE_VERSION:
             # An older ledgerq must not meet the record: a version 3 file first, which it
-            # refuses by its version (as RELEASE needs version 2).
-            self.checkpoint(version=NOT_BEFORE_VERSION)
+            # refuses by its version (as RELEASE needs version 2).  The ids may be in no
+            # structure right now (out of a lease, out of the selector): keep them.
+            self.checkpoint(version=NOT_BEFORE_VERSION, floor=min(dues))
         records = [record]
         records.extend(encode_not_before_record(due, [i]) for i, due in dues.items())
         self.journal.append_record(b"".join(records))
@@ -970,13 +971,18 @@ class ReaderCore:
         head = self.head
         self._done = {i for i in self._done if i >= head}
 
-    def checkpoint(self, *, version: int = 1) -> None:
+    def checkpoint(self, *, version: int = 1, floor: int | None = None) -> None:
         """Rewrite the journal as one checkpoint of the current state (durable).
 
         ``version`` 2 makes room for records version 1 does not know (RELEASE).
+        ``floor``: an id the caller holds in hand - taken from the selector, or out of
+        a lease, on its way to being parked - which no structure the head is computed
+        from holds at this moment: the head must not pass it.
         """
         head = self.head
-        self._prune_done()
+        if floor is not None and floor < head:
+            head = floor
+        self._done = {i for i in self._done if i >= head}
         self._skip = {i for i in self._skip if i >= head}
         done = sorted(self._done | self._skip)
         deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)

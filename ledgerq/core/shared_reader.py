@@ -754,7 +754,9 @@ class SharedReaderCore(ReaderCore):
         finally:
             self._leave()
 
-    def checkpoint(self, *, version: int = 2, keep_leases: bool = True) -> None:
+    def checkpoint(
+        self, *, version: int = 2, keep_leases: bool = True, floor: int | None = None
+    ) -> None:
         """Rewrite the journal as one checkpoint (see ``ReaderCore``), in a section.
 
         ``keep_leases`` False: every lease is lost (the last handle closing) - they stay
@@ -763,12 +765,14 @@ class SharedReaderCore(ReaderCore):
         self._enter()
         try:
             head = self.head
+            if floor is not None and floor < head:
+                head = floor
             if head > self._cursor.next_id:
                 # Everything between the cursor and the head is finished (other handles'
                 # acks ahead of it): move the cursor there before dropping those ids.
                 self._done.update(i for i in self._skip if i < head)
                 self._cursor.seek(head)
-            self._prune_done()
+            self._done = {i for i in self._done if i >= head}
             self._skip = {i for i in self._skip if i >= head}
             done = sorted(self._done | self._skip)
             deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)

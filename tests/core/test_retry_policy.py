@@ -242,3 +242,31 @@ def test_a_bad_nack_delay_changes_nothing(tmp_path: Path, delay: object, error: 
             q.nack(msg.id, delay=delay)  # type: ignore[arg-type]
         assert q.stats().in_flight == 1 and q.stats().nacked == 0
         q.ack(msg.id)
+
+
+@pytest.mark.parametrize("how", ["expiry", "lost lease"])
+def test_the_first_retry_wait_keeps_acks_made_out_of_order(
+    tmp_path: Path, clock: SteppedClock, how: str
+) -> None:
+    # The first NOT_BEFORE of a journal rewrites it as a version 3 checkpoint while the
+    # failed message is out of its lease (or out of the selector): that checkpoint's
+    # head once passed it, dropping the acks above it - an acked message came back.
+    path = tmp_path / "q"
+    opts = {"retry_delay": 2.0, "visibility_timeout": 30.0}
+    with ledgerq.open(path, clock=clock, **opts) as q:
+        first, second = q.enqueue(b"a"), q.enqueue(b"b")
+        assert take(q).id == first
+        q.ack(take(q).id)  # acked above a message still leased
+        if how == "expiry":
+            clock.elapse(30)
+            assert q.dequeue() is None  # first's lease expired: it waits 2 s
+    if how == "lost lease":
+        with ledgerq.open(path, clock=clock, **opts) as q:
+            assert q.dequeue() is None  # first's lease was lost: it waits 2 s
+    clock.elapse(2)
+    with ledgerq.open(path, clock=clock, **opts) as q:
+        assert (q.stats().pending, q.stats().acked) == (1, 1)
+        msg = take(q)
+        assert (msg.id, msg.attempts) == (first, 2)
+        q.ack(msg.id)
+        assert q.dequeue() is None, f"acked message {second} came back"
