@@ -130,10 +130,11 @@ class _Child:
         self.conn: Connection = owner_end
         self.task: Message | None = None
         self.started = 0.0
+        self.touched = 0.0  # when its lease was last kept (assign, heartbeat)
 
     def assign(self, message: Message) -> None:
         self.task = message
-        self.started = time.monotonic()
+        self.started = self.touched = time.monotonic()
         self.conn.send(message)
 
     def stop(self) -> None:
@@ -206,6 +207,21 @@ def _nack(queue: ledgerq.Queue, message_id: int, reason: str, delay: object) -> 
     queue.nack(message_id, reason)
 
 
+def _heartbeat(queue: ledgerq.Queue, busy: list[_Child], every: float) -> float:
+    """Touch the leases of busy children not touched for ``every`` seconds; return the
+    seconds until the next touch is due."""
+    now = time.monotonic()
+    for child in busy:
+        task = child.task
+        if task is not None and now - child.touched >= every:
+            child.touched = now
+            try:
+                queue.touch(task.id)
+            except ledgerq.UnknownMessageError:
+                pass  # the lease ended already: the result's ack or nack says so
+    return max(0.0, min(c.touched for c in busy) + every - now)
+
+
 def _check_positive(name: str, value: object, kinds: type | tuple[type, ...], what: str) -> None:
     """TypeError unless ``value`` is one of ``kinds`` (a bool is not), ValueError unless > 0
     (NaN is not)."""
@@ -255,6 +271,11 @@ def run(
     started = time.monotonic()
     with ledgerq.open(path, **options) as queue:
         dead_before = queue.stats().dead_lettered
+        # While a child is alive its lease is kept (touch) at half the visibility
+        # timeout: a long task is not delivered again under it; a dead or stuck child is
+        # the task_timeout's and the crash handling's to judge.
+        visibility = queue.options.visibility_timeout
+        heartbeat = None if visibility is None else visibility / 2
         remove_listener = queue.add_listener(wakeup.poke)
         children = [_Child(ctx, handler) for _ in range(processes)]
         try:
@@ -276,6 +297,9 @@ def run(
                     if task_timeout is not None and busy:
                         now = time.monotonic()
                         timeout = max(0.0, min(c.started for c in busy) + task_timeout - now)
+                    if heartbeat is not None and busy:
+                        beat = _heartbeat(queue, busy, heartbeat)
+                        timeout = beat if timeout is None else min(timeout, beat)
                     hint = queue.reader("default").seconds_to_next_expiry()
                     if hint is not None:
                         timeout = hint if timeout is None else min(timeout, hint)

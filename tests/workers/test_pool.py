@@ -176,3 +176,20 @@ def test_a_handler_raising_retry_is_nacked_with_its_delay(
         assert waited >= 0.45, f"retried after {waited:.3f} s, not the 0.5 s asked for"
     with ledgerq.open(path) as q:
         assert q.stats().nacked == 2 and q.stats().dead_lettered == 0
+
+
+def test_a_long_task_keeps_its_lease_while_its_child_lives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # visibility_timeout 0.6 s, tasks of 1.5 s: without the pool's touch the idle child
+    # took the expired message and it ran twice.
+    log = tmp_path / "done.log"
+    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        (only,) = q.enqueue_batch([b"long"])
+    report = run(
+        path, _handlers.outlast_lease, processes=2, until_empty=True, visibility_timeout=0.6
+    )
+    assert done_ids(log) == Counter({only: 1})
+    assert (report.processed, report.failed) == (1, 0)
