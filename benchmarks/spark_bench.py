@@ -5,14 +5,16 @@
 
 Run by hand (it is not part of the test suite).  Method:
 
-* one queue directory tree is built with ``ledgerq.open(..., sync="never")`` and
-  ``enqueue_batch``: ``--rows`` messages of ``--size`` random bytes spread over
+* two queue directory trees are built with ``ledgerq.open(..., sync="never")``, the
+  same ``--rows`` payloads of ``--size`` random bytes in the same order, spread over
   ``--queues`` queues with the default ``segment_size`` (64 MiB), so one input
-  partition per segment file;
+  partition per segment file: one with ``enqueue_batch`` (batches of 10,000, whose
+  entries but the last carry BATCH_CONTINUES) and one with ``enqueue``, one at a time;
 * the very same rows (every column of the read schema) are written once to Parquet
-  by Spark (``spark.read.format("ledgerq").load(...).write.parquet(...)``);
+  by Spark (``spark.read.format("ledgerq").load(...).write.parquet(...)``, from the
+  batch-written tree);
 * one Spark session (``--master``, default ``local[2]``) then reads, repeatedly and
-  interleaved (ledgerq with Arrow batches, ledgerq with tuples, Parquet), each into
+  interleaved (each tree with Arrow batches and with tuples, Parquet), each into
   the ``noop`` sink, which materialises every column of every row;
 * each variant first runs once untimed (Python worker start-up, JIT); the table shows
   the median and the min-max of ``--repeats`` timed runs (no means), as rows/s;
@@ -38,14 +40,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _build(root: Path, rows: int, size: int, queues: int) -> None:
+def _build(root: Path, payloads: list[bytes], queues: int, *, batch: bool) -> None:
     import ledgerq
 
+    rows = len(payloads)
     per_queue = [rows // queues + (1 if i < rows % queues else 0) for i in range(queues)]
+    done = 0
     for i, count in enumerate(per_queue):
+        mine = payloads[done : done + count]
+        done += count
         with ledgerq.open(root / f"q{i}", sync="never") as q:
-            for start in range(0, count, 10_000):
-                q.enqueue_batch([os.urandom(size) for _ in range(min(10_000, count - start))])
+            if batch:
+                for start in range(0, count, 10_000):
+                    q.enqueue_batch(mine[start : start + 10_000])
+            else:
+                for payload in mine:
+                    q.enqueue(payload)
 
 
 def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -105,14 +115,18 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="ledgerq-spark-bench-"))
     root, parquet, written = work / "queues", work / "parquet", work / "written"
-    for p in (root, parquet, written):
+    singles = work / "queues-enqueue"
+    for p in (root, singles, parquet, written):
         shutil.rmtree(p, ignore_errors=True)
     started = time.perf_counter()
-    _build(root, args.rows, args.size, args.queues)
+    payloads = [os.urandom(args.size) for _ in range(args.rows)]
+    _build(root, payloads, args.queues, batch=True)
+    _build(singles, payloads, args.queues, batch=False)
+    del payloads
     segments = sum(len(list_segments(q.path)) for q in find_queues(str(root), include_dlq=False))
     print(
-        f"built {args.rows:,} x {args.size} B messages in {args.queues} queue(s), {segments} "
-        f"segments, in {time.perf_counter() - started:.1f} s",
+        f"built 2 x {args.rows:,} x {args.size} B messages in {args.queues} queue(s), {segments} "
+        f"segments each, in {time.perf_counter() - started:.1f} s",
         file=sys.stderr,
     )
 
@@ -136,16 +150,22 @@ def main(argv: list[str] | None = None) -> int:
         def noop(df: object) -> None:
             df.write.format("noop").mode("overwrite").save()  # type: ignore[attr-defined]
 
+        single_source = str(singles)
+        parquet_name = "Parquet (the same rows, written by Spark)"
         variants: dict[str, Callable[[], object]] = {
-            "ledgerq, read() yields Arrow record batches": lambda: noop(
+            "ledgerq written with enqueue_batch, read() yields Arrow record batches": lambda: noop(
                 spark.read.format("ledgerq").load(source)
             ),
-            "ledgerq, read() yields tuples": lambda: noop(
+            "ledgerq written with enqueue_batch, read() yields tuples": lambda: noop(
                 spark.read.format("ledgerq").option("arrow", "false").load(source)
             ),
-            "Parquet (the same rows, written by Spark)": lambda: noop(
-                spark.read.parquet(str(parquet))
+            "ledgerq written with enqueue, read() yields Arrow record batches": lambda: noop(
+                spark.read.format("ledgerq").load(single_source)
             ),
+            "ledgerq written with enqueue, read() yields tuples": lambda: noop(
+                spark.read.format("ledgerq").option("arrow", "false").load(single_source)
+            ),
+            parquet_name: lambda: noop(spark.read.parquet(str(parquet))),
         }
         times: dict[str, list[float]] = {name: [] for name in variants}
         for fn in variants.values():
@@ -156,14 +176,18 @@ def main(argv: list[str] | None = None) -> int:
                 fn()
                 times[name].append(time.perf_counter() - start)
 
-        tasks = plan_tasks(ReadOptions(paths=(source,)), Pushed())
+        def local_scan(path: str) -> Callable[[], None]:
+            tasks = plan_tasks(ReadOptions(paths=(path,)), Pushed())
 
-        def local_scan() -> None:
-            for task in tasks:
-                for _ in scan_segment(task):
-                    pass
+            def scan() -> None:
+                for task in tasks:
+                    for _ in scan_segment(task):
+                        pass
 
-        local = _timed(local_scan, args.repeats)
+            return scan
+
+        local = _timed(local_scan(source), args.repeats)
+        local_singles = _timed(local_scan(single_source), args.repeats)
         lo, hi = args.rows // 3, args.rows // 3 + 1999
         pushed = _timed(
             lambda: (
@@ -192,22 +216,32 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
 
-    arrow_rate = statistics.median(args.rows / t for t in times[next(iter(variants))])
-    parquet_rate = statistics.median(args.rows / t for t in times[list(variants)[2]])
+    names = list(variants)
+    batch_rate = statistics.median(args.rows / t for t in times[names[0]])
+    single_rate = statistics.median(args.rows / t for t in times[names[2]])
+    parquet_rate = statistics.median(args.rows / t for t in times[parquet_name])
     print(f"## Spark throughput: {args.rows:,} messages of {args.size} B, {args.master}\n")
     print("| what | rows/s, median (min-max) |")
     print("|---|---|")
     for name, values in times.items():
         print(f"| {name}, noop sink | {_rate(args.rows, values)} |")
-    print(f"| the same scan without Spark, one Python process | {_rate(args.rows, local)} |")
+    print(
+        "| the same scan without Spark, one Python process (enqueue_batch) | "
+        f"{_rate(args.rows, local)} |"
+    )
+    print(
+        "| the same scan without Spark, one Python process (enqueue) | "
+        f"{_rate(args.rows, local_singles)} |"
+    )
     if writes:
         print(
             '| Spark write into 2 sharded queues (`mode("append")`, payload only) | '
             f"{_rate(args.rows, writes)} |"
         )
     print(
-        f"\nledgerq (Arrow) reads at **{arrow_rate / parquet_rate:.0%}** of Parquet's rate "
-        "in this run."
+        f"\nledgerq (Arrow) reads at **{batch_rate / parquet_rate:.2f}x** of Parquet's rate "
+        f"for the queue written with enqueue_batch, **{single_rate / parquet_rate:.2f}x** for "
+        "the one written with enqueue, in this run."
     )
     print(
         f"\nA pushed-down id range (2,000 of {args.rows:,} rows, `where id between ...`): "
@@ -217,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| machine | |\n|---|---|")
     for key, value in _machine():
         print(f"| {key} | {value} |")
-    print(f"| segments | {segments} ({args.queues} queue(s), default segment_size) |")
+    print(f"| segments | {segments} per tree ({args.queues} queue(s), default segment_size) |")
     print(f"\nCommand: `python benchmarks/spark_bench.py {' '.join(argv or sys.argv[1:])}`")
     if not args.dir:
         shutil.rmtree(work, ignore_errors=True)

@@ -6,6 +6,7 @@ LedgerQError
 │   └── IncompatibleFormatError        written by a newer ledgerq
 ├── QueueLockedError                   another open() holds the directory
 ├── QueueClosedError                   use after close()
+├── QueueFullError                     a bounded queue had no room in time (nothing written)
 ├── ForkedQueueError                   use in a process forked from the one that opened it
 ├── MessageTooLargeError (also ValueError)
 ├── CorruptionError                    data that cannot be skipped safely
@@ -32,6 +33,7 @@ __all__ = [
     "MessageTooLargeError",
     "NotAQueueError",
     "QueueClosedError",
+    "QueueFullError",
     "QueueLockedError",
     "StorageError",
     "UnknownMessageError",
@@ -118,6 +120,11 @@ class QueueLockedError(LedgerQError):
 
 class QueueClosedError(LedgerQError):
     """The queue (or reader) was used after ``close()``."""
+
+
+class QueueFullError(LedgerQError):
+    """A bounded queue (``max_pending``, ``max_pending_bytes``) had no room for an
+    enqueue within its ``timeout``; nothing was written."""
 
 
 class ForkedQueueError(LedgerQError):

@@ -127,6 +127,8 @@ class Options:
     max_message_size: int = 16 * _MIB
     retention_max_age: float | None = None
     retention_max_bytes: int | None = None
+    max_pending: int | None = None
+    max_pending_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _integer("segment_size", self.segment_size, minimum=1)
@@ -155,6 +157,9 @@ class Options:
         _integer("max_message_size", self.max_message_size, minimum=1, maximum=1 << 30)
         _seconds("retention_max_age", self.retention_max_age, positive=False, allow_none=True)
         _integer("retention_max_bytes", self.retention_max_bytes, minimum=1, allow_none=True)
+        # A bound of 0 would refuse every enqueue: None (the default) is "unbounded".
+        _integer("max_pending", self.max_pending, minimum=1, allow_none=True)
+        _integer("max_pending_bytes", self.max_pending_bytes, minimum=1, allow_none=True)
 
     @classmethod
     def from_kwargs(
@@ -213,3 +218,5 @@ class OpenOptions(TypedDict, total=False):
     max_message_size: int
     retention_max_age: float | None
     retention_max_bytes: int | None
+    max_pending: int | None
+    max_pending_bytes: int | None

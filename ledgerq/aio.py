@@ -39,17 +39,18 @@ import os
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping
 from types import TracebackType
-from typing import Any, NoReturn, Unpack
+from typing import Any, NoReturn, TypeVar, Unpack
 
 import ledgerq
 from ledgerq import Queue
-from ledgerq._errors import QueueClosedError
+from ledgerq._errors import QueueClosedError, QueueFullError
 from ledgerq._types import Item, Message, Priority, ReaderStart, ReaderStats, Stats
 from ledgerq.core.args import check_count, check_ids, check_timeout
 
 __all__ = ["AsyncQueue", "AsyncReader", "open"]
 
 _DEFAULT_READER = "default"  # the reader ``Queue.dequeue`` uses (docs/usage.md)
+_T = TypeVar("_T")
 
 
 class _Waker:
@@ -240,13 +241,16 @@ class AsyncQueue:
         ttl: float | None = None,
         dedup_id: str | bytes | None = None,
         delay: float | None = None,
+        timeout: float | None = 0,
     ) -> int:
         """Append one message in a thread; return its id (see :meth:`ledgerq.Queue.enqueue`).
 
         Returns when the message has reached the OS, and with ``sync="always"``
-        after it is on disk.
+        after it is on disk.  In a bounded queue, waits up to ``timeout`` seconds
+        for room (0: not at all, None: forever) on the loop, not in a thread: a
+        cancelled enqueue never writes its message later.
         """
-        return await asyncio.to_thread(
+        enqueue = functools.partial(
             self._queue.enqueue,
             payload,
             headers=headers,
@@ -255,12 +259,49 @@ class AsyncQueue:
             dedup_id=dedup_id,
             delay=delay,
         )
+        return await self._when_room(enqueue, timeout)
 
     async def enqueue_batch(
-        self, items: Iterable[bytes | bytearray | memoryview | Item]
+        self,
+        items: Iterable[bytes | bytearray | memoryview | Item],
+        timeout: float | None = 0,
     ) -> list[int]:
-        """Append several messages with one write and at most one fsync; return their ids."""
-        return await asyncio.to_thread(self._queue.enqueue_batch, list(items))
+        """Append several messages with one write and at most one fsync; return their ids.
+
+        All or nothing; in a bounded queue it waits for room as :meth:`enqueue`.
+        """
+        return await self._when_room(
+            functools.partial(self._queue.enqueue_batch, list(items)), timeout
+        )
+
+    async def _when_room(self, append: Callable[[], _T], timeout: float | None) -> _T:
+        """Run ``append`` (never waiting itself) in a thread; while the queue is full,
+        wait on the loop up to ``timeout`` for room and try again."""
+        wait = check_timeout(timeout)
+        if wait == 0:
+            return await asyncio.to_thread(append)
+        loop = asyncio.get_running_loop()
+        deadline = None if wait is None else loop.time() + wait
+        waker = _Waker(loop)
+        remove = self._queue.add_room_listener(waker.wake)
+        try:
+            while True:
+                # Re-arm and clear *before* trying, so room made after the try wakes us.
+                waker.armed = True
+                waker.event.clear()
+                try:
+                    return await asyncio.to_thread(append)
+                except QueueFullError:
+                    pause = None if deadline is None else deadline - loop.time()
+                    if pause is not None and pause <= 0:
+                        raise
+                try:
+                    async with asyncio.timeout(pause):
+                        await waker.event.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            remove()
 
     async def dequeue(self, timeout: float | None = 0) -> Message | None:
         """Lease the next message (see :meth:`AsyncReader.dequeue`)."""

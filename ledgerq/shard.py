@@ -42,7 +42,7 @@ from typing import Any, NoReturn, TypeVar, Unpack
 import xxhash
 
 from ledgerq import _api
-from ledgerq._errors import ConfigError, QueueClosedError, UnknownMessageError
+from ledgerq._errors import ConfigError, QueueClosedError, QueueFullError, UnknownMessageError
 from ledgerq._options import OpenOptions
 from ledgerq._queue import Queue
 from ledgerq._types import Item, Message, Priority, ReaderStats, Stats
@@ -388,13 +388,16 @@ class ShardedQueue(Closing):
         dedup_id: str | bytes | None = None,
         delay: float | None = None,
         group: str | None = None,
+        timeout: float | None = 0,
     ) -> int:
         """Append one message to the shard of ``key``; return its (global) id.
 
         Without a key the shard is the next round-robin one - or the shard of
         ``group`` when one is given (a group's order holds inside one shard), else of
         ``dedup_id`` (so that dedup works across the whole queue).  Durability is the
-        shard's (see :meth:`ledgerq.Queue.enqueue`).
+        shard's (see :meth:`ledgerq.Queue.enqueue`).  The bounds ``max_pending`` and
+        ``max_pending_bytes`` hold per shard: a full shard waits up to ``timeout`` for
+        room, then raises :class:`ledgerq.QueueFullError`.
         """
         self._ensure_open()
         index = self._route(key, group, dedup_id)
@@ -406,6 +409,7 @@ class ShardedQueue(Closing):
             dedup_id=dedup_id,
             delay=delay,
             group=group,
+            timeout=timeout,
         )
         return global_id(local, index, self.shards)
 
@@ -414,13 +418,19 @@ class ShardedQueue(Closing):
         items: Iterable[bytes | bytearray | memoryview | Item],
         *,
         keys: Iterable[bytes | str | None] | None = None,
+        timeout: float | None = 0,
     ) -> list[int]:
         """Append several messages; return their global ids in the order given.
 
         ``keys`` (one per item, None for round-robin) route them.  Each shard's part
         of the batch is written all-or-nothing with one write; the batch as a whole
-        is not atomic across shards (a crash can keep some shards' parts).
+        is not atomic across shards (a crash can keep some shards' parts).  A full
+        bounded shard waits for room within ``timeout`` (all the parts together);
+        if it has none, :class:`ledgerq.QueueFullError` names the ids of the parts
+        already written to other shards.
         """
+        wait = check_timeout(timeout)
+        deadline = None if wait is None else time.monotonic() + wait
         self._ensure_open()
         batch = list(items)
         key_list = [None] * len(batch) if keys is None else list(keys)
@@ -435,7 +445,17 @@ class ShardedQueue(Closing):
             parts.setdefault(index, []).append(position)
         ids = [0] * len(batch)
         for index, positions in sorted(parts.items()):
-            local = self.queues[index].enqueue_batch([batch[p] for p in positions])
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                local = self.queues[index].enqueue_batch([batch[p] for p in positions], left)
+            except QueueFullError as exc:
+                written = [i for i in ids if i]
+                if not written:
+                    raise
+                raise QueueFullError(
+                    f"{exc} (shard {index}); the batch's parts for other shards were "
+                    f"enqueued: ids {written}"
+                ) from exc
             for position, local_id in zip(positions, local, strict=True):
                 ids[position] = global_id(local_id, index, self.shards)
         return ids

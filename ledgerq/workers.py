@@ -1,8 +1,9 @@
 """A pool of worker processes over a queue: ack/nack retry loops without the boilerplate.
 
-The owner process (the caller of :func:`run`) opens the queue, leases one message
-per idle child and sends it down that child's pipe; the child calls
-``handler(message)`` and answers.  The owner then:
+The owner process (the caller of :func:`run`) opens the queue - in shared mode unless
+told otherwise, so producers in other processes (and other pools) use the queue while
+it runs - leases one message per idle child and sends it down that child's pipe; the
+child calls ``handler(message)`` and answers.  The owner then:
 
 * acks when the handler returned;
 * nacks with ``"<ExceptionType>: <text>"`` when it raised - so ``max_retries`` and the
@@ -12,10 +13,11 @@ per idle child and sends it down that child's pipe; the child calls
 
 Nothing here polls: the owner blocks in ``multiprocessing.connection.wait`` on the
 children's pipes and process sentinels, plus a self-pipe that the queue pokes (via
-``Queue.add_listener``) when messages arrive and the signal handlers poke on
-SIGINT/SIGTERM.  On the first signal the owner stops leasing and lets in-flight tasks
-finish (each is then acked or nacked as usual); a second signal kills the children
-and their messages are returned by the queue (delivered again after a restart).
+``Queue.add_listener``) when messages arrive - from any process, in shared mode - and
+the signal handlers poke on SIGINT/SIGTERM.  On the first signal the owner stops
+leasing and lets in-flight tasks finish (each is then acked or nacked as usual); a
+second signal kills the children and their messages are returned by the queue
+(delivered again: at once to other pools, else after a restart).
 """
 
 from __future__ import annotations
@@ -238,6 +240,7 @@ def run(
     processes: int = 4,
     task_timeout: float | None = None,
     until_empty: bool = False,
+    shared: bool = True,
     **options: Unpack[ledgerq.OpenOptions],
 ) -> WorkerReport:
     """Process the queue at ``path`` with ``handler`` in ``processes`` child processes.
@@ -248,8 +251,17 @@ def run(
     (``max_retries``, ``visibility_timeout``, ...) pass through ``options``.  Runs until
     SIGINT/SIGTERM (graceful: in-flight tasks finish) or, with ``until_empty``, until no
     message is pending or in flight.
+
+    The queue is opened with ``shared=True`` (the default): other processes enqueue
+    into it (``ledgerq.open(path, shared=True)``, ``ledgerq enqueue``) while the pool
+    runs, their enqueues wake the owner at once, and several pools may share one queue;
+    a killed owner's messages go back to the others within a second.  ``shared=False``
+    opens it exclusively (a little faster; no other process may open it meanwhile).
+    Raises ``QueueLockedError`` when a process holds the queue in the other mode.
     """
     _check_positive("processes", processes, int, "an int")
+    if not isinstance(shared, bool):
+        raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
     if task_timeout is not None:
         _check_positive("task_timeout", task_timeout, (int, float), "a number of seconds")
         if task_timeout > MAX_SECONDS:  # infinity too: as long as it takes, like None
@@ -269,7 +281,7 @@ def run(
 
     processed = failed = crashed = timed_out = 0
     started = time.monotonic()
-    with ledgerq.open(path, **options) as queue:
+    with ledgerq.open(path, shared=shared, **options) as queue:
         dead_before = queue.stats().dead_lettered
         # While a child is alive its lease is kept (touch) at half the visibility
         # timeout: a long task is not delivered again under it; a dead or stuck child is

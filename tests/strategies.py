@@ -7,7 +7,7 @@ so format tests meet the edges (id 1, id 2**64-1, negative times).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
@@ -64,9 +64,10 @@ class EntrySpec:
     compressed: bool = False
     deliver_at: int | None = None
     group: str | None = None
+    entry_format: int = 2  # 1: as a format-1 ledgerq wrote it (CRC-32; no deliver_at, group)
 
     def encode(self) -> bytes:
-        """Return the entry's bytes, as the queue would write them."""
+        """Return the entry's bytes, as the queue (of ``entry_format``) would write them."""
         blob = encode_headers(self.headers) if self.headers is not None else None
         return encode_entry(
             self.id,
@@ -78,6 +79,7 @@ class EntrySpec:
             compressed=self.compressed,
             deliver_at=self.deliver_at,
             group=None if self.group is None else self.group.encode(),
+            entry_format=self.entry_format,
         )
 
     def matches(self, entry: Entry) -> bool:
@@ -92,6 +94,7 @@ class EntrySpec:
             and bool(entry.flags & EntryFlags.COMPRESSED) == self.compressed
             and entry.deliver_at == self.deliver_at
             and entry.group == self.group
+            and entry.format == self.entry_format
         )
 
 
@@ -118,6 +121,10 @@ def entry_specs(
         compressed=st.booleans(),
         deliver_at=st.none() | timestamps_ns,
         group=st.none() | group_names,
+        entry_format=st.sampled_from([2, 1]),
+    ).map(
+        # A format-1 entry has no deliver_at nor group (format 2 brought them).
+        lambda spec: spec if spec.entry_format == 2 else replace(spec, deliver_at=None, group=None)
     )
 
 

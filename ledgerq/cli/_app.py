@@ -151,6 +151,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _locked_text(exc: ledgerq.QueueLockedError) -> str:
+    """Why the queue could not be opened, by the mode that holds it, and what to do.
+
+    Commands that read or change messages open the queue shared, so only an exclusive
+    holder refuses them; the commands that need the queue to themselves (``verify
+    --repair``, ``config --set``, ``import-kestrel``, ``worker --exclusive``) are
+    refused by shared holders too.
+    """
+    readers = "'ledgerq dump' and 'ledgerq verify' read it without the lock"
+    if exc.held_by == "exclusive":
+        return (
+            f"queue {exc.path} is open elsewhere: another process holds it exclusively; "
+            "stop it first, or have it open the queue with ledgerq.open(path, shared=True) "
+            f"so that the commands that read or change messages work beside it - {readers}"
+        )
+    if exc.held_by == "shared":
+        return (
+            f"queue {exc.path} is open elsewhere: processes have it open in shared mode, "
+            f"and this command needs the queue to itself; stop them first - {readers}"
+        )
+    return (
+        f"queue {exc.path} is open elsewhere (another process holds its lock); stop it "
+        f"first - {readers}"
+    )
+
+
 def _run(args: list[str]) -> int:
     try:
         result = cli.main(args=args, prog_name="ledgerq", standalone_mode=False)
@@ -182,10 +208,7 @@ def _run(args: list[str]) -> int:
         _error("aborted")
         return EXIT_ERROR
     except ledgerq.QueueLockedError as exc:
-        _error(
-            f"queue {exc.path} is open elsewhere (another process holds its lock); stop it "
-            "first - 'ledgerq dump' and 'ledgerq verify' read without the lock"
-        )
+        _error(_locked_text(exc))
         return EXIT_ERROR
     except BrokenPipeError:
         # Output written past the helpers (click's own echo): stop quietly, as above.

@@ -319,12 +319,17 @@ def _permission_problem(path: str) -> str | None:
 
 @contextmanager
 def using_queue(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue]:
-    """Open (creating if missing) the queue with ``options`` for this command only.
+    """Open (creating if missing) the queue in shared mode with ``options`` for this
+    command only.
 
-    The options are not stored (see :func:`for_one_run`).  Closed (and synced) on exit.
+    Shared, so a command works on the queue of a live application that opened it with
+    ``shared=True`` (and on one nobody has open); an application that holds it
+    exclusively refuses it (``QueueLockedError``, ``held_by="exclusive"``).  The
+    options are not stored (see :func:`for_one_run`).  Closed (and synced) on exit:
+    leases the command still holds go back to the queue.
     """
     try:
-        queue = ledgerq.open(path, **for_one_run(options))
+        queue = ledgerq.open(path, shared=True, **for_one_run(options))
     except TypeError as exc:  # an option of the wrong type
         raise CliError(str(exc)) from None
     try:

@@ -56,8 +56,9 @@ def _show(queue: str, options: dict[str, Any], changed: dict[str, Any], as_json:
     multiple=True,
     metavar="NAME=VALUE",
     help="Store this option with the queue (repeatable), as ledgerq.open(QUEUE, "
-    "NAME=VALUE) would: the application gets it at its next open.  Takes the queue's "
-    "lock: refused while the queue is open elsewhere.",
+    "NAME=VALUE) would: the application gets it at its next open.  Needs the queue "
+    "to itself: refused while it is open elsewhere, in either mode (a shared handle "
+    "closing last would store its own options over it).",
 )
 @json_option
 def config(queue: str, set_pairs: tuple[str, ...], as_json: bool) -> None:

@@ -140,6 +140,15 @@ def _split_lines(data: bytes) -> Iterator[list[bytes]]:
     help="Message group: its messages are delivered one at a time, in order "
     "(1 to 255 bytes of UTF-8).",
 )
+@click.option(
+    "--timeout",
+    type=Seconds(allow_inf=True),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="In a bounded queue (max_pending, max_pending_bytes), wait up to this long for "
+    "room ('inf' waits forever); 0 fails at once when the queue is full.",
+)
 @options_option
 def enqueue(
     queue: str,
@@ -151,6 +160,7 @@ def enqueue(
     ttl: float | None,
     delay: float | None,
     group: str | None,
+    timeout: float,
     option_pairs: tuple[str, ...],
 ) -> None:
     """Add messages to QUEUE (created if missing); print their ids.
@@ -158,8 +168,10 @@ def enqueue(
     The payload is DATA, the content of --file, or stdin when DATA is omitted or
     '-'.  With --lines every line is a message of its own.  If stdout is closed
     (or its pipe's reader left), it stops, says on stderr which ids it enqueued,
-    and exits 141.
+    and exits 141.  A full bounded queue fails the command (exit 1, the ids
+    enqueued so far printed) unless --timeout lets it wait for room.
     """
+    wait = None if math.isinf(timeout) else timeout
     if file_path is not None and data not in (None, "-"):
         raise click.UsageError("give DATA or --file, not both")
     headers = _parse_headers(header_pairs)
@@ -190,6 +202,7 @@ def enqueue(
                         ttl=ttl,
                         delay=delay,
                         group=group,
+                        timeout=wait,
                     )
                 ]
             else:
@@ -199,7 +212,7 @@ def enqueue(
                     )
                     for p in batch
                 ]
-                ids = q.enqueue_batch(items)
+                ids = q.enqueue_batch(items, timeout=wait)
             enqueued.extend(ids)
             write_bytes(b"".join(b"%d\n" % i for i in ids))
 

@@ -78,6 +78,13 @@ def load_handler(spec: str) -> Callable[..., Any]:
     help="A task running longer is killed and counts as a failed delivery.",
 )
 @click.option("--until-empty", is_flag=True, help="Stop once the queue is empty.")
+@click.option(
+    "--exclusive",
+    is_flag=True,
+    help="Open the queue exclusively (a little faster; no other process may open it "
+    "meanwhile).  By default it is opened shared: producers in other processes, and "
+    "other workers, use it while this one runs.",
+)
 @json_option
 @options_option
 def worker(
@@ -86,6 +93,7 @@ def worker(
     processes: int,
     task_timeout: float | None,
     until_empty: bool,
+    exclusive: bool,
     as_json: bool,
     option_pairs: tuple[str, ...],
 ) -> None:
@@ -93,7 +101,9 @@ def worker(
 
     The function gets a ledgerq.Message: returning acks it, raising nacks it with the
     exception's text; a crash or a timeout is a failed delivery too.  Prints the
-    report (processed, failed, dead-lettered) when the pool stops.
+    report (processed, failed, dead-lettered) when the pool stops (SIGTERM, Ctrl-C,
+    or --until-empty).  The queue is open in shared mode meanwhile: applications
+    enqueue into it with ledgerq.open(QUEUE, shared=True), or with 'ledgerq enqueue'.
     """
     require_queue(queue)
     options = option_overrides(option_pairs)
@@ -112,6 +122,7 @@ def worker(
         processes=processes,
         task_timeout=task_timeout,
         until_empty=until_empty,
+        shared=not exclusive,
         **for_one_run(options),  # workers.run passes them to ledgerq.open
     )
     figures = {
@@ -169,6 +180,12 @@ def worker(
     default=16,
     help="Threads doing blocking queue work (writes, fsyncs, acks) off the event loop.",
 )
+@click.option(
+    "--shared",
+    is_flag=True,
+    help="Open the queues in shared mode, so Python processes use them directly with "
+    "ledgerq.open(DATA_DIR/<name>, shared=True) while the server runs.",
+)
 @options_option
 def serve(
     data_dir: str,
@@ -180,6 +197,7 @@ def serve(
     bare_keys: bool,
     allow_shutdown: bool,
     threads: int,
+    shared: bool,
     option_pairs: tuple[str, ...],
 ) -> None:
     """Serve the queues in DATA_DIR over the memcache (Kestrel) text protocol.
@@ -188,7 +206,9 @@ def serve(
     memcache client is a producer (set) or a worker (get, with /t=<ms> to wait and
     /open, /close, /abort for reliable reads).  Prints 'listening on HOST:PORT' once
     it accepts connections.  SIGTERM or Ctrl-C stops it cleanly: open reads go back
-    to their queues and every queue is synced and closed.  See docs/server.md.
+    to their queues and every queue is synced and closed.  With --shared, Python
+    processes (and ledgerq commands) use the same queues beside it; a 'delete' of a
+    queue another process has open is refused.  See docs/server.md.
     """
     from ledgerq.server import ServerConfig, run
 
@@ -203,6 +223,7 @@ def serve(
         allow_shutdown=allow_shutdown,
         threads=threads,
         queue_options=option_overrides(option_pairs),
+        shared=shared,
     )
 
     def ready(bound_host: str, bound_port: int) -> None:

@@ -8,6 +8,7 @@ import os
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.reader_state import (
     STATE_FILE_HEADER,
+    STATE_VERSION,
     Checkpoint,
     ReclaimCause,
     StateRecordType,
@@ -16,9 +17,11 @@ from ledgerq.format.reader_state import (
     encode_ids_record,
     encode_lease_by_one,
     encode_lease_by_record,
+    encode_not_before_record,
     encode_reclaim_record,
     encode_state_file_header,
     encode_touch_record,
+    state_checksum,
     state_file_version,
 )
 from ledgerq.segment.appendlog import AppendLog
@@ -61,7 +64,7 @@ class ReaderJournal(AppendLog):
         self._low_space = False
         self._adopted_size = 0  # the size when it was opened or last rewritten
         self.commit = GroupCommit(self.sync)
-        self.version = 1  # of the file on disk: 2 once it may hold a newer record type
+        self.version = STATE_VERSION  # of the file on disk
         self.loaded: ReaderState | None = None  # what load() replayed
 
     _shared = False  # whether checkpoints carry the leases (shared mode)
@@ -84,7 +87,8 @@ class ReaderJournal(AppendLog):
         except DecodeError:
             self.version = 1  # the replay below reports the bad header
         tail = JournalTail(self.path)
-        state.apply(tail.read())
+        records = tail.read()
+        state.apply(records)
         self.loaded = state
         end = tail.offset
         if end < tail.size:
@@ -94,8 +98,46 @@ class ReaderJournal(AppendLog):
                 self.path,
             )
         state.done = {i for i in state.done if i >= state.head}
-        self.open(end)  # cuts the torn bytes
+        if self.version < STATE_VERSION:
+            self._upgrade(records)
+        else:
+            self.open(end)  # cuts the torn bytes
         return state
+
+    def _upgrade(self, records: list[StateRecord]) -> None:
+        """Rewrite a journal of an older version (CRC-32) as the newest (CRC-32C).
+
+        The same records in the same order, only checksummed anew, so the replay is
+        the same; replaced atomically, before anything is appended, so that one file
+        never mixes checksums (and an older ledgerq refuses it by its version).
+
+        In shared mode this runs under the reader's lock (``SharedReaderCore`` loads
+        the journal holding it): no other handle appends meanwhile, and one that has the
+        file open sees it replaced and starts over from the new file, as after a
+        compaction.  A handle that loaded the journal earlier upgraded it then, so the
+        old file is met only by the first handle to load this reader - the session's
+        first while it recovers alone, or the first to open a reader nobody had open.
+        """
+        blob = [encode_state_file_header(STATE_VERSION)]
+        for kind, body, checkpoint, _ in records:
+            if checkpoint is not None:
+                # The five-element form where the file had leases, or is shared mode's.
+                shared = self._shared or bool(checkpoint.leases)
+                blob.append(encode_checkpoint(checkpoint, shared=shared))
+            elif kind is StateRecordType.LEASE_BY:
+                blob.append(encode_lease_by_record(body[0], body[1], body[2:]))
+            elif kind is StateRecordType.RECLAIM:
+                blob.append(encode_reclaim_record(body[0], body[1], body[2:]))
+            # (Version 3 brought these two: no ledgerq wrote them in an older file, but
+            # one that holds them is rewritten as it reads, not refused half-way.)
+            elif kind is StateRecordType.TOUCH:
+                blob.append(encode_touch_record(body[0], body[1], body[2:]))
+            elif kind is StateRecordType.NOT_BEFORE:
+                blob.append(encode_not_before_record(body[0], body[1:]))
+            else:
+                blob.append(encode_ids_record(kind, body))
+        self.replace(b"".join(blob))
+        self.version = STATE_VERSION
 
     def adopt(self, fd: int, size: int) -> None:
         """Append to ``fd`` (holding ``size`` bytes) from now on."""
@@ -162,19 +204,18 @@ class ReaderJournal(AppendLog):
         """Whether the journal has grown enough to be rewritten from a checkpoint."""
         return self.size >= self._compact_at
 
-    def rewrite(self, checkpoint: Checkpoint, *, version: int = 1) -> None:
+    def rewrite(self, checkpoint: Checkpoint) -> None:
         """Replace the journal with one holding only ``checkpoint`` (durably).
 
-        ``version`` is the file's: 2 before records only version 2 knows are appended
-        (a checkpoint alone is version 1, which every ledgerq reads).  Raises
+        The file is of the newest version (its records are CRC-32C).  Raises
         :class:`StorageError` if it cannot; the journal then goes on appending to
         whichever file holds its name (see :func:`replace_and_open`), so no record is
         written where a reopen would not find it.
         """
         self.replace(
-            encode_state_file_header(version) + encode_checkpoint(checkpoint, shared=self._shared)
+            encode_state_file_header() + encode_checkpoint(checkpoint, shared=self._shared)
         )
-        self.version = version
+        self.version = STATE_VERSION
         # Everything before the rewrite is now durable (the checkpoint holds it).
         self.commit.note_write()
         self.commit.sync_now()
@@ -208,10 +249,6 @@ class SharedReaderJournal(ReaderJournal):
         self.holder = holder
         self.lease_deadline_ns = 0  # the deadline of the LEASE_BY records written next
 
-    def rewrite(self, checkpoint: Checkpoint, *, version: int = 2) -> None:
-        """Replace the journal with ``checkpoint`` (leases included): version 2 at least."""
-        super().rewrite(checkpoint, version=max(version, 2))
-
     def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
         if kind is not StateRecordType.LEASE:
             return super().append(kind, ids)
@@ -234,7 +271,7 @@ class SharedReaderJournal(ReaderJournal):
     def append_touch(self, deadline_ns: int, ids: list[int]) -> int:
         """Append a TOUCH of this handle's leases of ``ids``; return the durability ticket.
 
-        The file must be version 3 (the caller checkpoints it first)."""
+        Every journal this ledgerq writes is version 3, which holds TOUCH."""
         self.append_record(encode_touch_record(self.holder, deadline_ns, ids))
         return self.commit.note_write()
 
@@ -276,7 +313,8 @@ class SharedReaderJournal(ReaderJournal):
                 return [], False
             base = self.size
             data = os.pread(fd, size - base, base)
-            records = StateRecords(data, 0, self.path, base=base)
+            crc = state_checksum(self.version)
+            records = StateRecords(data, 0, self.path, base=base, crc=crc)
         found = list(records)
         end = records.end
         if end < base + len(data):

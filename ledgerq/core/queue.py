@@ -17,14 +17,17 @@ import gc
 import logging
 import os
 import threading
+import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NoReturn, cast
 
 from ledgerq._errors import (
     CorruptionError,
+    MessageTooLargeError,
     NotAQueueError,
     QueueClosedError,
+    QueueFullError,
     QueueLockedError,
     StorageError,
 )
@@ -40,8 +43,10 @@ from ledgerq.core.args import (
     check_priority,
     check_reader_name,
     check_reader_start,
+    check_timeout,
     check_ttl,
 )
+from ledgerq.core.backlog import Backlog, written_sizes
 from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
 from ledgerq.core.feature import Draft, Feature
@@ -66,13 +71,12 @@ from ledgerq.format.entry import (
     encode_plain_batch_parts,
     encode_plain_entry,
 )
+from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.layout import subtract_ranges
 from ledgerq.segment.lock import DirLock, LockFile, lock_mode_holding
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import (
-    DELIVER_AT_VERSION,
-    FIRST_VERSION,
     DamagedMetaError,
     Meta,
     MetaStore,
@@ -258,6 +262,7 @@ class QueueCore(Closing):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._waiting = 0
+        self._room_waiting = 0  # enqueues waiting for room in a bounded queue (also in _waiting)
         self._listeners: dict[int, Callable[[], None]] = {}
         self._next_listener = 0
         self._closed = False
@@ -425,7 +430,14 @@ class QueueCore(Closing):
         self._admitters = overriding("admit")
         # No hook looks at a plain enqueue (bytes, no option): it may skip Draft building.
         self._max_size = self.options.max_message_size
-        self._plain_path = not (self._transformers or self._admitters or overriding("appended"))
+        opts = self.options
+        self._backlog: Backlog | None = None
+        if opts.max_pending is not None or opts.max_pending_bytes is not None:
+            self._backlog = Backlog(opts.max_pending, opts.max_pending_bytes)
+        # The plain paths skip admission: a bounded queue takes the checked one.
+        self._plain_path = not (
+            self._transformers or self._admitters or overriding("appended") or self._backlog
+        )
         self._recorders = overriding("appended")
         self._restorers = overriding("restore")
         self._flushers = overriding("flush")
@@ -447,7 +459,6 @@ class QueueCore(Closing):
                 with contextlib.suppress(OSError):
                     os.unlink(journal.path)
             raise
-        core.may_hold_delays = self._keeper.meta.version >= DELIVER_AT_VERSION
         reader = Reader(self, core)
         self._readers[name] = reader
         self._cores[name] = core
@@ -644,9 +655,14 @@ class QueueCore(Closing):
         dedup_id: object,
         delay: object = None,
         group: object = None,
+        sizes: list[int] | None = None,
     ) -> Draft:
+        """Validate one message and build its draft; append its payload size (as given,
+        before any feature changes it) to ``sizes`` if given - for a bounded queue."""
         limit = self.options.max_message_size
         data = check_payload(payload, limit)
+        if sizes is not None:
+            sizes.append(len(data))
         blob = check_headers_size(encode_headers(headers), limit) if headers is not None else None
         level = check_priority(priority) if priority is not Priority.MEDIUM else 1
         seconds = check_ttl(ttl)
@@ -675,6 +691,7 @@ class QueueCore(Closing):
         dedup_id: str | bytes | None = None,
         delay: float | None = None,
         group: str | None = None,
+        timeout: float | None = 0,
     ) -> int:
         """Append one message; return its id.
 
@@ -687,6 +704,12 @@ class QueueCore(Closing):
         time; other groups and messages without one are not held up.
         Raises ``TypeError``/``ValueError`` for bad arguments and
         :class:`MessageTooLargeError` before anything is written.
+
+        In a bounded queue (``max_pending``, ``max_pending_bytes``) an enqueue that
+        would exceed a bound waits up to ``timeout`` seconds for room (0: not at all,
+        None: forever), then raises :class:`QueueFullError` having written nothing.
+        A payload larger than ``max_pending_bytes`` raises
+        :class:`MessageTooLargeError` at once.
         """
         if (
             type(payload) is bytes
@@ -698,10 +721,12 @@ class QueueCore(Closing):
             and group is None
             and self._plain_path
             and len(payload) <= self._max_size
+            and timeout == 0
         ):
             return self._append_plain(payload)
-        draft = self._prepare(payload, headers, priority, ttl, dedup_id, delay, group)
-        return self._append([draft])[0]
+        sizes: list[int] | None = [] if self._backlog is not None else None
+        draft = self._prepare(payload, headers, priority, ttl, dedup_id, delay, group, sizes)
+        return self._append([draft], sizes, timeout)[0]
 
     # The three append paths below (one plain payload, a plain batch, drafts with
     # features) share their steps, in this order, under the queue lock:
@@ -770,12 +795,18 @@ class QueueCore(Closing):
             self._log_commit.wait_durable(ticket)
         return list(range(first, first + count))
 
-    def enqueue_batch(self, items: Iterable[bytes | bytearray | memoryview | Item]) -> list[int]:
+    def enqueue_batch(
+        self,
+        items: Iterable[bytes | bytearray | memoryview | Item],
+        timeout: float | None = 0,
+    ) -> list[int]:
         """Append several messages with one write and at most one fsync; return their ids.
 
-        Every item is validated first: if any is invalid, nothing is written.
+        Every item is validated first: if any is invalid, nothing is written.  In a
+        bounded queue the batch waits up to ``timeout`` for room for all of it (as
+        :meth:`enqueue`): all or nothing.
         """
-        if self._plain_path:
+        if self._plain_path and timeout == 0:
             limit = self.options.max_message_size
             payloads = items if isinstance(items, list) else list(items)
             # set/map/max run in C: no Python-level loop over the batch for the check.
@@ -787,6 +818,7 @@ class QueueCore(Closing):
                 return self._append_plain_batch(payloads)  # type: ignore[arg-type]
             items = payloads
         prepared: list[Draft] = []
+        sizes: list[int] | None = [] if self._backlog is not None else None
         for item in items:
             if isinstance(item, Item):
                 prepared.append(
@@ -798,25 +830,35 @@ class QueueCore(Closing):
                         item.dedup_id,
                         item.delay,
                         item.group,
+                        sizes,
                     )
                 )
             else:
-                prepared.append(self._prepare(item, None, Priority.MEDIUM, None, None))
+                prepared.append(self._prepare(item, None, Priority.MEDIUM, None, None, sizes=sizes))
         if not prepared:
+            check_timeout(timeout)
             return []
-        return self._append(prepared)
+        return self._append(prepared, sizes, timeout)
 
-    def _append(self, drafts: list[Draft]) -> list[int]:
+    def _append(
+        self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
+    ) -> list[int]:
         """Append ``drafts`` as one batch (all or nothing); return an id for each.
 
         A draft its features found to be a duplicate (dedup) is not written: its id
-        is the original message's.
+        is the original message's.  ``sizes`` (the payload sizes as given) and
+        ``timeout`` are for a bounded queue: see :meth:`_admit_bounded`.
         """
+        wait = check_timeout(timeout)
         with self._lock:
             if self._closed:
                 self._ensure_open()
-            now = self._clock_offset_ns + self._clock_mono()
-            to_write, existing = self._admit(drafts, now) if self._admitters else (drafts, {})
+            if self._backlog is None:
+                now = self._clock_offset_ns + self._clock_mono()
+                to_write, existing = self._admit(drafts, now) if self._admitters else (drafts, {})
+            else:
+                assert sizes is not None
+                now, to_write, existing = self._admit_bounded(drafts, sizes, wait)
             if not to_write:
                 return [existing[i] for i in range(len(drafts))]
             first = self._next_id
@@ -833,6 +875,9 @@ class QueueCore(Closing):
                 self._count_written(first)
                 raise
             ticket = self._appended(first, count, len(self._manager.segments) != segments)
+            if self._backlog is not None:
+                assert sizes is not None
+                self._backlog.appended(first, written_sizes(sizes, existing))
             for feature in self._recorders:
                 feature.appended(to_write, first, now)
         if self._sync_always:
@@ -843,10 +888,7 @@ class QueueCore(Closing):
         return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
 
     def _encode_drafts(self, drafts: list[Draft], first: int, now: int) -> list[bytes]:
-        """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held).
-
-        Before the queue's first delayed entry, meta.json's version is raised (durably).
-        """
+        """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held)."""
         count = len(drafts)
         records = [
             encode_entry(
@@ -864,32 +906,7 @@ class QueueCore(Closing):
             )
             for i, draft in enumerate(drafts)
         ]
-        if self._keeper.meta.version < DELIVER_AT_VERSION and any(
-            draft.delay_ns is not None or draft.group is not None for draft in drafts
-        ):
-            self._raise_format_for_delays()
         return records
-
-    def _learn_format(self) -> None:
-        """Before stats (lock held): whether entries may be delayed is known here (this
-        queue raises the version itself); shared mode reads it from meta.json."""
-
-    def _raise_format_for_delays(self) -> None:
-        """Before the queue's first delayed entry: meta.json version 2, durably (lock held).
-
-        An older ledgerq would skip a delayed entry as corrupt; reading version 2 in
-        meta.json it refuses the queue instead (``segment.meta``).  If the save fails
-        the version stays 1 in memory too, and the append raises with nothing written.
-        """
-        meta = self._keeper.meta  # shared mode replaces it with the file's at each save
-        meta.version = DELIVER_AT_VERSION
-        try:
-            self._save_meta(clean=False)
-        except BaseException:
-            self._keeper.meta.version = FIRST_VERSION
-            raise
-        for core in self._cores.values():
-            core.may_hold_delays = True
 
     def _admit(self, drafts: list[Draft], now: int) -> tuple[list[Draft], dict[int, int]]:
         """Ask the admitting features about each draft (lock held).
@@ -911,6 +928,93 @@ class QueueCore(Closing):
                 fresh.append(draft)
         self._tally.duplicates += len(existing)
         return fresh, existing
+
+    def _admit_bounded(
+        self, drafts: list[Draft], sizes: list[int], wait: float | None
+    ) -> tuple[int, list[Draft], dict[int, int]]:
+        """:meth:`_admit` in a bounded queue (lock held): wait for room for the drafts to
+        write, up to ``wait`` seconds (None: forever); return the time to stamp them with.
+
+        See :meth:`_check_room` and :meth:`_wait_for_room` for what it raises.
+        """
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            now = self._clock_offset_ns + self._clock_mono()
+            to_write, existing = self._admit(drafts, now) if self._admitters else (drafts, {})
+            if not to_write:
+                return now, to_write, existing
+            short = self._check_room(to_write, sizes, existing)
+            if not short:
+                return now, to_write, existing
+            self._wait_for_room(short, deadline, wait)
+
+    def _check_room(
+        self, to_write: list[Draft], sizes: list[int], existing: Mapping[int, int]
+    ) -> str:
+        """Whether the admitted ``to_write`` fit the bounds now (lock held): "" if they do,
+        else why not, having rolled the admission (dedup) back - it is done again after
+        the wait, since what it found may change meanwhile.
+
+        Raises at once, written nothing, when the batch is larger than a bound on its
+        own: :class:`MessageTooLargeError` for one message, else :class:`QueueFullError`.
+        """
+        backlog = self._backlog
+        assert backlog is not None
+        size = sum(written_sizes(sizes, existing))
+        never = backlog.refusal(len(to_write), size)
+        cores = [r._core for r in self._readers.values()]
+        short = never or backlog.shortfall(self, cores, self._next_id, len(to_write), size)
+        if short:
+            for feature in self._admitters:
+                feature.rollback()
+            self._tally.duplicates -= len(existing)
+            if never:
+                error = MessageTooLargeError if len(to_write) == 1 else QueueFullError
+                raise error(f"{never}: it can never be enqueued in {self.path}")
+        return short
+
+    def _wait_for_room(self, short: str, deadline: float | None, wait: float | None) -> None:
+        """Wait (lock held, released meanwhile) until an ack or the like may have made
+        room, or raise :class:`QueueFullError` if ``deadline`` has passed.
+
+        Room is made by the default reader's and named readers' acks, dead-letters,
+        expiries, drops and purges in this handle (they notify the condition while
+        ``_room_waiting``), and in shared mode by other processes (the housekeeper
+        watches their journals while ``_waiting``).
+        """
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            waited = "" if not wait else f" after waiting {wait:g} s"
+            raise QueueFullError(
+                f"queue {self.path} is full ({short}){waited}; nothing was written - "
+                "consume and ack messages, or pass a timeout to wait for room"
+            )
+        if self._prepare_wait():
+            return  # now watching the other processes' changes: look once more
+        self._waiting += 1
+        self._room_waiting += 1
+        try:
+            self._cond.wait(remaining)
+        finally:
+            self._waiting -= 1
+            self._room_waiting -= 1
+        if self._closed:
+            self._ensure_open()
+
+    def _entries_from(self, first_id: int) -> Iterator[Entry]:
+        """The log's entries from ``first_id`` on (lock held), for the backlog's ledger."""
+        cursor = LogCursor(self._manager, first_id)
+        while (entry := cursor.next()) is not None:
+            yield entry
+
+    def _given_size(self, entry: Entry) -> int:
+        """The size of ``entry``'s payload as its producer gave it (decompressed)."""
+        if not entry.flags & _COMPRESSED:
+            return len(entry.payload)
+        try:
+            return len(self._restore(entry))
+        except CorruptionError:
+            return 0  # never delivered: skipped as corrupt when a reader meets it
 
     def _refuse_full_disk(self) -> NoReturn:
         """Refuse an append while the disk reserve is spent (nothing written)."""
@@ -1159,6 +1263,11 @@ class QueueCore(Closing):
         shared handle while it opens): features may then rewrite their files freely."""
         return True
 
+    def _room_made(self) -> None:
+        """Messages left the backlog (lock held): wake the enqueues waiting for room."""
+        if self._room_waiting:
+            self._wake()
+
     def _wake(self) -> None:
         """Messages may have become available (or the queue closed): wake every waiter."""
         self._cond.notify_all()
@@ -1182,6 +1291,27 @@ class QueueCore(Closing):
                 self._listeners.pop(key, None)
 
         return remove
+
+    def add_room_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """:meth:`add_listener` for a waiter of room in a bounded queue: ``callback`` is
+        also called when messages leave the backlog (acks, dead-letters, expiries,
+        drops, purges), here or - in shared mode - in another handle or process.
+        Used by ``ledgerq.aio`` to wait for room without a thread."""
+        remove = self.add_listener(callback)
+        with self._lock:
+            self._room_waiting += 1
+        removed = False
+
+        def remove_room() -> None:
+            nonlocal removed
+            with self._lock:
+                if removed:
+                    return
+                removed = True
+                self._room_waiting -= 1
+            remove()
+
+        return remove_room
 
     # ------------------------------------------------------------------ tooling
 
@@ -1208,6 +1338,7 @@ class QueueCore(Closing):
             settled = self._default._core.settle_any(message_id)
             if settled:
                 self._retire_consumed()
+                self._room_made()
         return settled
 
     # ------------------------------------------------------------------ retention
@@ -1295,6 +1426,7 @@ class QueueCore(Closing):
                     logger.warning("ledgerq: the segment stays for now: %s", exc)
                     return False
         self._manager.delete_first()
+        self._room_made()
         return True
 
     def compact(self) -> None:
@@ -1312,7 +1444,6 @@ class QueueCore(Closing):
         """A snapshot of the queue's figures (see :class:`ledgerq.Stats`)."""
         with self._lock:
             self._ensure_open()
-            self._learn_format()
             now = self._clock.now_ns()
             readers = {name: r._core.stats(now) for name, r in self._readers.items()}
             default = readers[DEFAULT_READER]
@@ -1401,6 +1532,7 @@ class QueueCore(Closing):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._waiting = 0
+        self._room_waiting = 0  # enqueues waiting for room in a bounded queue (also in _waiting)
         self._listeners = {}  # wakers of the parent's event loops and pools
 
     def _check(self) -> None:

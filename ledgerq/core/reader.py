@@ -44,7 +44,6 @@ from ledgerq.core.processes import unpicklable
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import (
-    NOT_BEFORE_VERSION,
     Checkpoint,
     StateRecordType,
     encode_ids_record,
@@ -451,11 +450,8 @@ class ReaderCore:
     def _append_with_not_before(self, record: bytes, dues: dict[int, int]) -> int:
         """Append ``record`` and a NOT_BEFORE record per id of ``dues``, as one write (a
         kill keeps all or none of them); return the durability ticket."""
-        if self.journal.version < NOT_BEFORE_VERSION:
-            # An older ledgerq must not meet the record: a version 3 file first, which it
-            # refuses by its version (as RELEASE needs version 2).  The ids may be in no
-            # structure right now (out of a lease, out of the selector): keep them.
-            self.checkpoint(version=NOT_BEFORE_VERSION, floor=min(dues))
+        # The journal is version 3 from its open on (ReaderJournal.load), which holds
+        # NOT_BEFORE: an older ledgerq refuses the file by its version.
         records = [record]
         records.extend(encode_not_before_record(due, [i]) for i, due in dues.items())
         self.journal.append_record(b"".join(records))
@@ -479,34 +475,32 @@ class ReaderCore:
         """Messages the cursor has not read yet that wait at ``now_ns``: delayed entries
         (``deliver_at``) and ids with a retry time from the journal (``not_before``).
 
-        For stats only.  Delayed entries are looked for only once the queue may hold
-        them (meta.json version 2: :attr:`may_hold_delays`): the unread log is scanned
-        once, the delayed entries found ahead of the cursor are remembered (16 bytes
-        each), and later calls scan only what was appended since.
+        For stats only.  The unread log is scanned once, the delayed entries found ahead
+        of the cursor are remembered (16 bytes each), and later calls scan only what was
+        appended since.
         """
         start = self._cursor.next_id
         skip = self._skip
         waiting: set[int] = set()
-        if self.may_hold_delays:
-            ahead_ids, ahead_dues = self._ahead_ids, self._ahead_dues
-            cursor = LogCursor(self._manager, max(start, self._ahead_from))
-            while True:
-                entry = cursor.next()
-                if entry is None:
-                    break
-                if entry.flags & _DELIVER_AT and entry.deliver_at is not None:
-                    ahead_ids.append(entry.id)
-                    ahead_dues.append(entry.deliver_at)
-            self._ahead_from = cursor.next_id
-            passed = bisect_left(ahead_ids, start)  # read by the cursor since: parked or gone
-            if passed:
-                del ahead_ids[:passed]
-                del ahead_dues[:passed]
-            waiting.update(
-                message_id
-                for message_id, due in zip(ahead_ids, ahead_dues, strict=True)
-                if due > now_ns and message_id not in skip
-            )
+        ahead_ids, ahead_dues = self._ahead_ids, self._ahead_dues
+        cursor = LogCursor(self._manager, max(start, self._ahead_from))
+        while True:
+            entry = cursor.next()
+            if entry is None:
+                break
+            if entry.flags & _DELIVER_AT and entry.deliver_at is not None:
+                ahead_ids.append(entry.id)
+                ahead_dues.append(entry.deliver_at)
+        self._ahead_from = cursor.next_id
+        passed = bisect_left(ahead_ids, start)  # read by the cursor since: parked or gone
+        if passed:
+            del ahead_ids[:passed]
+            del ahead_dues[:passed]
+        waiting.update(
+            message_id
+            for message_id, due in zip(ahead_ids, ahead_dues, strict=True)
+            if due > now_ns and message_id not in skip
+        )
         if self._not_before:
             waiting.update(
                 message_id
@@ -520,8 +514,6 @@ class ReaderCore:
         self._ahead_ids = array("Q")
         self._ahead_dues = array("q")
         self._ahead_from = 0
-
-    may_hold_delays = False  # whether an entry may be delayed: set by the queue
 
     def _lease(self, entry: Entry, now: float) -> tuple[Entry, int]:
         """Record the lease of ``entry`` (its LEASE record is written); return it, attempt."""
@@ -765,10 +757,6 @@ class ReaderCore:
         With ``due_ns``, not delivered again before then (a NOT_BEFORE record, in the
         same write as the RELEASE).
         """
-        if self.journal.version < 2:
-            # A version 1 file must not hold a RELEASE (an older ledgerq would take it for
-            # damage): start a version 2 file first - it refuses those by its version.
-            self.checkpoint(version=2)
         # First: if the write fails, nothing changed.
         if due_ns is None:
             ticket = self.journal.append(_RELEASE, ids)
@@ -973,32 +961,31 @@ class ReaderCore:
         """Messages leased and not yet acked or nacked."""
         return len(self._leased)
 
+    def finished_from(self, first: int) -> set[int]:
+        """The ids >= ``first`` already finished (acked, dead-lettered, expired), in this
+        run or an earlier one: out of order, above the head (for a bounded queue)."""
+        return {i for i in self._done if i >= first} | {i for i in self._skip if i >= first}
+
     # ------------------------------------------------------------------ persistence
 
     def _prune_done(self) -> None:
         head = self.head
         self._done = {i for i in self._done if i >= head}
 
-    def checkpoint(self, *, version: int = 1, floor: int | None = None) -> None:
+    def checkpoint(self) -> None:
         """Rewrite the journal as one checkpoint of the current state (durable).
 
-        ``version`` 2 makes room for records version 1 does not know (RELEASE).
-        ``floor``: an id the caller holds in hand - taken from the selector, or out of
-        a lease, on its way to being parked - which no structure the head is computed
-        from holds at this moment: the head must not pass it.
+        The journal is of the newest version from its open on (``ReaderJournal.load``
+        rewrites an older one), so a RELEASE or NOT_BEFORE can be appended to it as it is.
         """
         head = self.head
-        if floor is not None and floor < head:
-            head = floor
-        self._done = {i for i in self._done if i >= head}
+        self._prune_done()
         self._skip = {i for i in self._skip if i >= head}
         done = sorted(self._done | self._skip)
         deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
         not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
-        if not_before:
-            version = max(version, NOT_BEFORE_VERSION)
         checkpoint = Checkpoint(head, done, deliveries, dict(self.counters), [], not_before)
-        self.journal.rewrite(checkpoint, version=version)
+        self.journal.rewrite(checkpoint)
 
     def maybe_compact(self) -> None:
         """Checkpoint if the journal has grown enough; never raises.
@@ -1171,6 +1158,8 @@ class Reader:
                 taken = core.take_one(monotonic_ns * 1e-9, queue._clock_offset_ns + monotonic_ns)
                 if taken is not None:
                     core.maybe_compact()
+                if queue._room_waiting:  # a take may expire or dead-letter messages
+                    queue._wake()
             if taken is None:
                 return None
             entry, attempt = taken
@@ -1196,6 +1185,8 @@ class Reader:
                     monotonic_ns = queue._clock_mono()
                     lease_now = monotonic_ns * 1e-9
                     taken = core.take(n, lease_now, queue._clock_offset_ns + monotonic_ns)
+                    if queue._room_waiting:  # a take may expire or dead-letter messages
+                        queue._wake()
                     if taken:
                         core.maybe_compact()
                         break
@@ -1243,6 +1234,8 @@ class Reader:
             ticket = core.ack_one(message_id)
             core.maybe_compact()
             self._retire_if_passed_oldest()
+            if queue._room_waiting:  # a bounded queue's enqueue waits for this room
+                queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
@@ -1269,6 +1262,8 @@ class Reader:
             ticket = core.ack(ids)
             core.maybe_compact()
             self._retire_if_passed_oldest()
+            if queue._room_waiting:  # a bounded queue's enqueue waits for this room
+                queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 

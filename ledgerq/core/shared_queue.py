@@ -23,6 +23,7 @@ the state of the files, brought up to date under a short OS lock (docs/architect
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -33,14 +34,15 @@ from collections.abc import Callable, Iterable, Iterator
 
 from ledgerq._errors import (
     CorruptionError,
-    NotAQueueError,
+    IncompatibleFormatError,
     QueueClosedError,
     QueueLockedError,
     StorageError,
 )
 from ledgerq._options import Options
 from ledgerq._types import ReaderStats, Stats
-from ledgerq.core.args import READER_NAME
+from ledgerq.core.args import READER_NAME, check_timeout
+from ledgerq.core.backlog import written_sizes
 from ledgerq.core.clock import Clock
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.core.journal import ReaderJournal, ReaderRemovedError, SharedReaderJournal
@@ -52,6 +54,7 @@ from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
 from ledgerq.format.entry import encode_plain_batch_parts, encode_plain_entry
 from ledgerq.format.shared_state import (
+    SHARED_VERSION,
     SLOT_CORRUPT_SKIPPED,
     SLOT_DUPLICATES,
     SLOT_ENQUEUED_BASE,
@@ -61,10 +64,11 @@ from ledgerq.format.shared_state import (
     SLOT_WRITING,
     encode_page,
     page_problem,
+    page_version,
 )
 from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.lock import DirLock, LockFile
-from ledgerq.segment.meta import DELIVER_AT_VERSION, DamagedMetaError, Meta
+from ledgerq.segment.meta import DamagedMetaError, Meta
 from ledgerq.segment.naming import (
     APPEND_NAME,
     LIVE_SUFFIX,
@@ -173,11 +177,10 @@ def save_shared_meta(
         manager.refresh()
         store = keeper.store
         try:
-            fresh = store.load()
+            # (none yet: a new queue whose first save failed - this one writes it)
+            fresh = store.load() if store.exists() else keeper.meta
         except (DamagedMetaError, CorruptionError):
             fresh = keeper.meta
-        # A version raised by this handle (its first delayed entry) is never lowered.
-        fresh.version = max(fresh.version, keeper.meta.version)
         manager.remember_reported(
             [(int(a), int(b)) for a, b in fresh.corrupt_regions if isinstance(a, int)]
         )
@@ -492,9 +495,12 @@ class SharedQueueCore(QueueCore):
         self._tally = tally
         page_path = os.path.join(shared_dir, SHARED_STATE_NAME)
         if self._first:
-            manager = self._new_shared_manager(None)
-            self._manager = manager
+            self._manager = self._new_shared_manager(None)
             self._recover_log(meta)
+            # (not before: a recovery that met a full disk ran again, with the disk
+            # reserve's space, on a new manager - the first one is closed)
+            manager = self._manager
+            assert isinstance(manager, SharedSegmentManager)
             self._reserve_ids_at_open()
             self._forget_dead_handles()
             old = self._old_page_counters(page_path)
@@ -503,17 +509,28 @@ class SharedQueueCore(QueueCore):
                 "corrupt_skipped": max(tally.corrupt_skipped, old.get("corrupt_skipped", 0)),
                 "enqueued_base": self._enqueued,
                 "enqueued_through": self._next_id,
-                "reserve_spent": 0 if self._reserve.is_held else 1,
             }
             manager.generation = 1
-            write_page(
-                page_path,
-                encode_page(
-                    manager.current_tail(),
-                    reserved_until=self._ids_reserved_until,
-                    counters=counters,
-                ),
-            )
+
+            def write() -> None:
+                counters["reserve_spent"] = 0 if self._reserve.is_held else 1
+                write_page(
+                    page_path,
+                    encode_page(
+                        manager.current_tail(),
+                        reserved_until=self._ids_reserved_until,
+                        counters=counters,
+                    ),
+                )
+
+            try:
+                write()
+            except StorageError as exc:
+                # A full disk must not lock the user out (a drain opens shared too, e.g.
+                # `ledgerq dequeue`): the page's first block comes from the disk reserve.
+                if exc.errno != errno.ENOSPC or not self._make_room():
+                    raise
+                write()
             page = SharedPage(page_path)
             self._page = page
             manager.page = page
@@ -524,6 +541,17 @@ class SharedQueueCore(QueueCore):
         page = SharedPage(page_path)
         self._page = page
         problem = page.problem()
+        version = page_version(page.memory[:])  # a copy: no view left on the mapping
+        if version is not None and version < SHARED_VERSION:
+            # The session was started by a format-1 ledgerq (a format-2 first handle
+            # writes a version-2 page): its handles would take our format-2 records
+            # for damage, and we their CRC-32 tail for a torn one.  Nothing is written.
+            raise IncompatibleFormatError(
+                f"queue {self.path!r} is open in shared mode by handles of an older "
+                f"ledgerq (state page version {version}, format 1); this ledgerq writes "
+                "format 2, which they cannot read: close them, then open the queue here "
+                "(or open it with the older ledgerq)"
+            )
         if problem and not problem.startswith("the published tail"):
             raise CorruptionError(
                 f"the shared-mode state page is damaged ({problem}); close every handle of "
@@ -577,7 +605,11 @@ class SharedQueueCore(QueueCore):
                 data = f.read()
         except OSError:
             return {}
-        if page_problem(data):
+        # A format-1 page (version 1: its tail's checksum is CRC-32) holds the same slots.
+        version = page_version(data)
+        if version is None or version > SHARED_VERSION:
+            return {}
+        if version == SHARED_VERSION and page_problem(data):
             return {}
         return {
             "duplicates": struct.unpack_from("<Q", data, SLOT_DUPLICATES)[0],
@@ -717,19 +749,6 @@ class SharedQueueCore(QueueCore):
 
     # ------------------------------------------------------------------ meta.json
 
-    def _learn_format(self) -> None:
-        """Another handle may have written the queue's first delayed entry: look at
-        meta.json's version (until it says so, then never again)."""
-        if self._default._core.may_hold_delays:
-            return
-        try:
-            version = self._meta_store.load().version
-        except (NotAQueueError, CorruptionError):
-            return
-        if version >= DELIVER_AT_VERSION:
-            for core in self._cores.values():
-                core.may_hold_delays = True
-
     def _save_meta(self, *, clean: bool) -> None:
         manager = self._manager
         assert isinstance(manager, SharedSegmentManager)
@@ -853,46 +872,94 @@ class SharedQueueCore(QueueCore):
             self._log_commit.wait_durable(ticket)
         return list(range(first, first + count))
 
-    def _append(self, drafts: list[Draft]) -> list[int]:
+    def _append(
+        self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
+    ) -> list[int]:
+        wait = check_timeout(timeout)
+        deadline = None if wait is None else time.monotonic() + wait
         with self._lock:
-            if self._closed:
-                self._ensure_open()
-            manager = self._begin_append()
-            try:
-                now = self._now_ns(manager)
-                if self._admitters:
-                    for feature in self._admitters:
-                        feature.catch_up()
-                    to_write, existing = self._admit(drafts, now)
-                else:
-                    to_write, existing = drafts, {}
-                if not to_write:
-                    return [existing[i] for i in range(len(drafts))]
-                first = self._next_id
-                count = len(to_write)
-                segments = len(manager.segments)
-                try:
-                    records = self._encode_drafts(to_write, first, now)
-                    if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
-                        self._reserve_ids(first + count)
-                    manager.append(records, [len(r) for r in records], first, now)
-                except BaseException:
-                    for feature in self._admitters:
-                        feature.rollback()
-                    self._count_written(first)
-                    raise
-                ticket = self._appended(first, count, len(manager.segments) != segments)
-                for feature in self._recorders:
-                    feature.appended(to_write, first, now)
-            finally:
-                manager.end_append()
+            while True:
+                if self._closed:
+                    self._ensure_open()
+                with self._readers_held():
+                    manager = self._begin_append()
+                    try:
+                        now = self._now_ns(manager)
+                        if self._admitters:
+                            for feature in self._admitters:
+                                feature.catch_up()
+                            to_write, existing = self._admit(drafts, now)
+                        else:
+                            to_write, existing = drafts, {}
+                        if not to_write:
+                            return [existing[i] for i in range(len(drafts))]
+                        short = ""
+                        if self._backlog is not None:
+                            assert sizes is not None
+                            short = self._check_room(to_write, sizes, existing)
+                        if not short:
+                            first, ticket = self._write_drafts(manager, to_write, now)
+                            if self._backlog is not None:
+                                assert sizes is not None
+                                self._backlog.appended(first, written_sizes(sizes, existing))
+                            break
+                    finally:
+                        manager.end_append()
+                self._wait_for_room(short, deadline, wait)
             self._after_shared_append()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
+        count = len(to_write)
         if not existing:
             return list(range(first, first + count))
         fresh_ids = iter(range(first, first + count))
         return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
+
+    def _readers_held(self) -> contextlib.AbstractContextManager[None]:
+        """A bounded queue's appends hold every reader (in name order, before the append
+        lock, as every step takes them): the backlog they count cannot shrink or grow
+        under the check, and two handles cannot both take the last room."""
+        if self._backlog is None:
+            return contextlib.nullcontext()
+        return self._holding_every_reader()
+
+    @contextlib.contextmanager
+    def _holding_every_reader(self) -> Iterator[None]:
+        self._open_readers_on_disk()
+        entered: list[SharedReaderCore] = []
+        try:
+            for name in sorted(self._cores):
+                core = self._cores[name]
+                assert isinstance(core, SharedReaderCore)
+                core._enter()
+                entered.append(core)
+            yield
+        finally:
+            for core in reversed(entered):
+                core._leave()
+
+    def _write_drafts(
+        self, manager: SharedSegmentManager, to_write: list[Draft], now: int
+    ) -> tuple[int, int]:
+        """Write the admitted drafts (append lock held); return the first id and the
+        commit ticket."""
+        first = self._next_id
+        count = len(to_write)
+        segments = len(manager.segments)
+        try:
+            records = self._encode_drafts(to_write, first, now)
+            if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
+                self._reserve_ids(first + count)
+            manager.append(records, [len(r) for r in records], first, now)
+        except BaseException:
+            for feature in self._admitters:
+                feature.rollback()
+            self._count_written(first)
+            raise
+        ticket = self._appended(first, count, len(manager.segments) != segments)
+        for feature in self._recorders:
+            feature.appended(to_write, first, now)
+        return first, ticket
 
     def _appended(self, first: int, count: int, rotated: bool) -> int:
         """Account entries now in the log (append lock held); retention after a rotation."""
@@ -960,7 +1027,7 @@ class SharedQueueCore(QueueCore):
         """Delete the sealed segments every reader has consumed (append lock held)."""
         manager = self._manager
         assert isinstance(manager, SharedSegmentManager)
-        manager.refresh()
+        manager.catch_up_locked()  # (it publishes below: a dead appender's tail first)
         segments = manager.segments
         if len(segments) < 2:
             return
@@ -1003,7 +1070,7 @@ class SharedQueueCore(QueueCore):
                 entered.append(core)
             manager.lock_appends()
             try:
-                manager.refresh()
+                manager.catch_up_locked()  # (it publishes below: see _retire_locked)
                 while len(manager.segments) > 1 and manager.disk_bytes > max_bytes:
                     if not self._drop_oldest_segment(max_bytes):
                         break
@@ -1084,7 +1151,6 @@ class SharedQueueCore(QueueCore):
             self._ensure_open()
             self._open_readers_on_disk()
             self._manager.refresh()
-            self._learn_format()
             now = self._clock.now_ns()
             readers: dict[str, ReaderStats] = {
                 name: r._core.stats(now) for name, r in self._readers.items()
@@ -1117,7 +1183,12 @@ class SharedQueueCore(QueueCore):
         from ledgerq.core.shared_process import housekeeper
 
         self._last_wait = time.monotonic()
-        return housekeeper().arm(self)
+        armed = housekeeper().arm(self)
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        if manager.wait_for_appender():
+            return True  # another handle published an append we were woken for: look again
+        return armed
 
     def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
         remove = super().add_listener(callback)

@@ -44,7 +44,6 @@ from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, ReaderCore, ReaderHooks
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import (
-    NOT_BEFORE_VERSION,
     Checkpoint,
     ReclaimCause,
     StateRecordType,
@@ -139,13 +138,12 @@ class SharedReaderCore(ReaderCore):
                 for message_id, (holder, deadline) in state.holders.items():
                     if message_id >= head and message_id not in self._skip:
                         self._note_foreign(message_id, holder, deadline)
-            if first or journal.version < 2:
-                # A clean start (the dead holders' leases lost), in a version 2 file.
+            if first:
+                # A clean start (the dead holders' leases lost).  (The file is version 3
+                # by now: load() upgraded an older one, under this lock.)
                 try:
                     self.checkpoint()
                 except StorageError as exc:
-                    if journal.version < 2:
-                        raise  # its records would be a version 2 file's
                     # (A full disk must not lock the user out.)  The dead holders' leases
                     # stay in the file: later handles reclaim them as any dead handle's.
                     logger.warning("ledgerq: %s; the reader state is kept as it is", exc)
@@ -598,8 +596,6 @@ class SharedReaderCore(ReaderCore):
                     return None
                 seconds = self._visibility_ns / 1e9
             deadline_ns = now_ns + int(seconds * 1_000_000_000)
-            if self.journal.version < NOT_BEFORE_VERSION:
-                self.checkpoint(version=NOT_BEFORE_VERSION)  # TOUCH is version 3
             self._shared_journal.append_touch(deadline_ns, [message_id])
             self._own_deadline_ns[message_id] = deadline_ns
             return super().touch(message_id, seconds, now, now_ns)
@@ -750,13 +746,40 @@ class SharedReaderCore(ReaderCore):
                 published = read_published_head(self._lock_file)
                 if published is not None and published > head:
                     return
-            os.pwrite(self._lock_file.fd, _HEAD.pack(head), 0)
+            try:
+                os.pwrite(self._lock_file.fd, _HEAD.pack(head), 0)
+            except OSError as exc:
+                self._head_not_published(head, moved, exc)
         finally:
             self._leave()
 
-    def checkpoint(
-        self, *, version: int = 2, keep_leases: bool = True, floor: int | None = None
-    ) -> None:
+    def _head_not_published(self, head: int, moved: bool, exc: OSError) -> None:
+        """Decide what a refused write of the published head means (a full disk: a new
+        lock file needs a block for its 8 bytes; EIO).
+
+        The published head is retention's lower bound of this reader's head.  Left as
+        it was, it still is one when it only had to grow, or when nothing was published
+        yet (retention then reads the journal): the call that got here - an open, an
+        ack whose record is written - goes on, and a later publish writes it.  Only a
+        head that had to move back (a seek, a new session) and stays above the true
+        one would let retention delete what this reader has not read: that fails.
+        """
+        path = self._lock_file.path
+        try:
+            stale = read_published_head(self._lock_file)
+        except OSError:
+            stale = head + 1  # unknown: assume the worst
+        if moved and stale is not None and stale > head:
+            raise StorageError(f"publish the head ({head}) of reader {self.name!r} in", path, exc)
+        logger.warning(
+            "ledgerq: could not publish the head of reader %r in %s (%s); retention "
+            "keeps its segments until a later publish",
+            self.name,
+            path,
+            exc,
+        )
+
+    def checkpoint(self, *, version: int = 2, keep_leases: bool = True) -> None:
         """Rewrite the journal as one checkpoint (see ``ReaderCore``), in a section.
 
         ``keep_leases`` False: every lease is lost (the last handle closing) - they stay
@@ -765,14 +788,18 @@ class SharedReaderCore(ReaderCore):
         self._enter()
         try:
             head = self.head
-            if floor is not None and floor < head:
-                head = floor
             if head > self._cursor.next_id:
                 # Everything between the cursor and the head is finished (other handles'
                 # acks ahead of it): move the cursor there before dropping those ids.
                 self._done.update(i for i in self._skip if i < head)
-                self._cursor.seek(head)
-            self._done = {i for i in self._done if i >= head}
+                try:
+                    self._cursor.seek(head)  # (reads the segments: EIO opening one)
+                except StorageError:
+                    raise
+                except OSError as exc:
+                    where = exc.filename or self._manager.directory
+                    raise StorageError("read", where, exc) from exc
+            self._prune_done()
             self._skip = {i for i in self._skip if i >= head}
             done = sorted(self._done | self._skip)
             deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
@@ -783,8 +810,7 @@ class SharedReaderCore(ReaderCore):
                 leases.sort()
             not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
             self.journal.rewrite(
-                Checkpoint(head, done, deliveries, dict(self.counters), leases, not_before),
-                version=NOT_BEFORE_VERSION if not_before else max(version, 2),
+                Checkpoint(head, done, deliveries, dict(self.counters), leases, not_before)
             )
         finally:
             self._leave()

@@ -37,6 +37,7 @@ from ledgerq.core.feature import Draft, Feature
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.feature_state import (
     FEATURE_FILE_HEADER,
+    FEATURE_VERSION,
     FeatureFile,
     decode_feature_file,
     decode_feature_records,
@@ -178,6 +179,12 @@ class DedupFeature(Feature):
             self._take(value, queue)
         self._records += len(found.values)
         log.settle(base + found.end)
+        if found.version != FEATURE_VERSION:
+            # A version-1 file (CRC-32) that no live handle had loaded - every one that
+            # had, upgraded it - is never appended to: rewritten as the newest version
+            # now, under the append lock every append to it takes; the other handles see
+            # it replaced and read it again (as after the rewrite of an unreadable file).
+            self._rewrite()
 
     @staticmethod
     def _load(path: str, queue: QueueCore) -> tuple[list[Any], int]:
@@ -197,7 +204,8 @@ class DedupFeature(Feature):
         if found.damaged:
             logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, path)
             queue.note_corrupt_skipped(found.damaged)
-        return found.values, found.end
+        # A file of an older version (another checksum) is never appended to: rewritten.
+        return found.values, found.end if found.version == FEATURE_VERSION else 0
 
     def _rewrite(self) -> None:
         blob = encode_feature_file_header(_MAGIC) + b"".join(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ledgerq.format.checksum import CHECKSUM_NAME, checksum
+from ledgerq.format.checksum import CHECKSUM_NAME, CHECKSUM_NAME_V1, checksum, checksum_v1
 from ledgerq.format.entry import (
     MAX_ENTRY_SIZE,
     MIN_ENTRY_SIZE,
@@ -44,6 +44,7 @@ from ledgerq.format.reader_state import (
 
 __all__ = [
     "CHECKSUM_NAME",
+    "CHECKSUM_NAME_V1",
     "INDEX_ENTRY",
     "INDEX_HEADER",
     "MAX_ENTRY_SIZE",
@@ -60,6 +61,7 @@ __all__ = [
     "RecordType",
     "StateRecordType",
     "checksum",
+    "checksum_v1",
     "decode_checkpoint",
     "decode_entry",
     "decode_headers",

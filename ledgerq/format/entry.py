@@ -5,7 +5,7 @@ keeps the two in step)::
 
     offset  size  field
     0       4     length      u32  whole entry, this field and the CRC included
-    4       1     type        u8   RecordType
+    4       1     type        u8   format << 4 | RecordType (format 2: 0x21 for DATA; format 1: 1)
     5       1     flags       u8   EntryFlags (optional fields present; BATCH_CONTINUES)
     6       8     id          u64  message id, > 0
     14      8     timestamp   i64  enqueue time, ns since the Unix epoch
@@ -15,11 +15,18 @@ keeps the two in step)::
     ..      4+n   headers     u32 n, then a msgpack map str -> str  [HAS_HEADERS]
     ..      1+g   group       u8 g (1..255), then g bytes of UTF-8  [HAS_GROUP]
     ..      m     payload     the rest (zstd frame when COMPRESSED)
-    end-4   4     crc32       u32  CRC-32 of every byte before it
+    end-4   4     crc         u32  CRC-32C (format 2) or CRC-32 (format 1) of every byte before it
 
 The length comes first so a scanner can step from entry to entry without parsing
 them; the CRC comes last so that a torn write (a prefix of the entry reached the
 file) can never validate.
+
+Every entry says its own format in the high nibble of its type byte (0 in format 1,
+whose type bytes were 1 to 3; 2 in format 2), and that picks its checksum.  So a
+segment of either format, or one that a newer ledgerq went on appending to (format-2
+entries after format-1 ones), reads the same whoever reads it, with no header and no
+index to trust: the nibble is covered by the checksum it selects, so a flipped bit
+there makes the entry fail the other CRC (but for a 2**-32 chance), like any flip.
 """
 
 from __future__ import annotations
@@ -30,17 +37,20 @@ from typing import NamedTuple
 
 import msgpack
 
-from ledgerq.format.checksum import checksum
+from ledgerq.format.checksum import checksum, checksum_v1
 from ledgerq.format.errors import CorruptRecord, IncompleteRecord
 
 __all__ = [
     "CRC",
     "DELIVER_AT",
     "ENTRY_HEADER",
+    "ENTRY_FORMAT",
+    "ENTRY_FORMAT_SHIFT",
     "EXPIRES_AT",
     "HEADERS_LENGTH",
     "KNOWN_FLAGS",
     "KNOWN_TYPES",
+    "KNOWN_TYPE_BYTES",
     "MAX_ENTRY_SIZE",
     "MAX_GROUP_BYTES",
     "MIN_ENTRY_SIZE",
@@ -81,14 +91,15 @@ class EntryFlags(IntFlag):
     COMPRESSED = 1 << 2
     HAS_PRIORITY = 1 << 3
     BATCH_CONTINUES = 1 << 4
-    # Issue 17: the message may not be delivered before ``deliver_at``.  An older
-    # ledgerq takes the bit for damage, so the first entry carrying it raises
-    # meta.json's version first (``docs/format.md``): an older ledgerq refuses the queue.
+    # Issue 17: the message may not be delivered before ``deliver_at``.  Format 2 only:
+    # a format-1 entry carrying it (or HAS_GROUP) is corrupt, since no ledgerq ever
+    # wrote one, and an older ledgerq (which takes the bit for damage) already refuses
+    # a queue whose meta.json says version 2, written at the first open by this one.
     HAS_DELIVER_AT = 1 << 5
     # Issue 17: the message belongs to a message group (delivered one at a time, in id
-    # order); meta.json version 2 as for HAS_DELIVER_AT.
+    # order).  Format 2 only, as HAS_DELIVER_AT.
     HAS_GROUP = 1 << 6
-    # Bit 7 is reserved for issue 18's ENCRYPTED.
+    # Bit 7 is reserved for ENCRYPTED (issue 18): not written yet, and corrupt when set.
 
 
 KNOWN_FLAGS = int(
@@ -100,7 +111,18 @@ KNOWN_FLAGS = int(
     | EntryFlags.HAS_DELIVER_AT
     | EntryFlags.HAS_GROUP
 )
-KNOWN_TYPES = frozenset(int(t) for t in RecordType)  # every type byte a valid entry may have
+# A format-1 entry has no HAS_DELIVER_AT nor HAS_GROUP (format 2 brought them).
+_KNOWN_FLAGS_V1 = KNOWN_FLAGS & ~int(EntryFlags.HAS_DELIVER_AT | EntryFlags.HAS_GROUP)
+KNOWN_TYPES = frozenset(int(t) for t in RecordType)  # every record type a valid entry may have
+
+ENTRY_FORMAT = 2  # the format of the entries this ledgerq writes
+ENTRY_FORMAT_SHIFT = 4  # the type byte is ENTRY_FORMAT << 4 | RecordType (format 1: 0 << 4)
+_FORMAT_2 = 2 << ENTRY_FORMAT_SHIFT
+_TYPE_MASK = (1 << ENTRY_FORMAT_SHIFT) - 1
+_DATA_V2 = _FORMAT_2 | RecordType.DATA  # the type byte of every message written today
+# Every type byte a valid entry may have, of either format (for scanners that look for an
+# entry's start without checksumming every offset).
+KNOWN_TYPE_BYTES = KNOWN_TYPES | frozenset(_FORMAT_2 | t for t in KNOWN_TYPES)
 
 ENTRY_HEADER = struct.Struct("<IBBQq")  # length, type, flags, id, timestamp_ns
 assert ENTRY_HEADER.size == 22
@@ -139,6 +161,7 @@ _CHECK_BY_COPY = 1024
 # The checksum, bound once under a name of its own: the C function itself (no call layer),
 # chosen in format.checksum.  Tests count the bytes the decoder checksums through it.
 _crc32 = checksum
+_crc32_v1 = checksum_v1
 _pack_header = ENTRY_HEADER.pack
 _unpack_header = ENTRY_HEADER.unpack_from
 _pack_crc = CRC.pack
@@ -159,6 +182,7 @@ class Entry(NamedTuple):
     size: int
     deliver_at: int | None = None  # [HAS_DELIVER_AT]: not delivered before (ns)
     group: str | None = None  # [HAS_GROUP]: the message group
+    format: int = ENTRY_FORMAT  # 1 or 2: which checksum the entry has
 
 
 def encode_headers(headers: object) -> bytes:
@@ -211,10 +235,12 @@ def encode_entry(
     record_type: int = RecordType.DATA,
     deliver_at: int | None = None,
     group: bytes | None = None,
+    entry_format: int = ENTRY_FORMAT,
 ) -> bytes:
     """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`.
 
     ``batch_continues`` sets BATCH_CONTINUES: for every entry of a batch but its last.
+    ``entry_format`` 1 writes a format-1 entry (CRC-32; for tests and tools).
 
     Raises ``ValueError`` for any value :func:`decode_entry` would reject as corrupt
     (id 0, priority above HIGH, unknown type) or that does not fit its field: bytes
@@ -234,6 +260,16 @@ def encode_entry(
         raise ValueError(f"entry priority must be 0, 1 or 2, got {priority}")
     if record_type not in KNOWN_TYPES:
         raise ValueError(f"unknown entry type {record_type}")
+    if entry_format == ENTRY_FORMAT:
+        crc = _crc32
+        kind = _FORMAT_2 | record_type
+    elif entry_format == 1:
+        if deliver_at is not None or group is not None:
+            raise ValueError("a format-1 entry cannot carry deliver_at or a group")
+        crc = _crc32_v1
+        kind = record_type
+    else:
+        raise ValueError(f"entry format must be 1 or 2, got {entry_format}")
     flags = 0
     parts: list[bytes | bytearray | memoryview] = []
     extra = 0
@@ -266,9 +302,9 @@ def encode_entry(
     length = MIN_ENTRY_SIZE + extra + len(payload)
     if length > MAX_ENTRY_SIZE:
         raise ValueError(f"entry of {length} bytes exceeds the format limit {MAX_ENTRY_SIZE}")
-    head = _pack_header(length, record_type, flags, message_id, timestamp)
+    head = _pack_header(length, kind, flags, message_id, timestamp)
     body = b"".join((head, *parts, payload)) if parts else head + payload
-    return body + _pack_crc(checksum(body))
+    return body + _pack_crc(crc(body))
 
 
 def encode_plain_entry(message_id: int, timestamp: int, payload: bytes) -> bytes:
@@ -277,7 +313,8 @@ def encode_plain_entry(message_id: int, timestamp: int, payload: bytes) -> bytes
     The caller guarantees ``message_id`` >= 1 and ``timestamp`` fitting an i64 (the
     queue's own counter and clock); the bytes are exactly what encode_entry makes.
     """
-    body = _pack_header(MIN_ENTRY_SIZE + len(payload), 1, 0, message_id, timestamp) + payload
+    body = _pack_header(MIN_ENTRY_SIZE + len(payload), _DATA_V2, 0, message_id, timestamp)
+    body += payload
     return body + _pack_crc(_crc32(body))
 
 
@@ -305,24 +342,25 @@ def encode_plain_batch_parts(
     pack_crc = _pack_crc
     crc = _crc32
     continues = _BATCH_CONTINUES
+    kind = _DATA_V2
     message_id = first_id
     if sizes[0] < _JOIN_PAYLOAD_BELOW:  # batches are usually alike: judge by the first
         for payload, size in zip(payloads, sizes, strict=True):
-            body = pack_header(size, 1, continues, message_id, timestamp) + payload
+            body = pack_header(size, kind, continues, message_id, timestamp) + payload
             add(body)
             add(pack_crc(crc(body)))
             message_id += 1
         # The last entry ends the batch: encoded again without BATCH_CONTINUES.
-        body = pack_header(sizes[-1], 1, 0, message_id - 1, timestamp) + payloads[-1]
+        body = pack_header(sizes[-1], kind, 0, message_id - 1, timestamp) + payloads[-1]
         parts[-2:] = (body, pack_crc(crc(body)))
     else:
         for payload, size in zip(payloads, sizes, strict=True):
-            head = pack_header(size, 1, continues, message_id, timestamp)
+            head = pack_header(size, kind, continues, message_id, timestamp)
             add(head)
             add(payload)
             add(pack_crc(crc(payload, crc(head))))
             message_id += 1
-        head = pack_header(sizes[-1], 1, 0, message_id - 1, timestamp)
+        head = pack_header(sizes[-1], kind, 0, message_id - 1, timestamp)
         parts[-3:] = (head, payloads[-1], pack_crc(crc(payloads[-1], crc(head))))
     return parts, sizes
 
@@ -352,22 +390,32 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         if end - pos >= 4:
             peek_length(buf, pos)  # a corrupt length is corrupt even when short
         raise IncompleteRecord("entry header cut short", pos, ENTRY_HEADER.size)
-    length, rtype, flags, message_id, timestamp = _unpack_header(buf, pos)
+    length, kind, flags, message_id, timestamp = _unpack_header(buf, pos)
     if length < MIN_ENTRY_SIZE or length > MAX_ENTRY_SIZE:
         raise CorruptRecord(f"impossible entry length {length}", pos)
     stop = pos + length
     if stop > end:
         raise IncompleteRecord(f"entry of {length} bytes cut short", pos, length)
+    # The type byte's high nibble is the entry's format, which picks the checksum.
+    if kind >> ENTRY_FORMAT_SHIFT == ENTRY_FORMAT:
+        crc, entry_format = _crc32, ENTRY_FORMAT
+        known_flags = KNOWN_FLAGS
+    elif kind >> ENTRY_FORMAT_SHIFT == 0:
+        crc, entry_format = _crc32_v1, 1
+        known_flags = _KNOWN_FLAGS_V1
+    else:
+        raise CorruptRecord(f"entry of unknown format (type byte {kind:#04x})", pos)
     crc_at = stop - 4
     (stored,) = _unpack_crc(buf, crc_at)
     # Small entries are cheaper to check as a copied slice than through a memoryview.
     covered = buf[pos:crc_at] if length <= _CHECK_BY_COPY else memoryview(buf)[pos:crc_at]
-    if _crc32(covered) != stored:
+    if crc(covered) != stored:
         raise CorruptRecord("entry checksum mismatch", pos)
+    rtype = kind & _TYPE_MASK
     if rtype not in KNOWN_TYPES:
         raise CorruptRecord(f"unknown entry type {rtype}", pos)
-    if flags & ~KNOWN_FLAGS:
-        raise CorruptRecord(f"unknown entry flags {flags:#04x}", pos)
+    if flags & ~known_flags:
+        raise CorruptRecord(f"unknown entry flags {flags:#04x} for format {entry_format}", pos)
     if message_id == 0:
         raise CorruptRecord("entry id 0", pos)
     at = pos + ENTRY_HEADER.size
@@ -427,4 +475,5 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         length,
         deliver_at,
         group,
+        entry_format,
     ), stop

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import bisect
 import struct
+from collections.abc import Sequence
+from functools import partial
+from itertools import chain, repeat
 from typing import NamedTuple
 
 from ledgerq.format.errors import CorruptRecord, IncompleteRecord
@@ -35,6 +38,8 @@ __all__ = [
     "decode_index",
     "encode_index_entry",
     "encode_index_header",
+    "encode_index_points",
+    "index_points",
     "find_by_id",
     "find_by_timestamp",
 ]
@@ -64,6 +69,20 @@ def encode_index_header(count: int = OPEN_COUNT) -> bytes:
 def encode_index_entry(entry_id: int, timestamp: int, offset: int) -> bytes:
     """Return one 24-byte index entry."""
     return INDEX_ENTRY.pack(entry_id, timestamp, offset)
+
+
+# IndexEntry from a 3-tuple in C (the namedtuple's own __new__ is a Python function).
+_point_from_tuple = partial(tuple.__new__, IndexEntry)
+
+
+def index_points(ids: Sequence[int], timestamp: int, offsets: Sequence[int]) -> list[IndexEntry]:
+    """The points ``(ids[i], timestamp, offsets[i])`` of one batch (all share its time)."""
+    return list(map(_point_from_tuple, zip(ids, repeat(timestamp), offsets)))
+
+
+def encode_index_points(points: Sequence[IndexEntry]) -> bytes:
+    """Return the 24-byte entries of ``points``, back to back, in one ``struct`` call."""
+    return struct.pack("<" + "QqQ" * len(points), *chain.from_iterable(points))
 
 
 def decode_index(buf: bytes | bytearray | memoryview) -> tuple[list[IndexEntry], bool]:

@@ -5,12 +5,12 @@ acked out of order above it, and - ledgerq's addition - how many times each
 not-yet-acked message has been delivered.  It lives in an append-only journal
 ``readers/<name>.state``::
 
-    file header (8 bytes): magic b"LQRS", version u32 = 1
+    file header (8 bytes): magic b"LQRS", version u32 (1, 2 or 3)
     records, each:
       length  u32  whole record, this field and the CRC included
       type    u8   StateRecordType
       body    length - 9 bytes
-      crc32   u32  CRC-32 of every byte of the record before it
+      crc     u32  CRC-32C (version 3) or CRC-32 (1 and 2) of every byte before it
 
     LEASE, ACK, NACK, DEAD_LETTER, EXPIRE, RELEASE bodies: one or more u64 message ids
       LEASE        delivered once more
@@ -34,7 +34,7 @@ not-yet-acked message has been delivered.  It lives in an append-only journal
                    than ``due_ns`` (the queue's time): the retry policy's delay, or
                    ``nack(..., delay=)``; void once the id is leased or finished
     CHECKPOINT body: a msgpack array
-        [head, done_ids, deliveries, counters]          (version 1 to 3)
+        [head, done_ids, deliveries, counters]          (every version)
         [head, done_ids, deliveries, counters, leases]  (version 2 and 3)
         [head, done_ids, deliveries, counters, leases, not_before]  (version 3 only)
       head        int            lowest id that may still need delivering
@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from ledgerq.format.checksum import checksum
+from ledgerq.format.checksum import Checksum, checksum, checksum_v1
 from ledgerq.format.errors import CorruptRecord, IncompleteRecord
 
 __all__ = [
@@ -66,7 +66,6 @@ __all__ = [
     "STATE_MAGIC",
     "STATE_RECORD_HEADER",
     "STATE_VERSION",
-    "NOT_BEFORE_VERSION",
     "V1_TYPES_END",
     "ReclaimCause",
     "MIN_STATE_RECORD_SIZE",
@@ -85,20 +84,21 @@ __all__ = [
     "encode_state_file_header",
     "encode_touch_record",
     "plausible_record_length",
+    "state_checksum",
     "state_file_version",
 ]
 
 STATE_MAGIC = b"LQRS"
-STATE_VERSION = 3  # the newest version written; 1 to 3 are read
-# Version 1 files hold only the types below RELEASE.  A file gets version 2 only when a
-# newer record is about to be written into it (the journal is checkpointed first), and a
-# checkpoint-only rewrite of an exclusive queue is version 1 again: an older ledgerq reads
-# every journal that holds nothing it cannot read, and refuses the others by their
-# version, never misreads.  Version 2 adds RELEASE, LEASE_BY and RECLAIM, and the
-# checkpoint's fifth element (leases); shared mode writes version 2 files (or 3).
-# Version 3 adds NOT_BEFORE and the checkpoint's sixth element (not_before): a file gets it
-# only when a retry delay is about to be written into it, the same way.
-NOT_BEFORE_VERSION = 3
+STATE_VERSION = 3  # the version written; 1, 2 and 3 are read
+# Version 1 files hold only the types below RELEASE; version 2 adds RELEASE, LEASE_BY and
+# RECLAIM, and the checkpoint's fifth element (leases; shared mode); both are checksummed
+# with CRC-32.  Version 3 (format 2 of the queue) checksums every record with CRC-32C and
+# adds NOT_BEFORE, TOUCH and the checkpoint's sixth element (not_before; issue 17).
+# Every file this ledgerq writes is version 3, and a journal of an older version is
+# rewritten as version 3 when a handle loads it, before anything is appended
+# to it (in shared mode under the reader's lock, as a compaction: see core.journal): one
+# file never mixes checksums, and an older ledgerq refuses the file by its version
+# ("unsupported reader state version 3") instead of misreading it.
 V1_TYPES_END = 7
 STATE_FILE_HEADER = struct.Struct("<4sI")
 assert STATE_FILE_HEADER.size == 8
@@ -161,7 +161,7 @@ _NOT_BEFORE = StateRecordType.NOT_BEFORE
 class Checkpoint(NamedTuple):
     """A reader's whole state at one moment.
 
-    ``leases`` (shared mode, version 2 files only) are the live leases as ``(id,
+    ``leases`` (shared mode, version 2 and 3 files) are the live leases as ``(id,
     holder, deadline_ns)``; an exclusive queue's checkpoint has none.  ``not_before``
     (version 3 files only) are the pending retry delays as ``(id, due_ns)``.
     """
@@ -174,11 +174,20 @@ class Checkpoint(NamedTuple):
     not_before: Sequence[tuple[int, int]] = []
 
 
-def encode_state_file_header(version: int = 1) -> bytes:
-    """Return the 8-byte header of a reader state file of ``version``."""
+def encode_state_file_header(version: int = STATE_VERSION) -> bytes:
+    """Return the 8-byte header of a reader state file of ``version``.
+
+    The records encoded here are CRC-32C: they belong in a file of the newest version
+    (an older one is written by tests that make old files).
+    """
     if not 1 <= version <= STATE_VERSION:
         raise ValueError(f"reader state version {version} is not one this ledgerq writes")
     return STATE_FILE_HEADER.pack(STATE_MAGIC, version)
+
+
+def state_checksum(version: int) -> Checksum:
+    """The checksum of the records of a reader state file of ``version``."""
+    return checksum if version >= 3 else checksum_v1
 
 
 def decode_state_file_header(buf: bytes | bytearray | memoryview) -> int:
@@ -188,7 +197,7 @@ def decode_state_file_header(buf: bytes | bytearray | memoryview) -> int:
 
 
 def state_file_version(buf: bytes | bytearray | memoryview) -> int:
-    """Validate the file header; return its version (1 or 2)."""
+    """Validate the file header; return its version (1, 2 or 3)."""
     if len(buf) < STATE_FILE_HEADER.size:
         raise IncompleteRecord("reader state header cut short", 0, STATE_FILE_HEADER.size)
     magic, version = STATE_FILE_HEADER.unpack_from(buf, 0)
@@ -203,10 +212,10 @@ def state_file_version(buf: bytes | bytearray | memoryview) -> int:
     return int(version)
 
 
-def _frame(record_type: int, body: bytes) -> bytes:
+def _frame(record_type: int, body: bytes, crc: Checksum = checksum) -> bytes:
     head = STATE_RECORD_HEADER.pack(_MIN_RECORD + len(body), record_type)
     framed = head + body
-    return framed + _CRC.pack(checksum(framed))
+    return framed + _CRC.pack(crc(framed))
 
 
 _ONE_ID = struct.Struct("<IBQ")  # length, type, id: a record naming one id
@@ -280,7 +289,7 @@ def encode_touch_record(holder: int, deadline_ns: int, ids: list[int] | tuple[in
 
 
 def encode_reclaim_record(
-    holder: int, cause: ReclaimCause, ids: list[int] | tuple[int, ...]
+    holder: int, cause: ReclaimCause | int, ids: list[int] | tuple[int, ...]
 ) -> bytes:
     """Return a RECLAIM record: ``holder``'s leases of ``ids`` are void, for ``cause``."""
     return _held_record(StateRecordType.RECLAIM, holder, int(cause), ids)
@@ -329,10 +338,12 @@ def _checkpoint_problem(
     return ""
 
 
-def encode_checkpoint(checkpoint: Checkpoint, *, shared: bool = False) -> bytes:
-    """Return a CHECKPOINT record.
+def encode_checkpoint(
+    checkpoint: Checkpoint, crc: Checksum = checksum, *, shared: bool = False
+) -> bytes:
+    """Return a CHECKPOINT record (``crc``: that of the file's version, the newest's).
 
-    ``shared`` writes the five-element form with the live leases (version 2 files
+    ``shared`` writes the five-element form with the live leases (version 2 and 3 files
     only); otherwise the four-element form, which every version reads, and
     ``checkpoint.leases`` must be empty.  Pending retry delays add a sixth element
     (version 3 files only).
@@ -354,7 +365,7 @@ def encode_checkpoint(checkpoint: Checkpoint, *, shared: bool = False) -> bytes:
     if not_before:
         fields.append([list(pair) for pair in not_before])
     body = msgpack.packb(fields, use_bin_type=True)
-    return _frame(StateRecordType.CHECKPOINT, body)
+    return _frame(StateRecordType.CHECKPOINT, body, crc)
 
 
 def decode_checkpoint(body: bytes, pos: int = 0) -> Checkpoint:
@@ -407,14 +418,15 @@ def plausible_record_length(buf: bytes | bytearray | memoryview, pos: int) -> in
 
 
 def decode_state_record(
-    buf: bytes | bytearray | memoryview, pos: int
+    buf: bytes | bytearray | memoryview, pos: int, crc: Checksum = checksum
 ) -> tuple[StateRecordType, bytes | tuple[int, ...], int]:
     """Decode the record at ``pos``; return its type, its body and the next offset.
 
     The body is the raw bytes for CHECKPOINT (see :func:`decode_checkpoint`) and a
     tuple of u64 for the others: the ids, after the holder and the deadline (LEASE_BY),
     the holder and the cause (RECLAIM), the holder and the deadline (TOUCH), or the due
-    time (NOT_BEFORE).
+    time (NOT_BEFORE).  ``crc`` is the file's checksum (:func:`state_checksum` of its
+    version).
     """
     end = len(buf)
     if end - pos < STATE_RECORD_HEADER.size:
@@ -426,7 +438,7 @@ def decode_state_record(
     if stop > end:
         raise IncompleteRecord("reader state record cut short", pos, length)
     crc_at = stop - 4
-    if checksum(memoryview(buf)[pos:crc_at]) != _CRC.unpack_from(buf, crc_at)[0]:
+    if crc(memoryview(buf)[pos:crc_at]) != _CRC.unpack_from(buf, crc_at)[0]:
         raise CorruptRecord("reader state record checksum mismatch", pos)
     body = bytes(buf[pos + STATE_RECORD_HEADER.size : crc_at])
     kind = _TYPES.get(record_type)

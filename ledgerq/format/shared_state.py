@@ -8,7 +8,7 @@ the queue (after any crash, a power cut included).  Layout (little-endian)::
 
     offset  size  field
     0       4     magic b"LQSP"
-    4       4     version u32 = 1
+    4       4     version u32 = 2   (1: a format-1 ledgerq's page, its tail CRC-32)
     8       64    the published tail (below), written whole under the append lock
     72      8     writing u64         non-zero while a handle appends or rotates
     80      8     reserved_until u64  the id reservation meta.json holds (a cache)
@@ -27,13 +27,21 @@ the queue (after any crash, a power cut included).  Layout (little-endian)::
     32  i64  last_ts        that entry's timestamp (ns)
     40  i64  last_indexed   offset of its last sparse-index point (-1: none)
     48  u64  generation     bumped whenever a segment is created or deleted
-    56  u32  crc            checksum of bytes 0..55 of the tail
+    56  u32  crc            CRC-32C of bytes 0..55 of the tail (version 1: CRC-32)
     60  u32  zero
 
 Handles read the tail without a lock, so it carries its own checksum: a reader that
 meets a half-written tail (the writer is between two stores, on any CPU's memory
 order) sees a checksum mismatch and reads again.  The other fields are single
 aligned u64 values changed only under the append lock.
+
+The tail's checksum is the format's (``format.checksum.checksum``: CRC-32C since format 2),
+and the page's version says which: version 2 with format 2.  The page is never upgraded
+in place - the first handle of a session writes a new one - so a version-1 page is met
+only by a handle joining a session that a format-1 ledgerq started: that handle refuses
+to join (its appends would be format 2, which the others take for damage), and the first
+handle of the next session reads the old page's counters (:func:`page_version`) and
+writes a version 2 page.
 """
 
 from __future__ import annotations
@@ -64,10 +72,11 @@ __all__ = [
     "encode_page",
     "encode_tail",
     "page_problem",
+    "page_version",
 ]
 
 SHARED_MAGIC = b"LQSP"
-SHARED_VERSION = 1
+SHARED_VERSION = 2  # 1: format 1 (the tail's checksum CRC-32)
 PAGE_SIZE = 4096
 STATE_HEADER = struct.Struct("<4sI")
 assert STATE_HEADER.size == 8
@@ -140,6 +149,15 @@ def encode_page(tail: SharedTail, *, reserved_until: int, counters: dict[str, in
     page = STATE_HEADER.pack(SHARED_MAGIC, SHARED_VERSION) + encode_tail(tail) + slots
     assert len(page) == _SLOTS_END
     return page + bytes(PAGE_SIZE - len(page))
+
+
+def page_version(buf: bytes | bytearray | memoryview) -> int | None:
+    """The version of the page in ``buf`` (None: not a page of a size and magic this
+    ledgerq knows); whether its tail is intact is :func:`page_problem`'s to say."""
+    if len(buf) < PAGE_SIZE:
+        return None
+    magic, version = STATE_HEADER.unpack_from(buf, 0)
+    return int(version) if magic == SHARED_MAGIC else None
 
 
 def page_problem(buf: bytes | bytearray | memoryview) -> str:

@@ -22,8 +22,8 @@ from ledgerq.format.index import (
     OPEN_COUNT,
     IndexEntry,
     decode_index,
-    encode_index_entry,
     encode_index_header,
+    encode_index_points,
 )
 from ledgerq.segment.files import atomic_write
 
@@ -130,5 +130,5 @@ def write_index(
     trusted by recovery, so it must be on disk before the next segment exists.
     """
     header = encode_index_header(len(points) if sealed else OPEN_COUNT)
-    blob = header + b"".join(encode_index_entry(*point) for point in points)
+    blob = header + encode_index_points(points)  # one struct call (16k points a 64 MiB seal)
     atomic_write(path, blob, durable=durable)

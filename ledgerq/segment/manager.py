@@ -19,7 +19,12 @@ from itertools import accumulate
 
 from ledgerq.format.entry import Entry, EntryFlags, decode_entry
 from ledgerq.format.errors import CorruptRecord, IncompleteRecord
-from ledgerq.format.index import IndexEntry, encode_index_entry
+from ledgerq.format.index import (
+    IndexEntry,
+    encode_index_entry,
+    encode_index_points,
+    index_points,
+)
 from ledgerq.segment.files import (
     StorageError,
     datasync,
@@ -596,29 +601,40 @@ class SegmentManager:
         # offsets[i] is where entry i starts; offsets[-1] the new end of the segment.
         interval = self.index_interval
         last_indexed = self._last_indexed_offset
-        index_blob = []
         count = len(sizes)
-        # Jump from index point to index point (bisect) instead of visiting every entry.
         i = (
             0
             if last_indexed < 0
             else bisect.bisect_left(offsets, last_indexed + interval, 0, count)
         )
-        while i < count:
-            offset = offsets[i]
-            message_id = first_id + i
-            seg.add_index_entry(IndexEntry(message_id, timestamp, offset))
-            index_blob.append(encode_index_entry(message_id, timestamp, offset))
-            last_indexed = offset
-            i = bisect.bisect_left(offsets, offset + interval, i + 1, count)
-        self._last_indexed_offset = last_indexed
+        if i < count:
+            picked: Sequence[int]
+            if min(sizes) >= interval:
+                # Entries of index_interval bytes or more (4 KiB messages): every one from
+                # the first is a point - no per-entry search (profiled: the points were
+                # 0.5 us of each 4 KiB message).
+                picked = range(i, count)
+            else:
+                # Jump from point to point (bisect) instead of visiting every entry.
+                picked = []
+                while i < count:
+                    picked.append(i)
+                    i = bisect.bisect_left(offsets, offsets[i] + interval, i + 1, count)
+            ids = [first_id + j for j in picked]
+            point_offsets = [offsets[j] for j in picked]
+            points = index_points(ids, timestamp, point_offsets)
+            seg.add_index_entries(points, ids)
+            self._last_indexed_offset = point_offsets[-1]
+            index_blob = encode_index_points(points)
+        else:
+            index_blob = b""
         message_id = first_id + count
         seg.last_id = message_id - 1
         seg.last_offset = offsets[-2]
         seg.last_timestamp = timestamp
         seg.size = offsets[-1]
         if index_blob:
-            self._append_index(b"".join(index_blob))
+            self._append_index(index_blob)
         if seg.size >= self.segment_size:
             self.rotate(message_id, appended=True)
 

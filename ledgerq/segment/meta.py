@@ -39,7 +39,6 @@ __all__ = [
     "FORMAT_VERSION",
     "OPTIONS_FORMAT",
     "OPTIONS_VERSION",
-    "FIRST_VERSION",
     "DamagedMetaError",
     "Meta",
     "MetaStore",
@@ -49,17 +48,18 @@ __all__ = [
     "stored_options",
 ]
 
-# The newest meta.json version this ledgerq reads.  Version 2: entries may carry the
-# HAS_DELIVER_AT flag (a delayed message), which an older ledgerq would take for damage
-# and skip.  A queue is written as version 1 until its first delayed message, and the
-# version is raised (durably) before that entry is written: an older ledgerq - and its
-# follow, ship and Spark, which read meta.json first - then refuses the queue ("upgrade
-# ledgerq") instead of losing messages, and reads every queue that never held one.
+# Version 2: entries, reader journals and feature logs checksummed with CRC-32C.  A
+# queue's meta.json says 2 from the first open by a ledgerq that writes format 2 (before
+# it appends anything), so an older ledgerq - and its follow, ship and Spark, which read
+# meta.json first - refuses the queue ("upgrade ledgerq") instead of taking every new
+# record for damage.  Version 1 queues are read, and appended to, as they are.
 FORMAT_VERSION = 2
-FIRST_VERSION = 1  # what a new queue is written as
-DELIVER_AT_VERSION = 2  # the version from which an entry may be delayed
 OPTIONS_FORMAT = "ledgerq-options"
-OPTIONS_VERSION = 1  # options.json is the same in both versions: older ledgerqs read it
+OPTIONS_VERSION = 1  # options.json did not change with format 2: older ledgerqs use it
+# Delayed and grouped entries (issue 17) are format 2 only: a queue holding one says
+# version 2, written at the first open, like every queue this ledgerq opened
+# (``ledgerq verify`` reports one under version 1).
+DELIVER_AT_VERSION = 2
 
 
 class DamagedMetaError(NotAQueueError):
@@ -76,7 +76,7 @@ class Meta:
     """The content of ``meta.json``."""
 
     format: str = "ledgerq"
-    version: int = FIRST_VERSION  # kept as loaded: raised only by what needs it
+    version: int = FORMAT_VERSION
     created_ns: int = field(default_factory=time.time_ns)
     clean: bool = True
     next_id: int = 1
@@ -216,7 +216,7 @@ class MetaStore:
                 f"queue at {os.path.dirname(self.path)} has format version {version!r}; this "
                 f"ledgerq reads version {FORMAT_VERSION} and older - upgrade ledgerq to open it"
             )
-        meta = Meta(version=max(version, FIRST_VERSION))
+        meta = Meta()
         for key in ("created_ns", "next_id", "reserved_until"):
             if isinstance(raw.get(key), int):
                 setattr(meta, key, raw[key])

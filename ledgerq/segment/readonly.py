@@ -71,9 +71,16 @@ from ledgerq.format import (
     StateRecordType,
     decode_entry,
 )
-from ledgerq.format.checksum import CHECKSUM, RESIDUE, count_valid_records
+from ledgerq.format.checksum import (
+    CHECKSUM,
+    RESIDUE,
+    RESIDUE_V1,
+    checksum,
+    checksum_v1,
+    count_valid_records,
+)
 from ledgerq.format.compression import restore_zstd
-from ledgerq.format.entry import ENTRY_HEADER
+from ledgerq.format.entry import ENTRY_FORMAT, ENTRY_FORMAT_SHIFT, ENTRY_HEADER
 from ledgerq.segment.files import pread_exact
 from ledgerq.segment.index_file import load_index, read_index, read_index_ends, read_index_tail
 from ledgerq.segment.layout import (
@@ -132,6 +139,8 @@ __all__ = [
     "CHECKSUM",
     "DAMAGED_DIR",
     "DLQ_DIR",
+    "ENTRY_FORMAT",
+    "ENTRY_FORMAT_SHIFT",
     "ENTRY_HEADER",
     "FORMAT_VERSION",
     "HEADER_ADVICE",
@@ -143,6 +152,7 @@ __all__ = [
     "MIN_ENTRY_SIZE",
     "READERS_DIR",
     "RESIDUE",
+    "RESIDUE_V1",
     "SEGMENTS_DIR",
     "TMP_SUFFIX",
     "VIEW_ATTEMPTS",
@@ -171,6 +181,8 @@ __all__ = [
     "arrange",
     "check_queue_dir",
     "checked_start",
+    "checksum",
+    "checksum_v1",
     "content_first_id",
     "count_valid_records",
     "decode_entry",

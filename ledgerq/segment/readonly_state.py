@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 
 from ledgerq._errors import CorruptionError
-from ledgerq.format.checksum import recovery_crc_allowance
+from ledgerq.format.checksum import Checksum, checksum, recovery_crc_allowance
 from ledgerq.format.errors import CorruptRecord, DecodeError, IncompleteRecord
 from ledgerq.format.reader_state import (
     MIN_STATE_RECORD_SIZE,
@@ -45,6 +45,8 @@ from ledgerq.format.reader_state import (
     decode_state_file_header,
     decode_state_record,
     plausible_record_length,
+    state_checksum,
+    state_file_version,
 )
 from ledgerq.segment.naming import list_reader_names, reader_state_path
 
@@ -91,12 +93,13 @@ _NOT_BEFORE = StateRecordType.NOT_BEFORE
 _TOUCH = StateRecordType.TOUCH
 
 
-def next_record_after(data: bytes, pos: int) -> int:
+def next_record_after(data: bytes, pos: int, crc: Checksum = checksum) -> int:
     """Where the first valid record after the bad bytes at ``pos`` starts.
 
     ``len(data)`` when only garbage follows (a torn tail), -1 when the bytes hold more
     plausible records than :func:`recovery_crc_allowance` lets it checksum (damage
-    that cannot be told from a tail: treated as damage).
+    that cannot be told from a tail: treated as damage).  ``crc`` is the file's
+    checksum.
     """
     budget = recovery_crc_allowance(len(data) - pos)
     for at in range(pos + 1, len(data) - MIN_STATE_RECORD_SIZE + 1):
@@ -106,7 +109,7 @@ def next_record_after(data: bytes, pos: int) -> int:
         if length > budget:
             return -1  # cannot rule it out within the budget: not provably torn
         try:
-            decode_state_record(data, at)
+            decode_state_record(data, at, crc)
         except (CorruptRecord, IncompleteRecord):
             budget -= length
             continue
@@ -121,7 +124,8 @@ class StateRecords:
     offsets.  Iteration stops at a torn tail; once it has stopped, :attr:`end` is the
     file offset where the bytes read stop being whole records (``base + len(data)`` when
     they all are).  Damage in the middle goes to ``on_damage`` (see ``DamageHandler``),
-    or raises :class:`CorruptionError` naming ``path`` and the offset.
+    or raises :class:`CorruptionError` naming ``path`` and the offset.  ``crc`` is
+    the checksum of the file's version (``format.reader_state.state_checksum``).
     """
 
     def __init__(
@@ -132,7 +136,9 @@ class StateRecords:
         *,
         base: int = 0,
         on_damage: DamageHandler | None = None,
+        crc: Checksum = checksum,
     ) -> None:
+        self.crc = crc
         self._data = data
         self._pos = pos
         self.path = path
@@ -144,16 +150,17 @@ class StateRecords:
         data, base, pos = self._data, self.base, self._pos
         size = len(data)
         decode = decode_state_record
+        crc = self.crc
         try:
             while pos < size:
                 try:
-                    kind, body, nxt = decode(data, pos)
+                    kind, body, nxt = decode(data, pos, crc)
                 except (CorruptRecord, IncompleteRecord) as exc:
                     # A record cut short, or damaged, with nothing valid after it is a
                     # torn append at the tail (or one in flight).  One followed by valid
                     # records is damage in the middle - even when its (flipped) length
                     # claims to run past the end of the data.
-                    resume = next_record_after(data, pos)
+                    resume = next_record_after(data, pos, crc)
                     if resume == size:
                         return
                     if not self._damaged(pos, resume, f"reader state record is damaged ({exc})"):
@@ -217,7 +224,8 @@ def journal_records(
             path,
             0,
         ) from None
-    return StateRecords(data, pos, path, on_damage=on_damage)
+    crc = state_checksum(state_file_version(data))
+    return StateRecords(data, pos, path, on_damage=on_damage, crc=crc)
 
 
 class JournalTail:
@@ -236,6 +244,7 @@ class JournalTail:
         self.size = 0  # the file's size at the last read
         self.restarted = False
         self._identity: tuple[int, int] | None = None
+        self._crc = checksum  # that of the file's version, known from its header
 
     def read(self) -> list[StateRecord]:
         """The records appended since the last read; see the class.
@@ -256,8 +265,9 @@ class JournalTail:
         self.size = base + len(data)
         if base == 0:
             records = journal_records(data, self.path)
+            self._crc = records.crc
         else:
-            records = StateRecords(data, 0, self.path, base=base)
+            records = StateRecords(data, 0, self.path, base=base, crc=self._crc)
         found = list(records)
         self.offset = records.end
         return found

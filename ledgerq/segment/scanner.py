@@ -26,7 +26,7 @@ from ledgerq.format.checksum import recovery_crc_allowance
 from ledgerq.format.entry import (
     ENTRY_HEADER,
     KNOWN_FLAGS,
-    KNOWN_TYPES,
+    KNOWN_TYPE_BYTES,
     MAX_ENTRY_SIZE,
     MIN_ENTRY_SIZE,
     Entry,
@@ -226,8 +226,7 @@ class EntryScanner:
         if (
             length < MIN_ENTRY_SIZE
             or length > MAX_ENTRY_SIZE
-            or rtype == 0
-            or rtype > 3
+            or rtype not in KNOWN_TYPE_BYTES
             or flags & ~KNOWN_FLAGS
             or message_id <= self.last_id
             or base + rel + length > self.end
@@ -368,7 +367,7 @@ class TailScanner(EntryScanner):
         if len(head) < ENTRY_HEADER.size:
             return True
         _, rtype, flags, message_id, _ = _unpack_header(head)
-        return rtype in KNOWN_TYPES and not flags & ~KNOWN_FLAGS and message_id > self.last_id
+        return rtype in KNOWN_TYPE_BYTES and not flags & ~KNOWN_FLAGS and message_id > self.last_id
 
 
 _scan_next = EntryScanner.next  # the plain scanner's step, without super()'s lookup

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import os
+from collections.abc import Sequence
 
 from ledgerq.format.index import IndexEntry
 from ledgerq.segment.naming import idx_path, log_path
@@ -82,6 +83,11 @@ class Segment:
         """Record a sparse-index point in memory (the caller persists it)."""
         self.index.append(entry)
         self.index_ids.append(entry.id)
+
+    def add_index_entries(self, entries: list[IndexEntry], ids: Sequence[int]) -> None:
+        """Record several points (``ids`` their ids) in memory (the caller persists them)."""
+        self.index.extend(entries)
+        self.index_ids.extend(ids)
 
     def set_index(self, entries: list[IndexEntry]) -> None:
         """Replace the in-memory index."""

@@ -71,6 +71,16 @@ _set_u64 = struct.Struct("<Q").pack_into
 _checksum = checksum
 
 
+def _read_error(exc: OSError, directory: str) -> StorageError:
+    """An OS error met reading other handles' new segments (EIO), naming the file.
+
+    Raised with the view as it was (what it has seen is noted only once read), so the
+    next call reads them again.  (A ``try`` at the call sites, not a context manager:
+    it costs nothing on the reader's path until something fails.)
+    """
+    return StorageError("read", exc.filename or directory, exc)
+
+
 def _pop(segments: dict[int, Segment], name_id: int) -> Segment | None:
     return segments.pop(name_id, None)
 
@@ -120,6 +130,7 @@ class SharedSegmentManager(SegmentManager):
         # the tail with a clear ``writing`` word (72) as this handle last published it -
         # when the page still holds exactly that, nobody appended since: the fast path.
         self._seen = b""
+        self._waited_for = b""  # the last tail wait_for_appender sent a waiter to look at
         self._published = b""
 
     def reopened(self) -> SharedSegmentManager:
@@ -175,6 +186,27 @@ class SharedSegmentManager(SegmentManager):
         if not self._append_depth:
             self._append_lock.release()
 
+    def wait_for_appender(self) -> bool:
+        """Let an append under way in another handle end; True if this handle must look again.
+
+        An appender's ``write()`` wakes the other processes' waiters (a file event) before
+        it publishes the new tail in the page, which fires no event: a waiter that looked
+        in between would wait for good.  The appender publishes before it releases the
+        append lock, so taking that lock once waits for the publication.  True when the
+        published tail is not the one this handle's last look took - once per tail, so a
+        tail the view cannot take (a dead appender's, repaired by the next one) is not
+        looked at in a loop.
+        """
+        if self._append_depth or self._mm is None:
+            return False
+        self.lock_appends()
+        self.unlock_appends()
+        raw = self.page.raw_tail()
+        if raw == self._seen or raw == self._waited_for:
+            return False
+        self._waited_for = raw
+        return True
+
     @property
     def holds_append_lock(self) -> bool:
         """Whether this handle holds ``shared/APPEND`` now."""
@@ -229,7 +261,12 @@ class SharedSegmentManager(SegmentManager):
             finally:
                 self.unlock_appends()
             raw = encode_tail(tail)
-        self._take(tail)
+        try:
+            self._take(tail)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise _read_error(exc, self.directory) from exc
         self._seen = raw
 
     def _take(self, tail: SharedTail) -> None:
@@ -390,7 +427,7 @@ class SharedSegmentManager(SegmentManager):
             mm = self._mm
             assert mm is not None
             if mm[_TAIL_AT:_WRITING_END] != self._published:
-                self._catch_up_appender()
+                self._catch_up_reading()
             _set_u64(mm, SLOT_WRITING, 1)
             self._appending = True
             seg = self.segments[-1]
@@ -400,6 +437,29 @@ class SharedSegmentManager(SegmentManager):
             self._appending = False
             self.unlock_appends()
             raise
+
+    def catch_up_locked(self) -> None:
+        """Bring the view up to the tail with the append lock held, to publish after.
+
+        Not :meth:`refresh`: a tail a dead appender left (the ``writing`` word set) is
+        repaired first, as the next appender would.  Whoever publishes clears the word;
+        publishing a view that leaves the dead one's bytes outside the tail would let
+        the next appender write after them, under ids they already carry.
+        """
+        if self._appending:
+            return  # this handle is the appender: its view is ahead of the page
+        mm = self._mm
+        assert mm is not None
+        if mm[_TAIL_AT:_WRITING_END] != self._published:
+            self._catch_up_reading()
+
+    def _catch_up_reading(self) -> None:
+        try:
+            self._catch_up_appender()
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise _read_error(exc, self.directory) from exc
 
     def _catch_up_appender(self) -> None:
         """Another handle appended (or died appending) since this one published."""

@@ -414,6 +414,13 @@ class Connection(asyncio.Protocol):
             except ledgerq.QueueClosedError:
                 if not slot.is_dead or attempt:
                     raise  # closed by shutdown, not by a delete: nothing to retry
+            except ledgerq.QueueFullError:
+                # A bounded queue with no room: memcache's answer for an item not stored
+                # (the client may retry later); a set never waits for room.
+                self._stats.cmd_set += 1
+                if not command.noreply:
+                    self._write(p.NOT_STORED)
+                return
         self._stats.cmd_set += 1
         self._stats.total_items += 1
         if not command.noreply:

@@ -240,7 +240,9 @@ class Registry:
     name, so a queue is never opened twice (``ledgerq.open`` locks the directory).
     Every queue is opened with ``queue_options`` over what it stored, for this run
     only: they are not stored (``remember_options=False``), so the server changes
-    no queue's configuration.
+    no queue's configuration.  With ``shared`` every queue is opened in shared mode
+    (other processes use it meanwhile); a queue is deleted only once an exclusive open
+    proves that no other process has it open.
     """
 
     def __init__(
@@ -249,10 +251,11 @@ class Registry:
         *,
         executor: Executor,
         queue_options: Mapping[str, Any],
+        shared: bool = False,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self._executor = executor
-        self._options = {**queue_options, "remember_options": False}
+        self._options = {**queue_options, "remember_options": False, "shared": shared}
         self._slots: dict[str, QueueSlot] = {}
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.is_closing = False
@@ -398,16 +401,25 @@ class Registry:
             if slot is None:
                 if not self._exists(name):
                     return
-                # Open it first: its lock proves no other process uses it.
-                queue = await self.run(ledgerq.open, self.path_of(name), **self._options)
+                queue = None
             else:
                 slot.close()
                 queue = slot.queue
             await self.run(self._remove, queue, name)
             self.deletes += 1
 
-    def _remove(self, queue: ledgerq.Queue, name: str) -> None:
-        queue.close()
+    def _remove(self, queue: ledgerq.Queue | None, name: str) -> None:
+        """Delete the files of queue ``name`` once an open proves nobody else uses it.
+
+        Exclusively: a shared handle (this server's own, closed first) would prove only
+        that no process holds the queue exclusively.  If another process has it open,
+        ``QueueLockedError`` is raised and nothing is deleted.
+        """
+        if queue is not None:
+            queue.close()
+        if queue is None or self._options["shared"]:
+            exclusive = {**self._options, "shared": False}
+            ledgerq.open(self.path_of(name), **exclusive).close()
         path = self.path_of(name)
         # Rename first, so a crash part-way leaves no half-deleted queue behind.
         doomed = os.path.join(self.data_dir, f"{name}{_DELETED_MARK}{time.time_ns()}")

@@ -39,7 +39,9 @@ class ServerConfig:
     ``queue_options`` are keyword arguments of :func:`ledgerq.open` for every queue
     it opens, with ``max_message_size=max_item_size`` unless they say otherwise: they
     override what a queue stored, for this run only (they are not stored; see
-    docs/server.md).
+    docs/server.md).  ``shared`` opens every queue in shared mode
+    (``ledgerq.open(path, shared=True)``), so Python processes use the same queues
+    directly while the server runs.
     """
 
     data_dir: str
@@ -52,6 +54,7 @@ class ServerConfig:
     allow_shutdown: bool = False
     threads: int = 16
     queue_options: Mapping[str, Any] = field(default_factory=dict)
+    shared: bool = False
     shutdown_grace: float = 10.0  # seconds running commands get to finish on shutdown
     # Writes of at most this many bytes run inline on the event loop when the queue
     # does not fsync on every write (sync != "always"); 0 sends every write to a thread.
@@ -101,7 +104,9 @@ class Server:
         # The queue's own limit follows --max-item-size, so an item the protocol
         # accepts is one the queue stores (unless -o says otherwise).
         options = {"max_message_size": config.max_item_size, **config.queue_options}
-        self.registry = Registry(config.data_dir, executor=self._executor, queue_options=options)
+        self.registry = Registry(
+            config.data_dir, executor=self._executor, queue_options=options, shared=config.shared
+        )
         self.address: tuple[str, int] = (config.host, config.port)
         self._connections: set[Connection] = set()
         self._listener: asyncio.Server | None = None

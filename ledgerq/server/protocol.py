@@ -36,6 +36,7 @@ __all__ = [
     "END",
     "ERROR",
     "MAX_FLAGS",
+    "NOT_STORED",
     "OK",
     "RELATIVE_EXPTIME_LIMIT",
     "STORED",
@@ -84,6 +85,7 @@ _MAX_DIGITS = 19  # keeps int() of a client-supplied number cheap and within int
 
 END: Final = b"END\r\n"
 STORED: Final = b"STORED\r\n"
+NOT_STORED: Final = b"NOT_STORED\r\n"  # a set on a full bounded queue (max_pending...)
 DELETED: Final = b"DELETED\r\n"
 OK: Final = b"OK\r\n"
 ERROR: Final = b"ERROR\r\n"

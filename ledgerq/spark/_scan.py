@@ -9,8 +9,11 @@ fields - and hands everything else to the code the rest of ledgerq reads with:
    ``BinaryArray`` over the file bytes (offsets only, no copy), from which ids,
    timestamps and payloads are sliced by Arrow kernels.  The checksums of the whole run
    are checked with one call (``format.checksum.count_valid_records``, which knows the
-   checksum's algebra).  The first entry whose checksum does not match, or whose id
-   does not increase, ends the run.
+   checksum's algebra).  A run is of one entry format (the high nibble of the type
+   byte: CRC-32C in format 2, CRC-32 in format 1), checked with that format's CRC: an
+   entry of the other format ends the run and starts the next one, so segments of
+   either format, and one a newer ledgerq appended to, stay on this path.  The first
+   entry whose checksum does not match, or whose id does not increase, ends the run.
 2. **Entries with optional fields** (TTL, priority, headers, compression) in a run
    whose CRCs check out are decoded one by one with :func:`decode_entry`.
 3. **Anything else** - a bad CRC, a bad length, ids out of order, a torn or damaged
@@ -45,6 +48,8 @@ import zstandard
 from ledgerq._errors import CorruptionError
 from ledgerq.segment.readonly import (
     CHECKSUM,
+    ENTRY_FORMAT,
+    ENTRY_FORMAT_SHIFT,
     ENTRY_HEADER,
     MAX_ENTRY_SIZE,
     MAX_VIEW_PAYLOAD,
@@ -57,6 +62,8 @@ from ledgerq.segment.readonly import (
     RecordType,
     TailScanner,
     checked_start,
+    checksum,
+    checksum_v1,
     count_valid_records,
     decode_entry,
     idx_path,
@@ -107,13 +114,18 @@ _unpack_id_ts = _ID_TS.unpack_from
 _HEADER_SIZE = ENTRY_HEADER.size  # 22: length, type, flags, id, timestamp
 _ID_AT, _TS_AT = 6, 14
 _CRC_SIZE = CHECKSUM.size
-_PLAIN = int(RecordType.DATA)  # type byte DATA with flags byte 0, read as a little-endian u16
+_DATA = int(RecordType.DATA)
+# The (type, flags) bytes of a plain entry, read as a little-endian u16, by entry format:
+# the type byte is format << 4 | DATA, the flags byte 0.  Also which checksum a run has.
+_PLAIN_BY_FORMAT = {
+    ENTRY_FORMAT: (ENTRY_FORMAT << ENTRY_FORMAT_SHIFT | _DATA, checksum),
+    0: (_DATA, checksum_v1),  # format 1: the nibble is 0
+}
 # Flags that do not change how a row is decoded: an entry carrying only these is plain.
 # BATCH_CONTINUES marks every entry of an enqueue_batch but its last (how edge devices and
 # the Spark writer fill queues): without it here every batch-written entry went one by one.
 _ROW_NEUTRAL_FLAGS = int(EntryFlags.BATCH_CONTINUES)
 _PLAIN_MASK = 0xFFFF & ~(_ROW_NEUTRAL_FLAGS << 8)  # the (type, flags) u16 of a plain entry
-_DATA = int(RecordType.DATA)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _LITTLE_ENDIAN = sys.byteorder == "little"  # the vectorised path views LE bytes as ints
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -320,7 +332,7 @@ class _SegmentScan:
                 pos += offsets[good]
                 if id_hi is not None and last_id >= id_hi:
                     self.done = True
-            if good < walked:
+            if good < run.length:
                 break  # an anomaly inside the run: tier 3 from its first entry
         if pos < end and not self.done:
             yield from self._slow(fd, pos, end, last_id)
@@ -497,41 +509,69 @@ def _field(
 
 
 class _Run:
-    """A walked run checked column-wise: how many entries at its start are sound
-    (stored CRC matches, id above the previous one) and whether those are all plain
-    (a DATA entry with no flag: the vectorised path; the others go to tier 2)."""
+    """A walked run checked column-wise: of its first ``length`` entries (those of the
+    first entry's format), how many at the start are sound (stored CRC matches, id
+    above the previous one) and whether those are all plain (a DATA entry with no flag
+    that changes the row: the vectorised path; the others go to tier 2)."""
 
-    __slots__ = ("entries", "good", "ids", "plain", "size")
+    __slots__ = ("entries", "good", "ids", "length", "plain", "size")
 
     def __init__(
-        self, entries: pa.BinaryArray, ids: pa.Array, good: int, plain: bool, size: int | None
+        self,
+        entries: pa.BinaryArray,
+        ids: pa.Array,
+        good: int,
+        plain: bool,
+        size: int | None,
+        length: int,
     ) -> None:
         self.entries = entries
         self.ids = ids
         self.good = good
         self.plain = plain
         self.size = size  # the length of every entry, when they all have the same
+        self.length = length  # entries of the run's format: a shorter good is an anomaly
 
     def head(self, count: int) -> _Run:
         """The first ``count`` entries."""
         if count == len(self.ids):
             return self
         return _Run(self.entries.slice(0, count), self.ids.slice(0, count), count, self.plain,
-                    self.size)  # fmt: skip
+                    self.size, count)  # fmt: skip
 
 
 def _check_run(buf: bytes, offsets: list[int], last_id: int) -> _Run:
     count = len(offsets) - 1
     entries = _entries(buf, offsets, count)
     if not _LITTLE_ENDIAN:
-        return _Run(entries, pa.array([], pa.uint64()), 0, False, None)  # tier 3: slow, right
+        return _Run(entries, pa.array([], pa.uint64()), 0, False, None, count)  # tier 3
     first_length = offsets[1] - offsets[0]
     size = first_length if offsets[-1] - offsets[0] == first_length * count else None
     if size is not None and count > 1:
         lengths = _field(entries, 0, 4, pa.uint32(), size)
         if not pc.all(pc.equal(lengths, size)).as_py():
             size = None
-    good = count_valid_records(buf, offsets, size)
+    # One format per run: its checksum is checked in one call.  An entry of another
+    # format (a segment a newer ledgerq appended to) ends the run; the next run starts
+    # there.  A format this ledgerq does not know is an anomaly: tier 3 says what.
+    entry_format = buf[offsets[0] + 4] >> ENTRY_FORMAT_SHIFT
+    known = _PLAIN_BY_FORMAT.get(entry_format)
+    if known is None:
+        return _Run(entries, pa.array([], pa.uint64()), 0, False, size, count)
+    plain_kind, crc = known
+    if count > 1:
+        formats = pc.shift_right(_field(entries, 4, 1, pa.uint8(), size), ENTRY_FORMAT_SHIFT)
+        same = pc.equal(formats, entry_format)
+        if not pc.all(same).as_py():
+            count = pc.index(same, False).as_py()
+            offsets = offsets[: count + 1]
+            entries = entries.slice(0, count)
+            first_length = offsets[1] - offsets[0]
+            if size is None and offsets[-1] - offsets[0] == first_length * count:
+                lengths = _field(entries, 0, 4, pa.uint32(), None)
+                if pc.all(pc.equal(lengths, first_length)).as_py():
+                    size = first_length
+    good = count_valid_records(buf, offsets, size, crc)
     ids = _field(entries, _ID_AT, 8, pa.uint64(), size)
     if good and ids[0].as_py() <= last_id:
         good = 0
@@ -540,11 +580,11 @@ def _check_run(buf: bytes, offsets: list[int], last_id: int) -> _Run:
         if not pc.all(rising).as_py():
             good = pc.index(rising, False).as_py() + 1
     if good == 0:
-        return _Run(entries, ids, 0, False, size)
+        return _Run(entries, ids, 0, False, size, count)
     kinds = _field(entries.slice(0, good), 4, 2, pa.uint16(), size)
     kinds = pc.bit_wise_and(kinds, pa.scalar(_PLAIN_MASK, pa.uint16()))
-    plain = bool(pc.all(pc.equal(kinds, _PLAIN)).as_py())
-    return _Run(entries, ids, good, plain, size)
+    plain = bool(pc.all(pc.equal(kinds, plain_kind)).as_py())
+    return _Run(entries, ids, good, plain, size, count)
 
 
 # ---------------------------------------------------------------------- row filters

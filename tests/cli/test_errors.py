@@ -47,6 +47,8 @@ def test_a_locked_queue_says_it_is_open_elsewhere(tmp_path: Path) -> None:
         for args in (["stats", q], ["dequeue", q], ["enqueue", q, "y"], ["verify", q, "--repair"]):
             result = fails(*args, code=1)
             assert "open elsewhere" in result.err and str(q) in result.err
+            # Commands open queues shared: the holder's mode is the obstacle, and the fix.
+            assert "exclusively" in result.err and "shared=True" in result.err, result
         assert len(queue) == 1
 
 

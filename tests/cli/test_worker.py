@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import ledgerq
+from tests._child import Children
 
-from ._run import fails, ok
+from ._run import environment, fails, ok
 
 HANDLER = """
 def handle(message):
@@ -49,3 +52,55 @@ def test_worker_without_the_pool_module_fails_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("ledgerq: error: the worker pool (ledgerq.workers)")
     assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+ANNOUNCING_HANDLER = """
+import sys
+
+def handle(message):
+    sys.stdout.write("done %s\\n" % message.payload.decode())
+    sys.stdout.flush()
+"""
+
+_PRODUCER = """
+import sys, ledgerq
+with ledgerq.open(sys.argv[1], shared=True) as q:
+    q.enqueue_batch([b"job %d" % n for n in range(int(sys.argv[2]))])
+print("enqueued", flush=True)
+"""
+
+
+def test_a_producer_process_feeds_a_running_worker(tmp_path: Path, children: Children) -> None:
+    q = tmp_path / "q"
+    (tmp_path / "tasks.py").write_text(ANNOUNCING_HANDLER)
+    with ledgerq.open(q) as queue:
+        queue.enqueue(b"first")
+    pool = children.start(
+        ["-m", "ledgerq.cli", "worker", q, "tasks:handle", "--processes", "2", "--json"],
+        cwd=tmp_path,
+        env=environment(),
+    )
+    assert pool.line() == "done first"  # the pool runs, and now waits for work
+    producer = children.start(["-c", _PRODUCER, str(q), "20"])  # another process, meanwhile
+    assert producer.line() == "enqueued"
+    producer.expect_exit(0)
+    done = sorted(pool.line() for _ in range(20))
+    assert done == sorted(f"done job {n}" for n in range(20))
+    pool.signal(signal.SIGTERM)
+    report = json.loads(pool.wait_for("{"))
+    assert pool.finish() == 0, pool.failure("did not stop cleanly on SIGTERM")
+    assert report == {"queue": str(q), "processed": 21, "failed": 0, "dead_lettered": 0}
+    with ledgerq.open(q) as queue:
+        assert queue.stats().acked == 21 and len(queue) == 0
+
+
+def test_worker_exclusive_keeps_other_processes_out(tmp_path: Path) -> None:
+    q = tmp_path / "q"
+    (tmp_path / "tasks.py").write_text(HANDLER)
+    with ledgerq.open(q):
+        pass
+    with ledgerq.open(q, shared=True):  # a shared holder refuses an exclusive pool
+        result = fails("worker", q, "tasks:handle", "--exclusive", "--until-empty", cwd=tmp_path)
+        assert "shared mode" in result.err, result
+    report = ok("worker", q, "tasks:handle", "--exclusive", "--until-empty", "--json", cwd=tmp_path)
+    assert report.json()["processed"] == 0

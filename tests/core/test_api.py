@@ -371,6 +371,7 @@ def test_public_exports_are_pinned() -> None:
         "Priority",
         "Queue",
         "QueueClosedError",
+        "QueueFullError",
         "QueueLockedError",
         "Reader",
         "ReaderStart",

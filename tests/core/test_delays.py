@@ -3,10 +3,10 @@
 A delayed message is pending (``len``, ``stats().pending``) and counted in
 ``stats().delayed`` until its time; ``dequeue`` and ``peek`` never return it early,
 on any reader, across a reopen; a blocked ``dequeue`` wakes when it falls due.  The
-not-before time is in the entry (flag HAS_DELIVER_AT), and the first such entry
-raises meta.json's version so that an older ledgerq refuses the queue rather than
-skip the entry as damage.  Time is a clock the test moves, except where the wake-up
-of a blocked call is the point.
+not-before time is in the entry (flag HAS_DELIVER_AT, format 2 entries only), and
+meta.json says version 2 (format 2, from the first open) so that an older ledgerq
+refuses the queue rather than skip the entry as damage.  Time is a clock the test
+moves, except where the wake-up of a blocked call is the point.
 """
 
 from __future__ import annotations
@@ -202,36 +202,27 @@ def test_a_bad_delay_writes_nothing(tmp_path: Path, delay: object, error: type) 
         with pytest.raises(error, match="delay"):
             q.enqueue_batch([b"ok", Item(b"x", delay=delay)])  # type: ignore[arg-type]
         assert q.stats().enqueued == 0 and q.stats().next_id == 1
-    assert meta_version(tmp_path / "q") == 1
 
 
-def test_meta_version_is_raised_before_the_first_delayed_entry(tmp_path: Path) -> None:
+def test_meta_says_version_2_before_the_first_delayed_entry(tmp_path: Path) -> None:
+    # Format 2 (which brought delays and groups) writes meta.json version 2 at the
+    # first open: no delayed entry is ever written under version 1.
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
-        q.enqueue(b"plain")
-        q.enqueue(b"zero", delay=0)  # no delay: a plain entry, nothing raised
-        assert meta_version(path) == 1
+        assert meta_version(path) == 2
         q.enqueue(b"later", delay=5)
-        assert meta_version(path) == 2  # on disk before enqueue returns
+        q.enqueue(b"grouped", group="g")
     assert meta_version(path) == 2  # a close keeps it
-    with ledgerq.open(path) as q:
-        q.enqueue(b"plain")
-    assert meta_version(path) == 2
 
 
 def test_a_ledgerq_that_reads_version_1_refuses_a_queue_with_delays(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # An older ledgerq (FORMAT_VERSION 1) would skip a delayed entry as corrupt; the
-    # raised version makes it refuse the queue instead.  A queue without delayed
-    # messages stays readable by it.
-    plain, delayed = tmp_path / "plain", tmp_path / "delayed"
-    with ledgerq.open(plain) as q:
-        q.enqueue(b"x")
+    # An older ledgerq (FORMAT_VERSION 1) would skip a delayed entry as corrupt; meta.json
+    # version 2 makes it refuse the queue instead.
+    delayed = tmp_path / "delayed"
     with ledgerq.open(delayed) as q:
         q.enqueue(b"x", delay=5)
     monkeypatch.setattr(meta_module, "FORMAT_VERSION", 1)
-    with ledgerq.open(plain) as q:
-        assert len(q) == 1
     with pytest.raises(ledgerq.IncompatibleFormatError, match="upgrade ledgerq"):
         ledgerq.open(delayed)

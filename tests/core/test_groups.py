@@ -9,7 +9,6 @@ shared mode.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -184,15 +183,6 @@ def test_a_bad_group_writes_nothing(tmp_path: Path, group: object, error: type) 
         q.enqueue(b"x", group="\u00e9" * 127)
         with pytest.raises(ValueError, match="255"):
             q.enqueue(b"x", group="\u00e9" * 128)
-
-
-def test_the_first_grouped_message_raises_the_meta_version(tmp_path: Path) -> None:
-    path = tmp_path / "q"
-    with ledgerq.open(path) as q:
-        q.enqueue(b"x")
-        assert json.loads((path / "meta.json").read_text())["version"] == 1
-        q.enqueue(b"y", group="g")
-        assert json.loads((path / "meta.json").read_text())["version"] == 2
 
 
 def test_a_requeued_dead_letter_comes_back_in_its_group(tmp_path: Path) -> None:

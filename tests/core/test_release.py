@@ -229,20 +229,22 @@ def test_sharded_release_routes_by_id(tmp_path: Path) -> None:
         assert q.stats().dead_lettered == 0
 
 
-def test_a_journal_holding_a_release_is_version_2_and_version_1_again_after_close(
+def test_a_journal_is_version_3_from_its_first_record_and_holds_a_release(
     tmp_path: Path,
 ) -> None:
+    """Format 2: every journal is version 3 (CRC-32C, RELEASE allowed) - an older ledgerq
+    refuses it by its version.  (A version 2 journal of format 1 holding a RELEASE is read:
+    tests/format/test_v1_fixture.py.)"""
     path = tmp_path / "q"
     journal = path / "readers" / "default.state"
     with ledgerq.open(path) as q:
         q.enqueue(b"m")
-        assert journal.read_bytes()[4:8] == b"\x01\x00\x00\x00"  # nothing new in it
+        assert journal.read_bytes()[4:8] == b"\x03\x00\x00\x00"
         message = q.dequeue()
         assert message is not None
         q.release(message.id)
-        # A version 1 reader would take the RELEASE for damage: the file says version 2.
-        assert journal.read_bytes()[4:8] == b"\x02\x00\x00\x00"
-    assert journal.read_bytes()[4:8] == b"\x01\x00\x00\x00"  # a checkpoint alone again
+        assert journal.read_bytes()[4:8] == b"\x03\x00\x00\x00"
+    assert journal.read_bytes()[4:8] == b"\x03\x00\x00\x00"
     with ledgerq.open(path) as q:
         again = q.dequeue()
         assert again is not None and again.attempts == 1

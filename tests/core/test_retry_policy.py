@@ -11,6 +11,7 @@ test moves.
 from __future__ import annotations
 
 import math
+import struct
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 import ledgerq
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.format import reader_state as state_mod
+from ledgerq.format.checksum import checksum_v1
 from ledgerq.format.reader_state import STATE_FILE_HEADER
 
 SECOND = 1_000_000_000
@@ -164,8 +166,8 @@ def test_a_reopen_does_not_shorten_a_retry_delay(tmp_path: Path, clock: SteppedC
         assert msg.attempts == 2
         q.ack(msg.id)
         q.compact()
-    # Nothing pending any more: the journal is a plain version 1 checkpoint again.
-    assert journal_version(path) == 1
+    # Nothing pending any more: still version 3, the only version this ledgerq writes.
+    assert journal_version(path) == 3
 
 
 def test_a_ledgerq_without_retry_delays_refuses_such_a_journal(
@@ -270,3 +272,39 @@ def test_the_first_retry_wait_keeps_acks_made_out_of_order(
         assert (msg.id, msg.attempts) == (first, 2)
         q.ack(msg.id)
         assert q.dequeue() is None, f"acked message {second} came back"
+
+
+def test_an_older_journal_holding_a_retry_time_is_upgraded_with_it(
+    tmp_path: Path, clock: SteppedClock
+) -> None:
+    # Journals of version 1 and 2 (CRC-32) are rewritten as version 3 at open, record by
+    # record.  None was written with a NOT_BEFORE, but one that holds it keeps its wait
+    # through the rewrite (the rewrite once failed on it with a ValueError).
+    path = tmp_path / "q"
+    with ledgerq.open(path, clock=clock) as q:
+        q.enqueue(b"job")
+        q.nack(take(q).id, delay=60)
+    journal = path / "readers" / "default.state"
+    data = journal.read_bytes()
+    # The clean close left one checkpoint holding the wait: split it into a checkpoint
+    # without it and a NOT_BEFORE record, each checksummed as version 2 files are.
+    kind, body, _ = state_mod.decode_state_record(data, STATE_FILE_HEADER.size)
+    assert kind is state_mod.StateRecordType.CHECKPOINT and isinstance(body, bytes)
+    checkpoint = state_mod.decode_checkpoint(body)
+    ((message_id, due_ns),) = checkpoint.not_before
+    head = checkpoint._replace(not_before=[])
+    framed = struct.pack(
+        "<IBQQ", 5 + 16 + 4, state_mod.StateRecordType.NOT_BEFORE, due_ns, message_id
+    )
+    old = [
+        STATE_FILE_HEADER.pack(state_mod.STATE_MAGIC, 2),
+        state_mod.encode_checkpoint(head, checksum_v1),
+        framed + struct.pack("<I", checksum_v1(framed)),
+    ]
+    journal.write_bytes(b"".join(old))
+    clock.elapse(30)
+    with ledgerq.open(path, clock=clock) as q:
+        assert journal_version(path) == 3
+        assert q.dequeue() is None and q.stats().delayed == 1
+        clock.elapse(30)
+        assert take(q).attempts == 2

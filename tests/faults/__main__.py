@@ -5,6 +5,10 @@ workload, both errnos (ENOSPC only where a call can need space), and each mode -
 prints the figures docs/reliability.md quotes.  Exits 1 if any problem is not one of
 the known bugs.
 
+``--shared`` runs it in shared mode, another process working beside the faulted one
+(``test_shared_faults.py``): every fault of every site, and every call of the other
+process must succeed.
+
 ``--real`` runs the real-ENOSPC sweep instead (``_realsweep.py``; root: it mounts a
 tmpfs): every space-needing call of its workload meets a real full disk, each run
 crashed twice over (with the disk still full, and after freeing it), in each mode.
@@ -90,13 +94,42 @@ def real_sweep(workdir: Path, syncs: list[str], steps: int, seed: int) -> int:
     return 1 if problems else 0
 
 
+def shared(syncs: list[str]) -> int:
+    """Every fault of the shared-mode sweep; print its figures; return 1 on a problem."""
+    from tests.faults._inject import Partner
+    from tests.faults.test_shared_faults import shared_sweep
+
+    started = time.monotonic()
+    problems: list[str] = []
+    with scratch_dir(Path.cwd()) as workdir:
+        partner = Partner(workdir / "partner.stderr")
+        try:
+            for sync in syncs:
+                with quiet_ledgerq():
+                    found, fired, count = shared_sweep(workdir / sync, sync, partner, None)
+                problems += [f"{sync} {p}" for p in found]
+                print(f"sync={sync}: {count} faults, {fired} fired, {len(found)} problems")
+        finally:
+            partner.close()
+    print(
+        f"{time.monotonic() - started:.0f} s; the other process made {partner.steps} "
+        f"enqueues and reads beside the faults"
+    )
+    for problem in problems[:40]:
+        print(f"PROBLEM: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
     parser.add_argument("--sync", choices=("always", "never"), action="append")
     parser.add_argument("--steps", type=int, help="workload operations (30; --real: 100)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--real", action="store_true", help="the real-ENOSPC sweep (root)")
+    parser.add_argument("--shared", action="store_true", help="shared mode, beside another process")
     args = parser.parse_args(argv)
+    if args.shared:
+        return shared(args.sync or ["always", "never"])
     if args.real:
         with scratch_dir(Path.cwd()) as workdir:
             return real_sweep(

@@ -53,7 +53,10 @@ def test_the_commands_work_on_a_full_disk(small_disk: SmallDisk) -> None:
     assert dequeue.code == 0, dequeue
     assert dequeue.stdout == b"x" * 1000 + b"\n" + b"x" * 1000 + b"\n" + b"x" * 1000 + b"\n"
     assert run("stats", path, "--json").json()["pending"] == len(ids) - 3
-    assert small_disk.is_full()
+    # The commands open the queue shared (they run beside live applications): the first
+    # shared open wrote the state page's block into the room of the disk reserve, and
+    # nothing else was freed.
+    assert small_disk.free_bytes() < 32 * 1024
 
 
 def test_a_full_disk_is_drained_until_enqueues_work_again(small_disk: SmallDisk) -> None:

@@ -165,7 +165,7 @@ def test_retry_log_records_each_failure_in_its_format(tmp_path: Path) -> None:
         assert leased is not None
         other.nack(leased.id, "three")
         data = (path / "features" / "retries.log").read_bytes()
-    assert data[:8] == b"LQRT\x01\x00\x00\x00"
+    assert data[:8] == b"LQRT\x02\x00\x00\x00"
     decoded = decode_feature_file(data, b"LQRT")  # values and where the last record ends
     values, end = decoded[0], decoded[1]
     assert end == len(data)

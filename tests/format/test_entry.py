@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
-import zlib
 
 import msgpack
 import pytest
@@ -20,6 +20,7 @@ from ledgerq.format import (
     IncompleteRecord,
     RecordType,
     checksum,
+    checksum_v1,
     decode_entry,
     decode_headers,
     encode_entry,
@@ -53,13 +54,26 @@ FIXED = [
     EntrySpec(id=14, timestamp=14, payload=b"g", group="customer-42 \u00e9", headers={"k": "v"}),
     EntrySpec(id=15, timestamp=15, payload=b"", group="x" * 255),
 ]
-FIXED_IDS = [f"id{s.id}" for s in FIXED]
+# The same entries as a format-1 ledgerq wrote them (CRC-32): read like the others.
+# Format 1 as well, but for the fields format 2 brought (deliver_at, group).
+FIXED += [
+    dataclasses.replace(spec, entry_format=1)
+    for spec in FIXED
+    if spec.deliver_at is None and spec.group is None
+]
+FIXED_IDS = [f"id{s.id}-v{s.entry_format}" for s in FIXED]
+
+
+def crc_of(raw: bytes | bytearray) -> int:
+    """The checksum an entry's type byte selects, over its bytes before the CRC."""
+    crc = checksum if raw[4] >> 4 == 2 else checksum_v1
+    return crc(bytes(raw[:-4]))
 
 
 def reseal(raw: bytes | bytearray) -> bytes:
     """Recompute the CRC of an entry whose bytes a test changed on purpose."""
     body = bytes(raw[:-4])
-    return body + struct.pack("<I", zlib.crc32(body))
+    return body + struct.pack("<I", crc_of(raw))
 
 
 def decode_or_error(buf: bytes, pos: int = 0) -> type[DecodeError] | None:
@@ -74,18 +88,35 @@ def decode_or_error(buf: bytes, pos: int = 0) -> type[DecodeError] | None:
 # ---------------------------------------------------------------- checksum
 
 
-def test_checksum_is_crc32_ieee() -> None:
-    assert CHECKSUM_NAME == "crc32"
-    assert checksum(b"123456789") == 0xCBF43926  # the catalogued check value of CRC-32
+def test_checksum_is_crc32c_and_format_1_is_crc32_ieee() -> None:
+    assert CHECKSUM_NAME == "crc32c"
+    assert checksum(b"123456789") == 0xE3069283  # the catalogued check value of CRC-32C
     assert checksum(b"") == 0
-    assert checksum(b"56789", checksum(b"1234")) == 0xCBF43926
+    assert checksum(b"56789", checksum(b"1234")) == 0xE3069283
+    assert checksum_v1(b"123456789") == 0xCBF43926  # the catalogued check value of CRC-32
+    assert checksum_v1(b"56789", checksum_v1(b"1234")) == 0xCBF43926
 
 
 @pytest.mark.parametrize("spec", FIXED, ids=FIXED_IDS)
 def test_crc_covers_every_byte_before_it(spec: EntrySpec) -> None:
     raw = spec.encode()
-    assert struct.unpack_from("<I", raw, len(raw) - 4)[0] == zlib.crc32(raw[:-4])
+    crc = checksum if spec.entry_format == 2 else checksum_v1
+    assert struct.unpack_from("<I", raw, len(raw) - 4)[0] == crc(raw[:-4])
     assert struct.unpack_from("<I", raw, 0)[0] == len(raw)
+    assert raw[4] == (0x21 if spec.entry_format == 2 else 0x01)  # the format nibble
+
+
+@pytest.mark.parametrize("entry_format", [1, 2])
+def test_an_entry_checked_with_the_other_formats_crc_is_corrupt(entry_format: int) -> None:
+    """The format nibble picks the CRC: flipping it (or a v1 CRC on a v2 entry) is damage."""
+    raw = bytearray(EntrySpec(5, 6, b"payload", entry_format=entry_format).encode())
+    raw[4] ^= 0x20  # now claims the other format, with the first format's CRC
+    with pytest.raises(CorruptRecord, match="checksum"):
+        decode_entry(bytes(raw))
+    for nibble in (1, 3, 15):  # formats this ledgerq does not know
+        raw[4] = nibble << 4 | 1
+        with pytest.raises(CorruptRecord, match="unknown format"):
+            decode_entry(reseal(raw))
 
 
 # ---------------------------------------------------------------- round trips
@@ -328,7 +359,7 @@ def test_checksummed_but_invalid_fields_are_corrupt() -> None:
         raw[offset] = value
         return reseal(raw)
 
-    for rtype in (0, 4, 255):
+    for rtype in (0, 4, 15, 0x20, 0x24, 0x2F):
         with pytest.raises(CorruptRecord, match="type"):
             decode_entry(variant(4, rtype))
     with pytest.raises(CorruptRecord, match="flags"):
@@ -345,10 +376,29 @@ def test_checksummed_but_invalid_fields_are_corrupt() -> None:
         decode_entry(reseal(raw))
 
 
-def test_reserved_record_types_decode() -> None:
+@pytest.mark.parametrize("flag", [EntryFlags.HAS_DELIVER_AT, EntryFlags.HAS_GROUP])
+def test_a_format_1_entry_cannot_be_delayed_or_grouped(flag: EntryFlags) -> None:
+    # Format 2 brought both flags: no ledgerq wrote a format-1 entry with them, so one
+    # that says so is damage (its field would be read from the payload).
+    raw = bytearray(EntrySpec(5, 6, b"\x01g" + bytes(8), entry_format=1).encode())
+    raw[5] = int(flag)
+    with pytest.raises(CorruptRecord, match="flags"):
+        decode_entry(reseal(raw))
+    raw[4] = 0x21  # the same bytes as a format-2 entry are valid
+    assert decode_entry(reseal(raw))[0].flags == int(flag)
+    # Nor does this ledgerq write one.
+    field = {"deliver_at": 7} if flag is EntryFlags.HAS_DELIVER_AT else {"group": b"g"}
+    with pytest.raises(ValueError, match="format-1"):
+        encode_entry(5, 6, b"", entry_format=1, **field)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("entry_format", [1, 2])
+def test_reserved_record_types_decode(entry_format: int) -> None:
     for rtype in (RecordType.TOMBSTONE, RecordType.CHECKPOINT):
-        entry, _ = decode_entry(encode_entry(3, 4, b"", record_type=rtype))
+        raw = encode_entry(3, 4, b"", record_type=rtype, entry_format=entry_format)
+        entry, _ = decode_entry(raw)
         assert entry.type == rtype
+        assert entry.format == entry_format
 
 
 def test_priority_above_high_is_corrupt() -> None:
@@ -420,7 +470,7 @@ def test_checksummed_garbage_raises_only_corrupt(rtype: int, flags: int, rest: b
     # Valid length and CRC around random fields: exercises every check after the CRC.
     length = 6 + len(rest) + 4
     body = struct.pack("<IBB", length, rtype, flags) + rest
-    raw = body + struct.pack("<I", zlib.crc32(body))
+    raw = body + struct.pack("<I", crc_of(body + bytes(4)))
     try:
         entry, stop = decode_entry(raw)
     except CorruptRecord:

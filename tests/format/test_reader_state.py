@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import zlib
 
 import msgpack
 import pytest
@@ -28,12 +27,14 @@ from ledgerq.format import (
     encode_touch_record,
     state_file_version,
 )
+from ledgerq.format.checksum import checksum, checksum_v1
 from ledgerq.format.reader_state import (
     STATE_FILE_HEADER,
     STATE_MAGIC,
     STATE_RECORD_HEADER,
     STATE_VERSION,
     ReclaimCause,
+    state_checksum,
 )
 from tests.strategies import U64_MAX, checkpoints, id_batches
 
@@ -68,7 +69,7 @@ FIXED = [
 def frame(record_type: int, body: bytes) -> bytes:
     """Build a record with a correct length and CRC around any type and body."""
     head = struct.pack("<IB", 9 + len(body), record_type)
-    return head + body + struct.pack("<I", zlib.crc32(head + body))
+    return head + body + struct.pack("<I", checksum(head + body))
 
 
 def outcome_of(buf: bytes) -> type[DecodeError] | None:
@@ -84,7 +85,7 @@ def outcome_of(buf: bytes) -> type[DecodeError] | None:
 
 def test_file_header_round_trip() -> None:
     header = encode_state_file_header()
-    assert header == b"LQRS\x01\x00\x00\x00"
+    assert header == b"LQRS\x03\x00\x00\x00"
     assert decode_state_file_header(header) == STATE_FILE_HEADER.size == 8
     assert decode_state_file_header(header + FIXED[0]) == 8
 
@@ -100,18 +101,34 @@ def test_file_header_bad_magic_or_version_is_corrupt() -> None:
     for magic in (b"LQRT", b"LQIX", b"\x00" * 4):
         with pytest.raises(CorruptRecord, match="magic"):
             decode_state_file_header(STATE_FILE_HEADER.pack(magic, STATE_VERSION))
-    for version in (0, STATE_VERSION + 1, 0xFFFFFFFF):
+    for version in (0, 4, 0xFFFFFFFF):
         with pytest.raises(CorruptRecord, match="version"):
             decode_state_file_header(STATE_FILE_HEADER.pack(STATE_MAGIC, version))
 
 
-def test_every_version_is_read_and_newer_ones_are_written_on_request() -> None:
+def test_every_version_is_read_and_version_3_is_written() -> None:
     for version in (1, 2, 3):
         header = encode_state_file_header(version)
         assert state_file_version(header) == version
         assert decode_state_file_header(header) == 8
+    assert state_file_version(encode_state_file_header()) == 3
     with pytest.raises(ValueError, match="version 4"):
         encode_state_file_header(4)
+    # Versions 1 and 2 are CRC-32, version 3 CRC-32C.
+    assert state_checksum(1) is state_checksum(2) is checksum_v1
+    assert state_checksum(3) is checksum
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_crc32_record_of_an_old_file_reads_with_its_checksum_only(version: int) -> None:
+    head = struct.pack("<IBQ", 17, StateRecordType.ACK, 5)
+    old = head + struct.pack("<I", checksum_v1(head))
+    assert decode_state_record(old, 0, state_checksum(version))[1] == (5,)
+    with pytest.raises(CorruptRecord, match="checksum"):
+        decode_state_record(old, 0)  # read as a version-3 record: its CRC-32C is wrong
+    new = encode_ids_record(StateRecordType.ACK, [5])
+    with pytest.raises(CorruptRecord, match="checksum"):
+        decode_state_record(new, 0, state_checksum(version))
 
 
 @settings(max_examples=30)
@@ -203,7 +220,7 @@ def test_shared_checkpoint_carries_the_leases() -> None:
 def test_ids_record_bytes() -> None:
     raw = encode_ids_record(StateRecordType.ACK, (2,))
     head = struct.pack("<IB", 17, 3) + struct.pack("<Q", 2)
-    assert raw == head + struct.pack("<I", zlib.crc32(head))
+    assert raw == head + struct.pack("<I", checksum(head))
 
 
 @settings(max_examples=80)

@@ -13,10 +13,10 @@ import importlib
 import json
 import re
 import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -31,12 +31,16 @@ from ledgerq.format.reader_state import Checkpoint, StateRecordType
 from ledgerq.segment.meta import DELIVER_AT_VERSION
 from tests.strategies import EntrySpec, checkpoints, entry_specs, id_batches, index_entry_lists
 
+# The module (``ledgerq.format.checksum`` the attribute is the function of that name).
+checksum_mod = importlib.import_module("ledgerq.format.checksum")
+
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 
 Row = dict[str, str]
 
 # Every table of the spec, each checked by a test below.
 CHECKED_TABLES = {
+    "entry-formats",
     "types",
     "files",
     "entry",
@@ -235,14 +239,34 @@ def test_entry_optional_fields_match_their_structs() -> None:
         ("priority", entry_mod.PRIORITY),
         ("deliver_at", entry_mod.DELIVER_AT),
         ("headers_length", entry_mod.HEADERS_LENGTH),
-        ("crc32", entry_mod.CRC),
+        ("crc", entry_mod.CRC),
     ):
         r = row("entry", field)
         ((_, size, code),) = struct_fields(layout)
         assert (int(r["size"]), codes[r["type"]]) == (size, code), r
     assert int(row("entry", "expires_at")["offset"]) == entry_mod.ENTRY_HEADER.size
-    assert row("entry", "crc32")["offset"] == f"length - {entry_mod.CRC.size}"
-    assert row("entry", "crc32") is table("entry")[-1]
+    assert row("entry", "crc")["offset"] == f"length - {entry_mod.CRC.size}"
+    assert row("entry", "crc") is table("entry")[-1]
+
+
+def _doc_checksums() -> dict[int, Any]:
+    """The checksum function of each entry format, by the name the spec gives it."""
+    by_name = {checksum_mod.CHECKSUM_NAME: checksum_mod.checksum}
+    by_name[checksum_mod.CHECKSUM_NAME_V1] = checksum_mod.checksum_v1
+    return {int(r["format"]): by_name[r["checksum"]] for r in table("entry-formats")}
+
+
+def test_entry_formats() -> None:
+    rows = table("entry-formats")
+    assert {int(r["format"]) for r in rows} == {1, entry_mod.ENTRY_FORMAT}
+    data = int(row("entry-types", "DATA", "name")["value"])
+    for r in rows:
+        fmt = int(r["format"])
+        assert int(r["type byte of data"], 0) == int(r["high bits"]) << 4 | data, r
+        raw = encode_entry(1, 0, b"x", entry_format=fmt)
+        assert raw[4] == int(r["type byte of data"], 0), r
+        assert raw[4] >> entry_mod.ENTRY_FORMAT_SHIFT == int(r["high bits"]), r
+        assert _doc_checksums()[fmt](raw[:-4]) == struct.unpack_from("<I", raw, len(raw) - 4)[0]
 
 
 def test_entry_presence_column_names_flags() -> None:
@@ -289,7 +313,7 @@ def test_index_tables_match_the_structs() -> None:
 def test_state_tables_match_the_structs() -> None:
     assert_rows_match_struct(table("state-header"), state_mod.STATE_FILE_HEADER)
     rows = table("state-record")
-    assert [r["field"] for r in rows] == ["length", "type", "body", "crc32"]
+    assert [r["field"] for r in rows] == ["length", "type", "body", "crc"]
     assert_rows_match_struct(rows[:2], state_mod.STATE_RECORD_HEADER)
     minimum = state_mod.STATE_RECORD_HEADER.size + 4
     assert rows[2]["size"] == f"length - {minimum}"
@@ -323,6 +347,31 @@ def test_state_types() -> None:
             record = encode(7, 2, [1, 5])
             decoded, body, _ = state_mod.decode_state_record(record, 0)
             assert (decoded, body) == (kind, (7, 2, 1, 5))
+
+
+HELD_BODY_NAMES = ("holder, deadline_ns, ids", "holder, cause, ids")
+
+
+@settings(max_examples=20)
+@given(
+    st.sampled_from([r for r in TABLES["state-types"] if r["body"] in HELD_BODY_NAMES]),
+    st.integers(0, (1 << 64) - 1),
+    st.sampled_from([int(c) for c in state_mod.ReclaimCause]),
+    id_batches,
+)
+def test_tables_decode_shared_mode_records(
+    kind: Row, holder: int, second: int, ids: list[int]
+) -> None:
+    """LEASE_BY, RECLAIM and TOUCH walked with the tables alone, checksummed with CRC-32C
+    (the format's checksum, computed here by the crc32c package, not by format.checksum)."""
+    encode = state_mod.encode_touch_record if kind["name"] == "TOUCH" else HELD_BODIES[kind["body"]]
+    raw = encode(holder, second, ids)
+    record, end = walk(table("state-record"), raw)
+    assert end == len(raw)
+    assert record["type"] == int(kind["value"])
+    assert record["crc"] == crc32c.crc32c(raw[:-4])
+    body = record["body"]
+    assert list(struct.unpack(f"<{len(body) // 8}Q", body)) == [holder, second, *ids]
 
 
 HELD_BODIES = {
@@ -360,10 +409,15 @@ def test_shared_state_tables_match_the_layout() -> None:
     tail = page.SharedTail(11, 2048, 40, 1999, 1_700_000_000_000_000_000, 1024, 3)
     blob = page.encode_page(tail, reserved_until=99, counters={"duplicates": 5, "reserve_spent": 1})
     values, _ = walk(rows[:2], blob)
-    assert values["magic"] == b"LQSP" and values["version"] == 1
+    assert values["magic"] == b"LQSP" and values["version"] == page.SHARED_VERSION == 2
     tail_values, _ = walk(tail_rows, blob[page.TAIL_OFFSET :])
     assert [tail_values[f] for f in page.SharedTail._fields] == list(tail)
-    assert tail_values["crc32"] == zlib.crc32(blob[page.TAIL_OFFSET : page.TAIL_OFFSET + 56])
+    # The tail's checksum is the format's (CRC-32C, what the spec's row names).
+    assert "CRC-32C" in tail_rows[7]["meaning"]
+    assert tail_values["crc"] == checksum_mod.checksum(
+        blob[page.TAIL_OFFSET : page.TAIL_OFFSET + 56]
+    )
+    assert tail_values["crc"] == crc32c.crc32c(blob[page.TAIL_OFFSET : page.TAIL_OFFSET + 56])
     assert struct.unpack_from("<Q", blob, slots["reserved_until"])[0] == 99
     assert struct.unpack_from("<Q", blob, slots["duplicates"])[0] == 5
     assert struct.unpack_from("<Q", blob, slots["reserve_spent"])[0] == 1
@@ -448,10 +502,9 @@ def test_meta_fields() -> None:
         assert type(saved[r["field"]]) is json_types[r["json type"]], r
     assert f"`{saved['format']}`" in row("meta", "format")["meaning"]
     assert f", {saved['version']};" in row("meta", "version")["meaning"]
-    assert (
-        f"; {DELIVER_AT_VERSION} once an entry may carry HAS_DELIVER_AT or HAS_GROUP"
-        in (row("meta", "version")["meaning"])
-    )
+    # A queue that can hold a delayed or grouped entry says this version.
+    assert saved["version"] == DELIVER_AT_VERSION
+    assert "no delayed or grouped entry" in row("meta", "version")["meaning"]
 
 
 def test_options_fields() -> None:
@@ -490,8 +543,11 @@ def test_tables_decode_entries(spec: EntrySpec) -> None:
     raw = spec.encode()
     values, end = walk(table("entry"), raw)
     assert end == len(raw) == values["length"]
-    assert values["crc32"] == zlib.crc32(raw[: values["length"] - 4])
-    assert values["type"] == int(row("entry-types", "DATA", "name")["value"])
+    high_bits = {int(r["format"]): int(r["high bits"]) for r in table("entry-formats")}
+    crc = _doc_checksums()[spec.entry_format]
+    assert values["crc"] == crc(raw[: values["length"] - 4])
+    assert values["type"] >> 4 == high_bits[spec.entry_format]
+    assert values["type"] & 0xF == int(row("entry-types", "DATA", "name")["value"])
     assert values["id"] == spec.id
     assert values["timestamp"] == spec.timestamp
     assert values.get("expires_at") == spec.expires_at
@@ -548,10 +604,10 @@ def _doc_checkpoint(body: list[Any]) -> dict[str, Any]:
 def test_tables_decode_checkpoints(checkpoint: Checkpoint) -> None:
     raw = state_mod.encode_state_file_header() + state_mod.encode_checkpoint(checkpoint)
     header, pos = walk(table("state-header"), raw)
-    assert header == {"magic": b"LQRS", "version": 1}
+    assert header == {"magic": b"LQRS", "version": 3}
     record, end = walk(table("state-record"), raw, pos)
     assert end == len(raw)
-    assert record["crc32"] == zlib.crc32(raw[pos : end - 4])
+    assert record["crc"] == checksum_mod.checksum(raw[pos : end - 4])
     assert record["type"] == int(row("state-types", "CHECKPOINT", "name")["value"])
     fields = _doc_checkpoint(msgpack.unpackb(record["body"], raw=False))
     assert fields["head"] == checkpoint.head
@@ -566,10 +622,11 @@ def test_tables_decode_shared_checkpoints(
     checkpoint: Checkpoint, leases: list[tuple[int, int, int]]
 ) -> None:
     cp = checkpoint._replace(leases=leases)
-    raw = state_mod.encode_state_file_header(2) + state_mod.encode_checkpoint(cp, shared=True)
+    raw = state_mod.encode_state_file_header() + state_mod.encode_checkpoint(cp, shared=True)
     header, pos = walk(table("state-header"), raw)
-    assert header["version"] == 2
-    record, _ = walk(table("state-record"), raw, pos)
+    assert header["version"] == 3
+    record, end = walk(table("state-record"), raw, pos)
+    assert record["crc"] == crc32c.crc32c(raw[pos : end - 4])
     fields = _doc_checkpoint(msgpack.unpackb(record["body"], raw=False))
     assert [tuple(lease) for lease in fields["leases"]] == leases
 
@@ -581,7 +638,7 @@ def test_tables_decode_ids_records(kind: Row, ids: list[int]) -> None:
     record, end = walk(table("state-record"), raw)
     assert end == len(raw)
     assert record["type"] == int(kind["value"])
-    assert record["crc32"] == zlib.crc32(raw[:-4])
+    assert record["crc"] == checksum_mod.checksum(raw[:-4])
     u64 = "<" + type_codes()["u64"]
     width = struct.calcsize(u64)
     body = record["body"]

@@ -52,6 +52,16 @@ def _entries() -> dict[str, bytes]:
         "max_id": encode_entry((1 << 64) - 1, _T, b"last"),
         "two": plain + encode_entry(2, _T, b"second"),
         "torn": plain[:-3],
+        # Format 1 (CRC-32), alone and followed by format 2 (a segment a newer ledgerq
+        # appended to), and each format's type byte under the other's CRC.
+        "v1_plain": encode_entry(1, _T, b"hello", entry_format=1),
+        "v1_all_fields": encode_entry(
+            5, _T, b"h", priority=0, expires_at=_T, headers_blob=headers, entry_format=1
+        ),
+        "v1_then_v2": encode_entry(1, _T, b"old", entry_format=1) + encode_entry(2, _T, b"new"),
+        "v2_with_v1_crc": _crc_framed(plain[:-4]),
+        "v1_with_v2_crc": encode_entry(1, _T, b"hello", entry_format=1)[:-4] + plain[-4:],
+        "unknown_format": _crc_framed(plain[:4] + b"\x31" + plain[5:-4]),
     }
     # Hostile: lengths that promise far more than is there, or nothing at all.
     out["length_max"] = _U32.pack(0x7FFFFFFF) + plain[4:]
@@ -110,7 +120,20 @@ def _reader_states() -> dict[str, bytes]:
         "corrupt_middle": whole[:20] + b"\xff" + whole[21:],
         "length_max": head + _U32.pack(0x7FFFFFFF) + b"\x02" + b"\x00" * 12,
         "header_only": head,
+        # Version 2 (CRC-32) as a format-1 ledgerq wrote it, and its records under v3.
+        "v2_crc32": encode_state_file_header(2) + _v1_records(checkpoint + records),
+        "v3_header_crc32_records": head + _v1_records(checkpoint + records),
     }
+
+
+def _v1_records(data: bytes) -> bytes:
+    """The same reader state records, checksummed with CRC-32 (versions 1 and 2)."""
+    out, pos = b"", 0
+    while pos < len(data):
+        (length,) = _U32.unpack_from(data, pos)
+        out += _crc_framed(data[pos : pos + length - 4])
+        pos += length
+    return out
 
 
 def _feature_files(magic: bytes) -> dict[str, bytes]:
@@ -125,6 +148,9 @@ def _feature_files(magic: bytes) -> dict[str, bytes]:
         f"{magic.decode()}_torn": head + records[:-2],
         f"{magic.decode()}_length_max": head + _U32.pack(0x7FFFFFFF) + records[4:],
         f"{magic.decode()}_wrong_types": head + encode_feature_record(["x", "y", "z", 1]),
+        # Version 1 (CRC-32), and version 1's records under a version 2 header.
+        f"{magic.decode()}_v1": encode_feature_file_header(magic, 1) + _v1_records(records),
+        f"{magic.decode()}_v2_crc32_records": head + _v1_records(records),
     }
 
 
@@ -143,7 +169,8 @@ def _metas() -> dict[str, bytes]:
     valid = json.dumps(meta).encode()
     return {
         "valid": valid,
-        "newer": json.dumps({**meta, "version": 2}).encode(),
+        "newer": json.dumps({**meta, "version": 3}).encode(),
+        "v2": json.dumps({**meta, "version": 2}).encode(),
         "wrong_types": json.dumps({**meta, "next_id": "11", "counters": [1]}).encode(),
         "huge_ints": json.dumps({**meta, "next_id": 1 << 70, "reserved_until": -5}).encode(),
         "not_object": b"[1, 2, 3]",

@@ -82,6 +82,11 @@ def _entry(data: bytes) -> None:
             continue
         assert entry.size == stop - pos
         assert entry_format.MIN_ENTRY_SIZE <= entry.size <= len(data) - pos
+        # Never delivered unless the checksum its format names holds (a v1 entry CRC-32,
+        # a v2 entry CRC-32C), and the format is the one its type byte says.
+        assert entry.format == (2 if data[pos + 4] >> 4 == 2 else 1)
+        crc = entry_format._crc32 if entry.format == 2 else entry_format._crc32_v1
+        assert crc(data[pos : stop - 4]) == int.from_bytes(data[stop - 4 : stop], "little")
         assert entry.id >= 1 and 0 <= entry.priority <= 2
         assert entry.headers is None or all(
             type(k) is str and type(v) is str for k, v in entry.headers.items()
@@ -109,13 +114,15 @@ def _index(data: bytes) -> None:
 
 
 def _reader_state(data: bytes) -> None:
+    crc = state_format.state_checksum(state_format.STATE_VERSION)
     try:
         pos = state_format.decode_state_file_header(data)
+        crc = state_format.state_checksum(state_format.state_file_version(data))
     except DecodeError:
         pos = 0  # walk the records anyway
     while pos < len(data):
         try:
-            kind, body, nxt = state_format.decode_state_record(data, pos)
+            kind, body, nxt = state_format.decode_state_record(data, pos, crc)
         except DecodeError:
             pos += 1
             continue
@@ -140,7 +147,7 @@ def _checkpoint(data: bytes) -> None:
 def _feature_state(data: bytes) -> None:
     for magic in (b"LQDD", b"LQRT"):
         try:
-            values, end, damaged = feature_state.decode_feature_file(data, magic)
+            values, end, damaged, _ = feature_state.decode_feature_file(data, magic)
         except DecodeError:
             continue
         assert 8 <= end <= len(data)

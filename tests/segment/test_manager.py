@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ledgerq
 from ledgerq.format.entry import (
     Entry,
     decode_entry,
@@ -622,3 +623,30 @@ def test_a_write_the_file_system_cuts_short_is_cut_back_and_retried_whole(
             (3, b"p3" * 20),
             (4, b"after"),
         ]
+
+
+@pytest.mark.parametrize("payload_sizes", [[4096] * 50, [100] * 300, [5000, 10, 9000, 3, 4100]])
+def test_a_batchs_index_points_follow_the_interval_rule(
+    tmp_path: Path, payload_sizes: list[int]
+) -> None:
+    """A point for each entry at least index_interval bytes after the previous point, the
+    first entry included - whether every entry of the batch is a point (4 KiB messages,
+    made without a search) or few are."""
+    path = tmp_path / "q"
+    with ledgerq.open(path, index_interval=4096, segment_size=1 << 30) as q:
+        q.enqueue(b"first")
+        for _ in range(3):
+            q.enqueue_batch([b"p" * n for n in payload_sizes])
+        q.enqueue(b"last")
+        (idx,) = (path / "segments").glob("*.idx")
+        points, _ = decode_index(idx.read_bytes())
+    (log,) = (path / "segments").glob("*.log")
+    data = log.read_bytes()
+    expected, last, pos = [], -1, 0
+    while pos < len(data):
+        entry, stop = decode_entry(data, pos)
+        if last < 0 or pos - last >= 4096:
+            expected.append((entry.id, entry.timestamp, pos))
+            last = pos
+        pos = stop
+    assert [tuple(p) for p in points] == expected

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ledgerq.format.entry as entry_format
-from ledgerq.format.checksum import recovery_crc_allowance
+from ledgerq.format.checksum import Checksum, recovery_crc_allowance
 from ledgerq.format.entry import ENTRY_HEADER, MIN_ENTRY_SIZE
 from ledgerq.segment.scanner import EntryScanner
 from tests.segment._log import Log, payload_for, scan
@@ -196,15 +196,18 @@ def _claims_to_the_end(size: int, first_id: int) -> bytes:
 
 
 def _count_crc(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Count the bytes the entry decoder checksums (it calls ``entry._crc32``)."""
+    """Count the bytes the entry decoder checksums (it calls ``entry._crc32`` for format 2
+    entries, ``entry._crc32_v1`` for format 1)."""
     seen = {"bytes": 0}
-    crc32 = entry_format._crc32
 
-    def counting(data: bytes | memoryview, *args: int) -> int:
-        seen["bytes"] += len(data)
-        return crc32(data, *args)
+    for name in ("_crc32", "_crc32_v1"):
+        crc = getattr(entry_format, name)
 
-    monkeypatch.setattr(entry_format, "_crc32", counting)
+        def counting(data: bytes | memoryview, *args: int, crc: Checksum = crc) -> int:
+            seen["bytes"] += len(data)
+            return crc(data, *args)
+
+        monkeypatch.setattr(entry_format, name, counting)
     return seen
 
 

@@ -62,6 +62,14 @@ def token_of(data: bytes) -> int:
     return int(data.split(b";", 1)[0].split(b":")[1])
 
 
+def _token_or_none(data: bytes) -> int | None:
+    """The token of a worker's payload; None for one no worker wrote (a fixture's)."""
+    try:
+        return token_of(data)
+    except (IndexError, ValueError):
+        return None
+
+
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -168,7 +176,7 @@ def hold(q: ledgerq.Queue) -> None:
                 emit(
                     "L 0 0 0"
                     if msg is None
-                    else f"L {msg.id} {msg.attempts} {token_of(msg.payload)}"
+                    else f"L {msg.id} {msg.attempts} {_token_or_none(msg.payload)}"
                 )
             elif command == "ack":
                 q.ack(int(args[0]))

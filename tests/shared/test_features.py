@@ -8,6 +8,8 @@ timeouts (whoever looks first takes an expired lease over), retention, stats.
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -248,27 +250,31 @@ def test_stats_are_the_queues_from_every_handle(pair: tuple[ledgerq.Queue, ledge
 
 
 def test_a_queue_of_the_previous_release_opens_shared(tmp_path: Path) -> None:
-    """Version 1 reader journals (what an exclusive queue writes) are read, then upgraded."""
+    """A format-1 queue (committed fixture: version 1 journals, feature files and
+    meta.json, written before format 2) opens shared: the first handle upgrades every
+    file while it is alone, the second joins and reads what is on disk."""
     path = tmp_path / "q"
-    with ledgerq.open(path) as q:
-        q.enqueue_batch([b"1", b"2", b"3"])
-        got = q.dequeue()
-        assert got is not None
-        q.ack(got.id)
-        q.reader("audit")
+    shutil.copytree(Path(__file__).parent.parent / "format" / "fixtures" / "v1_clean", path)
     journal = path / "readers" / "default.state"
     assert journal.read_bytes()[4:8] == (1).to_bytes(4, "little")
-    a, b = open_pair(path)
+    a, b = open_pair(path, max_retries=1, dedup_window=60.0)
     try:
-        assert [m.id for m in b.dequeue_batch(5)] == [2, 3]
-        assert a.stats().acked == 1 and a.stats().in_flight == 2
-        assert set(a.stats().readers) == {"default", "audit"}
+        assert journal.read_bytes()[4:8] == (3).to_bytes(4, "little")
+        assert json.loads((path / "meta.json").read_text())["version"] == 2
+        for name in ("dedup.log", "retries.log"):
+            assert (path / "features" / name).read_bytes()[4:8] == (2).to_bytes(4, "little")
+        before = a.stats().pending
+        got = b.dequeue()
+        assert got is not None
+        b.ack(got.id)
+        new_id = a.enqueue(b"new", dedup_id="n")
+        assert b.enqueue(b"again", dedup_id="n") == new_id  # a's dedup record, read by b
+        assert a.stats().pending == b.stats().pending == before
     finally:
         a.close()
         b.close()
-    assert journal.read_bytes()[4:8] == (2).to_bytes(4, "little")
     with ledgerq.open(path) as q:  # and an exclusive open reads it after
-        assert [m.id for m in q.dequeue_batch(5)] == [2, 3]
+        assert q.stats().pending == before
 
 
 def test_compression_and_headers_between_handles(tmp_path: Path) -> None:

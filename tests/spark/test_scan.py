@@ -20,6 +20,7 @@ from tests.spark import require_spark
 require_spark()
 
 import ledgerq  # noqa: E402
+from ledgerq.format.entry import EntryFlags, decode_entry, encode_entry  # noqa: E402
 from ledgerq.segment.readonly import count_valid_records, find_queues  # noqa: E402
 from ledgerq.spark import _scan  # noqa: E402
 from ledgerq.spark._layout import list_segments, read_reader_state  # noqa: E402
@@ -141,6 +142,80 @@ def test_batch_written_segments_take_the_fast_path(tmp_path: Path, arrow: bool) 
     with ledgerq.open(tmp_path / "ttl") as q:  # an optional field does go one by one
         q.enqueue_batch([ledgerq.Item(b"x", ttl=60.0) for _ in range(10)])
     assert _one_by_one(tmp_path / "ttl", arrow=arrow) == 10
+
+
+def _as_format_1(log: Path, *, upto_id: int | None = None) -> None:
+    """Rewrite a log's entries (those up to ``upto_id``) as a format-1 ledgerq wrote them.
+
+    The same bytes but the type byte's format bits and the CRC (CRC-32): lengths and
+    offsets do not change, so the index stays right.
+    """
+    data = bytearray(log.read_bytes())
+    pos = 0
+    while pos < len(data):
+        entry, stop = decode_entry(data, pos)
+        if upto_id is None or entry.id <= upto_id:
+            data[pos:stop] = encode_entry(
+                entry.id,
+                entry.timestamp,
+                entry.payload,
+                batch_continues=bool(entry.flags & EntryFlags.BATCH_CONTINUES),
+                entry_format=1,
+            )
+        pos = stop
+    log.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("arrow", [True, False], ids=["arrow", "tuples"])
+@pytest.mark.parametrize("layout", ["format-1", "mixed"])
+def test_format_1_and_mixed_segments_take_the_fast_path(
+    tmp_path: Path, arrow: bool, layout: str
+) -> None:
+    """Segments of format 1 (CRC-32), and one a newer ledgerq appended to (format-1 entries,
+    then format-2 ones, batch-written), are read through the run check, none one by one."""
+    queue = tmp_path / "q"
+    with ledgerq.open(queue, segment_size=16 * 1024) as q:
+        for start in range(0, 2000, 100):
+            q.enqueue_batch([b"row %05d" % i for i in range(start, start + 100)])
+        for i in range(50):
+            q.enqueue(b"single %03d" % i)
+    expected = _expected(queue)
+    logs = segment_files(queue)
+    assert len(logs) > 2
+    for log in logs:
+        _as_format_1(log, upto_id=1234 if layout == "mixed" else None)
+    formats = set()
+    for log in logs:
+        data, pos = log.read_bytes(), 0
+        while pos < len(data):
+            entry, pos = decode_entry(data, pos)
+            formats.add(entry.format)
+    assert formats == ({1} if layout == "format-1" else {1, 2})
+    assert _expected(queue) == expected  # the log walk reads them as before
+    assert _scanned(queue, arrow=arrow) == expected
+    assert _one_by_one(queue, arrow=arrow) == 0
+
+
+@pytest.mark.parametrize("entry_format", [1, 2])
+def test_a_bad_crc_of_either_format_is_found_by_the_run_check(
+    tmp_path: Path, entry_format: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One flipped bit in a run of format-1 or format-2 entries: that row is skipped and
+    counted, like the scanner alone does - the run check is as strong as one per entry."""
+    queue = tmp_path / "q"
+    with ledgerq.open(queue) as q:
+        q.enqueue_batch([b"row %05d" % i for i in range(500)])
+    (log,) = segment_files(queue)
+    if entry_format == 1:
+        _as_format_1(log)
+    data = bytearray(log.read_bytes())
+    offsets = _scan._walk(bytes(data))
+    data[offsets[250] + 30] ^= 0x01  # the payload of id 251
+    log.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="ledgerq"):
+        rows = _scanned(queue)
+    assert [r[0] for r in rows] == [i for i in range(1, 501) if i != 251]
+    assert rows == _expected(queue)
 
 
 def test_run_checks_find_the_first_bad_entry(tmp_path: Path) -> None:

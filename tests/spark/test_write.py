@@ -122,7 +122,9 @@ def test_a_shard_held_open_elsewhere_blocks_the_whole_commit(spark: Any, tmp_pat
     ledgerq.open_sharded(tmp_path, 2).close()
     holder = ledgerq.open(tmp_path / shard_dir_name("", 2, 1))  # a consumer owns shard 1
     try:
-        with pytest.raises(Exception, match="locked"):
+        with pytest.raises(
+            Exception, match=r"QueueLockedError.*open exclusively by another handle"
+        ):
             df.write.format("ledgerq").mode("append").option("lock_timeout", "0.5").save(
                 str(tmp_path)
             )

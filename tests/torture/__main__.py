@@ -4,6 +4,8 @@
     python -m tests.torture --rounds 500 --target requeue # only kills inside requeue_dlq
     python -m tests.torture --power-loss --scenarios 40   # power-loss simulation
     python -m tests.torture --power-loss --exhaustive     # every prefix of every file
+    python -m tests.torture --shared --rounds 100         # shared mode: several processes
+    python -m tests.torture --power-loss --shared         # shared mode: three handles
 
 Exits 0 when every check passed and prints the figures that docs/reliability.md quotes;
 on a broken promise it prints the failure (with the seed that reproduces it) and exits 1.
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from tests.torture._model import ModelError
 from tests.torture._runner import TARGETS, run_rounds
+from tests.torture._shared import SHARED_TARGETS
 
 
 def _torture(args: argparse.Namespace, workdir: Path) -> int:
@@ -47,13 +50,49 @@ def _torture(args: argparse.Namespace, workdir: Path) -> int:
     return 0
 
 
+def _shared_torture(args: argparse.Namespace, workdir: Path) -> int:
+    from tests.torture._shared import run_shared_rounds
+
+    started = time.monotonic()
+    progress = print if args.verbose else None
+    try:
+        totals = run_shared_rounds(
+            workdir,
+            args.rounds,
+            seed=args.seed,
+            per_campaign=args.per_campaign,
+            target=args.target,
+            sync=args.sync,
+            keep=args.keep,
+            progress=progress,
+        )
+    except ModelError as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
+    elapsed = time.monotonic() - started
+    print(
+        f"shared-mode crash torture: {totals.rounds} rounds in {totals.campaigns} campaigns, "
+        f"{totals.processes} processes, {elapsed:.0f} s"
+    )
+    print(f"  kills: {sum(totals.kills.values())} ({dict(sorted(totals.kills.items()))})")
+    print(f"  leases of killed holders back (their .live file gone): {totals.reclaim_summary()}")
+    print(f"  report lines checked: {totals.lines}")
+    print(f"  operations: {dict(sorted(totals.counts.items()))}")
+    return 0
+
+
 def _power_loss(args: argparse.Namespace, workdir: Path) -> int:
     from tests.torture._powerloss import run_scenarios
 
     started = time.monotonic()
     progress = print if args.verbose else None
     report = run_scenarios(
-        workdir, args.scenarios, seed=args.seed, exhaustive=args.exhaustive, progress=progress
+        workdir,
+        args.scenarios,
+        seed=args.seed,
+        exhaustive=args.exhaustive,
+        progress=progress,
+        shared=args.shared,
     )
     elapsed = time.monotonic() - started
     print(f"power-loss simulation: {report.scenarios} workloads, {elapsed:.0f} s")
@@ -74,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=200, help="kill -9 rounds (default 200)")
     parser.add_argument("--seed", type=int, default=1, help="base seed (default 1)")
     parser.add_argument("--per-campaign", type=int, default=10, help="rounds per queue")
-    parser.add_argument("--target", choices=TARGETS, help="kill only this way")
+    parser.add_argument(
+        "--target", choices=sorted({*TARGETS, *SHARED_TARGETS}), help="kill only this way"
+    )
+    parser.add_argument(
+        "--shared", action="store_true", help="shared mode: several processes on one queue"
+    )
     parser.add_argument("--sync", choices=("always", "interval", "never"), help="one sync mode")
     parser.add_argument("--power-loss", action="store_true", help="run the power-loss simulation")
     parser.add_argument(
@@ -92,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.power_loss:
             return _power_loss(args, workdir)
+        if args.shared:
+            return _shared_torture(args, workdir)
         return _torture(args, workdir)
     finally:
         if args.dir is None and not args.keep:

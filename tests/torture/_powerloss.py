@@ -64,6 +64,7 @@ from tests.torture._payload import matches, mismatch, token_of
 
 __all__ = [
     "SCENARIOS",
+    "SHARED_SCENARIOS",
     "scratch_dir",
     "Recorder",
     "Report",
@@ -468,32 +469,59 @@ class Timeline:
         self.sync_start = 0
         self.main_tokens: dict[int, int] = dict(self.base)
         self.opened = False
+        # Shared mode: several handles, each line marked "<handle>|".  A handle's
+        # sync() or close() promises its own calls only (per call, as in exclusive
+        # mode), so coverage is kept per handle; ``op``, ``sync_start`` and
+        # ``covered`` above are handle 0's (the only one of an exclusive run).
+        self.handle_ops: dict[int, list[str] | None] = {}
+        self.handle_sync_start: dict[int, int] = {}
+        self.handle_covered: dict[int, int] = {}
+        self.event_handles: list[int] = []
 
     def feed(self, line: str) -> None:
+        handle = 0
+        if "|" in line.split(" ", 1)[0]:
+            head, line = line.split("|", 1)
+            handle = int(head)
         kind, *rest = line.split(" ")
         if kind == "P":
             self.opened = True
         elif kind == "B":
-            self.op = rest
-            self.sync_start = len(self.events)
+            self.handle_ops[handle] = rest
+            self.handle_sync_start[handle] = len(self.events)
         elif kind == "Z":
-            if self.op is not None and self.op[0] in ("sync", "reopen", "close"):
-                self.covered = self.sync_start
-            self.op = None
+            op = self.handle_ops.get(handle)
+            if op is not None and op[0] in ("sync", "reopen", "close"):
+                self.handle_covered[handle] = self.handle_sync_start[handle]
+            self.handle_ops[handle] = None
         elif kind == "E" and rest[2] == "fresh":
             message_id, token = int(rest[0]), int(rest[1])
             self.main_tokens[message_id] = token
-            self.events.append(("enq", message_id, token))
+            self._event(handle, ("enq", message_id, token))
         elif kind == "A":
             message_id = int(rest[0])
-            self.events.append(("ack", message_id, self.main_tokens[message_id]))
+            self._event(handle, ("ack", message_id, self.main_tokens[message_id]))
         elif kind == "D":
-            self.events.append(("dlq", int(rest[0]), int(rest[2])))
+            self._event(handle, ("dlq", int(rest[0]), int(rest[2])))
+        self.op = self.handle_ops.get(0)
+        self.covered = self.handle_covered.get(0, 0)
+
+    def _event(self, handle: int, event: tuple[str, int, int]) -> None:
+        self.events.append(event)
+        self.event_handles.append(handle)
+
+    def _durable(self) -> list[tuple[str, int, int]]:
+        if self.always:
+            return self.events
+        return [
+            event
+            for n, (event, handle) in enumerate(zip(self.events, self.event_handles, strict=True))
+            if n < self.handle_covered.get(handle, 0)
+        ]
 
     def promise(self) -> Promise:
-        durable = self.events if self.always else self.events[: self.covered]
         p = Promise(durable_tokens=set(self.base.values()), highest=max(self.base, default=0))
-        for kind, message_id, token in durable:
+        for kind, message_id, token in self._durable():
             if kind == "ack":
                 p.durable_acks.add(message_id)
             else:
@@ -503,8 +531,9 @@ class Timeline:
                 p.acked_tokens.add(token)
             elif kind == "enq":
                 p.highest = max(p.highest, message_id)
-        if self.op is not None and self.op[0] == "ack":
-            p.acked_tokens.add(self.main_tokens[int(self.op[1])])
+        for op in self.handle_ops.values():
+            if op is not None and op[0] == "ack":
+                p.acked_tokens.add(self.main_tokens[int(op[1])])
         return p
 
 
@@ -526,7 +555,8 @@ class RunFacts:
         for op in ops:
             if op[0] != "mark":
                 continue
-            kind, *rest = op[1].split(" ")
+            # (a shared run's marks start with "<handle>|"; its steps do not interleave)
+            kind, *rest = op[1].split("|", 1)[-1].split(" ")
             if kind == "B":
                 current = rest[0]
                 batch = None
@@ -616,6 +646,11 @@ class Scenario:
     steps: int
     seed: int
     strict_mkdir: bool = True
+    # Shared mode: this many handles (``ledgerq.open(path, shared=True)``), each with
+    # its own workload; the steps interleave at random.  Handles of one process
+    # exclude each other as processes do (one ``flock`` per open file description), so
+    # their interleaved writes are the writes several processes would make.
+    handles: int = 1
 
 
 SCENARIOS = (
@@ -659,6 +694,43 @@ SCENARIOS = (
 )
 
 
+# Shared mode: three handles on one queue (the writes of three processes, interleaved).
+# Without dedup ids: the torture workload tells a duplicate by its handle's next id,
+# which another handle's appends make stale (the kill -9 torture checks dedup across
+# processes).
+SHARED_SCENARIOS = (
+    Scenario(
+        "shared-always",
+        {
+            "shared": True,
+            "sync": "always",
+            "segment_size": 700,
+            "index_interval": 128,
+            "max_retries": 2,
+            "priorities": True,
+            "compression": "zstd",
+            "compression_min_size": 64,
+        },
+        steps=45,
+        seed=21,
+        handles=3,
+    ),
+    Scenario(
+        "shared-never",
+        {
+            "shared": True,
+            "sync": "never",
+            "segment_size": 600,
+            "index_interval": 128,
+            "max_retries": 2,
+        },
+        steps=50,
+        seed=22,
+        handles=3,
+    ),
+)
+
+
 @dataclass
 class Recording:
     """A scenario's log and the facts needed to judge its crash states."""
@@ -698,14 +770,19 @@ def record_scenario(
     }
     with recorder.installed():
         recorder.mark("O")
-        work = Workload(config, lambda text: [recorder.mark(line) for line in text.splitlines()])
-        recorder.mark("P")
-        if workload is not None:
-            workload(work)
+        if scenario.handles > 1:
+            _run_shared(recorder, config, scenario)
         else:
-            for _ in range(scenario.steps):
-                work.step()
-        work.close()
+            work = Workload(
+                config, lambda text: [recorder.mark(line) for line in text.splitlines()]
+            )
+            recorder.mark("P")
+            if workload is not None:
+                workload(work)
+            else:
+                for _ in range(scenario.steps):
+                    work.step()
+            work.close()
     _check_complete(recorder, queue_dir)
     facts = RunFacts.from_ops(recorder.ops)
     facts.main.update(facts_before.main)
@@ -735,6 +812,33 @@ def _baseline(
     return dict(facts.main), facts
 
 
+def _run_shared(recorder: Recorder, config: dict[str, Any], scenario: Scenario) -> None:
+    """Several shared-mode handles, each a workload, their steps interleaved at random."""
+    rng = random.Random(scenario.seed)
+    works: list[Workload] = []
+    for n in range(scenario.handles):
+
+        def report(text: str, n: int = n) -> None:
+            for line in text.splitlines():
+                recorder.mark(f"{n}|{line}")
+
+        handle_config = {**config, "seed": config["seed"] + n, "token_base": (n + 1) * 1_000_000}
+        works.append(Workload(handle_config, report))
+    recorder.mark("P")
+    for _ in range(scenario.steps):
+        rng.choice(works).step()
+    for work in works:
+        work.close()
+
+
+# The state page of shared mode: mapped MAP_SHARED and written through the mapping,
+# which no interposer sees.  It holds coordination only, none of it data: after a power
+# cut the first handle rebuilds it from the files (docs/architecture.md), so whatever
+# bytes of it reached the disk, the replay's (the bytes written when it was created)
+# are one legal state.
+_MAPPED = "shared/state"  # the queue's, and its DLQ's (dlq/shared/state)
+
+
 def _check_complete(recorder: Recorder, queue_dir: Path) -> None:
     """The log replayed in full must give exactly the files on disk (nothing escaped it)."""
     disk = Disk(recorder.initial_names, recorder.initial, strict_mkdir=False)
@@ -748,6 +852,9 @@ def _check_complete(recorder: Recorder, queue_dir: Path) -> None:
             actual[rel_top] = None
         for name in files:
             actual[recorder.rel(os.path.join(top, name))] = (Path(top) / name).read_bytes()
+    for rel in simulated.keys() & actual.keys():
+        if rel == _MAPPED or rel.endswith("/" + _MAPPED):
+            simulated[rel] = actual[rel]
     if simulated != actual:
         differ = sorted(set(simulated) ^ set(actual)) or [
             k for k in sorted(actual) if simulated.get(k) != actual[k]
@@ -864,10 +971,14 @@ def run_scenarios(
     seed: int = 1,
     exhaustive: bool = False,
     progress: Callable[[str], None] | None = None,
+    shared: bool = False,
 ) -> Report:
-    """Run the fixed scenarios, then ``count`` more with options and seeds drawn at random."""
+    """Run the fixed scenarios, then ``count`` more with options and seeds drawn at random.
+
+    ``shared``: the shared-mode scenarios instead, 2-4 handles each, without dedup ids.
+    """
     rng = random.Random(seed)
-    scenarios = list(SCENARIOS)
+    scenarios = list(SHARED_SCENARIOS if shared else SCENARIOS)
     for n in range(count):
         sync = rng.choice(("always", "never"))
         options: dict[str, Any] = {
@@ -880,8 +991,19 @@ def run_scenarios(
             "compression": "zstd" if rng.random() < 0.3 else "none",
             "compression_min_size": 64,
         }
+        handles = 1
+        if shared:
+            options["shared"] = True
+            options["dedup_window"] = None  # see SHARED_SCENARIOS
+            handles = rng.randint(2, 4)
         scenarios.append(
-            Scenario(f"random-{seed}-{n}", options, rng.randint(30, 80), rng.randrange(1 << 30))
+            Scenario(
+                f"{'shared-' if shared else ''}random-{seed}-{n}",
+                options,
+                rng.randint(30, 80),
+                rng.randrange(1 << 30),
+                handles=handles,
+            )
         )
     report = Report()
     for n, scenario in enumerate(scenarios):

@@ -67,6 +67,8 @@ def test_bad_arguments(tmp_path: Path) -> None:
         run(tmp_path / "q", "not callable")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="task_timeout"):
         run(tmp_path / "q", _handlers.mixed, task_timeout=-1)
+    with pytest.raises(TypeError, match="shared must be a bool"):
+        run(tmp_path / "q", _handlers.mixed, shared="yes")  # type: ignore[arg-type]
 
 
 def test_sigterm_mid_run_loses_nothing(tmp_path: Path, children: Children) -> None:

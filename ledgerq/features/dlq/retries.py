@@ -27,6 +27,7 @@ from typing import Any
 
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.feature_state import (
+    FEATURE_VERSION,
     decode_feature_file,
     decode_feature_records,
     encode_feature_file_header,
@@ -96,7 +97,10 @@ class RetryTracker:
                 except DecodeError:
                     pass
                 else:
-                    values, end = found.values, found.end
+                    values = found.values
+                    # A file of an older version (another checksum) is never appended
+                    # to: only rewritten.
+                    end = found.end if found.version == FEATURE_VERSION else 0
         for value in values:
             record = _failure_record(value)
             if record is None:
@@ -121,6 +125,10 @@ class RetryTracker:
         header if missing); records past ``end`` are the others' (see _follow_others)."""
         path = self.path
         with storage_errors("open retry state", path):
+            if not end and self._shared_lock is not None:
+                end = self._upgrade_locked()
+                if self._log.is_open:
+                    return  # upgraded: appending to the new file
             if not end:
                 with open(path, "ab") as f:  # O_APPEND: another handle may be creating it too
                     if not f.tell():
@@ -136,6 +144,29 @@ class RetryTracker:
                         )
                         return
             self._log.open(end, cut=False)
+
+    def _upgrade_locked(self) -> int:
+        """Rewrite a file of an older version (CRC-32) as the newest, every record kept;
+        return where its records end (0: no such file, or not one to rewrite).
+
+        Shared mode, other handles live: a file still of an older version is one no live
+        handle loaded (each that did upgraded it), and the append lock held here is the
+        one each append to it takes, so no record can be lost to the rewrite."""
+        assert self._shared_lock is not None
+        with self._shared_lock():
+            try:
+                with open(self.path, "rb") as f:
+                    found = decode_feature_file(f.read(), _MAGIC)
+            except (OSError, DecodeError):
+                return 0
+            if found.version != FEATURE_VERSION:
+                blob = encode_feature_file_header(_MAGIC) + b"".join(
+                    encode_feature_record(value) for value in found.values
+                )
+                self._log.replace(blob)
+                self._records = len(found.values)
+                return len(blob)
+            return found.end
 
     def _keep_file(self, end: int, exc: StorageError) -> None:
         """The rewrite at open failed: append to the file as it is, if it has a header."""

@@ -1,0 +1,234 @@
+"""A shared-mode torture child: one process of several on one queue, until it is killed.
+
+Usage: ``python -m tests.torture._shared_child CONFIG_JSON``.  The configuration names
+the queue, its options, a *role*, the seed, the first token, and how this child is to
+die: killed by the parent at a random moment, or by itself (SIGKILL) just before the
+``nth`` file-changing system call made inside a chosen operation of the shared engine
+(see :data:`TARGETS`), anywhere after its open, or inside its open (joining a queue
+others use, or recovering it as the first handle of a session).
+
+Roles: ``producer`` (enqueues and batches, with dedup ids), ``consumer`` (leases from
+the main reader and acks or nacks - nacks move messages to the DLQ after
+``max_retries`` failed deliveries), ``mixed`` (both, plus ``compact()`` and
+``sync()``), ``audit`` (the named reader ``audit``: leases and acks everything).
+Nothing reopens the queue: the process keeps its one handle until it dies.
+
+Every report is one line written with one ``os.write`` *after* the call it reports
+returned (whole or absent on a pipe), stamped with ``time.monotonic_ns()`` - one clock
+for every process of the machine, so the parent can order reports of different
+children:
+
+    R <handle hex> <pid>                 the queue is open (``O`` before the open)
+    B <t0> <op> <args...>                an operation starts at t0
+    E <t1> <id> <token> <key|->          an enqueue returned (with a dedup key: the id may
+                                         be another enqueue's, of any process)
+    L <t1> <reader> <id> <attempts> <token>  a lease returned (reader ``-``: the main one)
+    A <t1> <reader> <id>                 an ack returned
+    N <t1> <reader> <id>                 a nack returned
+    D <t1> <dlq id> <original id> <token> <reader>  a message was written to the DLQ
+    Z <t1>                               the operation returned
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+import ledgerq
+from ledgerq.core import journal
+from ledgerq.core.shared_queue import SharedQueueCore
+from ledgerq.core.shared_reader import SharedReaderCore
+from ledgerq.segment.manager import SegmentManager
+from ledgerq.segment.shared_manager import SharedSegmentManager
+from tests.torture._child import SelfKill, emit
+from tests.torture._payload import make, mismatch, token_of
+
+# Where a child can be told to die: the calls (class, method) that arm its self-kill
+# counter.  Each is a step of the shared engine that docs/architecture.md claims is safe
+# under kill -9 ("Why it is correct under kill -9 at every step").
+TARGETS: dict[str, tuple[tuple[type, str], ...]] = {
+    # An append under the APPEND lock: the write of the entries, the index point.
+    "append": ((SegmentManager, "append"), (SegmentManager, "append_one")),
+    # A rotation: seal the index, create the next segment, publish the generation.
+    "rotation": ((SharedSegmentManager, "rotate"),),
+    # Retention deleting a segment every reader has consumed, under APPEND.
+    "retention": ((SharedSegmentManager, "delete_first"),),
+    # A reader journal rewritten as one checkpoint (temp file, fsync, rename).
+    "compaction": ((SharedReaderCore, "checkpoint"),),
+    # A move to the DLQ: the copy in the DLQ, the retry record, DEAD_LETTER.
+    "dlq_move": ((SharedReaderCore, "_report_failure"),),
+    # A housekeeper writing RECLAIM of a dead handle's leases (another victim's).
+    "reclaim": ((SharedQueueCore, "_reclaim_dead"),),
+}
+ROLES = ("producer", "consumer", "mixed", "audit")
+AUDIT = "audit"
+
+
+def now() -> int:
+    return time.monotonic_ns()
+
+
+class SharedWorkload:
+    """Random operations of one role on one shared handle; every one reported."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.role: str = config["role"]
+        self.rng = random.Random(config["seed"])
+        self.token: int = config["token_base"]
+        self.options: dict[str, Any] = config["options"]
+        self.dedup = self.options.get("dedup_window") is not None
+        self.keys = [f"k{i}" for i in range(config.get("keys", 40))]
+        self.nack_share: float = config.get("nack", 0.25)
+        self.q = ledgerq.open(config["path"], shared=True, **self.options)
+        self.reader: Any = self.q.reader(AUDIT) if self.role == AUDIT else self.q
+        self.reader_name = AUDIT if self.role == AUDIT else "-"
+        self.leased: list[int] = []
+        self._report_dlq_moves()
+
+    def _report_dlq_moves(self) -> None:
+        dlq = self.q.dlq
+        dlq_enqueue = dlq.enqueue
+
+        def reported(payload: bytes, **kwargs: Any) -> int:
+            dlq_id = dlq_enqueue(payload, **kwargs)
+            headers = kwargs["headers"]
+            original, reader = headers["dlq.original_id"], headers.get("dlq.reader", "-")
+            emit(f"D {now()} {dlq_id} {original} {token_of(payload)} {reader}\n")
+            return dlq_id
+
+        dlq.enqueue = reported  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------ operations
+
+    def _key(self) -> str | None:
+        return self.rng.choice(self.keys) if self.dedup and self.rng.random() < 0.3 else None
+
+    def enqueue(self) -> None:
+        made = make(self.token)
+        self.token += 1
+        key = self._key()
+        emit(f"B {now()} enq {made.token} {key or '-'}\n")
+        message_id = self.q.enqueue(
+            made.payload, headers=made.headers, priority=made.priority, dedup_id=key
+        )
+        emit(f"E {now()} {message_id} {made.token} {key or '-'}\n")
+
+    def batch(self) -> None:
+        n = self.rng.randint(2, 6)
+        tokens = range(self.token, self.token + n)
+        self.token += n
+        keys = [self._key() for _ in tokens]
+        emit(f"B {now()} batch {tokens[0]} {n} {','.join(k or '-' for k in keys)}\n")
+        items = [
+            ledgerq.Item(made.payload, headers=made.headers, priority=made.priority, dedup_id=k)
+            for made, k in zip(map(make, tokens), keys, strict=True)
+        ]
+        ids = self.q.enqueue_batch(items)
+        t1 = now()
+        emit(
+            "".join(
+                f"E {t1} {i} {t} {k or '-'}\n" for i, t, k in zip(ids, tokens, keys, strict=True)
+            )
+        )
+
+    def dequeue(self) -> None:
+        n = self.rng.randint(1, 3)
+        emit(f"B {now()} deq {n}\n")
+        got = self.reader.dequeue_batch(n)
+        t1 = now()
+        lines = []
+        for msg in got:
+            token = token_of(msg.payload)
+            problem = mismatch(msg, token, moved=True)
+            if problem:
+                emit(f"X message {msg.id} (token {token}): {problem}\n")
+                raise AssertionError(problem)
+            lines.append(f"L {t1} {self.reader_name} {msg.id} {msg.attempts} {token}\n")
+            self.leased.append(msg.id)
+        if lines:
+            emit("".join(lines))
+
+    def settle(self) -> None:
+        """Ack (or, on the main reader, sometimes nack) one held lease."""
+        message_id = self.leased.pop(self.rng.randrange(len(self.leased)))
+        if self.role != AUDIT and self.rng.random() < self.nack_share:
+            emit(f"B {now()} nack {self.reader_name} {message_id}\n")
+            self.reader.nack(message_id, f"nack:{message_id}")
+            emit(f"N {now()} {self.reader_name} {message_id}\n")
+        else:
+            emit(f"B {now()} ack {self.reader_name} {message_id}\n")
+            try:
+                self.reader.ack(message_id)
+            except ledgerq.UnknownMessageError as exc:
+                # Our lease was taken from us: say why (the parent fails the run).
+                emit(f"X lease of {message_id} lost: {exc}\n")
+                raise
+            emit(f"A {now()} {self.reader_name} {message_id}\n")
+
+    def consume(self) -> None:
+        # Mostly settle what is held at once; keep up to a few leases across steps so
+        # that a kill often finds this handle holding leases.
+        if len(self.leased) > 3 or (self.leased and self.rng.random() < 0.6):
+            self.settle()
+        else:
+            self.dequeue()
+
+    def step(self) -> None:
+        r = self.rng.random()
+        if self.role == "producer":
+            self.enqueue() if r < 0.7 else self.batch()
+        elif self.role in ("consumer", AUDIT):
+            self.consume()
+        elif r < 0.25:
+            self.enqueue()
+        elif r < 0.35:
+            self.batch()
+        elif r < 0.95:
+            self.consume()
+        elif r < 0.975:
+            emit(f"B {now()} compact\n")
+            self.q.compact()
+        else:
+            emit(f"B {now()} sync\n")
+            self.q.sync()
+        emit(f"Z {now()}\n")
+
+
+def main(argv: list[str]) -> None:
+    config = json.loads(argv[1])
+    # Compact reader journals after a few KiB instead of 1 MiB, so compactions (and
+    # kills inside them) happen all the time.
+    journal._COMPACT_MIN_BYTES = config.get("compact_bytes", 4096)
+    kill = config.get("kill") or {}
+    target = kill.get("target")
+    killer = SelfKill(config["path"], kill.get("nth", 0), torn=kill.get("torn", False))
+    for cls, method in TARGETS.get(target, ()):
+        killer.arm_inside(cls, method)
+    killer.install()
+    emit("O\n")
+    if target == "open":
+        killer.depth += 1
+    work = SharedWorkload(config)
+    if target == "open":
+        killer.depth -= 1
+    emit(f"R {work.q.handle_id:016x} {os.getpid()}\n")  # type: ignore[attr-defined]
+    if target == "open":  # the open completed before its nth call: die right after it
+        os.kill(os.getpid(), signal.SIGKILL)
+    if target == "anywhere":
+        killer.depth += 1
+    try:
+        while True:
+            work.step()
+    except Exception:
+        emit("X " + traceback.format_exc().replace("\n", " | ") + "\n")
+        raise
+
+
+if __name__ == "__main__":
+    main(sys.argv)

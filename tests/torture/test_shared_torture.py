@@ -1,0 +1,114 @@
+"""Crash torture in shared mode, short run (see ``_shared.py``), and its checker.
+
+The long run is ``python -m tests.torture --shared --rounds N`` (docs/reliability.md).
+Here one campaign of parent-driven kills, and one whose extra children kill themselves
+inside the steps of the shared engine; seeds are fixed, the moments of the parent's
+kills are not.  The checker's own tests feed it reports that break each promise.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.torture._model import ModelError
+from tests.torture._shared import Ledger, Proc, run_shared_rounds
+
+
+def test_random_kills_of_processes_sharing_a_queue(tmp_path: Path) -> None:
+    totals = run_shared_rounds(tmp_path, 4, seed=3, per_campaign=4, target="random")
+    assert totals.rounds == 4 and totals.processes >= 10
+    assert sum(totals.kills.values()) >= 4
+    assert totals.counts["enqueued"] > 200 and totals.counts["acked"] > 50
+    assert totals.counts["dlq_moves"] > 0
+
+
+@pytest.mark.parametrize("target", ["append", "compaction"])
+def test_processes_killed_inside_the_shared_engine(tmp_path: Path, target: str) -> None:
+    totals = run_shared_rounds(tmp_path, 2, seed=5, per_campaign=2, target=target)
+    assert totals.rounds == 2
+    landed = sum(n for kind, n in totals.kills.items() if kind.split("/")[0] == target)
+    assert landed >= 1, f"no kill landed inside {target}: {dict(totals.kills)}"
+
+
+# ---------------------------------------------------------------------- the checker
+
+
+class _Dead:
+    """A child's reports, as :meth:`Ledger.load` reads them (finished, unless ``alive``)."""
+
+    def __init__(
+        self, number: int, lines: list[str], death_ns: int = 10**12, *, alive: bool = False
+    ) -> None:
+        self.number = number
+        self.role = "consumer"
+        self.lines = lines
+        self.death_ns = death_ns
+        self.done = threading.Event()
+        if not alive:
+            self.done.set()
+
+    @property
+    def alive(self) -> bool:
+        return not self.done.is_set()
+
+    def last_stamp_ns(self) -> int:
+        return Proc.last_stamp_ns(self)  # type: ignore[arg-type]
+
+
+def _ledger(*procs: _Dead) -> Ledger:
+    ledger = Ledger("test")
+    ledger.load(list(procs), [(1, 1)])  # type: ignore[arg-type]
+    return ledger
+
+
+def test_the_checker_finds_a_message_leased_to_two_live_handles() -> None:
+    first = _Dead(0, ["B 100 deq 1", "L 110 - 1 1 1", "Z 111", "B 300 ack - 1", "A 310 - 1"])
+    second = _Dead(1, ["B 200 deq 1", "L 210 - 1 2 1", "Z 211"])
+    with pytest.raises(ModelError, match="two live handles"):
+        _ledger(first, second).check()
+
+
+def test_the_checker_judges_a_live_holder_by_the_reports_read_so_far() -> None:
+    # Its nack may be written and not read yet: held for certain only up to its last
+    # report read (111), before the other lease (210).  A report at 300 without a
+    # release proves the overlap.
+    holder = _Dead(0, ["B 100 deq 1", "L 110 - 1 1 1", "Z 111"], alive=True)
+    other = _Dead(1, ["B 200 deq 1", "L 210 - 1 2 1", "Z 211"])
+    _ledger(holder, other).check()
+    holder.lines += ["B 290 enq 7 -", "E 300 5 7 -", "Z 301"]
+    with pytest.raises(ModelError, match="two live handles"):
+        _ledger(holder, other).check()
+
+
+def test_the_checker_accepts_a_lease_taken_after_the_holder_died() -> None:
+    first = _Dead(0, ["B 100 deq 1", "L 110 - 1 1 1", "Z 111"], death_ns=150)
+    second = _Dead(1, ["B 200 deq 1", "L 210 - 1 2 1", "Z 211", "B 300 ack - 1", "A 310 - 1"])
+    _ledger(first, second).check()
+
+
+def test_the_checker_finds_an_undone_ack_and_a_lost_failed_delivery() -> None:
+    acked = _Dead(0, ["B 100 deq 1", "L 110 - 1 1 1", "Z 111", "B 120 ack - 1", "A 130 - 1"])
+    again = _Dead(1, ["B 200 deq 1", "L 210 - 1 2 1", "Z 211"])
+    with pytest.raises(ModelError, match="after its ack returned"):
+        _ledger(acked, again).check()
+    died = _Dead(0, ["B 100 deq 1", "L 110 - 1 1 1", "Z 111"], death_ns=150)
+    same = _Dead(1, ["B 200 deq 1", "L 210 - 1 1 1", "Z 211"])
+    with pytest.raises(ModelError, match="failed delivery"):
+        _ledger(died, same).check()
+
+
+def test_the_checker_finds_reused_ids_and_split_dedup_ids() -> None:
+    with pytest.raises(ModelError, match="returned twice"):
+        _ledger(_Dead(0, ["B 1 enq 5 -", "E 2 1 5 -", "Z 3"])).check()
+    split = _Dead(0, ["B 1 enq 5 k1", "E 2 7 5 k1", "Z 3", "B 4 enq 6 k1", "E 5 8 6 k1", "Z 6"])
+    with pytest.raises(ModelError, match="dedup id k1"):
+        _ledger(split).check()
+
+
+def test_the_checker_finds_a_lost_enqueue() -> None:
+    ledger = _ledger(_Dead(0, ["B 1 enq 5 -", "E 2 9 5 -", "Z 3"]))
+    with pytest.raises(ModelError, match="lost on reader -"):
+        ledger.check_final({"-": [], "audit": []}, [], [9])
