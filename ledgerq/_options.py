@@ -45,6 +45,14 @@ def _seconds(name: str, value: object, *, positive: bool, allow_none: bool) -> N
         )
 
 
+def _factor(name: str, value: object, *, low: float, high: float) -> None:
+    """A dimensionless option: a number from ``low`` to ``high`` (NaN refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"option {name} must be a number, got {type(value).__name__}")
+    if not low <= value <= high:  # NaN fails it
+        raise ConfigError(f"option {name} must be a number from {low:g} to {high:g}, got {value!r}")
+
+
 def _integer(
     name: str,
     value: object,
@@ -107,6 +115,10 @@ class Options:
     starvation_after: float | None = 30.0
     max_retries: int = 3
     visibility_timeout: float | None = None
+    retry_delay: float = 0.0
+    retry_backoff: float = 2.0
+    retry_delay_max: float = 3600.0
+    retry_jitter: float = 0.0
     dedup_window: float | None = None
     dedup_max_entries: int = 100_000
     compression: Compression = "none"
@@ -129,6 +141,10 @@ class Options:
         _seconds("starvation_after", self.starvation_after, positive=True, allow_none=True)
         _integer("max_retries", self.max_retries, minimum=0)
         _seconds("visibility_timeout", self.visibility_timeout, positive=True, allow_none=True)
+        _seconds("retry_delay", self.retry_delay, positive=False, allow_none=False)
+        _factor("retry_backoff", self.retry_backoff, low=1.0, high=1e6)
+        _seconds("retry_delay_max", self.retry_delay_max, positive=False, allow_none=False)
+        _factor("retry_jitter", self.retry_jitter, low=0.0, high=1.0)
         _seconds("dedup_window", self.dedup_window, positive=False, allow_none=True)
         _integer("dedup_max_entries", self.dedup_max_entries, minimum=1)
         if self.compression not in COMPRESSIONS:
@@ -190,6 +206,10 @@ class OpenOptions(TypedDict, total=False):
     starvation_after: float | None
     max_retries: int
     visibility_timeout: float | None
+    retry_delay: float
+    retry_backoff: float
+    retry_delay_max: float
+    retry_jitter: float
     dedup_window: float | None
     dedup_max_entries: int
     compression: Compression

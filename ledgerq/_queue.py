@@ -119,7 +119,8 @@ class Queue(QueueCore):
             if (self.options.dedup_window is not None)
             else None
         )
-        return Item(payload, headers=headers, priority=entry.priority, dedup_id=dedup)
+        group = (entry.headers or {}).get("dlq.group")
+        return Item(payload, headers=headers, priority=entry.priority, dedup_id=dedup, group=group)
 
     def purge(self, ids: Iterable[int] | None = None) -> int:
         """Remove pending messages (by id; default all) for good; return how many.

@@ -38,7 +38,8 @@ class Priority(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A delivered message.  ``attempts`` is 1 on the first delivery."""
+    """A delivered message.  ``attempts`` is 1 on the first delivery; ``group`` is its
+    message group (``enqueue(..., group=)``), if any."""
 
     id: int
     payload: bytes
@@ -47,6 +48,7 @@ class Message:
     timestamp: int
     expires_at: int | None
     attempts: int
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,8 @@ class Item:
     priority: Priority | int = Priority.MEDIUM
     ttl: float | None = None
     dedup_id: str | bytes | None = None
+    delay: float | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,7 @@ class ReaderStats:
     dead_lettered: int
     head: int
     oldest_pending_age: float
+    delayed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +86,11 @@ class Stats:
 
     ``pending``, ``in_flight``, ``acked``, ``nacked``, ``expired``,
     ``dead_lettered`` and ``oldest_pending_age`` are the default reader's;
-    ``readers`` holds every open reader's own figures.  ``lost`` counts messages the
-    default reader had not consumed whose segment file was found missing (deleted or
-    moved by hand; ``dropped`` counts those retention removed, ``corrupt_skipped``
-    damaged regions skipped).
+    ``readers`` holds every open reader's own figures.  ``delayed`` counts the
+    pending messages waiting for their delay (``enqueue(..., delay=)``).  ``lost``
+    counts messages the default reader had not consumed whose segment file was found
+    missing (deleted or moved by hand; ``dropped`` counts those retention removed,
+    ``corrupt_skipped`` damaged regions skipped).
     """
 
     pending: int
@@ -103,3 +109,4 @@ class Stats:
     next_id: int = 0
     readers: dict[str, ReaderStats] = field(default_factory=dict)
     lost: int = 0
+    delayed: int = 0

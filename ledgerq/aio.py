@@ -133,8 +133,9 @@ class AsyncReader:
                 pause = None if deadline is None else deadline - loop.time()
                 if pause is not None and pause <= 0:
                     return []
-                # An expiring visibility timeout makes a message available without
-                # any enqueue or nack to wake us: wake up for it too.
+                # An expiring visibility timeout, or a delayed message falling due,
+                # makes a message available without any enqueue or nack to wake us:
+                # wake up for it too.
                 expiry = reader.seconds_to_next_expiry()
                 pause = min((t for t in (pause, expiry) if t is not None), default=None)
                 try:
@@ -153,13 +154,17 @@ class AsyncReader:
         """Ack several leased messages at once (see :meth:`ledgerq.Reader.ack_batch`)."""
         await asyncio.to_thread(self._reader.ack_batch, list(message_ids))
 
-    async def nack(self, message_id: int, reason: str = "") -> None:
+    async def nack(self, message_id: int, reason: str = "", *, delay: float | None = None) -> None:
         """Give a leased message back as failed (see :meth:`ledgerq.Reader.nack`)."""
-        await asyncio.to_thread(self._reader.nack, message_id, reason)
+        await asyncio.to_thread(self._reader.nack, message_id, reason, delay=delay)
 
-    async def release(self, message_id: int) -> None:
+    async def release(self, message_id: int, *, delay: float | None = None) -> None:
         """Give a leased message back unused, not a failure (see :meth:`ledgerq.Reader.release`)."""
-        await asyncio.to_thread(self._reader.release, message_id)
+        await asyncio.to_thread(self._reader.release, message_id, delay=delay)
+
+    async def touch(self, message_id: int, seconds: float | None = None) -> None:
+        """Extend a lease (see :meth:`ledgerq.Reader.touch`); runs in a thread."""
+        await asyncio.to_thread(self._reader.touch, message_id, seconds)
 
     async def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` messages this reader would get, without leasing them."""
@@ -235,6 +240,7 @@ class AsyncQueue:
         priority: Priority | int = Priority.MEDIUM,
         ttl: float | None = None,
         dedup_id: str | bytes | None = None,
+        delay: float | None = None,
         timeout: float | None = 0,
     ) -> int:
         """Append one message in a thread; return its id (see :meth:`ledgerq.Queue.enqueue`).
@@ -251,6 +257,7 @@ class AsyncQueue:
             priority=priority,
             ttl=ttl,
             dedup_id=dedup_id,
+            delay=delay,
         )
         return await self._when_room(enqueue, timeout)
 
@@ -312,13 +319,18 @@ class AsyncQueue:
         """Ack several leased messages with one record and at most one fsync."""
         await self._default.ack_batch(message_ids)
 
-    async def nack(self, message_id: int, reason: str = "") -> None:
-        """Give a leased message back as failed: delivered again, or dead-lettered."""
-        await self._default.nack(message_id, reason)
+    async def nack(self, message_id: int, reason: str = "", *, delay: float | None = None) -> None:
+        """Give a leased message back as failed: delivered again (after ``delay`` seconds,
+        or the retry policy's), or dead-lettered."""
+        await self._default.nack(message_id, reason, delay=delay)
 
-    async def release(self, message_id: int) -> None:
+    async def release(self, message_id: int, *, delay: float | None = None) -> None:
         """Give a leased message back unused: same ``attempts`` next time, no step to the DLQ."""
-        await self._default.release(message_id)
+        await self._default.release(message_id, delay=delay)
+
+    async def touch(self, message_id: int, seconds: float | None = None) -> None:
+        """Keep a lease: it now expires ``seconds`` (default the visibility timeout) from now."""
+        await self._default.touch(message_id, seconds)
 
     async def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` pending messages, without leasing them."""

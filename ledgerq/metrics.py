@@ -46,6 +46,7 @@ _QUEUE, _READER, _BOTH = ("queue",), ("reader",), ("queue", "reader")
 _SERIES = (
     ("pending", "gauge", "Messages waiting for delivery to {reader}.", _BOTH),
     ("in_flight", "gauge", "Messages {reader} leased and has not acked.", _BOTH),
+    ("delayed", "gauge", "Pending messages waiting for their delay or retry time.", _BOTH),
     ("segments", "gauge", "Segment files on disk.", _QUEUE),
     ("disk_bytes", "gauge", "Bytes of segment files on disk.", _QUEUE),
     ("oldest_pending_age", "gauge", "Age of {reader}'s oldest pending message; 0: none.", _BOTH),

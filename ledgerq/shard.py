@@ -386,23 +386,30 @@ class ShardedQueue(Closing):
         priority: Priority | int = Priority.MEDIUM,
         ttl: float | None = None,
         dedup_id: str | bytes | None = None,
+        delay: float | None = None,
+        group: str | None = None,
         timeout: float | None = 0,
     ) -> int:
         """Append one message to the shard of ``key``; return its (global) id.
 
         Without a key the shard is the next round-robin one - or the shard of
-        ``dedup_id`` when one is given, so that dedup works across the whole queue.
-        Durability is the shard's (see :meth:`ledgerq.Queue.enqueue`).  The bounds
-        ``max_pending`` and ``max_pending_bytes`` hold per shard: a full shard waits
-        up to ``timeout`` for room, then raises :class:`ledgerq.QueueFullError`.
+        ``group`` when one is given (a group's order holds inside one shard), else of
+        ``dedup_id`` (so that dedup works across the whole queue).  Durability is the
+        shard's (see :meth:`ledgerq.Queue.enqueue`).  The bounds ``max_pending`` and
+        ``max_pending_bytes`` hold per shard: a full shard waits up to ``timeout`` for
+        room, then raises :class:`ledgerq.QueueFullError`.
         """
         self._ensure_open()
-        if key is None and dedup_id is not None:
-            index = shard_index(dedup_id, self.shards)
-        else:
-            index = self.shard_for(key)
+        index = self._route(key, group, dedup_id)
         local = self.queues[index].enqueue(
-            payload, headers=headers, priority=priority, ttl=ttl, dedup_id=dedup_id, timeout=timeout
+            payload,
+            headers=headers,
+            priority=priority,
+            ttl=ttl,
+            dedup_id=dedup_id,
+            delay=delay,
+            group=group,
+            timeout=timeout,
         )
         return global_id(local, index, self.shards)
 
@@ -431,8 +438,8 @@ class ShardedQueue(Closing):
             raise ValueError(f"got {len(key_list)} keys for {len(batch)} items")
         parts: dict[int, list[int]] = {}
         for position, (item, key) in enumerate(zip(batch, key_list, strict=True)):
-            if key is None and isinstance(item, Item) and item.dedup_id is not None:
-                index = shard_index(item.dedup_id, self.shards)
+            if isinstance(item, Item):
+                index = self._route(key, item.group, item.dedup_id)
             else:
                 index = self.shard_for(key)
             parts.setdefault(index, []).append(position)
@@ -452,6 +459,15 @@ class ShardedQueue(Closing):
             for position, local_id in zip(positions, local, strict=True):
                 ids[position] = global_id(local_id, index, self.shards)
         return ids
+
+    def _route(self, key: bytes | str | None, group: object, dedup_id: object) -> int:
+        """The shard of a message: by key; without one by its group, then its dedup id."""
+        if key is None:
+            if isinstance(group, str):
+                return shard_index(group, self.shards)
+            if isinstance(dedup_id, str | bytes):
+                return shard_index(dedup_id, self.shards)
+        return self.shard_for(key)
 
     # ------------------------------------------------------------------ consuming
 
@@ -536,23 +552,34 @@ class ShardedQueue(Closing):
                 f"message {message_id} is not leased (shard {index}, local id {local})"
             ) from None
 
-    def nack(self, message_id: int, reason: str = "") -> None:
+    def nack(self, message_id: int, reason: str = "", *, delay: float | None = None) -> None:
         """Give a leased message (a global id) back as failed (see ``Queue.nack``)."""
         self._ensure_open()
         index, local = split_id(self._check_id(message_id), self.shards)
         try:
-            self.queues[index].nack(local, reason)
+            self.queues[index].nack(local, reason, delay=delay)
         except UnknownMessageError:
             raise UnknownMessageError(
                 f"message {message_id} is not leased (shard {index}, local id {local})"
             ) from None
 
-    def release(self, message_id: int) -> None:
+    def release(self, message_id: int, *, delay: float | None = None) -> None:
         """Give a leased message (a global id) back unused (see ``Queue.release``)."""
         self._ensure_open()
         index, local = split_id(self._check_id(message_id), self.shards)
         try:
-            self.queues[index].release(local)
+            self.queues[index].release(local, delay=delay)
+        except UnknownMessageError:
+            raise UnknownMessageError(
+                f"message {message_id} is not leased (shard {index}, local id {local})"
+            ) from None
+
+    def touch(self, message_id: int, seconds: float | None = None) -> None:
+        """Extend the lease of a message (a global id) (see ``Queue.touch``)."""
+        self._ensure_open()
+        index, local = split_id(self._check_id(message_id), self.shards)
+        try:
+            self.queues[index].touch(local, seconds)
         except UnknownMessageError:
             raise UnknownMessageError(
                 f"message {message_id} is not leased (shard {index}, local id {local})"

@@ -710,6 +710,8 @@ class Shipper:
         if self._meta_written == (next_id, entries):
             return
         meta = Meta(
+            # The copy holds the source's entries: delayed ones if its source may have.
+            version=self._source_meta.version,
             created_ns=self._source_meta.created_ns,
             clean=False,  # the log may run ahead of next_id while a pass appends
             next_id=next_id,

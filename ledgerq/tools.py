@@ -43,10 +43,12 @@ from ledgerq._types import Message
 from ledgerq.core.journal import ReaderJournal  # repair only: it writes
 from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.reader import Reader
+from ledgerq.format.entry import EntryFlags
 from ledgerq.format.reader_state import Checkpoint
 from ledgerq.segment.index_file import write_index  # repair only: it writes
 from ledgerq.segment.lock import DirLock  # repair only: it writes
 from ledgerq.segment.meta import (  # repair only: it writes
+    DELIVER_AT_VERSION,
     DamagedMetaError,
     MetaStore,
     OptionsStore,
@@ -219,6 +221,7 @@ class _MetaFacts:
     gaps: list[list[int]]
     gaps_from: int | None
     known_lost: list[list[int]]
+    version: int = 1
 
 
 @dataclass
@@ -407,6 +410,7 @@ def _check_meta(queue_dir: str, tally: _Tally) -> _MetaFacts | None:
         _int_pairs(value.get("gaps")),
         gaps_from if type(gaps_from) is int else None,
         _int_pairs(value.get("known_lost")),
+        version,
     )
 
 
@@ -470,7 +474,11 @@ def _check_segments(queue_dir: str, tally: _Tally, meta: _MetaFacts | None) -> i
         except FileNotFoundError:
             continue  # deleted by retention while we looked
         try:
-            f.last_id = _check_log(fd, lpath, f, f is newest, index, tally, queue_dir)
+            # Version 1 says no entry is delayed or grouped: an older ledgerq reads it.
+            version_1 = meta is not None and meta.version < DELIVER_AT_VERSION
+            f.last_id = _check_log(
+                fd, lpath, f, f is newest, index, tally, queue_dir, version_1=version_1
+            )
         finally:
             os.close(fd)
         tally.segments += 1
@@ -530,6 +538,9 @@ def _check_layout(
     return unexplained
 
 
+_SCHEDULED_FLAGS = int(EntryFlags.HAS_DELIVER_AT | EntryFlags.HAS_GROUP)
+
+
 def _check_log(
     fd: int,
     lpath: str,
@@ -538,6 +549,8 @@ def _check_log(
     index: tuple[list[IndexEntry], bool] | DecodeError | None,
     tally: _Tally,
     queue_dir: str,
+    *,
+    version_1: bool = False,
 ) -> int:
     size = os.fstat(fd).st_size
     first_id = f.first_id
@@ -557,6 +570,16 @@ def _check_log(
     count = 0
     while (entry := scanner.next()) is not None:
         offset = scanner.pos - entry.size
+        if version_1 and entry.flags & _SCHEDULED_FLAGS:
+            version_1 = False  # reported once per segment
+            tally.add(
+                lpath,
+                offset,
+                META,
+                f"message {entry.id} is delayed or grouped but meta.json says version 1: a "
+                "ledgerq from before delays and groups would skip it as damaged; set "
+                f'"version": {DELIVER_AT_VERSION} in meta.json (this ledgerq wrote it so)',
+            )
         if len(scanner.corrupt) > regions_seen:
             for region in scanner.corrupt[regions_seen:]:
                 lost = entry.id - prev_id - 1

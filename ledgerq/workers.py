@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
@@ -38,7 +39,9 @@ import ledgerq
 from ledgerq._options import MAX_SECONDS
 from ledgerq._types import Message
 
-__all__ = ["WorkerReport", "run"]
+__all__ = ["Retry", "WorkerReport", "run"]
+
+logger = logging.getLogger("ledgerq")
 
 Handler = Callable[[Message], Any]
 
@@ -84,6 +87,16 @@ def _die_with(owner_pid: int) -> None:
         os._exit(1)
 
 
+class Retry(Exception):  # the handler's word: "retry this later"
+    """Raise in a handler to nack the message with a delay: it comes back no earlier
+    than ``delay`` seconds from now (None: the queue's retry policy), as
+    ``Queue.nack(id, reason, delay=delay)``; a failed delivery like any exception."""
+
+    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        super().__init__(reason or (f"retry in {delay} s" if delay is not None else "retry"))
+        self.delay = delay
+
+
 def _child_main(handler: Handler, conn: Connection, owner_pid: int) -> None:
     """Run tasks from ``conn`` until told to stop (None) or the pipe closes."""
     _die_with(owner_pid)
@@ -100,9 +113,10 @@ def _child_main(handler: Handler, conn: Connection, owner_pid: int) -> None:
             handler(message)
         except BaseException as exc:  # report every failure; the owner nacks it
             reason = f"{type(exc).__name__}: {exc}"
-            conn.send(("err", message.id, reason))
+            delay = exc.delay if isinstance(exc, Retry) else None
+            conn.send(("err", message.id, reason, delay))
         else:
-            conn.send(("ok", message.id, ""))
+            conn.send(("ok", message.id, "", None))
 
 
 class _Child:
@@ -118,10 +132,11 @@ class _Child:
         self.conn: Connection = owner_end
         self.task: Message | None = None
         self.started = 0.0
+        self.touched = 0.0  # when its lease was last kept (assign, heartbeat)
 
     def assign(self, message: Message) -> None:
         self.task = message
-        self.started = time.monotonic()
+        self.started = self.touched = time.monotonic()
         self.conn.send(message)
 
     def stop(self) -> None:
@@ -179,6 +194,34 @@ def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _nack(queue: ledgerq.Queue, message_id: int, reason: str, delay: object) -> None:
+    """Nack for a handler that raised; a ``Retry`` with an unusable delay (negative,
+    NaN, not a number) is logged and nacked with the retry policy's delay instead."""
+    if delay is not None:
+        try:
+            queue.nack(message_id, reason, delay=delay)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            logger.warning("ledgerq worker: Retry(%r) of message %d: %s", delay, message_id, exc)
+        else:
+            return
+    queue.nack(message_id, reason)
+
+
+def _heartbeat(queue: ledgerq.Queue, busy: list[_Child], every: float) -> float:
+    """Touch the leases of busy children not touched for ``every`` seconds; return the
+    seconds until the next touch is due."""
+    now = time.monotonic()
+    for child in busy:
+        task = child.task
+        if task is not None and now - child.touched >= every:
+            child.touched = now
+            try:
+                queue.touch(task.id)
+            except ledgerq.UnknownMessageError:
+                pass  # the lease ended already: the result's ack or nack says so
+    return max(0.0, min(c.touched for c in busy) + every - now)
 
 
 def _check_positive(name: str, value: object, kinds: type | tuple[type, ...], what: str) -> None:
@@ -240,6 +283,11 @@ def run(
     started = time.monotonic()
     with ledgerq.open(path, shared=shared, **options) as queue:
         dead_before = queue.stats().dead_lettered
+        # While a child is alive its lease is kept (touch) at half the visibility
+        # timeout: a long task is not delivered again under it; a dead or stuck child is
+        # the task_timeout's and the crash handling's to judge.
+        visibility = queue.options.visibility_timeout
+        heartbeat = None if visibility is None else visibility / 2
         remove_listener = queue.add_listener(wakeup.poke)
         children = [_Child(ctx, handler) for _ in range(processes)]
         try:
@@ -261,6 +309,9 @@ def run(
                     if task_timeout is not None and busy:
                         now = time.monotonic()
                         timeout = max(0.0, min(c.started for c in busy) + task_timeout - now)
+                    if heartbeat is not None and busy:
+                        beat = _heartbeat(queue, busy, heartbeat)
+                        timeout = beat if timeout is None else min(timeout, beat)
                     hint = queue.reader("default").seconds_to_next_expiry()
                     if hint is not None:
                         timeout = hint if timeout is None else min(timeout, hint)
@@ -278,7 +329,7 @@ def run(
                     for i, child in enumerate(children):
                         if child.task is not None and child.conn in ready:
                             try:
-                                kind, message_id, reason = child.conn.recv()
+                                kind, message_id, reason, delay = child.conn.recv()
                             except (EOFError, OSError):
                                 ready.append(child.process.sentinel)
                             else:
@@ -287,7 +338,7 @@ def run(
                                     queue.ack(message_id)
                                     processed += 1
                                 else:
-                                    queue.nack(message_id, reason)
+                                    _nack(queue, message_id, reason, delay)
                                     failed += 1
                         # Died: its sentinel fired, or its pipe hit EOF (a dying process
                         # closes the pipe before it can be reaped: it may look alive).

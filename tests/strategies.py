@@ -7,7 +7,7 @@ so format tests meet the edges (id 1, id 2**64-1, negative times).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
@@ -62,7 +62,9 @@ class EntrySpec:
     priority: int = 1
     headers: dict[str, str] | None = None
     compressed: bool = False
-    entry_format: int = 2  # 1: as a format-1 ledgerq wrote it (CRC-32)
+    deliver_at: int | None = None
+    group: str | None = None
+    entry_format: int = 2  # 1: as a format-1 ledgerq wrote it (CRC-32; no deliver_at, group)
 
     def encode(self) -> bytes:
         """Return the entry's bytes, as the queue (of ``entry_format``) would write them."""
@@ -75,6 +77,8 @@ class EntrySpec:
             priority=self.priority,
             headers_blob=blob,
             compressed=self.compressed,
+            deliver_at=self.deliver_at,
+            group=None if self.group is None else self.group.encode(),
             entry_format=self.entry_format,
         )
 
@@ -88,8 +92,16 @@ class EntrySpec:
             and entry.priority == self.priority
             and entry.headers == self.headers
             and bool(entry.flags & EntryFlags.COMPRESSED) == self.compressed
+            and entry.deliver_at == self.deliver_at
+            and entry.group == self.group
             and entry.format == self.entry_format
         )
+
+
+# Message group names: 1 to 255 bytes of UTF-8 (no lone surrogates: not encodable).
+group_names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=60).filter(
+    lambda g: len(g.encode()) <= 255
+)
 
 
 def entry_specs(
@@ -107,7 +119,12 @@ def entry_specs(
         priority=priorities,
         headers=st.none() | header_maps,
         compressed=st.booleans(),
+        deliver_at=st.none() | timestamps_ns,
+        group=st.none() | group_names,
         entry_format=st.sampled_from([2, 1]),
+    ).map(
+        # A format-1 entry has no deliver_at nor group (format 2 brought them).
+        lambda spec: spec if spec.entry_format == 2 else replace(spec, deliver_at=None, group=None)
     )
 
 

@@ -462,6 +462,7 @@ def message_json(message: ledgerq.Message, mode: str, *, attempts: bool = True) 
         "timestamp": message.timestamp,
         "expires_at": message.expires_at,
         "priority": int(message.priority),
+        "group": message.group,
     }
     if attempts:
         value["attempts"] = message.attempts

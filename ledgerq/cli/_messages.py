@@ -129,6 +129,18 @@ def _split_lines(data: bytes) -> Iterator[list[bytes]]:
     help="Drop the message if it is not delivered within this time (a finite number > 0).",
 )
 @click.option(
+    "--delay",
+    type=Seconds(),
+    metavar="SECONDS",
+    help="Do not deliver the message before this many seconds from now.",
+)
+@click.option(
+    "--group",
+    metavar="NAME",
+    help="Message group: its messages are delivered one at a time, in order "
+    "(1 to 255 bytes of UTF-8).",
+)
+@click.option(
     "--timeout",
     type=Seconds(allow_inf=True),
     default=0.0,
@@ -146,6 +158,8 @@ def enqueue(
     header_pairs: tuple[str, ...],
     priority: str,
     ttl: float | None,
+    delay: float | None,
+    group: str | None,
     timeout: float,
     option_pairs: tuple[str, ...],
 ) -> None:
@@ -162,6 +176,13 @@ def enqueue(
         raise click.UsageError("give DATA or --file, not both")
     headers = _parse_headers(header_pairs)
     level = _PRIORITY_NAMES[priority.lower()]
+    if group is not None:
+        try:
+            size = len(group.encode())
+        except UnicodeEncodeError:
+            size = 0
+        if not 0 < size <= 255:  # checked before the queue is opened (or created)
+            raise click.BadParameter("must be 1 to 255 bytes of UTF-8", param_hint="--group")
     options = option_overrides(option_pairs)
     enqueued: list[int] = []
 
@@ -173,9 +194,24 @@ def enqueue(
     with using_queue(queue, options) as q, reporting_if_output_closed(done):
         for batch in _batches(data, file_path, lines):
             if len(batch) == 1:
-                ids = [q.enqueue(batch[0], headers=headers, priority=level, ttl=ttl, timeout=wait)]
+                ids = [
+                    q.enqueue(
+                        batch[0],
+                        headers=headers,
+                        priority=level,
+                        ttl=ttl,
+                        delay=delay,
+                        group=group,
+                        timeout=wait,
+                    )
+                ]
             else:
-                items = [ledgerq.Item(p, headers=headers, priority=level, ttl=ttl) for p in batch]
+                items = [
+                    ledgerq.Item(
+                        p, headers=headers, priority=level, ttl=ttl, delay=delay, group=group
+                    )
+                    for p in batch
+                ]
                 ids = q.enqueue_batch(items, timeout=wait)
             enqueued.extend(ids)
             write_bytes(b"".join(b"%d\n" % i for i in ids))
@@ -413,6 +449,9 @@ def peek(
     table = Table(title=Text(title), title_justify="left")
     for name in ("id", "age", "priority", "attempt", "size"):
         table.add_column(name, justify="right" if name != "priority" else "left")
+    with_groups = any(message.group is not None for message in messages)
+    if with_groups:
+        table.add_column("group")
     table.add_column("headers")
     table.add_column("payload")
     for message in messages:
@@ -422,6 +461,7 @@ def peek(
             message.priority.name.lower(),
             str(message.attempts),
             format_bytes(len(message.payload)),
+            *((Text(printable(message.group or "")),) if with_groups else ()),
             Text(printable(", ".join(f"{k}={v}" for k, v in message.headers.items()))),
             Text(_preview(message.payload)),
         )
@@ -475,6 +515,7 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     rows: list[tuple[str, str | Text]] = [
         ("queue", Text(printable(queue))),
         ("pending", str(figures.pending)),
+        ("delayed", str(figures.delayed)),
         ("in flight", str(figures.in_flight)),
         ("dead-letter queue", str(dlq)),
         ("oldest pending", format_age(figures.oldest_pending_age)),
@@ -491,12 +532,18 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
         summary.add_row(name, value_text)
     readers = Table(title="readers", title_justify="left")
     readers.add_column("reader")
-    for name in ("pending", "in flight", "acked", "nacked", "to DLQ", "expired", "oldest"):
-        readers.add_column(name, justify="right")
+    # A delayed column only when a reader has delayed messages: the table stays narrow.
+    with_delayed = any(reader.delayed for reader in figures.readers.values())
+    columns = ("pending", "delayed", "in flight", "acked", "nacked", "to DLQ", "expired", "oldest")
+    for name in columns:
+        if name != "delayed" or with_delayed:
+            readers.add_column(name, justify="right")
     for name, reader in sorted(figures.readers.items()):
+        delayed = (str(reader.delayed),) if with_delayed else ()
         readers.add_row(
             Text(name),
             str(reader.pending),
+            *delayed,
             str(reader.in_flight),
             str(reader.acked),
             str(reader.nacked),

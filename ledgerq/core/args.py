@@ -10,6 +10,7 @@ from typing import get_args
 from ledgerq._errors import MessageTooLargeError
 from ledgerq._options import MAX_SECONDS
 from ledgerq._types import ReaderStart
+from ledgerq.format.entry import MAX_GROUP_BYTES
 
 __all__ = [
     "READER_NAME",
@@ -102,6 +103,45 @@ def check_ttl(ttl: object) -> float | None:
             f"got {ttl!r}; use None for a message that never expires"
         )
     return float(ttl)
+
+
+def check_delay(delay: object, what: str = "delay") -> float | None:
+    """None (no delay), or a number of seconds from 0 to :data:`MAX_SECONDS`.
+
+    Negative, NaN and infinite delays, and anything beyond 100 years, raise
+    ``ValueError``; a non-number (a bool, a str) ``TypeError``.
+    """
+    if delay is None:
+        return None
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds or None, got {type(delay).__name__}")
+    if not 0 <= delay <= MAX_SECONDS:  # NaN fails both
+        raise ValueError(
+            f"{what} must be a number of seconds from 0 to {MAX_SECONDS:.0f} (100 years), "
+            f"got {delay!r}"
+        )
+    return float(delay)
+
+
+def check_group(group: object) -> bytes | None:
+    """None (no group), or a group name as the UTF-8 bytes the entry stores.
+
+    A group is a ``str`` of 1 to 255 bytes of UTF-8 (``TypeError`` for anything else,
+    ``ValueError`` for an empty or longer one, or one that is not valid unicode).
+    """
+    if group is None:
+        return None
+    if type(group) is not str:
+        raise TypeError(f"group must be a str or None, got {type(group).__name__}")
+    try:
+        raw = group.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"group must be valid unicode text: {exc}") from exc
+    if not 0 < len(raw) <= MAX_GROUP_BYTES:
+        raise ValueError(
+            f"group must be 1 to {MAX_GROUP_BYTES} bytes of UTF-8, got {len(raw)} bytes"
+        )
+    return raw
 
 
 def check_id(message_id: object) -> int:

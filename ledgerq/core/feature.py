@@ -43,7 +43,16 @@ __all__ = ["Draft", "FailedDelivery", "Feature", "FifoSelector", "Selector"]
 class Draft:
     """One message on its way into the log; features may change its fields."""
 
-    __slots__ = ("compressed", "dedup_id", "expires_in_ns", "headers_blob", "payload", "priority")
+    __slots__ = (
+        "compressed",
+        "dedup_id",
+        "delay_ns",
+        "expires_in_ns",
+        "group",
+        "headers_blob",
+        "payload",
+        "priority",
+    )
 
     def __init__(
         self,
@@ -52,12 +61,16 @@ class Draft:
         priority: int,
         expires_in_ns: int | None,
         dedup_id: str | bytes | None,
+        delay_ns: int | None = None,
+        group: bytes | None = None,
     ) -> None:
         self.payload = payload
         self.headers_blob = headers_blob
         self.priority = priority
         self.expires_in_ns = expires_in_ns
         self.dedup_id = dedup_id
+        self.delay_ns = delay_ns  # not delivered before enqueue time + this
+        self.group = group  # the message group, as UTF-8
         self.compressed = False
 
 

@@ -17,8 +17,10 @@ from ledgerq.format.reader_state import (
     encode_ids_record,
     encode_lease_by_one,
     encode_lease_by_record,
+    encode_not_before_record,
     encode_reclaim_record,
     encode_state_file_header,
+    encode_touch_record,
     state_checksum,
     state_file_version,
 )
@@ -126,6 +128,12 @@ class ReaderJournal(AppendLog):
                 blob.append(encode_lease_by_record(body[0], body[1], body[2:]))
             elif kind is StateRecordType.RECLAIM:
                 blob.append(encode_reclaim_record(body[0], body[1], body[2:]))
+            # (Version 3 brought these two: no ledgerq wrote them in an older file, but
+            # one that holds them is rewritten as it reads, not refused half-way.)
+            elif kind is StateRecordType.TOUCH:
+                blob.append(encode_touch_record(body[0], body[1], body[2:]))
+            elif kind is StateRecordType.NOT_BEFORE:
+                blob.append(encode_not_before_record(body[0], body[1:]))
             else:
                 blob.append(encode_ids_record(kind, body))
         self.replace(b"".join(blob))
@@ -258,6 +266,13 @@ class SharedReaderJournal(ReaderJournal):
     def append_reclaim(self, holder: int, cause: ReclaimCause, ids: list[int]) -> int:
         """Append a RECLAIM of ``holder``'s leases of ``ids``; return the durability ticket."""
         self.append_record(encode_reclaim_record(holder, cause, ids))
+        return self.commit.note_write()
+
+    def append_touch(self, deadline_ns: int, ids: list[int]) -> int:
+        """Append a TOUCH of this handle's leases of ``ids``; return the durability ticket.
+
+        Every journal this ledgerq writes is version 3, which holds TOUCH."""
+        self.append_record(encode_touch_record(self.holder, deadline_ns, ids))
         return self.commit.note_write()
 
     def has_news(self) -> os.stat_result | None:

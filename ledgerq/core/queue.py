@@ -36,6 +36,8 @@ from ledgerq._types import Item, Message, Priority, ReaderStart, Stats
 from ledgerq.core.args import (
     READER_NAME,
     check_dedup_id,
+    check_delay,
+    check_group,
     check_headers_size,
     check_payload,
     check_priority,
@@ -60,6 +62,7 @@ from ledgerq.core.reader import (
     entry_to_message,
     initial_checkpoint,
 )
+from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import (
     Entry,
     EntryFlags,
@@ -474,6 +477,7 @@ class QueueCore(Closing):
             self._reader_hooks,
             visibility_timeout=self.options.visibility_timeout,
             start_latest=start_latest,
+            retry_policy=RetryPolicy.from_options(self.options),
         )
 
     def _load_meta(self, copy: OptionsCopy | None) -> Meta:
@@ -649,6 +653,8 @@ class QueueCore(Closing):
         priority: object,
         ttl: object,
         dedup_id: object,
+        delay: object = None,
+        group: object = None,
         sizes: list[int] | None = None,
     ) -> Draft:
         """Validate one message and build its draft; append its payload size (as given,
@@ -660,12 +666,16 @@ class QueueCore(Closing):
         blob = check_headers_size(encode_headers(headers), limit) if headers is not None else None
         level = check_priority(priority) if priority is not Priority.MEDIUM else 1
         seconds = check_ttl(ttl)
+        delay_seconds = check_delay(delay)
         draft = Draft(
             data,
             blob,
             level,
             int(seconds * _NS) if seconds is not None else None,
             check_dedup_id(dedup_id),
+            # A delay of 0 is no delay: the entry stays plain (and readable by any ledgerq).
+            int(delay_seconds * _NS) if delay_seconds else None,
+            check_group(group),
         )
         for feature in self._transformers:
             feature.transform(draft)
@@ -679,13 +689,20 @@ class QueueCore(Closing):
         priority: Priority | int = Priority.MEDIUM,
         ttl: float | None = None,
         dedup_id: str | bytes | None = None,
+        delay: float | None = None,
+        group: str | None = None,
         timeout: float | None = 0,
     ) -> int:
         """Append one message; return its id.
 
         The message has reached the OS when this returns (it survives a crash
-        of this process); with ``sync="always"`` it is also on disk.  Raises
-        ``TypeError``/``ValueError`` for bad arguments and
+        of this process); with ``sync="always"`` it is also on disk.  With ``delay``
+        (seconds) it is not delivered, peeked or counted as ready before that much
+        time has passed, across reopens and crashes (``stats().delayed`` counts it).
+        With ``group`` (a str of 1 to 255 bytes of UTF-8) it is delivered after the
+        earlier messages of its group are acked, dead-lettered or expired, one at a
+        time; other groups and messages without one are not held up.
+        Raises ``TypeError``/``ValueError`` for bad arguments and
         :class:`MessageTooLargeError` before anything is written.
 
         In a bounded queue (``max_pending``, ``max_pending_bytes``) an enqueue that
@@ -700,13 +717,15 @@ class QueueCore(Closing):
             and priority is _MEDIUM
             and ttl is None
             and dedup_id is None
+            and delay is None
+            and group is None
             and self._plain_path
             and len(payload) <= self._max_size
             and timeout == 0
         ):
             return self._append_plain(payload)
         sizes: list[int] | None = [] if self._backlog is not None else None
-        draft = self._prepare(payload, headers, priority, ttl, dedup_id, sizes)
+        draft = self._prepare(payload, headers, priority, ttl, dedup_id, delay, group, sizes)
         return self._append([draft], sizes, timeout)[0]
 
     # The three append paths below (one plain payload, a plain batch, drafts with
@@ -804,11 +823,18 @@ class QueueCore(Closing):
             if isinstance(item, Item):
                 prepared.append(
                     self._prepare(
-                        item.payload, item.headers, item.priority, item.ttl, item.dedup_id, sizes
+                        item.payload,
+                        item.headers,
+                        item.priority,
+                        item.ttl,
+                        item.dedup_id,
+                        item.delay,
+                        item.group,
+                        sizes,
                     )
                 )
             else:
-                prepared.append(self._prepare(item, None, Priority.MEDIUM, None, None, sizes))
+                prepared.append(self._prepare(item, None, Priority.MEDIUM, None, None, sizes=sizes))
         if not prepared:
             check_timeout(timeout)
             return []
@@ -839,22 +865,7 @@ class QueueCore(Closing):
             count = len(to_write)
             segments = len(self._manager.segments)
             try:
-                records = [
-                    encode_entry(
-                        first + i,
-                        now,
-                        draft.payload,
-                        expires_at=None
-                        if draft.expires_in_ns is None
-                        else now + draft.expires_in_ns,
-                        priority=draft.priority,
-                        headers_blob=draft.headers_blob,
-                        compressed=draft.compressed,
-                        # Marks the batch's extent, so recovery can cut a partial one.
-                        batch_continues=i < count - 1,
-                    )
-                    for i, draft in enumerate(to_write)
-                ]
+                records = self._encode_drafts(to_write, first, now)
                 if first + count > self._reserved_until:
                     self._reserve_ids(first + count)
                 self._manager.append(records, [len(r) for r in records], first, now)
@@ -875,6 +886,27 @@ class QueueCore(Closing):
             return list(range(first, first + count))
         fresh_ids = iter(range(first, first + count))
         return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
+
+    def _encode_drafts(self, drafts: list[Draft], first: int, now: int) -> list[bytes]:
+        """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held)."""
+        count = len(drafts)
+        records = [
+            encode_entry(
+                first + i,
+                now,
+                draft.payload,
+                expires_at=None if draft.expires_in_ns is None else now + draft.expires_in_ns,
+                priority=draft.priority,
+                headers_blob=draft.headers_blob,
+                compressed=draft.compressed,
+                # Marks the batch's extent, so recovery can cut a partial one.
+                batch_continues=i < count - 1,
+                deliver_at=None if draft.delay_ns is None else now + draft.delay_ns,
+                group=draft.group,
+            )
+            for i, draft in enumerate(drafts)
+        ]
+        return records
 
     def _admit(self, drafts: list[Draft], now: int) -> tuple[list[Draft], dict[int, int]]:
         """Ask the admitting features about each draft (lock held).
@@ -1182,13 +1214,17 @@ class QueueCore(Closing):
         """Mark several leased messages done at once (see :meth:`Reader.ack_batch`)."""
         self._default.ack_batch(message_ids)
 
-    def nack(self, message_id: int, reason: str = "") -> None:
+    def nack(self, message_id: int, reason: str = "", *, delay: float | None = None) -> None:
         """Give a leased message back as failed (see :meth:`Reader.nack`)."""
-        self._default.nack(message_id, reason)
+        self._default.nack(message_id, reason, delay=delay)
 
-    def release(self, message_id: int) -> None:
+    def release(self, message_id: int, *, delay: float | None = None) -> None:
         """Give a leased message back unused, not as a failure (see :meth:`Reader.release`)."""
-        self._default.release(message_id)
+        self._default.release(message_id, delay=delay)
+
+    def touch(self, message_id: int, seconds: float | None = None) -> None:
+        """Extend a lease (see :meth:`Reader.touch`)."""
+        self._default.touch(message_id, seconds)
 
     def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` pending messages, without leasing them."""
@@ -1428,6 +1464,7 @@ class QueueCore(Closing):
                 next_id=self._next_id,
                 readers=readers,
                 lost=self._tally.lost,
+                delayed=default.delayed,
             )
 
     @property

@@ -12,10 +12,14 @@ In memory:
 * the *selector* holds entries available for delivery that the cursor has
   already passed (given back by nack or a lost lease; with priorities, every
   pending entry) and decides the order;
-* ``_leased`` the entries handed out, with their delivery number.
+* ``_leased`` the entries handed out, with their delivery number;
+* ``_delays`` the ids read (or given back) that may not be delivered yet, by due
+  time (``core.delays``): the selector hands out an entry whose ``deliver_at`` lies
+  ahead, the reader parks its id there, and gives the entry back to the selector
+  when it falls due.
 
 The head is the smallest of: the smallest leased id, the selector's smallest
-id, and the cursor's next id.  Every method runs with the queue lock held.
+id, the smallest parked id, and the cursor's next id.  Every method runs with the queue lock held.
 """
 
 from __future__ import annotations
@@ -24,18 +28,27 @@ import heapq
 import logging
 import os
 import time
+from array import array
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from ledgerq._errors import CorruptionError, LedgerQError, QueueClosedError, UnknownMessageError
 from ledgerq._types import Message, Priority, ReaderStats
-from ledgerq.core.args import check_count, check_id, check_timeout
+from ledgerq.core.args import check_count, check_delay, check_id, check_timeout
+from ledgerq.core.delays import NEVER_NS, DelayIndex
 from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.processes import unpicklable
+from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
-from ledgerq.format.reader_state import Checkpoint, StateRecordType
+from ledgerq.format.reader_state import (
+    Checkpoint,
+    StateRecordType,
+    encode_ids_record,
+    encode_not_before_record,
+)
 from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.files import StorageError
 
@@ -54,10 +67,14 @@ _DEAD = StateRecordType.DEAD_LETTER
 _EXPIRE = StateRecordType.EXPIRE
 _RELEASE = StateRecordType.RELEASE
 _DATA = int(RecordType.DATA)
+_DELIVER_AT = int(EntryFlags.HAS_DELIVER_AT)
+_HAS_GROUP = int(EntryFlags.HAS_GROUP)
+_SCHEDULED = _DELIVER_AT | _HAS_GROUP
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
 _PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
 _REVOKED_KEPT = 10_000
+_NS = 1_000_000_000
 
 
 class ReaderHooks:
@@ -89,8 +106,10 @@ class ReaderCore:
         *,
         visibility_timeout: float | None,
         start_latest: bool = False,
+        retry_policy: RetryPolicy | None = None,
     ) -> None:
         self.name = name
+        self._retry_policy = retry_policy
         self.journal = journal
         self._manager = manager
         self._hooks = hooks
@@ -113,9 +132,23 @@ class ReaderCore:
         # id -> (failures, reason) of a report whose feature raised: to report again
         self._unreported: dict[int, tuple[int, str]] = {}
         self._deadlines: list[tuple[float, int, int]] = []  # (monotonic deadline, id, delivery)
+        self._touched: dict[int, float] = {}  # id -> its lease's deadline since a touch
         # Leases revoked because retention_max_bytes deleted their segment (the newest
         # _REVOKED_KEPT), for the error their ack or nack then raises.
         self._revoked: dict[int, None] = {}
+        # id -> not before (ns): a failed delivery's retry delay, or a delayed release;
+        # journalled (NOT_BEFORE records), void once the id is leased again or finished.
+        self._not_before: dict[int, int] = dict(state.not_before)
+        for message_id in self._not_before:
+            # Its failure was reported before its NOT_BEFORE was written: not again.
+            self._reported[message_id] = self._deliveries.get(message_id, 0)
+        self._reset_groups()
+        self._delays = DelayIndex()
+        self._due_ns = NEVER_NS  # the delay index's earliest due time, read on every take
+        # Delayed entries found ahead of the cursor, for stats (see _unread_delayed).
+        self._ahead_ids = array("Q")
+        self._ahead_dues = array("q")
+        self._ahead_from = 0
         self._selector: Selector = self._make_selector()
         if is_new:
             self.checkpoint()
@@ -140,6 +173,8 @@ class ReaderCore:
             if entry.type != _DATA:
                 continue  # reserved record types carry no message
             if not skip or entry.id not in skip:
+                if entry.flags & _HAS_GROUP:
+                    self._note_member(entry)
                 return entry
             skip.discard(entry.id)
             self._done.add(entry.id)
@@ -178,6 +213,14 @@ class ReaderCore:
         held = self._selector.min_id()
         if held is not None and held < head:
             head = held
+        if self._delays:
+            parked = self._delays.min_id()
+            if parked is not None and parked < head:
+                head = parked
+        if self._group_held:
+            waiting = min(self._group_held)
+            if waiting < head:
+                head = waiting
         return head
 
     # ------------------------------------------------------------------ delivery
@@ -228,6 +271,8 @@ class ReaderCore:
         later dequeue, never delivered meanwhile; its error is raised only if no other
         entry can be delivered.
         """
+        if now_ns >= self._due_ns:
+            self._release_due(now_ns)
         selector = self._selector
         hooks = self._hooks
         deferred: list[Entry] = []
@@ -239,6 +284,11 @@ class ReaderCore:
                     if error is not None:
                         raise error
                     return None
+                # One test on the undelayed, ungrouped path (profiled: the hot path).
+                if (entry.flags & _SCHEDULED or self._not_before) and not self._may_deliver(
+                    entry, now_ns
+                ):
+                    continue  # parked until its time, or held aside for its group
                 if entry.flags & hooks.deliverable_flags and not all(
                     f.deliverable(self, entry, now_ns) for f in hooks.deliverable
                 ):
@@ -255,6 +305,10 @@ class ReaderCore:
                             entry, failures, _LOST_LEASE, now_ns, give_back=False
                         ):
                             continue
+                        if self._retry_policy is not None and self._retry_later(
+                            entry.id, now_ns + self._retry_policy.delay_ns(failures), now_ns
+                        ):
+                            continue  # a lost lease waits its retry delay too
                     except LedgerQError as exc:
                         deferred.append(entry)
                         error = error or exc
@@ -264,11 +318,212 @@ class ReaderCore:
             for entry in deferred:
                 selector.give_back(entry)
 
+    # ------------------------------------------------------------------ groups
+
+    def _reset_groups(self) -> None:
+        # Every unfinished message of a group this reader has read: id -> group, and per
+        # group a heap of ids (lazily pruned).  A grouped message may be delivered only
+        # when it is its group's smallest unfinished id - so one at a time, in id order,
+        # across nacks, delays and priorities.  Those taken out of turn wait in
+        # _group_held until the one before them is finished.
+        self._group_of: dict[int, str] = {}
+        self._group_heaps: dict[str, list[int]] = {}
+        self._group_held: dict[int, Entry] = {}
+
+    def _note_member(self, entry: Entry) -> None:
+        """``entry`` (grouped) was read: it is an unfinished member of its group."""
+        message_id = entry.id
+        group = entry.group
+        if group is None or message_id in self._group_of:
+            return
+        self._group_of[message_id] = group
+        heap = self._group_heaps.get(group)
+        if heap is None:
+            self._group_heaps[group] = [message_id]
+        else:
+            heapq.heappush(heap, message_id)
+
+    def _group_first(self, group: str) -> int | None:
+        """The smallest unfinished id of ``group`` read so far, if any."""
+        heap = self._group_heaps.get(group)
+        if heap is None:
+            return None
+        group_of = self._group_of
+        while heap and group_of.get(heap[0]) != group:
+            heapq.heappop(heap)
+        if not heap:
+            del self._group_heaps[group]
+            return None
+        return heap[0]
+
+    def _group_turn(self, entry: Entry) -> bool:
+        """Whether grouped ``entry`` may be delivered now; if not, hold it aside."""
+        if entry.id not in self._group_of:
+            self._note_member(entry)
+        group = entry.group
+        if group is None or self._group_first(group) == entry.id:
+            return True
+        self._group_held[entry.id] = entry
+        return False
+
+    def _group_advance(self, group: str) -> None:
+        """A member of ``group`` finished: hand its next one, if held aside, back."""
+        first = self._group_first(group)
+        if first is not None:
+            entry = self._group_held.pop(first, None)
+            if entry is not None:
+                self._selector.give_back(entry)
+
+    def _drop_group_members(self, last_id: int) -> int:
+        """Forget grouped ids <= ``last_id`` (retention deleted them); return how many
+        were held aside (pending, now lost)."""
+        for message_id in [i for i in self._group_of if i <= last_id]:
+            del self._group_of[message_id]
+        held = [i for i in self._group_held if i <= last_id]
+        for message_id in held:
+            del self._group_held[message_id]
+        for group in list(self._group_heaps):
+            self._group_advance(group)
+        return len(held)
+
+    # ------------------------------------------------------------------ delays
+
+    def _is_due(self, entry: Entry, now_ns: int) -> bool:
+        """Whether a delayed ``entry`` may be delivered at ``now_ns``; if not, park it."""
+        due = entry.deliver_at
+        if due is None or due <= now_ns:
+            return True
+        self._delays.add(due, entry.id)
+        if due < self._due_ns:
+            self._due_ns = due
+        return False
+
+    def _release_due(self, now_ns: int) -> None:
+        """Give the parked entries whose time has come back to the selector.
+
+        Each is read back from the log (the index keeps ids only).  An id settled or
+        leased meanwhile (shared mode: by another handle) is not given back.
+        """
+        selector = self._selector
+        for message_id in self._delays.pop_due(now_ns):
+            if not self._may_release(message_id):
+                continue
+            entry = self._manager.read_entry(message_id)
+            if entry is not None:
+                selector.give_back(entry)
+        self._due_ns = self._delays.next_due_ns
+
+    def _may_deliver(self, entry: Entry, now_ns: int) -> bool:
+        """Whether ``entry`` is due and its group's turn; if not, park or hold it aside."""
+        if entry.flags & _DELIVER_AT and not self._is_due(entry, now_ns):
+            return False  # parked until its time
+        if self._not_before and not self._may_retry(entry.id, now_ns):
+            return False  # parked until its retry time
+        return not (entry.flags & _HAS_GROUP and not self._group_turn(entry))
+
+    def _may_retry(self, message_id: int, now_ns: int) -> bool:
+        """Whether ``message_id`` is past its retry time (if any); if not, park it."""
+        due = self._not_before.get(message_id)
+        if due is None or due <= now_ns:
+            return True
+        self._park(due, message_id)
+        return False
+
+    def _park(self, due_ns: int, message_id: int) -> None:
+        self._delays.add(due_ns, message_id)
+        if due_ns < self._due_ns:
+            self._due_ns = due_ns
+
+    def _retry_later(self, message_id: int, due_ns: int, now_ns: int) -> bool:
+        """Record that ``message_id`` comes back no earlier than ``due_ns``, and park it.
+
+        Writes a NOT_BEFORE record first, so a reopen does not shorten the wait.
+        Returns False (writing nothing) when ``due_ns`` is not in the future.
+        """
+        if due_ns <= now_ns:
+            return False
+        self._append_with_not_before(b"", {message_id: due_ns})
+        self._not_before[message_id] = due_ns
+        self._park(due_ns, message_id)
+        return True
+
+    def _append_with_not_before(self, record: bytes, dues: dict[int, int]) -> int:
+        """Append ``record`` and a NOT_BEFORE record per id of ``dues``, as one write (a
+        kill keeps all or none of them); return the durability ticket."""
+        # The journal is version 3 from its open on (ReaderJournal.load), which holds
+        # NOT_BEFORE: an older ledgerq refuses the file by its version.
+        records = [record]
+        records.extend(encode_not_before_record(due, [i]) for i, due in dues.items())
+        self.journal.append_record(b"".join(records))
+        return self.journal.commit.note_write()
+
+    def _may_release(self, message_id: int) -> bool:
+        """Whether a parked id is still this reader's to deliver."""
+        return message_id not in self._leased and message_id not in self._done
+
+    def next_due_ns(self) -> int | None:
+        """When the earliest parked message falls due (the queue's ns), if any."""
+        return None if self._due_ns == NEVER_NS else self._due_ns
+
+    def delayed(self, now_ns: int) -> int:
+        """Pending messages waiting for their delay (parked, or unread and not due)."""
+        if now_ns >= self._due_ns:
+            self._release_due(now_ns)
+        return len(self._delays) + self._unread_delayed(now_ns)
+
+    def _unread_delayed(self, now_ns: int) -> int:
+        """Messages the cursor has not read yet that wait at ``now_ns``: delayed entries
+        (``deliver_at``) and ids with a retry time from the journal (``not_before``).
+
+        For stats only.  The unread log is scanned once, the delayed entries found ahead
+        of the cursor are remembered (16 bytes each), and later calls scan only what was
+        appended since.
+        """
+        start = self._cursor.next_id
+        skip = self._skip
+        waiting: set[int] = set()
+        ahead_ids, ahead_dues = self._ahead_ids, self._ahead_dues
+        cursor = LogCursor(self._manager, max(start, self._ahead_from))
+        while True:
+            entry = cursor.next()
+            if entry is None:
+                break
+            if entry.flags & _DELIVER_AT and entry.deliver_at is not None:
+                ahead_ids.append(entry.id)
+                ahead_dues.append(entry.deliver_at)
+        self._ahead_from = cursor.next_id
+        passed = bisect_left(ahead_ids, start)  # read by the cursor since: parked or gone
+        if passed:
+            del ahead_ids[:passed]
+            del ahead_dues[:passed]
+        waiting.update(
+            message_id
+            for message_id, due in zip(ahead_ids, ahead_dues, strict=True)
+            if due > now_ns and message_id not in skip
+        )
+        if self._not_before:
+            waiting.update(
+                message_id
+                for message_id, due in self._not_before.items()
+                if due > now_ns and message_id >= start and message_id not in skip
+            )
+        return len(waiting)
+
+    def _forget_ahead(self) -> None:
+        """The cursor moved other than forward by reading: scan the unread log again."""
+        self._ahead_ids = array("Q")
+        self._ahead_dues = array("q")
+        self._ahead_from = 0
+
     def _lease(self, entry: Entry, now: float) -> tuple[Entry, int]:
         """Record the lease of ``entry`` (its LEASE record is written); return it, attempt."""
         message_id = entry.id
         attempt = self._deliveries.get(message_id, 0) + 1
         self._deliveries[message_id] = attempt
+        if self._not_before:
+            self._not_before.pop(message_id, None)  # the LEASE record voids it
+        if self._touched:
+            self._touched.pop(message_id, None)  # a touch of an earlier lease
         lease = (entry, attempt)
         self._leased[message_id] = lease
         heapq.heappush(self._leased_heap, message_id)
@@ -321,6 +576,15 @@ class ReaderCore:
 
     def _forget(self, message_id: int) -> None:
         self._deliveries.pop(message_id, None)
+        if self._group_of:
+            group = self._group_of.pop(message_id, None)
+            if group is not None:
+                self._group_held.pop(message_id, None)
+                self._group_advance(group)
+        if self._touched:
+            self._touched.pop(message_id, None)
+        if self._not_before:
+            self._not_before.pop(message_id, None)
         if self._reported:
             self._reported.pop(message_id, None)
         if self._unreported:
@@ -331,28 +595,72 @@ class ReaderCore:
         """Give back leases whose visibility timeout passed (a failed delivery each)."""
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
-            _, message_id, attempt = heapq.heappop(deadlines)
+            deadline, message_id, attempt = heapq.heappop(deadlines)
             lease = self._leased.get(message_id)
             if lease is None or lease[1] != attempt:
                 continue
+            if self._touched:
+                if self._touched.get(message_id, deadline) > deadline:
+                    continue  # touched since: a later deadline is in the heap
+                self._touched.pop(message_id, None)
             del self._leased[message_id]
             try:
                 if not self._report_failure(lease[0], attempt, _TIMED_OUT, now_ns):
-                    self._give_back(lease[0])
+                    self._retry_or_give_back(lease[0], attempt, now_ns)
             except LedgerQError as exc:
                 self._move_failed(message_id, exc)  # given back; moved before redelivery
+
+    def _retry_or_give_back(self, entry: Entry, failures: int, now_ns: int) -> None:
+        """After a failed delivery (not dead-lettered): park ``entry`` for the retry
+        policy's delay, or make it available at once (no policy, or the journal
+        refused the delay: logged - the message comes back early rather than never)."""
+        policy = self._retry_policy
+        if policy is not None:
+            try:
+                if self._retry_later(entry.id, now_ns + policy.delay_ns(failures), now_ns):
+                    return
+            except StorageError as exc:
+                logger.warning(
+                    "ledgerq: could not record the retry delay of message %d (%s); it is "
+                    "delivered again at once",
+                    entry.id,
+                    exc,
+                )
+        self._give_back(entry)
 
     def next_deadline(self) -> float | None:
         """Lease time (the queue clock's monotonic seconds) of the next visibility-timeout
         expiry, if any."""
         deadlines = self._deadlines
         while deadlines:
-            _, message_id, attempt = deadlines[0]
+            deadline, message_id, attempt = deadlines[0]
             lease = self._leased.get(message_id)
-            if lease is not None and lease[1] == attempt:
-                return deadlines[0][0]
+            if (
+                lease is not None
+                and lease[1] == attempt
+                and not (self._touched and self._touched.get(message_id, deadline) > deadline)
+            ):
+                return deadline
             heapq.heappop(deadlines)
         return None
+
+    def touch(
+        self, message_id: int, seconds: float | None, now: float, now_ns: int
+    ) -> float | None:
+        """Extend the lease of ``message_id`` (checked by the caller) to ``seconds`` from
+        ``now`` (lease time; ``now_ns`` the queue's time), default the visibility
+        timeout; return the new deadline (None: no visibility timeout, the lease lasts
+        until settled anyway)."""
+        if seconds is None:
+            seconds = self._visibility
+            if seconds is None:
+                return None
+        attempt = self._leased[message_id][1]
+        deadline = now + seconds
+        # The earlier deadline stays in the heap: _touched says it is stale.
+        self._touched[message_id] = deadline
+        heapq.heappush(self._deadlines, (deadline, message_id, attempt))
+        return deadline
 
     def check_leased(self, message_id: int) -> None:
         """Raise :class:`UnknownMessageError` unless ``message_id`` is leased here."""
@@ -398,38 +706,76 @@ class ReaderCore:
         if len(self._done) > 65536:
             self._prune_done()
 
-    def nack(self, ids: list[int], reason: str, now_ns: int) -> int:
+    def nack(self, ids: list[int], reason: str, now_ns: int, delay_ns: int | None = None) -> int:
         """Fail leased ids (checked by the caller); return the journal ticket.
 
-        Raises having changed nothing if the NACK record cannot be written.  Once it is,
-        the nack has happened: a move to the DLQ that fails then (a full disk) does not
-        raise - the message is held back and moved before it can be delivered again.
+        Each comes back no earlier than ``delay_ns`` from ``now_ns``, or (None) its
+        retry policy's delay for its attempt; the delay is written with the NACK record,
+        in the same write.  Raises having changed nothing if that cannot be written.
+        Once it is, the nack has happened: a move to the DLQ that fails then (a full
+        disk) does not raise - the message is held back and moved before it can be
+        delivered again.
         """
-        ticket = self.journal.append(_NACK, ids)
+        dues: dict[int, int] = {}
+        policy = self._retry_policy
+        for message_id in ids:
+            if delay_ns is not None:
+                wait = delay_ns
+            elif policy is not None:
+                wait = policy.delay_ns(self._leased[message_id][1])
+            else:
+                continue
+            if wait > 0:
+                dues[message_id] = now_ns + wait
+        if not dues:
+            ticket = self.journal.append(_NACK, ids)
+        else:
+            ticket = self._append_with_not_before(encode_ids_record(_NACK, ids), dues)
         self.counters["nacked"] += len(ids)
         for message_id in ids:
             entry, attempt = self._leased.pop(message_id)
+            due = dues.get(message_id)
+            if due is not None:
+                self._not_before[message_id] = due
             try:
-                if not self._report_failure(entry, attempt, reason, now_ns):
-                    self._give_back(entry)
+                if self._report_failure(entry, attempt, reason, now_ns):
+                    continue  # dead-lettered (its NOT_BEFORE forgotten with it)
             except LedgerQError as exc:
                 self._move_failed(message_id, exc)
+                continue
+            if due is not None:
+                self._park(due, message_id)
+            else:
+                self._give_back(entry)
         return ticket
 
-    def release(self, ids: list[int]) -> int:
+    def release(self, ids: list[int], due_ns: int | None = None) -> int:
         """Give leased ids (checked by the caller) back unused; return the journal ticket.
 
         Not a failed delivery: the RELEASE record undoes the count its LEASE added, so
         the next delivery has the same attempt number, and no feature hears of it.
+        With ``due_ns``, not delivered again before then (a NOT_BEFORE record, in the
+        same write as the RELEASE).
         """
-        ticket = self.journal.append(_RELEASE, ids)  # first: if it fails, nothing changed
+        # First: if the write fails, nothing changed.
+        if due_ns is None:
+            ticket = self.journal.append(_RELEASE, ids)
+        else:
+            dues = dict.fromkeys(ids, due_ns)
+            ticket = self._append_with_not_before(encode_ids_record(_RELEASE, ids), dues)
         for message_id in ids:
             entry, attempt = self._leased.pop(message_id)
             if attempt > 1:
                 self._deliveries[message_id] = attempt - 1
             else:
                 self._deliveries.pop(message_id, None)
-            self._give_back(entry)
+            if self._touched:
+                self._touched.pop(message_id, None)
+            if due_ns is None:
+                self._give_back(entry)
+            else:
+                self._not_before[message_id] = due_ns
+                self._park(due_ns, message_id)
         if self._deadlines:
             # A deadline is matched to its lease by attempt number, and the next lease
             # of a released id has the same one: drop the stale deadline, or it would
@@ -461,6 +807,9 @@ class ReaderCore:
         """
         leased = message_id in self._leased
         held = not leased and self._selector.holds(message_id)
+        parked = not leased and not held and bool(self._delays) and message_id in self._delays
+        aside = not leased and message_id in self._group_held
+        held = held or parked or aside
         if not leased and not held:  # not read yet, or not pending here at all
             if message_id < self._cursor.next_id or message_id in self._skip:
                 return False
@@ -469,6 +818,11 @@ class ReaderCore:
         self.journal.append(_ACK, [message_id])  # first: if it fails, nothing changed
         if leased:
             del self._leased[message_id]
+        elif aside:
+            del self._group_held[message_id]
+        elif parked:
+            self._delays.discard(message_id)
+            self._due_ns = self._delays.next_due_ns
         elif held:
             self._selector.discard(message_id)
         else:
@@ -494,11 +848,17 @@ class ReaderCore:
         while len(self._revoked) > _REVOKED_KEPT:
             del self._revoked[next(iter(self._revoked))]
         lost = len(revoked) + len(self._selector.drop_through(last_id))
+        if self._delays:
+            lost += self._delays.drop_through(last_id)
+            self._due_ns = self._delays.next_due_ns
+        if self._group_of:
+            lost += self._drop_group_members(last_id)
         start = max(self._cursor.next_id, first_id)
         if start <= last_id:
             # Ids are contiguous inside a segment (as pending() counts them).
             lost += last_id - start + 1 - sum(1 for i in self._skip if start <= i <= last_id)
             self._cursor.seek(last_id + 1)
+            self._forget_ahead()
         self._skip = {i for i in self._skip if i > last_id}
         failed = [i for i in self._deliveries if i <= last_id]
         for message_id in failed:
@@ -530,19 +890,57 @@ class ReaderCore:
         self._leased.clear()
         self._leased_heap.clear()
         self._deadlines.clear()
+        self._touched.clear()
         self._deliveries.clear()
         self._reported.clear()
         self._unreported.clear()
         self._skip = set()
         self._done = set()
+        self._delays.clear()
+        self._due_ns = NEVER_NS
+        self._not_before.clear()
+        self._reset_groups()
+        self._forget_ahead()
         self._cursor.seek(target)
         self._selector = self._make_selector()
 
     # ------------------------------------------------------------------ reading ahead
 
     def peek(self, n: int, now_ns: int) -> list[Entry]:
-        """The next ``n`` entries that would be delivered, without leasing them."""
-        return self._selector.peek(n, now_ns)
+        """The next ``n`` entries that would be delivered, without leasing them.
+
+        Never one whose delay has not passed: those ahead are skipped (looking further).
+        """
+        if now_ns >= self._due_ns:
+            self._release_due(now_ns)
+        want = n
+        while True:
+            found = self._selector.peek(want, now_ns)
+            ready = [
+                e
+                for e in found
+                if not e.flags & _DELIVER_AT or e.deliver_at is None or e.deliver_at <= now_ns
+            ]
+            if any(e.flags & _HAS_GROUP for e in ready):
+                ready = self._in_group_turn(ready)
+            if len(ready) >= n or len(found) < want:
+                return ready[:n]
+            want *= 2
+
+    def _in_group_turn(self, entries: list[Entry]) -> list[Entry]:
+        """``entries`` without the grouped ones a dequeue would not deliver now: one per
+        group, its group's first unfinished message, and only if it is not leased."""
+        shown: set[str] = set()
+        kept = []
+        for entry in entries:
+            group = entry.group
+            if group is not None and entry.flags & _HAS_GROUP:
+                first = self._group_first(group)
+                if group in shown or (first is not None and first != entry.id):
+                    continue
+                shown.add(group)
+            kept.append(entry)
+        return kept
 
     def pending(self) -> int:
         """Messages waiting to be delivered (not leased, not acked)."""
@@ -557,7 +955,7 @@ class ReaderCore:
                 unread += seg.last_id - start + 1
         if self._skip:
             unread -= sum(1 for i in self._skip if i >= start)
-        return max(unread, 0) + self._selector.held()
+        return max(unread, 0) + self._selector.held() + len(self._delays) + len(self._group_held)
 
     def in_flight(self) -> int:
         """Messages leased and not yet acked or nacked."""
@@ -578,14 +976,15 @@ class ReaderCore:
         """Rewrite the journal as one checkpoint of the current state (durable).
 
         The journal is of the newest version from its open on (``ReaderJournal.load``
-        rewrites an older one), so a RELEASE can be appended to it as it is.
+        rewrites an older one), so a RELEASE or NOT_BEFORE can be appended to it as it is.
         """
         head = self.head
         self._prune_done()
         self._skip = {i for i in self._skip if i >= head}
         done = sorted(self._done | self._skip)
         deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
-        checkpoint = Checkpoint(head, done, deliveries, dict(self.counters))
+        not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
+        checkpoint = Checkpoint(head, done, deliveries, dict(self.counters), [], not_before)
         self.journal.rewrite(checkpoint)
 
     def maybe_compact(self) -> None:
@@ -615,6 +1014,7 @@ class ReaderCore:
             dead_lettered=self.counters["dead_lettered"],
             head=self.head,
             oldest_pending_age=max(0.0, (now_ns - oldest) / 1e9) if oldest is not None else 0.0,
+            delayed=self.delayed(now_ns),
         )
 
     def _check(self) -> None:
@@ -658,16 +1058,32 @@ _COMPRESSED = int(EntryFlags.COMPRESSED)
 _new_message = Message.__new__
 _MESSAGE_SLOTS = tuple(
     Message.__dict__[name].__set__
-    for name in ("id", "payload", "headers", "priority", "timestamp", "expires_at", "attempts")
+    for name in (
+        "id",
+        "payload",
+        "headers",
+        "priority",
+        "timestamp",
+        "expires_at",
+        "attempts",
+        "group",
+    )
 )
 
 
 def entry_to_message(entry: Entry, attempts: int, payload: bytes) -> Message:
     """The ``Message`` a reader hands out for ``entry`` (``payload`` already restored)."""
     message = _new_message(Message)
-    set_id, set_payload, set_headers, set_priority, set_timestamp, set_expiry, set_attempts = (
-        _MESSAGE_SLOTS
-    )
+    (
+        set_id,
+        set_payload,
+        set_headers,
+        set_priority,
+        set_timestamp,
+        set_expiry,
+        set_attempts,
+        set_group,
+    ) = _MESSAGE_SLOTS
     set_id(message, entry.id)
     set_payload(message, payload)
     set_headers(message, dict(entry.headers) if entry.headers else {})
@@ -675,6 +1091,7 @@ def entry_to_message(entry: Entry, attempts: int, payload: bytes) -> Message:
     set_timestamp(message, entry.timestamp)
     set_expiry(message, entry.expires_at)
     set_attempts(message, attempts)
+    set_group(message, entry.group)
     return message
 
 
@@ -783,6 +1200,11 @@ class Reader:
                     if lease_deadline is not None:
                         until = max(lease_deadline - lease_now, 0.0)
                         remaining = until if remaining is None else min(remaining, until)
+                    due_ns = core.next_due_ns()
+                    if due_ns is not None:
+                        # A timer on the earliest delayed message: it falls due then.
+                        until = max(due_ns - queue._clock_offset_ns - monotonic_ns, 0) / 1e9
+                        remaining = until if remaining is None else min(remaining, until)
                     if queue._prepare_wait():
                         continue  # now watching for other processes' changes: look once more
                     queue._waiting += 1
@@ -856,51 +1278,81 @@ class Reader:
         if len(segments) > 1 and self._core.has_read_past(segments[0].last_id):
             self._queue._retire_after_settle(self._core)
 
-    def nack(self, message_id: int, reason: str = "") -> None:
+    def nack(self, message_id: int, reason: str = "", *, delay: float | None = None) -> None:
         """Give a leased message back as failed: it is delivered again with attempts + 1.
 
-        After ``max_retries`` failed deliveries it moves to the dead-letter queue
-        instead.  Raises :class:`UnknownMessageError` if the id is not leased by
-        this reader.
+        Not before ``delay`` seconds from now; with ``delay=None`` after the retry
+        policy's delay for this attempt (options ``retry_delay``, ``retry_backoff``,
+        ``retry_delay_max``, ``retry_jitter``; none by default).  The delay is durable
+        with the nack: a reopen does not shorten it.  After ``max_retries`` failed
+        deliveries it moves to the dead-letter queue instead.  Raises
+        :class:`UnknownMessageError` if the id is not leased by this reader,
+        ``TypeError``/``ValueError`` for a bad ``delay`` (nothing changed).
         """
         message_id = check_id(message_id)
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        seconds = check_delay(delay)
+        delay_ns = None if seconds is None else int(seconds * 1_000_000_000)
         queue = self._queue
         core = self._core
         with queue._lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            ticket = core.nack([message_id], reason, queue._clock.now_ns())
+            ticket = core.nack([message_id], reason, queue._clock.now_ns(), delay_ns)
             self._retire_if_passed_oldest()  # a move to the DLQ may finish the oldest segment
             if queue._waiting or queue._listeners:
                 queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
-    def release(self, message_id: int) -> None:
+    def release(self, message_id: int, *, delay: float | None = None) -> None:
         """Give a leased message back unused: it is not a failed delivery.
 
         For a consumer that took a message it will not process (it is shutting down,
-        or could not pass the message on): the message is available again at once,
-        ahead of newer ones as after a nack, its next delivery has the same
-        ``attempts``, and it moves no closer to the dead-letter queue.  With
+        or could not pass the message on): the message is available again at once -
+        or, with ``delay``, no earlier than that many seconds from now (durably, as a
+        nack's delay) - ahead of newer ones as after a nack, its next delivery has the
+        same ``attempts``, and it moves no closer to the dead-letter queue.  With
         ``sync="always"`` this returns after the release is on disk; otherwise a crash
         before the next sync may count the lease as a failed delivery after all.
-        Raises :class:`UnknownMessageError` if the id is not leased by this reader.
+        Raises :class:`UnknownMessageError` if the id is not leased by this reader,
+        ``TypeError``/``ValueError`` for a bad ``delay`` (nothing changed).
         """
         message_id = check_id(message_id)
+        seconds = check_delay(delay)
         queue = self._queue
         core = self._core
         with queue._lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            ticket = core.release([message_id])
+            due_ns = queue._clock.now_ns() + int(seconds * _NS) if seconds else None
+            ticket = core.release([message_id], due_ns)
             core.maybe_compact()
             if queue._waiting or queue._listeners:
                 queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
+
+    def touch(self, message_id: int, seconds: float | None = None) -> None:
+        """Keep a lease: it now expires ``seconds`` from now (default: the visibility
+        timeout; with neither, a lease lasts until it is settled and this does nothing).
+
+        For a task that runs long: call it before the lease expires.  Not a delivery:
+        ``attempts`` does not change.  In shared mode the other handles learn of the new
+        deadline (a journal record).  Raises :class:`UnknownMessageError` if the id is
+        not leased by this reader (by this handle), ``TypeError``/``ValueError`` for bad
+        ``seconds``.
+        """
+        message_id = check_id(message_id)
+        wait = check_delay(seconds, "seconds")
+        queue = self._queue
+        core = self._core
+        with queue._lock:
+            self._ensure_usable()
+            core.check_leased(message_id)
+            monotonic_ns = queue._clock_mono()
+            core.touch(message_id, wait, monotonic_ns * 1e-9, queue._clock_offset_ns + monotonic_ns)
 
     def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` messages this reader would get, without leasing them."""
@@ -926,16 +1378,24 @@ class Reader:
             return self._core.stats(self._queue._clock.now_ns())
 
     def seconds_to_next_expiry(self) -> float | None:
-        """Seconds until the next lease's visibility timeout expires (None: no such lease).
+        """Seconds until a message may become available by time alone (None: none will).
 
-        A waiter that is not blocked in :meth:`dequeue` (e.g. ``ledgerq.aio``) uses
-        this to retry when an expired lease makes a message available again.
+        The next lease whose visibility timeout expires, or the next delayed message
+        that falls due.  A waiter that is not blocked in :meth:`dequeue` (e.g.
+        ``ledgerq.aio``) uses this to retry when time makes a message available.
         """
         queue = self._queue
         with queue._lock:
             deadline = self._core.next_deadline()
             now = queue._clock.lease_time()
-        return None if deadline is None else max(0.0, deadline - now)
+            due_ns = self._core.next_due_ns()
+            now_ns = queue._clock.now_ns()
+        waits = []
+        if deadline is not None:
+            waits.append(max(0.0, deadline - now))
+        if due_ns is not None:
+            waits.append(max(0.0, (due_ns - now_ns) / 1e9))
+        return min(waits) if waits else None
 
     def __len__(self) -> int:
         with self._queue._lock:

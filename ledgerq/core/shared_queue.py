@@ -50,8 +50,9 @@ from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, attempt
 from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
+from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
-from ledgerq.format.entry import encode_entry, encode_plain_batch_parts, encode_plain_entry
+from ledgerq.format.entry import encode_plain_batch_parts, encode_plain_entry
 from ledgerq.format.shared_state import (
     SHARED_VERSION,
     SLOT_CORRUPT_SKIPPED,
@@ -708,6 +709,7 @@ class SharedQueueCore(QueueCore):
             lock=self._reader_lock(name),
             clock=self._clock,
             first=self.is_alone,
+            retry_policy=RetryPolicy.from_options(self.options),
         )
 
     def _new_holdings(self) -> Holdings:
@@ -945,19 +947,7 @@ class SharedQueueCore(QueueCore):
         count = len(to_write)
         segments = len(manager.segments)
         try:
-            records = [
-                encode_entry(
-                    first + i,
-                    now,
-                    draft.payload,
-                    expires_at=None if draft.expires_in_ns is None else now + draft.expires_in_ns,
-                    priority=draft.priority,
-                    headers_blob=draft.headers_blob,
-                    compressed=draft.compressed,
-                    batch_continues=i < count - 1,
-                )
-                for i, draft in enumerate(to_write)
-            ]
+            records = self._encode_drafts(to_write, first, now)
             if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
                 self._reserve_ids(first + count)
             manager.append(records, [len(r) for r in records], first, now)
@@ -1184,6 +1174,7 @@ class SharedQueueCore(QueueCore):
                 next_id=manager.next_id,
                 readers=readers,
                 lost=self._tally.lost,
+                delayed=default.delayed,
             )
 
     # ------------------------------------------------------------------ waiting

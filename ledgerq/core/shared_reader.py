@@ -38,10 +38,16 @@ from collections.abc import Callable, Iterable
 from ledgerq._errors import QueueClosedError, UnknownMessageError
 from ledgerq._types import ReaderStats
 from ledgerq.core.clock import QueueClock
+from ledgerq.core.delays import NEVER_NS
 from ledgerq.core.journal import ReaderRemovedError, SharedReaderJournal
 from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, ReaderCore, ReaderHooks
-from ledgerq.format.entry import Entry, RecordType
-from ledgerq.format.reader_state import Checkpoint, ReclaimCause, StateRecordType
+from ledgerq.core.retry import RetryPolicy
+from ledgerq.format.entry import Entry, EntryFlags, RecordType
+from ledgerq.format.reader_state import (
+    Checkpoint,
+    ReclaimCause,
+    StateRecordType,
+)
 from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.files import StorageError
 from ledgerq.segment.lock import LockFile
@@ -55,6 +61,9 @@ logger = logging.getLogger("ledgerq")
 _LEASE = StateRecordType.LEASE
 _LEASE_BY = StateRecordType.LEASE_BY
 _RECLAIM = StateRecordType.RECLAIM
+_NOT_BEFORE = StateRecordType.NOT_BEFORE
+_TOUCH = StateRecordType.TOUCH
+_HAS_GROUP = int(EntryFlags.HAS_GROUP)
 _NACK = StateRecordType.NACK
 _RELEASE = StateRecordType.RELEASE
 _ACK = StateRecordType.ACK
@@ -93,6 +102,7 @@ class SharedReaderCore(ReaderCore):
         lock: LockFile,
         clock: QueueClock,
         first: bool = False,
+        retry_policy: RetryPolicy | None = None,
     ) -> None:
         self._lock_file = lock
         self._shared_journal = journal
@@ -120,6 +130,7 @@ class SharedReaderCore(ReaderCore):
                 hooks,
                 visibility_timeout=visibility_timeout,
                 start_latest=start_latest,
+                retry_policy=retry_policy,
             )
             state = journal.loaded
             if state is not None and not first:
@@ -220,6 +231,7 @@ class SharedReaderCore(ReaderCore):
                     if reported.get(message_id, 0) < before:
                         reported[message_id] = before
                     back.discard(message_id)
+                    self._not_before.pop(message_id, None)
                     if message_id in self._leased and holder != me:
                         self._revoke(message_id, "another handle leased it after it expired")
                     if message_id < cursor_next:
@@ -249,6 +261,22 @@ class SharedReaderCore(ReaderCore):
             elif kind is _RECLAIM:
                 holder, cause, ids = body[0], body[1], body[2:]
                 self._apply_reclaim(holder, cause, ids, back, cursor_next)
+            elif kind is _TOUCH:
+                holder, deadline = body[0], body[1]
+                for message_id in body[2:]:
+                    held = self._foreign.get(message_id)
+                    if held is not None and held[0] == holder:
+                        self._note_foreign(message_id, holder, deadline)
+            elif kind is _NOT_BEFORE:
+                # Another handle's failed delivery (or delayed release) waits: its NACK
+                # or RELEASE just before made it available - park it instead.
+                due = body[0]
+                for message_id in body[1:]:
+                    self._not_before[message_id] = due
+                    reported[message_id] = deliveries.get(message_id, 0)
+                    if message_id in back:
+                        back.discard(message_id)
+                        self._park(due, message_id)
             else:  # ACK, DEAD_LETTER, EXPIRE: finished
                 counter = (
                     "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
@@ -344,8 +372,17 @@ class SharedReaderCore(ReaderCore):
         self._reported = {i: n for i, n in self._reported.items() if i in self._deliveries}
         self._cursor = LogCursor(manager, head)
         self._selector = self._make_selector()
+        # Parked ids are read again from the new cursor, and parked again if not due.
+        self._not_before = dict(checkpoint.not_before)
+        self._reset_groups()
+        self._delays.clear()
+        self._due_ns = NEVER_NS
+        self._forget_ahead()
 
     # ------------------------------------------------------------------ the log
+
+    def _may_release(self, message_id: int) -> bool:
+        return super()._may_release(message_id) and message_id not in self._foreign
 
     def read_next(self) -> Entry | None:
         skip = self._skip
@@ -363,6 +400,8 @@ class SharedReaderCore(ReaderCore):
                 skip.discard(message_id)
                 self._done.add(message_id)
                 continue
+            if entry.flags & _HAS_GROUP:
+                self._note_member(entry)  # leased elsewhere or not: it holds its group
             if message_id in foreign or message_id in leased:
                 continue  # leased: it comes back (if ever) through a record
             return entry
@@ -431,9 +470,11 @@ class SharedReaderCore(ReaderCore):
         deadlines = self._deadlines
         expired: list[tuple[int, tuple[Entry, int]]] = []
         while deadlines and deadlines[0][0] <= now:
-            _, message_id, attempt = heapq.heappop(deadlines)
+            deadline, message_id, attempt = heapq.heappop(deadlines)
             lease = self._leased.get(message_id)
             if lease is not None and lease[1] == attempt:
+                if self._touched and self._touched.get(message_id, deadline) > deadline:
+                    continue  # touched since: a later deadline is in the heap
                 expired.append((message_id, lease))
         if not expired:
             return
@@ -449,8 +490,10 @@ class SharedReaderCore(ReaderCore):
             del self._leased[message_id]
             self._own_deadline_ns.pop(message_id, None)
             self._lost[message_id] = "its visibility timeout expired"
+            if self._touched:
+                self._touched.pop(message_id, None)
             if not self._report_failure(lease[0], lease[1], _TIMED_OUT, now_ns):
-                self._give_back(lease[0])
+                self._retry_or_give_back(lease[0], lease[1], now_ns)
 
     def _report_failure(
         self, entry: Entry, failures: int, reason: str, now_ns: int, *, give_back: bool = True
@@ -520,24 +563,42 @@ class SharedReaderCore(ReaderCore):
         finally:
             self._leave()
 
-    def nack(self, ids: list[int], reason: str, now_ns: int) -> int:
+    def nack(self, ids: list[int], reason: str, now_ns: int, delay_ns: int | None = None) -> int:
         self._enter()
         try:
             for message_id in ids:
                 self.check_leased(message_id)
-            return super().nack(ids, reason, now_ns)
+            return super().nack(ids, reason, now_ns, delay_ns)
         finally:
             self._leave()
 
-    def release(self, ids: list[int]) -> int:
+    def release(self, ids: list[int], due_ns: int | None = None) -> int:
         self._enter()
         try:
             for message_id in ids:
                 self.check_leased(message_id)
-            ticket = super().release(ids)
+            ticket = super().release(ids, due_ns)
             for message_id in ids:
                 self._own_deadline_ns.pop(message_id, None)
             return ticket
+        finally:
+            self._leave()
+
+    def touch(
+        self, message_id: int, seconds: float | None, now: float, now_ns: int
+    ) -> float | None:
+        """Extend this handle's lease, and tell the others (a TOUCH record) first."""
+        self._enter()
+        try:
+            self.check_leased(message_id)
+            if seconds is None:
+                if not self._visibility_ns:
+                    return None
+                seconds = self._visibility_ns / 1e9
+            deadline_ns = now_ns + int(seconds * 1_000_000_000)
+            self._shared_journal.append_touch(deadline_ns, [message_id])
+            self._own_deadline_ns[message_id] = deadline_ns
+            return super().touch(message_id, seconds, now, now_ns)
         finally:
             self._leave()
 
@@ -747,7 +808,10 @@ class SharedReaderCore(ReaderCore):
                 leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
                 leases.extend((i, h, deadline) for i, (h, deadline) in self._foreign.items())
                 leases.sort()
-            self.journal.rewrite(Checkpoint(head, done, deliveries, dict(self.counters), leases))
+            not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
+            self.journal.rewrite(
+                Checkpoint(head, done, deliveries, dict(self.counters), leases, not_before)
+            )
         finally:
             self._leave()
 

@@ -35,8 +35,10 @@ from ledgerq.format.reader_state import (
     encode_checkpoint,
     encode_ids_record,
     encode_lease_by_record,
+    encode_not_before_record,
     encode_reclaim_record,
     encode_state_file_header,
+    encode_touch_record,
     state_file_version,
 )
 
@@ -73,8 +75,10 @@ __all__ = [
     "encode_index_entry",
     "encode_index_header",
     "encode_lease_by_record",
+    "encode_not_before_record",
     "encode_reclaim_record",
     "encode_state_file_header",
+    "encode_touch_record",
     "peek_length",
     "state_file_version",
 ]

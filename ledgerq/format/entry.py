@@ -11,7 +11,9 @@ keeps the two in step)::
     14      8     timestamp   i64  enqueue time, ns since the Unix epoch
     22      8     expires_at  i64  [HAS_TTL] ns since the epoch
     ..      1     priority    u8   [HAS_PRIORITY] 0 LOW, 1 MEDIUM, 2 HIGH (absent = MEDIUM)
+    ..      8     deliver_at  i64  [HAS_DELIVER_AT] not before this time, ns since the epoch
     ..      4+n   headers     u32 n, then a msgpack map str -> str  [HAS_HEADERS]
+    ..      1+g   group       u8 g (1..255), then g bytes of UTF-8  [HAS_GROUP]
     ..      m     payload     the rest (zstd frame when COMPRESSED)
     end-4   4     crc         u32  CRC-32C (format 2) or CRC-32 (format 1) of every byte before it
 
@@ -40,6 +42,7 @@ from ledgerq.format.errors import CorruptRecord, IncompleteRecord
 
 __all__ = [
     "CRC",
+    "DELIVER_AT",
     "ENTRY_HEADER",
     "ENTRY_FORMAT",
     "ENTRY_FORMAT_SHIFT",
@@ -49,6 +52,7 @@ __all__ = [
     "KNOWN_TYPES",
     "KNOWN_TYPE_BYTES",
     "MAX_ENTRY_SIZE",
+    "MAX_GROUP_BYTES",
     "MIN_ENTRY_SIZE",
     "PRIORITY",
     "Entry",
@@ -87,8 +91,15 @@ class EntryFlags(IntFlag):
     COMPRESSED = 1 << 2
     HAS_PRIORITY = 1 << 3
     BATCH_CONTINUES = 1 << 4
-    # Bits 5 and 6 are reserved for issue 17 (a not-before time, a message group) and
-    # bit 7 for ENCRYPTED (issue 18): not written yet, and corrupt when set.
+    # Issue 17: the message may not be delivered before ``deliver_at``.  Format 2 only:
+    # a format-1 entry carrying it (or HAS_GROUP) is corrupt, since no ledgerq ever
+    # wrote one, and an older ledgerq (which takes the bit for damage) already refuses
+    # a queue whose meta.json says version 2, written at the first open by this one.
+    HAS_DELIVER_AT = 1 << 5
+    # Issue 17: the message belongs to a message group (delivered one at a time, in id
+    # order).  Format 2 only, as HAS_DELIVER_AT.
+    HAS_GROUP = 1 << 6
+    # Bit 7 is reserved for ENCRYPTED (issue 18): not written yet, and corrupt when set.
 
 
 KNOWN_FLAGS = int(
@@ -97,7 +108,11 @@ KNOWN_FLAGS = int(
     | EntryFlags.COMPRESSED
     | EntryFlags.HAS_PRIORITY
     | EntryFlags.BATCH_CONTINUES
+    | EntryFlags.HAS_DELIVER_AT
+    | EntryFlags.HAS_GROUP
 )
+# A format-1 entry has no HAS_DELIVER_AT nor HAS_GROUP (format 2 brought them).
+_KNOWN_FLAGS_V1 = KNOWN_FLAGS & ~int(EntryFlags.HAS_DELIVER_AT | EntryFlags.HAS_GROUP)
 KNOWN_TYPES = frozenset(int(t) for t in RecordType)  # every record type a valid entry may have
 
 ENTRY_FORMAT = 2  # the format of the entries this ledgerq writes
@@ -115,6 +130,8 @@ EXPIRES_AT = struct.Struct("<q")
 assert EXPIRES_AT.size == 8
 PRIORITY = struct.Struct("<B")
 assert PRIORITY.size == 1
+DELIVER_AT = struct.Struct("<q")
+assert DELIVER_AT.size == 8
 HEADERS_LENGTH = struct.Struct("<I")
 assert HEADERS_LENGTH.size == 4
 CRC = struct.Struct("<I")
@@ -136,6 +153,9 @@ _HAS_HEADERS = int(EntryFlags.HAS_HEADERS)
 _HAS_PRIORITY = int(EntryFlags.HAS_PRIORITY)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
+_HAS_DELIVER_AT = int(EntryFlags.HAS_DELIVER_AT)
+_HAS_GROUP = int(EntryFlags.HAS_GROUP)
+MAX_GROUP_BYTES = 255  # a group name's UTF-8 length fits the u8 before it
 
 _CHECK_BY_COPY = 1024
 # The checksum, bound once under a name of its own: the C function itself (no call layer),
@@ -160,6 +180,8 @@ class Entry(NamedTuple):
     flags: int
     type: int
     size: int
+    deliver_at: int | None = None  # [HAS_DELIVER_AT]: not delivered before (ns)
+    group: str | None = None  # [HAS_GROUP]: the message group
     format: int = ENTRY_FORMAT  # 1 or 2: which checksum the entry has
 
 
@@ -211,6 +233,8 @@ def encode_entry(
     compressed: bool = False,
     batch_continues: bool = False,
     record_type: int = RecordType.DATA,
+    deliver_at: int | None = None,
+    group: bytes | None = None,
     entry_format: int = ENTRY_FORMAT,
 ) -> bytes:
     """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`.
@@ -228,6 +252,10 @@ def encode_entry(
         raise ValueError(f"entry timestamp {timestamp} does not fit an i64")
     if expires_at is not None and not _I64_MIN <= expires_at <= _I64_MAX:
         raise ValueError(f"entry expires_at {expires_at} does not fit an i64")
+    if deliver_at is not None and not _I64_MIN <= deliver_at <= _I64_MAX:
+        raise ValueError(f"entry deliver_at {deliver_at} does not fit an i64")
+    if group is not None and not 0 < len(group) <= MAX_GROUP_BYTES:
+        raise ValueError(f"an entry's group must be 1 to {MAX_GROUP_BYTES} bytes of UTF-8")
     if not 0 <= priority <= _MAX_PRIORITY:
         raise ValueError(f"entry priority must be 0, 1 or 2, got {priority}")
     if record_type not in KNOWN_TYPES:
@@ -236,6 +264,8 @@ def encode_entry(
         crc = _crc32
         kind = _FORMAT_2 | record_type
     elif entry_format == 1:
+        if deliver_at is not None or group is not None:
+            raise ValueError("a format-1 entry cannot carry deliver_at or a group")
         crc = _crc32_v1
         kind = record_type
     else:
@@ -251,11 +281,20 @@ def encode_entry(
         flags |= _HAS_PRIORITY
         parts.append(PRIORITY.pack(priority))
         extra += 1
+    if deliver_at is not None:
+        flags |= _HAS_DELIVER_AT
+        parts.append(DELIVER_AT.pack(deliver_at))
+        extra += 8
     if headers_blob is not None:
         flags |= _HAS_HEADERS
         parts.append(HEADERS_LENGTH.pack(len(headers_blob)))
         parts.append(headers_blob)
         extra += 4 + len(headers_blob)
+    if group is not None:
+        flags |= _HAS_GROUP
+        parts.append(bytes((len(group),)))
+        parts.append(group)
+        extra += 1 + len(group)
     if compressed:
         flags |= _COMPRESSED
     if batch_continues:
@@ -360,8 +399,10 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
     # The type byte's high nibble is the entry's format, which picks the checksum.
     if kind >> ENTRY_FORMAT_SHIFT == ENTRY_FORMAT:
         crc, entry_format = _crc32, ENTRY_FORMAT
+        known_flags = KNOWN_FLAGS
     elif kind >> ENTRY_FORMAT_SHIFT == 0:
         crc, entry_format = _crc32_v1, 1
+        known_flags = _KNOWN_FLAGS_V1
     else:
         raise CorruptRecord(f"entry of unknown format (type byte {kind:#04x})", pos)
     crc_at = stop - 4
@@ -373,8 +414,8 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
     rtype = kind & _TYPE_MASK
     if rtype not in KNOWN_TYPES:
         raise CorruptRecord(f"unknown entry type {rtype}", pos)
-    if flags & ~KNOWN_FLAGS:
-        raise CorruptRecord(f"unknown entry flags {flags:#04x}", pos)
+    if flags & ~known_flags:
+        raise CorruptRecord(f"unknown entry flags {flags:#04x} for format {entry_format}", pos)
     if message_id == 0:
         raise CorruptRecord("entry id 0", pos)
     at = pos + ENTRY_HEADER.size
@@ -393,6 +434,12 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         if priority > _MAX_PRIORITY:
             raise CorruptRecord(f"invalid priority {priority}", pos)
         at += 1
+    deliver_at: int | None = None
+    if flags & _HAS_DELIVER_AT:
+        if at + 8 > crc_at:
+            raise CorruptRecord("entry too short for its deliver_at field", pos)
+        (deliver_at,) = DELIVER_AT.unpack_from(buf, at)
+        at += 8
     if flags & _HAS_HEADERS:
         if at + 4 > crc_at:
             raise CorruptRecord("entry too short for its headers length", pos)
@@ -402,6 +449,19 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
             raise CorruptRecord("headers run past the end of the entry", pos)
         headers = decode_headers(bytes(buf[at : at + hlen]), pos)
         at += hlen
+    group: str | None = None
+    if flags & _HAS_GROUP:
+        if at + 1 > crc_at:
+            raise CorruptRecord("entry too short for its group length", pos)
+        glen = buf[at]
+        at += 1
+        if not glen or at + glen > crc_at:
+            raise CorruptRecord("entry group empty or running past the end of the entry", pos)
+        try:
+            group = bytes(buf[at : at + glen]).decode()
+        except UnicodeDecodeError:
+            raise CorruptRecord("entry group is not UTF-8", pos) from None
+        at += glen
     payload = bytes(buf[at:crc_at])
     return Entry(
         message_id,
@@ -413,5 +473,7 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         flags,
         rtype,
         length,
+        deliver_at,
+        group,
         entry_format,
     ), stop

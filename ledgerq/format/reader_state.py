@@ -26,14 +26,23 @@ not-yet-acked message has been delivered.  It lives in an append-only journal
                    (shared mode) the holder's leases of these ids are void: the
                    messages are available again, each lease a failed delivery
                    (cause 1: the holder closed or died; 2: its deadline passed)
+    TOUCH body:    holder u64, deadline_ns u64, then one or more u64 ids
+                   (version 3, shared mode) the holder's leases of these ids now
+                   last until ``deadline_ns`` (``touch``); not a delivery
+    NOT_BEFORE body: due_ns u64, then one or more u64 ids
+                   (version 3) a failed delivery of these ids is retried no earlier
+                   than ``due_ns`` (the queue's time): the retry policy's delay, or
+                   ``nack(..., delay=)``; void once the id is leased or finished
     CHECKPOINT body: a msgpack array
         [head, done_ids, deliveries, counters]          (every version)
         [head, done_ids, deliveries, counters, leases]  (version 2 and 3)
+        [head, done_ids, deliveries, counters, leases, not_before]  (version 3 only)
       head        int            lowest id that may still need delivering
       done_ids    [int, ...]     ids > head already acked
       deliveries  [[id, n], ...] deliveries so far of each id not acked
       counters    {str: int}     acked, nacked, expired, dead_lettered, ...
       leases      [[id, holder, deadline_ns], ...]  live shared-mode leases
+      not_before    [[id, due_ns], ...]  pending retry delays (NOT_BEFORE not yet void)
     Every id and count is an int in 0..2**64-1; anything else is a corrupt checkpoint.
 
 The journal starts with a CHECKPOINT and is rewritten (temp file, fsync, rename)
@@ -71,7 +80,9 @@ __all__ = [
     "encode_lease_by_one",
     "encode_lease_by_record",
     "encode_reclaim_record",
+    "encode_not_before_record",
     "encode_state_file_header",
+    "encode_touch_record",
     "plausible_record_length",
     "state_checksum",
     "state_file_version",
@@ -81,9 +92,10 @@ STATE_MAGIC = b"LQRS"
 STATE_VERSION = 3  # the version written; 1, 2 and 3 are read
 # Version 1 files hold only the types below RELEASE; version 2 adds RELEASE, LEASE_BY and
 # RECLAIM, and the checkpoint's fifth element (leases; shared mode); both are checksummed
-# with CRC-32.  Version 3 (format 2 of the queue) is version 2's records checksummed with
-# CRC-32C.  Every file this ledgerq writes is version 3, and a journal of an older
-# version is rewritten as version 3 when a handle loads it, before anything is appended
+# with CRC-32.  Version 3 (format 2 of the queue) checksums every record with CRC-32C and
+# adds NOT_BEFORE, TOUCH and the checkpoint's sixth element (not_before; issue 17).
+# Every file this ledgerq writes is version 3, and a journal of an older version is
+# rewritten as version 3 when a handle loads it, before anything is appended
 # to it (in shared mode under the reader's lock, as a compaction: see core.journal): one
 # file never mixes checksums, and an older ledgerq refuses the file by its version
 # ("unsupported reader state version 3") instead of misreading it.
@@ -111,6 +123,8 @@ class StateRecordType(IntEnum):
     RELEASE = 7  # version 2
     LEASE_BY = 8  # version 2: a lease with its holder and deadline (shared mode)
     RECLAIM = 9  # version 2: a holder's leases made void (shared mode)
+    NOT_BEFORE = 10  # version 3: a failed delivery retried no earlier than a time
+    TOUCH = 11  # version 3: a holder's leases extended (shared mode)
 
 
 class ReclaimCause(IntEnum):
@@ -134,18 +148,22 @@ _ID_TYPES = frozenset(
         StateRecordType.RELEASE,
         StateRecordType.LEASE_BY,
         StateRecordType.RECLAIM,
+        StateRecordType.NOT_BEFORE,
+        StateRecordType.TOUCH,
     )
 )
 # Types whose body starts with two u64 fields (holder, deadline or cause) before the ids.
-_HELD_TYPES = frozenset((StateRecordType.LEASE_BY, StateRecordType.RECLAIM))
+_HELD_TYPES = frozenset((StateRecordType.LEASE_BY, StateRecordType.RECLAIM, StateRecordType.TOUCH))
 _HELD_TYPE_VALUES = frozenset(int(t) for t in _HELD_TYPES)
+_NOT_BEFORE = StateRecordType.NOT_BEFORE
 
 
 class Checkpoint(NamedTuple):
     """A reader's whole state at one moment.
 
     ``leases`` (shared mode, version 2 and 3 files) are the live leases as ``(id,
-    holder, deadline_ns)``; an exclusive queue's checkpoint has none.
+    holder, deadline_ns)``; an exclusive queue's checkpoint has none.  ``not_before``
+    (version 3 files only) are the pending retry delays as ``(id, due_ns)``.
     """
 
     head: int
@@ -153,6 +171,7 @@ class Checkpoint(NamedTuple):
     deliveries: list[tuple[int, int]]
     counters: dict[str, int]
     leases: Sequence[tuple[int, int, int]] = []  # never mutated: NamedTuple fields are set once
+    not_before: Sequence[tuple[int, int]] = []
 
 
 def encode_state_file_header(version: int = STATE_VERSION) -> bytes:
@@ -216,6 +235,8 @@ def encode_ids_record(record_type: StateRecordType, ids: list[int] | tuple[int, 
     """Return a LEASE, ACK, NACK, DEAD_LETTER, EXPIRE or RELEASE record naming ``ids``."""
     if record_type in _HELD_TYPES:
         raise ValueError(f"{record_type!r} needs its holder: use its own encoder")
+    if record_type is _NOT_BEFORE:
+        raise ValueError(f"{record_type!r} needs its due time: use its own encoder")
     if len(ids) == 1 and record_type in _ID_TYPES and 0 <= ids[0] < 1 << 64:
         framed = _ONE_ID.pack(_ONE_ID_LENGTH, record_type, ids[0])
         return framed + _CRC.pack(checksum(framed))
@@ -255,6 +276,18 @@ def encode_lease_by_one(holder: int, deadline_ns: int, message_id: int) -> bytes
     return framed + _pack_crc(checksum(framed))
 
 
+def encode_not_before_record(due_ns: int, ids: list[int] | tuple[int, ...]) -> bytes:
+    """Return a NOT_BEFORE record: ``ids`` are retried no earlier than ``due_ns``."""
+    if not ids:
+        raise ValueError("an ids record needs at least one id")
+    return _frame(StateRecordType.NOT_BEFORE, struct.pack(f"<{len(ids) + 1}Q", due_ns, *ids))
+
+
+def encode_touch_record(holder: int, deadline_ns: int, ids: list[int] | tuple[int, ...]) -> bytes:
+    """Return a TOUCH record: ``holder``'s leases of ``ids`` now last until ``deadline_ns``."""
+    return _held_record(StateRecordType.TOUCH, holder, deadline_ns, ids)
+
+
 def encode_reclaim_record(
     holder: int, cause: ReclaimCause | int, ids: list[int] | tuple[int, ...]
 ) -> bytes:
@@ -267,7 +300,12 @@ def _is_u64(value: object) -> bool:
 
 
 def _checkpoint_problem(
-    head: object, done: object, deliveries: object, counters: object, leases: object = ()
+    head: object,
+    done: object,
+    deliveries: object,
+    counters: object,
+    leases: object = (),
+    not_before: object = (),
 ) -> str:
     """Return what makes these fields an invalid checkpoint; "" when they are valid.
 
@@ -292,6 +330,11 @@ def _checkpoint_problem(
         for lease in leases
     ):
         return "leases are not an array of [id, holder, deadline_ns] triples of u64"
+    if not isinstance(not_before, list | tuple) or not all(
+        isinstance(pair, list | tuple) and len(pair) == 2 and _is_u64(pair[0]) and _is_u64(pair[1])
+        for pair in not_before
+    ):
+        return "not_before is not an array of [id, due_ns] pairs of u64"
     return ""
 
 
@@ -302,22 +345,25 @@ def encode_checkpoint(
 
     ``shared`` writes the five-element form with the live leases (version 2 and 3 files
     only); otherwise the four-element form, which every version reads, and
-    ``checkpoint.leases`` must be empty.
+    ``checkpoint.leases`` must be empty.  Pending retry delays add a sixth element
+    (version 3 files only).
 
     Raises ``ValueError`` for a checkpoint :func:`decode_checkpoint` would reject
     (negative or non-int ids and counts, non-str counter names): such a record would
     make the reader's journal unreadable on the next open.
     """
-    head, done, deliveries, counters, leases = checkpoint
+    head, done, deliveries, counters, leases, not_before = checkpoint
     counters = dict(counters)
-    problem = _checkpoint_problem(head, done, deliveries, counters, leases)
+    problem = _checkpoint_problem(head, done, deliveries, counters, leases, not_before)
     if problem:
         raise ValueError(f"invalid reader checkpoint: {problem}")
     fields: list[Any] = [head, list(done), [list(pair) for pair in deliveries], counters]
-    if shared:
+    if shared or not_before:
         fields.append([list(lease) for lease in leases])
-    elif leases:
+    if leases and not shared:
         raise ValueError("invalid reader checkpoint: leases belong in a shared-mode checkpoint")
+    if not_before:
+        fields.append([list(pair) for pair in not_before])
     body = msgpack.packb(fields, use_bin_type=True)
     return _frame(StateRecordType.CHECKPOINT, body, crc)
 
@@ -331,11 +377,12 @@ def decode_checkpoint(body: bytes, pos: int = 0) -> Checkpoint:
         value: Any = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise CorruptRecord(f"malformed reader checkpoint ({exc})", pos) from None
-    if type(value) is not list or len(value) not in (4, 5):
-        raise CorruptRecord("malformed reader checkpoint (not an array of 4 or 5 fields)", pos)
+    if type(value) is not list or len(value) not in (4, 5, 6):
+        raise CorruptRecord("malformed reader checkpoint (not an array of 4 to 6 fields)", pos)
     head, done, deliveries, counters = value[:4]
-    leases = value[4] if len(value) == 5 else []
-    problem = _checkpoint_problem(head, done, deliveries, counters, leases)
+    leases = value[4] if len(value) >= 5 else []
+    not_before = value[5] if len(value) == 6 else []
+    problem = _checkpoint_problem(head, done, deliveries, counters, leases, not_before)
     if problem:
         raise CorruptRecord(f"malformed reader checkpoint ({problem})", pos)
     return Checkpoint(
@@ -344,6 +391,7 @@ def decode_checkpoint(body: bytes, pos: int = 0) -> Checkpoint:
         [(i, n) for i, n in deliveries],
         counters,
         [(i, h, d) for i, h, d in leases],
+        [(i, d) for i, d in not_before],
     )
 
 
@@ -364,6 +412,8 @@ def plausible_record_length(buf: bytes | bytearray | memoryview, pos: int) -> in
         return 0
     if record_type in _HELD_TYPE_VALUES and body < 24:
         return 0
+    if record_type == _NOT_BEFORE and body < 16:
+        return 0
     return int(length)
 
 
@@ -373,9 +423,10 @@ def decode_state_record(
     """Decode the record at ``pos``; return its type, its body and the next offset.
 
     The body is the raw bytes for CHECKPOINT (see :func:`decode_checkpoint`) and a
-    tuple of u64 for the others: the ids, after the holder and the deadline (LEASE_BY)
-    or the cause (RECLAIM) for those two.  ``crc`` is the file's checksum
-    (:func:`state_checksum` of its version).
+    tuple of u64 for the others: the ids, after the holder and the deadline (LEASE_BY),
+    the holder and the cause (RECLAIM), the holder and the deadline (TOUCH), or the due
+    time (NOT_BEFORE).  ``crc`` is the file's checksum (:func:`state_checksum` of its
+    version).
     """
     end = len(buf)
     if end - pos < STATE_RECORD_HEADER.size:
@@ -395,6 +446,11 @@ def decode_state_record(
         raise CorruptRecord(f"unknown reader state record type {record_type}", pos)
     if kind is StateRecordType.CHECKPOINT:
         return kind, body, stop
-    if not body or len(body) % 8 or (kind in _HELD_TYPES and len(body) < 24):
+    if (
+        not body
+        or len(body) % 8
+        or (kind in _HELD_TYPES and len(body) < 24)
+        or (kind is _NOT_BEFORE and len(body) < 16)
+    ):
         raise CorruptRecord("reader state ids record of bad size", pos)
     return kind, struct.unpack(f"<{len(body) // 8}Q", body), stop

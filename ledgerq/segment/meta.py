@@ -35,6 +35,7 @@ from ledgerq.segment.naming import (
 )
 
 __all__ = [
+    "DELIVER_AT_VERSION",
     "FORMAT_VERSION",
     "OPTIONS_FORMAT",
     "OPTIONS_VERSION",
@@ -55,6 +56,10 @@ __all__ = [
 FORMAT_VERSION = 2
 OPTIONS_FORMAT = "ledgerq-options"
 OPTIONS_VERSION = 1  # options.json did not change with format 2: older ledgerqs use it
+# Delayed and grouped entries (issue 17) are format 2 only: a queue holding one says
+# version 2, written at the first open, like every queue this ledgerq opened
+# (``ledgerq verify`` reports one under version 1).
+DELIVER_AT_VERSION = 2
 
 
 class DamagedMetaError(NotAQueueError):

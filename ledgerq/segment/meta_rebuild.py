@@ -27,7 +27,7 @@ import time
 
 from ledgerq._errors import CorruptionError
 from ledgerq.segment.layout import SegmentDirectory
-from ledgerq.segment.meta import Meta, OptionsCopy
+from ledgerq.segment.meta import FORMAT_VERSION, Meta, OptionsCopy
 from ledgerq.segment.naming import SEGMENTS_DIR, list_reader_names
 from ledgerq.segment.readonly_state import replay_reader
 from ledgerq.segment.readonly_tail import last_id_in_file
@@ -78,6 +78,9 @@ def rebuild_meta(
     highest, notes = highest_id(queue_dir)
     next_id = highest + 1 + margin
     meta = Meta(
+        # Whether an entry is delayed is not looked for: the newest version, which an
+        # older ledgerq refuses rather than misread (segment.meta).
+        version=FORMAT_VERSION,
         created_ns=copy.created_ns if copy is not None and copy.created_ns else time.time_ns(),
         clean=False,
         next_id=next_id,

@@ -89,6 +89,8 @@ _EXPIRE = StateRecordType.EXPIRE
 _RELEASE = StateRecordType.RELEASE
 _LEASE_BY = StateRecordType.LEASE_BY
 _RECLAIM = StateRecordType.RECLAIM
+_NOT_BEFORE = StateRecordType.NOT_BEFORE
+_TOUCH = StateRecordType.TOUCH
 
 
 def next_record_after(data: bytes, pos: int, crc: Checksum = checksum) -> int:
@@ -282,10 +284,12 @@ class ReaderState:
     checkpoint lists (a checkpoint's deliveries are counts, not live leases; none is
     live once the queue has closed cleanly); ``holders``: of those, the ones a
     shared-mode handle holds (LEASE_BY, or a checkpoint's leases), as
-    ``id -> (holder, deadline_ns)`` - live only while that handle is.
+    ``id -> (holder, deadline_ns)`` - live only while that handle is; ``not_before``:
+    ``id -> due_ns`` of failed deliveries retried no earlier than that (NOT_BEFORE),
+    until the id is leased again or finished.
     """
 
-    __slots__ = ("counters", "deliveries", "done", "head", "holders", "leased")
+    __slots__ = ("counters", "deliveries", "done", "head", "holders", "leased", "not_before")
 
     def __init__(self) -> None:
         self.head = 1
@@ -294,13 +298,16 @@ class ReaderState:
         self.counters: dict[str, int] = {}
         self.leased: set[int] = set()
         self.holders: dict[int, tuple[int, int]] = {}
+        self.not_before: dict[int, int] = {}
 
     def apply(self, records: Iterable[StateRecord]) -> None:
         """Fold ``records`` (in journal order) into this state."""
         done, deliveries, counters, leased = self.done, self.deliveries, self.counters, self.leased
         holders = self.holders
+        not_before = self.not_before
         for kind, body, checkpoint, _ in records:
             if checkpoint is not None:
+                not_before = self.not_before = dict(checkpoint.not_before)
                 self.head = checkpoint.head
                 done = self.done = set(checkpoint.done)
                 deliveries = self.deliveries = dict(checkpoint.deliveries)
@@ -312,12 +319,27 @@ class ReaderState:
                 for message_id in body:
                     deliveries[message_id] = deliveries.get(message_id, 0) + 1
                 leased.update(body)
+                if not_before:
+                    for message_id in body:
+                        not_before.pop(message_id, None)
             elif kind is _LEASE_BY:
                 lease = (body[0], body[1])
                 for message_id in body[2:]:
                     deliveries[message_id] = deliveries.get(message_id, 0) + 1
                     holders[message_id] = lease
                     leased.add(message_id)
+                    not_before.pop(message_id, None)
+            elif kind is _NOT_BEFORE:
+                due = body[0]
+                for message_id in body[1:]:
+                    not_before[message_id] = due
+            elif kind is _TOUCH:
+                # A holder extended its leases: the ones it still holds last longer.
+                holder = body[0]
+                for message_id in body[2:]:
+                    held = holders.get(message_id)
+                    if held is not None and held[0] == holder:
+                        holders[message_id] = (holder, body[1])
             elif kind is _RECLAIM:
                 # Void leases: the messages are unfinished and available again; each
                 # lease stays counted as a delivery (a failed one, like a lost lease).
@@ -347,6 +369,8 @@ class ReaderState:
                 for message_id in body:
                     done.add(message_id)
                     deliveries.pop(message_id, None)
+                    if not_before:
+                        not_before.pop(message_id, None)
                 leased.difference_update(body)
                 if holders:
                     for message_id in body:

@@ -98,6 +98,7 @@ ARROW_SCHEMA = pa.schema(
         pa.field("priority", pa.int32()),
         pa.field("headers", _HEADERS),
         pa.field("payload", pa.binary()),
+        pa.field("deliver_at", _TS),  # enqueue(..., delay=): null when none
     ]
 )
 ARROW_SCHEMA_WITH_STATE = ARROW_SCHEMA.append(pa.field("state", pa.string()))
@@ -218,12 +219,13 @@ class _Plain:
 class _Decoded:
     """Entries decoded one by one, as columns (payloads already decompressed)."""
 
-    __slots__ = ("expires", "headers", "ids", "payloads", "priorities", "timestamps")
+    __slots__ = ("deliver", "expires", "headers", "ids", "payloads", "priorities", "timestamps")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.timestamps: list[int] = []
         self.expires: list[int | None] = []
+        self.deliver: list[int | None] = []
         self.priorities: list[int] = []
         self.headers: list[dict[str, str]] = []
         self.payloads: list[bytes] = []
@@ -410,6 +412,7 @@ class _SegmentScan:
         out.ids.append(entry.id)
         out.timestamps.append(entry.timestamp)
         out.expires.append(entry.expires_at)
+        out.deliver.append(entry.deliver_at)
         out.priorities.append(entry.priority)
         out.headers.append(entry.headers or {})
         out.payloads.append(payload)
@@ -680,6 +683,7 @@ class _ArrowSink:
             pa.repeat(pa.scalar(1, pa.int32()), rows),
             _empty_maps(rows),
             _slice(entries, _HEADER_SIZE, -_CRC_SIZE, size),
+            pa.nulls(rows, _TS),
         ]
         return self._batch(columns, ids)
 
@@ -694,6 +698,7 @@ class _ArrowSink:
             pa.array(piece.priorities, pa.int32()),
             pa.array([list(h.items()) for h in piece.headers], _HEADERS),
             pa.array(piece.payloads, pa.binary()),
+            _ns_to_us(pa.array(piece.deliver, pa.int64())),
         ]
         mask = self.filter.mask(ids, ts)
         if mask is not None:
@@ -754,6 +759,7 @@ class _TupleSink:
         priority: int,
         headers: dict[str, str],
         payload: bytes,
+        deliver: int | None = None,
     ) -> tuple[Any, ...] | None:
         ts_us = int(ts_ns / 1000) if ts_ns < 0 else ts_ns // 1000
         if self.filter.active and not self.filter.keep(message_id, ts_us):
@@ -766,6 +772,7 @@ class _TupleSink:
             priority,
             headers,
             payload,
+            None if deliver is None else _datetime(deliver),
         )
         state = self.task.state
         return row if state is None else (*row, _state_of(state, message_id))
@@ -790,6 +797,7 @@ class _TupleSink:
                 piece.priorities[i],
                 piece.headers[i],
                 piece.payloads[i],
+                piece.deliver[i],
             )
             if row is not None:
                 yield row

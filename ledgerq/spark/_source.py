@@ -68,6 +68,7 @@ READ_SCHEMA = StructType(
         StructField("priority", IntegerType()),
         StructField("headers", MapType(StringType(), StringType())),
         StructField("payload", BinaryType()),
+        StructField("deliver_at", TimestampType()),
     ]
 )
 READ_SCHEMA_WITH_STATE = StructType([*READ_SCHEMA.fields, StructField("state", StringType())])

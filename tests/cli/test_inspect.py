@@ -9,7 +9,16 @@ import ledgerq
 
 from ._run import fails, ok
 
-FIELDS = ("id", "timestamp", "expires_at", "priority", "headers", "payload", "payload_encoding")
+FIELDS = (
+    "id",
+    "timestamp",
+    "expires_at",
+    "priority",
+    "group",
+    "headers",
+    "payload",
+    "payload_encoding",
+)
 
 
 def _build(path: Path) -> None:

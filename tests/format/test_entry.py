@@ -48,10 +48,19 @@ FIXED = [
         priority=0,
         headers={"a": ""},
         compressed=True,
+        deliver_at=(1 << 63) - 1,
     ),
+    EntrySpec(id=13, timestamp=13, payload=b"later", deliver_at=13 + 10**9),
+    EntrySpec(id=14, timestamp=14, payload=b"g", group="customer-42 \u00e9", headers={"k": "v"}),
+    EntrySpec(id=15, timestamp=15, payload=b"", group="x" * 255),
 ]
 # The same entries as a format-1 ledgerq wrote them (CRC-32): read like the others.
-FIXED += [dataclasses.replace(spec, entry_format=1) for spec in FIXED]
+# Format 1 as well, but for the fields format 2 brought (deliver_at, group).
+FIXED += [
+    dataclasses.replace(spec, entry_format=1)
+    for spec in FIXED
+    if spec.deliver_at is None and spec.group is None
+]
 FIXED_IDS = [f"id{s.id}-v{s.entry_format}" for s in FIXED]
 
 
@@ -148,6 +157,8 @@ def test_flags_say_which_optional_fields_are_present() -> None:
         (EntrySpec(1, 1, b"", priority=2), EntryFlags.HAS_PRIORITY),
         (EntrySpec(1, 1, b"", headers={}), EntryFlags.HAS_HEADERS),
         (EntrySpec(1, 1, b"", compressed=True), EntryFlags.COMPRESSED),
+        (EntrySpec(1, 1, b"", deliver_at=2), EntryFlags.HAS_DELIVER_AT),
+        (EntrySpec(1, 1, b"", group="g"), EntryFlags.HAS_GROUP),
     ]
     for spec, flags in cases:
         raw = spec.encode()
@@ -351,13 +362,34 @@ def test_checksummed_but_invalid_fields_are_corrupt() -> None:
     for rtype in (0, 4, 15, 0x20, 0x24, 0x2F):
         with pytest.raises(CorruptRecord, match="type"):
             decode_entry(variant(4, rtype))
-    for flags in (1 << 5, 1 << 6, 1 << 7):
-        with pytest.raises(CorruptRecord, match="flags"):
-            decode_entry(variant(5, flags))
+    with pytest.raises(CorruptRecord, match="flags"):
+        decode_entry(variant(5, 1 << 7))
+    # HAS_GROUP over a payload whose first byte is no valid group length for it.
+    with pytest.raises(CorruptRecord, match="group"):
+        decode_entry(variant(5, 1 << 6))
+    # HAS_DELIVER_AT on an entry too short for its field (a 7-byte payload).
+    with pytest.raises(CorruptRecord, match="deliver_at"):
+        decode_entry(variant(5, 1 << 5))
     raw = bytearray(base)
     raw[6:14] = bytes(8)
     with pytest.raises(CorruptRecord, match="id 0"):
         decode_entry(reseal(raw))
+
+
+@pytest.mark.parametrize("flag", [EntryFlags.HAS_DELIVER_AT, EntryFlags.HAS_GROUP])
+def test_a_format_1_entry_cannot_be_delayed_or_grouped(flag: EntryFlags) -> None:
+    # Format 2 brought both flags: no ledgerq wrote a format-1 entry with them, so one
+    # that says so is damage (its field would be read from the payload).
+    raw = bytearray(EntrySpec(5, 6, b"\x01g" + bytes(8), entry_format=1).encode())
+    raw[5] = int(flag)
+    with pytest.raises(CorruptRecord, match="flags"):
+        decode_entry(reseal(raw))
+    raw[4] = 0x21  # the same bytes as a format-2 entry are valid
+    assert decode_entry(reseal(raw))[0].flags == int(flag)
+    # Nor does this ledgerq write one.
+    field = {"deliver_at": 7} if flag is EntryFlags.HAS_DELIVER_AT else {"group": b"g"}
+    with pytest.raises(ValueError, match="format-1"):
+        encode_entry(5, 6, b"", entry_format=1, **field)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("entry_format", [1, 2])

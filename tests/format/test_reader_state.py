@@ -21,8 +21,10 @@ from ledgerq.format import (
     encode_checkpoint,
     encode_ids_record,
     encode_lease_by_record,
+    encode_not_before_record,
     encode_reclaim_record,
     encode_state_file_header,
+    encode_touch_record,
     state_file_version,
 )
 from ledgerq.format.checksum import checksum, checksum_v1
@@ -38,9 +40,14 @@ from tests.strategies import U64_MAX, checkpoints, id_batches
 
 # Every record type but CHECKPOINT carries a batch of ids; LEASE_BY and RECLAIM carry two
 # more u64 first (the holder, and a deadline or a cause) and have encoders of their own.
-HELD_TYPES = [StateRecordType.LEASE_BY, StateRecordType.RECLAIM]
+# NOT_BEFORE carries one u64 first (the due time) and has its own encoder too.
+HELD_TYPES = [StateRecordType.LEASE_BY, StateRecordType.RECLAIM, StateRecordType.TOUCH]
 ID_TYPES = [
-    t for t in StateRecordType if t is not StateRecordType.CHECKPOINT and t not in HELD_TYPES
+    t
+    for t in StateRecordType
+    if t is not StateRecordType.CHECKPOINT
+    and t not in HELD_TYPES
+    and t is not StateRecordType.NOT_BEFORE
 ]
 UNKNOWN_TYPES = [0, max(StateRecordType) + 1, 255]
 
@@ -54,6 +61,8 @@ FIXED = [
     encode_lease_by_record(0xABCDEF, 1_700_000_000_000_000_000, [4, 5]),
     encode_reclaim_record(0xABCDEF, ReclaimCause.GONE, [4]),
     encode_checkpoint(CHECKPOINT._replace(leases=[(5, 0xABCDEF, 0)]), shared=True),
+    encode_not_before_record(1_700_000_000_000_000_000, [6]),
+    encode_checkpoint(CHECKPOINT._replace(not_before=[(6, 1_700_000_000_000_000_000)])),
 ]
 
 
@@ -122,6 +131,38 @@ def test_a_crc32_record_of_an_old_file_reads_with_its_checksum_only(version: int
         decode_state_record(new, 0, state_checksum(version))
 
 
+@settings(max_examples=30)
+@given(due=st.integers(0, U64_MAX), ids=id_batches)
+def test_not_before_record_round_trip(due: int, ids: list[int]) -> None:
+    raw = encode_not_before_record(due, ids)
+    assert len(raw) == 9 + 8 + 8 * len(ids)
+    got, body, stop = decode_state_record(raw, 0)
+    assert got is StateRecordType.NOT_BEFORE
+    assert body == (due, *ids)
+    assert stop == len(raw)
+
+
+def test_not_before_record_without_an_id_is_corrupt() -> None:
+    with pytest.raises(CorruptRecord):
+        decode_state_record(frame(StateRecordType.NOT_BEFORE, struct.pack("<Q", 1)), 0)
+    with pytest.raises(ValueError, match="due time"):
+        encode_ids_record(StateRecordType.NOT_BEFORE, [1])
+    with pytest.raises(ValueError, match="at least one id"):
+        encode_not_before_record(1, [])
+
+
+def test_checkpoint_carries_the_retry_times_in_a_sixth_element() -> None:
+    cp = CHECKPOINT._replace(not_before=[(5, 99), (6, 100)])
+    body = encode_checkpoint(cp)[5:-4]
+    fields = msgpack.unpackb(body)
+    assert fields[4:] == [[], [[5, 99], [6, 100]]]
+    assert decode_checkpoint(body) == cp
+    shared = cp._replace(leases=[(5, 7, 0)])
+    assert decode_checkpoint(encode_checkpoint(shared, shared=True)[5:-4]) == shared
+    # Without retry times the four-element form every version reads.
+    assert len(msgpack.unpackb(encode_checkpoint(CHECKPOINT)[5:-4])) == 4
+
+
 # ---------------------------------------------------------------- round trips
 
 
@@ -146,6 +187,8 @@ def test_held_record_round_trip(
 ) -> None:
     if kind is StateRecordType.LEASE_BY:
         raw = encode_lease_by_record(holder, second, ids)
+    elif kind is StateRecordType.TOUCH:
+        raw = encode_touch_record(holder, second, ids)
     else:
         raw = encode_reclaim_record(holder, ReclaimCause(1 + second % 2), ids)
         second = 1 + second % 2

@@ -28,6 +28,7 @@ from ledgerq.format import index as index_mod
 from ledgerq.format import reader_state as state_mod
 from ledgerq.format.entry import EntryFlags, RecordType, encode_entry
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
+from ledgerq.segment.meta import DELIVER_AT_VERSION
 from tests.strategies import EntrySpec, checkpoints, entry_specs, id_batches, index_entry_lists
 
 # The module (``ledgerq.format.checksum`` the attribute is the function of that name).
@@ -188,6 +189,8 @@ def walk(rows: list[Row], raw: bytes, start: int = 0) -> tuple[dict[str, Any], i
             values[r["field"]] = raw[pos : pos + size]
         elif kind == "msgpack":
             values[r["field"]] = msgpack.unpackb(raw[pos : pos + size], raw=False)
+        elif kind == "utf8":
+            values[r["field"]] = raw[pos : pos + size].decode()
         else:
             raise AssertionError(f"type {kind!r} is not in the spec's type table")
         pos += size
@@ -234,6 +237,7 @@ def test_entry_optional_fields_match_their_structs() -> None:
     for field, layout in (
         ("expires_at", entry_mod.EXPIRES_AT),
         ("priority", entry_mod.PRIORITY),
+        ("deliver_at", entry_mod.DELIVER_AT),
         ("headers_length", entry_mod.HEADERS_LENGTH),
         ("crc", entry_mod.CRC),
     ):
@@ -322,16 +326,25 @@ def test_state_types() -> None:
     assert {r["name"]: int(r["value"]) for r in rows} == {t.name: t.value for t in StateRecordType}
     for r in rows:
         kind = StateRecordType[r["name"]]
-        assert r["body"] in ("ids", "checkpoint", *HELD_BODIES), r
+        assert r["body"] in ("ids", "checkpoint", "due_ns, ids", *HELD_BODIES), r
         if r["body"] == "ids":
             encode_state_ids = state_mod.encode_ids_record(kind, [1])
             assert encode_state_ids[4] == kind
         elif r["body"] == "checkpoint":
             with pytest.raises(ValueError, match="does not carry ids"):
                 state_mod.encode_ids_record(kind, [1])
+        elif r["body"] == "due_ns, ids":
+            record = state_mod.encode_not_before_record(9, [1, 5])
+            decoded, body, _ = state_mod.decode_state_record(record, 0)
+            assert (decoded, body) == (kind, (9, 1, 5))
         else:
             # Two u64 as named, then the ids: the decoded body is (first, second, *ids).
-            record = HELD_BODIES[r["body"]](7, 2, [1, 5])
+            encode = (
+                state_mod.encode_touch_record
+                if kind is StateRecordType.TOUCH
+                else HELD_BODIES[r["body"]]
+            )
+            record = encode(7, 2, [1, 5])
             decoded, body, _ = state_mod.decode_state_record(record, 0)
             assert (decoded, body) == (kind, (7, 2, 1, 5))
 
@@ -349,9 +362,10 @@ HELD_BODY_NAMES = ("holder, deadline_ns, ids", "holder, cause, ids")
 def test_tables_decode_shared_mode_records(
     kind: Row, holder: int, second: int, ids: list[int]
 ) -> None:
-    """LEASE_BY and RECLAIM walked with the tables alone, checksummed with CRC-32C (the
-    format's checksum, computed here by the crc32c package, not by format.checksum)."""
-    raw = HELD_BODIES[kind["body"]](holder, second, ids)
+    """LEASE_BY, RECLAIM and TOUCH walked with the tables alone, checksummed with CRC-32C
+    (the format's checksum, computed here by the crc32c package, not by format.checksum)."""
+    encode = state_mod.encode_touch_record if kind["name"] == "TOUCH" else HELD_BODIES[kind["body"]]
+    raw = encode(holder, second, ids)
     record, end = walk(table("state-record"), raw)
     assert end == len(raw)
     assert record["type"] == int(kind["value"])
@@ -488,6 +502,9 @@ def test_meta_fields() -> None:
         assert type(saved[r["field"]]) is json_types[r["json type"]], r
     assert f"`{saved['format']}`" in row("meta", "format")["meaning"]
     assert f", {saved['version']};" in row("meta", "version")["meaning"]
+    # A queue that can hold a delayed or grouped entry says this version.
+    assert saved["version"] == DELIVER_AT_VERSION
+    assert "no delayed or grouped entry" in row("meta", "version")["meaning"]
 
 
 def test_options_fields() -> None:
@@ -507,7 +524,14 @@ def test_options_fields() -> None:
 def test_checkpoint_table() -> None:
     rows = table("checkpoint")
     assert [int(r["index"]) for r in rows] == list(range(len(Checkpoint._fields)))
-    assert [r["field"] for r in rows] == ["head", "done_ids", "deliveries", "counters", "leases"]
+    assert [r["field"] for r in rows] == [
+        "head",
+        "done_ids",
+        "deliveries",
+        "counters",
+        "leases",
+        "not_before",
+    ]
 
 
 # ---------------------------------------------------------------- decoding by the tables
@@ -527,6 +551,8 @@ def test_tables_decode_entries(spec: EntrySpec) -> None:
     assert values["id"] == spec.id
     assert values["timestamp"] == spec.timestamp
     assert values.get("expires_at") == spec.expires_at
+    assert values.get("deliver_at") == spec.deliver_at
+    assert values.get("group") == spec.group
     assert values.get("priority", doc_default_priority()) == spec.priority
     assert values.get("headers") == spec.headers
     assert values["payload"] == spec.payload

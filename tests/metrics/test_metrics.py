@@ -19,6 +19,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 QUEUE_GAUGES = {
     "ledgerq_pending": "pending",
     "ledgerq_in_flight": "in_flight",
+    "ledgerq_delayed": "delayed",
     "ledgerq_segments": "segments",
     "ledgerq_disk_bytes": "disk_bytes",
     "ledgerq_next_id": "next_id",
@@ -36,6 +37,7 @@ QUEUE_COUNTERS = {
 READER_SERIES = {
     "ledgerq_reader_pending": "pending",
     "ledgerq_reader_in_flight": "in_flight",
+    "ledgerq_reader_delayed": "delayed",
     "ledgerq_reader_head": "head",
     "ledgerq_reader_acked_total": "acked",
     "ledgerq_reader_nacked_total": "nacked",
@@ -62,6 +64,7 @@ def busy_queue(path: Path) -> ledgerq.Queue:
     q.enqueue_batch([b"%d" % i for i in range(6)])
     q.enqueue(b"dup", dedup_id="d")
     q.enqueue(b"dup", dedup_id="d")  # a duplicate
+    q.enqueue(b"later", delay=3600)  # delayed: pending, counted in ledgerq_delayed
     for _ in range(3):
         msg = q.dequeue()
         assert msg is not None

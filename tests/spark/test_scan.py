@@ -375,3 +375,26 @@ def test_last_complete_id_ignores_an_append_in_flight(tmp_path: Path) -> None:
     assert last_complete_id(str(tmp_path / "batch")) == 1
     ledgerq.open(tmp_path / "empty").close()
     assert last_complete_id(str(tmp_path / "empty")) == 0
+
+
+def test_deliver_at_is_the_not_before_time_or_null(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        plain = q.enqueue(b"now")
+        delayed = q.enqueue(b"later", delay=90.0, group="g")
+        batch = q.enqueue_batch([ledgerq.Item(b"b", delay=30.0), b"c"])
+    for arrow in (True, False):
+        found: dict[int, tuple[Any, Any]] = {}
+        for seg in list_segments(str(path)):
+            spec = SegmentTask(path.name, str(path), seg.first_id, seg.next_first_id)
+            for out in scan_segment(spec, arrow=arrow):
+                rows = out.to_pylist() if arrow else [out]
+                for r in rows:
+                    if arrow:
+                        found[r["id"]] = (r["timestamp"], r["deliver_at"])
+                    else:
+                        found[r[1]] = (r[2], r[7])
+        assert found[plain][1] is None and found[batch[1]][1] is None, arrow
+        for message_id, delay in ((delayed, 90), (batch[0], 30)):
+            stamp, deliver_at = found[message_id]
+            assert abs((deliver_at - stamp).total_seconds() - delay) < 0.001, arrow

@@ -7,6 +7,7 @@ import sys
 import time
 
 import ledgerq
+import ledgerq.workers
 
 DONE_LOG = "LEDGERQ_TEST_DONE_LOG"
 
@@ -49,3 +50,20 @@ def block(message: ledgerq.Message) -> None:
     sys.stdout.write(f"running {message.id} in {os.getpid()}\n")
     sys.stdout.flush()
     time.sleep(3600)  # the workload: a task that outlives its owner
+
+
+def retry_later(message: ledgerq.Message) -> None:
+    """Ask for a retry in 0.5 s on the first attempt (noting when), succeed on the next."""
+    fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"%d %d %d\n" % (message.id, message.attempts, time.time_ns()))
+    finally:
+        os.close(fd)
+    if message.attempts == 1:
+        raise ledgerq.workers.Retry(0.5)
+
+
+def outlast_lease(message: ledgerq.Message) -> None:
+    """Run past the queue's visibility timeout (1.5 s against 0.6 s), then record."""
+    time.sleep(1.5)  # the work itself: longer than the lease
+    _record(message)

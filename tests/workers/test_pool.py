@@ -157,3 +157,41 @@ def test_a_forked_child_does_not_keep_the_queue_locked(tmp_path: Path) -> None:
     finally:
         os.close(write_end)
         os.waitpid(pid, 0)
+
+
+def test_a_handler_raising_retry_is_nacked_with_its_delay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "done.log"
+    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        ids = q.enqueue_batch([b"a", b"b"])
+    report = run(path, _handlers.retry_later, processes=2, until_empty=True, max_retries=5)
+    assert (report.processed, report.failed) == (2, 2)
+    seen: dict[tuple[int, int], int] = {}
+    for line in log.read_text().splitlines():
+        message_id, attempt, at_ns = map(int, line.split())
+        seen[(message_id, attempt)] = at_ns
+    for message_id in ids:
+        waited = (seen[(message_id, 2)] - seen[(message_id, 1)]) / 1e9
+        assert waited >= 0.45, f"retried after {waited:.3f} s, not the 0.5 s asked for"
+    with ledgerq.open(path) as q:
+        assert q.stats().nacked == 2 and q.stats().dead_lettered == 0
+
+
+def test_a_long_task_keeps_its_lease_while_its_child_lives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # visibility_timeout 0.6 s, tasks of 1.5 s: without the pool's touch the idle child
+    # took the expired message and it ran twice.
+    log = tmp_path / "done.log"
+    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        (only,) = q.enqueue_batch([b"long"])
+    report = run(
+        path, _handlers.outlast_lease, processes=2, until_empty=True, visibility_timeout=0.6
+    )
+    assert done_ids(log) == Counter({only: 1})
+    assert (report.processed, report.failed) == (1, 0)

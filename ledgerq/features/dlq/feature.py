@@ -83,6 +83,9 @@ class DeadLetterFeature(DeadLetterStore):
         headers["dlq.last_failure"] = str(delivery.now_ns)
         if reader != _DEFAULT_READER:
             headers["dlq.reader"] = reader
+        if entry.group is not None:
+            # Not the DLQ copy's own group (the DLQ would hold it up): a requeue restores it.
+            headers["dlq.group"] = entry.group
         dlq = self.queue()
         dlq.enqueue(payload, headers=headers, priority=entry.priority)
         if self._options.sync != "always":

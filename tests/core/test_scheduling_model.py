@@ -1,0 +1,223 @@
+"""Scheduled delivery against an in-memory model, driven by hypothesis, on a clock the
+test moves (``ledgerq.open(clock=)``: no sleeping).
+
+The model: each message has a not-before time (its delay; a failed delivery's retry
+time, or a delayed release's) and maybe a group.  A dequeue first expires the leases
+whose deadline passed (failed deliveries: they wait the retry policy), then delivers the
+smallest id that is due and is its group's first unfinished message; a failure found
+only then (a lease lost to a reopen) waits the policy first.  Touch moves a lease's
+deadline; release gives it back unused.  Stats agree after every step.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import ledgerq
+
+SECOND = 1_000_000_000
+VISIBILITY = 30.0
+
+
+class SteppedClock:
+    def __init__(self) -> None:
+        self.wall_ns = 1_750_000_000 * SECOND
+        self.mono_ns = 10 * 86_400 * SECOND
+
+    def time_ns(self) -> int:
+        return self.wall_ns
+
+    def monotonic_ns(self) -> int:
+        return self.mono_ns
+
+    def elapse(self, seconds: float) -> None:
+        self.wall_ns += int(seconds * SECOND)
+        self.mono_ns += int(seconds * SECOND)
+
+
+@dataclass
+class Msg:
+    payload: bytes
+    group: str | None
+    deliver_at: int  # 0: no delay
+    state: str = "available"  # available, leased, acked
+    deliveries: int = 0
+    not_before: int | None = None  # journalled retry/release time, void once leased
+    deadline: int = 0  # lease deadline (ns)
+    unreported: bool = False  # a failure a reopen left to be found at the next take
+
+    def due(self) -> int:
+        return max(self.deliver_at, self.not_before or 0)
+
+
+def policy_ns(failures: int) -> int:
+    return int(min(2.0 * 2.0 ** (failures - 1), 10.0) * SECOND)
+
+
+class SchedulingMachine(RuleBasedStateMachine):
+    options: ClassVar[dict[str, Any]] = {
+        "segment_size": 700,
+        "index_interval": 128,
+        "sync": "never",
+        "max_retries": 0,
+        "retry_delay": 2.0,
+        "retry_backoff": 2.0,
+        "retry_delay_max": 10.0,
+        "visibility_timeout": VISIBILITY,
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.mkdtemp(prefix="ledgerq-sched-model-")
+        self.path = f"{self.tmp}/q"
+        self.clock = SteppedClock()
+        self.q = ledgerq.open(self.path, clock=self.clock, **self.options)
+        self.msgs: dict[int, Msg] = {}
+
+    @property
+    def now(self) -> int:
+        return self.clock.wall_ns
+
+    def _ids(self, state: str) -> list[int]:
+        return sorted(i for i, m in self.msgs.items() if m.state == state)
+
+    def _group_first(self, group: str) -> int:
+        return min(i for i, m in self.msgs.items() if m.group == group and m.state != "acked")
+
+    def _expected(self) -> int | None:
+        now = self.now
+        for message_id in self._ids("leased"):
+            m = self.msgs[message_id]
+            if m.deadline <= now:  # the visibility timeout passed: a failed delivery
+                m.state = "available"
+                m.not_before = now + policy_ns(m.deliveries)
+        for message_id in self._ids("available"):
+            m = self.msgs[message_id]
+            if m.due() > now:
+                continue
+            if m.group is not None and self._group_first(m.group) != message_id:
+                continue
+            if m.unreported:
+                m.unreported = False
+                m.not_before = now + policy_ns(m.deliveries)
+                continue
+            return message_id
+        return None
+
+    # ---------------------------------------------------------------- rules
+
+    @rule(
+        payload=st.binary(max_size=40),
+        delay=st.sampled_from([None, None, 0, 1.0, 5.0, 40.0]),
+        group=st.sampled_from([None, None, "a", "b"]),
+    )
+    def enqueue(self, payload: bytes, delay: float | None, group: str | None) -> None:
+        message_id = self.q.enqueue(payload, delay=delay, group=group)
+        deliver_at = self.now + int(delay * SECOND) if delay else 0
+        self.msgs[message_id] = Msg(payload, group, deliver_at)
+
+    @rule()
+    def dequeue(self) -> None:
+        msg = self.q.dequeue()
+        expected = self._expected()
+        if expected is None:
+            assert msg is None, f"got {msg} when the model expects nothing"
+            return
+        assert msg is not None, f"expected {expected}, got nothing"
+        assert msg.id == expected, f"expected {expected}, got {msg.id}"
+        m = self.msgs[msg.id]
+        assert (msg.payload, msg.group) == (m.payload, m.group)
+        m.deliveries += 1
+        assert msg.attempts == m.deliveries
+        m.state = "leased"
+        m.not_before = None
+        m.deadline = self.now + int(VISIBILITY * SECOND)
+
+    @precondition(lambda self: self._ids("leased"))
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        message_id = data.draw(st.sampled_from(self._ids("leased")))
+        m = self.msgs[message_id]
+        if m.deadline <= self.now:
+            return  # its lease may be gone (the queue notices at the next take)
+        self.q.ack(message_id)
+        m.state = "acked"
+
+    @precondition(lambda self: self._ids("leased"))
+    @rule(data=st.data(), delay=st.sampled_from([None, None, 3.0]))
+    def nack(self, data: st.DataObject, delay: float | None) -> None:
+        message_id = data.draw(st.sampled_from(self._ids("leased")))
+        m = self.msgs[message_id]
+        if m.deadline <= self.now:
+            return
+        self.q.nack(message_id, "model", delay=delay)
+        m.state = "available"
+        m.not_before = self.now + (int(delay * SECOND) if delay else policy_ns(m.deliveries))
+
+    @precondition(lambda self: self._ids("leased"))
+    @rule(data=st.data(), delay=st.sampled_from([None, 4.0]))
+    def release(self, data: st.DataObject, delay: float | None) -> None:
+        message_id = data.draw(st.sampled_from(self._ids("leased")))
+        m = self.msgs[message_id]
+        if m.deadline <= self.now:
+            return
+        self.q.release(message_id, delay=delay)
+        m.state = "available"
+        m.deliveries -= 1
+        if delay:
+            m.not_before = self.now + int(delay * SECOND)
+
+    @precondition(lambda self: self._ids("leased"))
+    @rule(data=st.data(), seconds=st.sampled_from([None, 50.0]))
+    def touch(self, data: st.DataObject, seconds: float | None) -> None:
+        message_id = data.draw(st.sampled_from(self._ids("leased")))
+        m = self.msgs[message_id]
+        if m.deadline <= self.now:
+            return
+        self.q.touch(message_id, seconds)
+        m.deadline = self.now + int((seconds or VISIBILITY) * SECOND)
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.0, 4.0, 15.0, 31.0]))
+    def elapse(self, seconds: float) -> None:
+        self.clock.elapse(seconds)
+
+    @rule()
+    def reopen(self) -> None:
+        self.q.close()
+        self.q = ledgerq.open(self.path, clock=self.clock, **self.options)
+        for m in self.msgs.values():
+            if m.state == "leased":
+                m.state = "available"
+            # A failure with no journalled wait left is found again at the next take.
+            if m.state == "available" and m.deliveries and m.not_before is None:
+                m.unreported = True
+
+    # ---------------------------------------------------------------- invariants
+
+    @invariant()
+    def figures_agree(self) -> None:
+        stats = self.q.stats()
+        now = self.now
+        available = [m for m in self.msgs.values() if m.state == "available"]
+        assert stats.pending == len(available) == len(self.q)
+        assert stats.in_flight == len(self._ids("leased"))
+        assert stats.delayed == sum(1 for m in available if m.due() > now), stats
+        assert stats.acked == len(self._ids("acked"))
+        self.q._check()
+
+    def teardown(self) -> None:
+        self.q.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+SchedulingMachine.TestCase.settings = settings(
+    max_examples=80, stateful_step_count=40, deadline=None
+)
+TestSchedulingModel = SchedulingMachine.TestCase
