@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from ledgerq._errors import LedgerQError
 from ledgerq._options import Options
 from ledgerq._types import Item
-from ledgerq.core.args import check_ids
+from ledgerq.core.args import check_delay, check_ids
 from ledgerq.core.clock import Clock
 from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.shared_queue import SharedQueueCore
@@ -45,7 +45,7 @@ class Queue(QueueCore):
                 return feature
         raise AssertionError("every queue has a dead-letter store")  # pragma: no cover
 
-    def requeue_dlq(self, ids: Iterable[int] | None = None) -> int:
+    def requeue_dlq(self, ids: Iterable[int] | None = None, *, delay: float | None = None) -> int:
         """Move dead-lettered messages back to this queue; return how many moved.
 
         ``ids`` are ids *in the DLQ* (default: every message there).  Each comes back
@@ -58,8 +58,11 @@ class Queue(QueueCore):
 
         Raises ``TypeError`` before anything moves if ``ids`` is a str or bytes (not
         iterated: ``"12"`` is not the ids 1 and 2) or holds anything but ints.
+        ``delay`` (seconds) holds the requeued messages back: each is first delivered no
+        earlier than that from now (checked like ``enqueue``'s, before anything moves).
         """
         wanted = None if ids is None else check_ids(ids)
+        delay = check_delay(delay)
         self._ensure_open()
         dlq = self.dlq
         # In shared mode another process may requeue too: the DLQ's reader is held across
@@ -70,7 +73,7 @@ class Queue(QueueCore):
             for start in range(0, len(entries), _REQUEUE_BATCH):
                 chunk = entries[start : start + _REQUEUE_BATCH]
                 copies = self.enqueue_batch(
-                    [self._requeued_item(dlq, entry, data) for entry, data in chunk]
+                    [self._requeued_item(dlq, entry, data, delay) for entry, data in chunk]
                 )
                 settled = 0
                 try:
@@ -111,7 +114,7 @@ class Queue(QueueCore):
                     exc,
                 )
 
-    def _requeued_item(self, dlq: Queue, entry: Entry, payload: bytes) -> Item:
+    def _requeued_item(self, dlq: Queue, entry: Entry, payload: bytes, delay: float | None) -> Item:
         """The message ``entry`` of the DLQ as it comes back: ``dlq.*`` headers removed."""
         headers = {k: v for k, v in (entry.headers or {}).items() if not k.startswith("dlq.")}
         dedup = (
@@ -120,7 +123,14 @@ class Queue(QueueCore):
             else None
         )
         group = (entry.headers or {}).get("dlq.group")
-        return Item(payload, headers=headers, priority=entry.priority, dedup_id=dedup, group=group)
+        return Item(
+            payload,
+            headers=headers,
+            priority=entry.priority,
+            dedup_id=dedup,
+            group=group,
+            delay=delay,
+        )
 
     def purge(self, ids: Iterable[int] | None = None) -> int:
         """Remove pending messages (by id; default all) for good; return how many.

@@ -45,7 +45,7 @@ import ledgerq
 from ledgerq import Queue
 from ledgerq._errors import QueueClosedError, QueueFullError
 from ledgerq._types import Item, Message, Priority, ReaderStart, ReaderStats, Stats
-from ledgerq.core.args import check_count, check_ids, check_timeout
+from ledgerq.core.args import check_count, check_delay, check_ids, check_timeout
 
 __all__ = ["AsyncQueue", "AsyncReader", "open"]
 
@@ -349,10 +349,15 @@ class AsyncQueue:
         """Forget the named reader and its state (see :meth:`ledgerq.Queue.remove_reader`)."""
         return await asyncio.to_thread(self._queue.remove_reader, name)
 
-    async def requeue_dlq(self, ids: Iterable[int] | None = None) -> int:
+    async def requeue_dlq(
+        self, ids: Iterable[int] | None = None, *, delay: float | None = None
+    ) -> int:
         """Move dead-lettered messages back (see :meth:`ledgerq.Queue.requeue_dlq`)."""
         wanted = None if ids is None else check_ids(ids)  # in the caller: errors raise here
-        return await asyncio.to_thread(self._queue.requeue_dlq, wanted)
+        delay = check_delay(delay)
+        return await asyncio.to_thread(
+            functools.partial(self._queue.requeue_dlq, wanted, delay=delay)
+        )
 
     async def sync(self) -> None:
         """Make everything enqueued, acked and nacked so far durable (fsync)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import ledgerq
 from tests._child import Children
 
@@ -175,3 +177,29 @@ def test_retry_log_records_each_failure_in_its_format(tmp_path: Path) -> None:
         ("r", first, "three"),
     ]
     assert all(type(v[2]) is int and v[2] > 0 for v in values)
+
+
+def test_requeue_with_a_delay_holds_the_messages_back(tmp_path: Path) -> None:
+    """``requeue_dlq(delay=)``: back in the queue, delayed, and never delivered early."""
+    now = [1_000_000.0]
+
+    class Clock:
+        def time_ns(self) -> int:
+            return int(now[0] * 1e9)
+
+        def monotonic_ns(self) -> int:
+            return int(now[0] * 1e9)
+
+    with ledgerq.open(tmp_path / "q", max_retries=1, clock=Clock()) as q:
+        q.enqueue_batch([b"a", b"b"])
+        fail(q, "down")
+        fail(q, "down")
+        with pytest.raises(ValueError):
+            q.requeue_dlq(delay=-1)  # checked before anything moves
+        assert q.dlq is not None and len(q.dlq) == 2
+        assert q.requeue_dlq(delay=60) == 2
+        assert q.stats().delayed == 2
+        assert q.dequeue() is None
+        now[0] += 61
+        got = [q.dequeue(), q.dequeue()]
+        assert sorted(m.payload for m in got if m is not None) == [b"a", b"b"]
