@@ -21,25 +21,9 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import ledgerq
+from tests.clocks import SECOND, SteppedClock
 
-SECOND = 1_000_000_000
 VISIBILITY = 30.0
-
-
-class SteppedClock:
-    def __init__(self) -> None:
-        self.wall_ns = 1_750_000_000 * SECOND
-        self.mono_ns = 10 * 86_400 * SECOND
-
-    def time_ns(self) -> int:
-        return self.wall_ns
-
-    def monotonic_ns(self) -> int:
-        return self.mono_ns
-
-    def elapse(self, seconds: float) -> None:
-        self.wall_ns += int(seconds * SECOND)
-        self.mono_ns += int(seconds * SECOND)
 
 
 @dataclass

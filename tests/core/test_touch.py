@@ -17,26 +17,7 @@ import pytest
 
 import ledgerq
 import ledgerq.aio
-
-SECOND = 1_000_000_000
-
-
-class SteppedClock:
-    """A wall clock and a monotonic clock that move only when the test says so."""
-
-    def __init__(self) -> None:
-        self.wall_ns = 1_750_000_000 * SECOND
-        self.mono_ns = 10 * 86_400 * SECOND
-
-    def time_ns(self) -> int:
-        return self.wall_ns
-
-    def monotonic_ns(self) -> int:
-        return self.mono_ns
-
-    def elapse(self, seconds: float) -> None:
-        self.wall_ns += int(seconds * SECOND)
-        self.mono_ns += int(seconds * SECOND)
+from tests.clocks import SteppedClock
 
 
 @pytest.fixture

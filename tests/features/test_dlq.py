@@ -9,6 +9,7 @@ import pytest
 
 import ledgerq
 from tests._child import Children
+from tests.clocks import SteppedClock
 
 
 def fail(q: ledgerq.Queue, reason: str) -> ledgerq.Message:
@@ -181,16 +182,8 @@ def test_retry_log_records_each_failure_in_its_format(tmp_path: Path) -> None:
 
 def test_requeue_with_a_delay_holds_the_messages_back(tmp_path: Path) -> None:
     """``requeue_dlq(delay=)``: back in the queue, delayed, and never delivered early."""
-    now = [1_000_000.0]
-
-    class Clock:
-        def time_ns(self) -> int:
-            return int(now[0] * 1e9)
-
-        def monotonic_ns(self) -> int:
-            return int(now[0] * 1e9)
-
-    with ledgerq.open(tmp_path / "q", max_retries=1, clock=Clock()) as q:
+    clock = SteppedClock()
+    with ledgerq.open(tmp_path / "q", max_retries=1, clock=clock) as q:
         q.enqueue_batch([b"a", b"b"])
         fail(q, "down")
         fail(q, "down")
@@ -200,6 +193,6 @@ def test_requeue_with_a_delay_holds_the_messages_back(tmp_path: Path) -> None:
         assert q.requeue_dlq(delay=60) == 2
         assert q.stats().delayed == 2
         assert q.dequeue() is None
-        now[0] += 61
+        clock.elapse(61)
         got = [q.dequeue(), q.dequeue()]
         assert sorted(m.payload for m in got if m is not None) == [b"a", b"b"]

@@ -7,24 +7,7 @@ from pathlib import Path
 
 import ledgerq
 from ledgerq import Item
-
-SECOND = 1_000_000_000
-
-
-class SteppedClock:
-    def __init__(self) -> None:
-        self.wall_ns = 1_750_000_000 * SECOND
-        self.mono_ns = 10 * 86_400 * SECOND
-
-    def time_ns(self) -> int:
-        return self.wall_ns
-
-    def monotonic_ns(self) -> int:
-        return self.mono_ns
-
-    def elapse(self, seconds: float) -> None:
-        self.wall_ns += int(seconds * SECOND)
-        self.mono_ns += int(seconds * SECOND)
+from tests.clocks import SteppedClock
 
 
 def test_a_group_lives_in_one_shard_and_keeps_its_order(tmp_path: Path) -> None:
