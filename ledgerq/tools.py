@@ -25,7 +25,6 @@ readers skip it.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
@@ -118,7 +117,6 @@ __all__ = [
     "parse_header_condition",
     "repair",
     "requeue_dead_letters",
-    "requeue_takes_delay",
     "verify",
 ]
 
@@ -1137,30 +1135,10 @@ def parse_header_condition(text: str) -> tuple[str, str]:
     return key, value
 
 
-def requeue_takes_delay(queue: Queue | None = None) -> bool:
-    """Whether this ledgerq can requeue dead letters with a delay (delayed messages).
-
-    ``Queue.requeue_dlq`` takes ``delay=`` once delayed delivery exists; until then a
-    delayed requeue cannot be done, and callers say so instead of ignoring the delay.
-    """
-    method = Queue.requeue_dlq if queue is None else queue.requeue_dlq
-    return "delay" in inspect.signature(method).parameters
-
-
 def requeue_dead_letters(queue: Queue, ids: Iterable[int] | None, *, delay: float | None) -> int:
     """``queue.requeue_dlq(ids)``, the messages first delivered no earlier than ``delay``
-    seconds from now when ``delay`` is given; return how many moved.
-
-    Raises ``NotImplementedError`` for a delay when :func:`requeue_takes_delay` is False.
-    """
-    if delay is None:
-        return queue.requeue_dlq(ids)
-    if not requeue_takes_delay(queue):
-        raise NotImplementedError(
-            "requeueing with a delay needs delayed messages, which this ledgerq does not have"
-        )
-    requeue: Callable[..., int] = queue.requeue_dlq
-    return requeue(ids, delay=delay)
+    seconds from now when ``delay`` is given; return how many moved."""
+    return queue.requeue_dlq(ids, delay=delay)
 
 
 def paced(

@@ -344,11 +344,6 @@ def requeue(
     # like the API it needs no selection; purge, which deletes, asks for --yes.
     if all_ and (ids or not chosen.is_empty):
         raise click.UsageError("--all requeues everything; do not combine it with --id or a filter")
-    if delay is not None and not tools.requeue_takes_delay():
-        raise click.UsageError(
-            "--delay arrives with delayed messages, which this version of ledgerq does not "
-            "have yet; requeue without it"
-        )
     with using_existing(queue, option_overrides(option_pairs)) as q:
         if rate is None and not ids and chosen.is_empty:
             # Everything, as the API does (q.dlq would create a missing DLQ: not looked at).

@@ -426,4 +426,5 @@ def view_message(entry: Entry, path: str) -> Message | None:
         entry.timestamp,
         entry.expires_at,
         VIEW_ATTEMPTS,
+        entry.group,
     )

@@ -190,11 +190,6 @@ class JobBoard:
         files = self._catalog.get(action.queue)
         if files is None:
             raise ActionRefused(f"there is no queue {action.queue} (any more)")
-        if action.delay is not None and not tools.requeue_takes_delay():
-            raise ActionRefused(
-                "a delayed requeue needs delayed messages, which this version of ledgerq "
-                "does not have yet; requeue without a delay"
-            )
         job = Job(secrets.token_urlsafe(9), action)
         with self._lock:
             self._jobs[job.id] = job

@@ -592,7 +592,6 @@ def dlq_page(console: Console, request: Request) -> Response:
         limit=limit,
         jobs=console.jobs.running(name),
         report=_job_from(console, request),
-        takes_delay=tools.requeue_takes_delay(),
     )
 
 

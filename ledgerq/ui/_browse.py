@@ -41,8 +41,9 @@ class MessageView:
 
     ``status`` is ``"pending"``, ``"in flight"``, ``"finished"`` or ``"not retained"``
     (for the default reader); ``attempts`` counts its deliveries so far (0 before the
-    first); ``group`` and ``not_before`` (ns) are the delivery schedule's, None until
-    delayed messages and groups exist (issue 17) or when the message has none.
+    first); ``group`` is its message group and ``not_before`` (ns) the time before which
+    it will not be delivered (its retry delay, or the delay it was enqueued with) while
+    that is ahead: None when it has none.
     """
 
     message: ledgerq.Message
@@ -73,13 +74,14 @@ class DeadLetterPage:
     budget_spent: bool
 
 
-def _view(message: ledgerq.Message, snapshot: ReaderSnapshot) -> MessageView:
+def _view(message: ledgerq.Message, snapshot: ReaderSnapshot, files: QueueFiles) -> MessageView:
+    status = snapshot.status(message.id)
     return MessageView(
         message,
-        snapshot.status(message.id),
+        status,
         snapshot.deliveries.get(message.id, 0),
-        getattr(message, "group", None),
-        getattr(message, "not_before", None),
+        message.group,
+        files.not_before(message.id, snapshot.name) if status == "pending" else None,
     )
 
 
@@ -92,7 +94,7 @@ def next_messages(files: QueueFiles, limit: int) -> list[MessageView]:
         if scanned >= SCAN_BUDGET or len(found) >= limit:
             break
         if snapshot.status(message.id) == "pending":
-            found.append(_view(message, snapshot))
+            found.append(_view(message, snapshot, files))
     return found
 
 
@@ -107,7 +109,7 @@ def in_flight_messages(files: QueueFiles, limit: int) -> list[MessageView]:
         if message.id > wanted[-1]:
             break
         if message.id in snapshot.leased:
-            found.append(_view(message, snapshot))
+            found.append(_view(message, snapshot, files))
     return found
 
 
@@ -118,7 +120,7 @@ def find_message(files: QueueFiles, message_id: int) -> MessageView | None:
     for message in tools.iter_messages(files.path, from_id=message_id):
         if message.id != message_id:
             return None  # not retained: the first one held is later
-        return _view(message, files.reader(DEFAULT_READER))
+        return _view(message, files.reader(DEFAULT_READER), files)
     return None
 
 

@@ -22,9 +22,9 @@ lease and ack is written to the OS before its call returns), never behind.
 The figures match ``Queue.stats()`` of the default reader: ``pending`` (waiting, not
 leased), ``in_flight`` (leased by a process that has the queue open; a queue closed
 cleanly has none), the counters the journal keeps (acked, nacked, dead-lettered,
-expired).  ``delayed`` (messages waiting for a not-before time) is 0 until the
-storage engine knows delayed messages; it is read with ``getattr`` from the replayed
-reader state, where they will be counted (issue 17).
+expired), and ``delayed``: messages waiting for a not-before time, their retry
+delays from the journal and the delays they were enqueued with from the entries
+appended since the last refresh (``ledgerq.ui._schedule``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from ledgerq.segment.readonly import (
     list_reader_names,
     reader_state_path,
 )
+from ledgerq.ui._schedule import ScheduleTail
 
 __all__ = [
     "DEFAULT_READER",
@@ -194,6 +195,7 @@ class QueueFiles:
         self._segments = SegmentDirectory(os.path.join(path, SEGMENTS_DIR), last_ids=True)
         self._journals: dict[str, _Journal] = {}
         self._dlq: QueueFiles | None = None
+        self._schedule = ScheduleTail()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ reading
@@ -246,8 +248,11 @@ class QueueFiles:
             with self._lock:
                 retained = self._retained()
                 is_open = not is_cleanly_closed(self.path)
+                names = self.reader_names()
+                now_ns = time.time_ns()
+                self._follow_schedule(names, now_ns)
                 readers = tuple(
-                    self._reader_figures(name, retained, is_open) for name in self.reader_names()
+                    self._reader_figures(name, retained, is_open, now_ns) for name in names
                 )
                 state = self._reader_state(DEFAULT_READER)
                 skip = state.done | state.leased if is_open else state.done
@@ -326,20 +331,36 @@ class QueueFiles:
             del self._journals[name]  # no journal (yet, or removed): at the start
             return ReaderState()
 
-    def _reader_figures(self, name: str, retained: RetainedIds, is_open: bool) -> ReaderFigures:
+    def _follow_schedule(self, names: list[str], now_ns: int) -> None:
+        """Read the delays of the entries appended since the last refresh."""
+        lowest_head = min(self._reader_state(name).durable_head() for name in names)
+        self._schedule.refresh(self.path, lowest_head, now_ns)
+
+    def not_before(self, message_id: int, reader: str = DEFAULT_READER) -> int | None:
+        """When ``message_id`` may be delivered next (ns), if that is still ahead: its
+        retry delay for ``reader``, else the delay it was enqueued with."""
+        now_ns = time.time_ns()
+        with self._lock:
+            state = self._reader_state(reader)
+            self._follow_schedule(self.reader_names(), now_ns)
+            due = state.not_before.get(message_id) or self._schedule.not_before(message_id)
+        return due if due is not None and due > now_ns else None
+
+    def _reader_figures(
+        self, name: str, retained: RetainedIds, is_open: bool, now_ns: int
+    ) -> ReaderFigures:
         state = self._reader_state(name)
         head = state.durable_head()
         unfinished = _unfinished(retained, head, state.done)
-        in_flight = (
-            sum(1 for i in state.leased if i >= head and i not in state.done) if is_open else 0
-        )
+        leased = state.leased if is_open else frozenset()
+        in_flight = sum(1 for i in leased if i >= head and i not in state.done)
         counters = state.counters
         return ReaderFigures(
             name=name,
             head=head,
             pending=max(unfinished - in_flight, 0),
             in_flight=in_flight,
-            delayed=int(getattr(state, "delayed", 0)),  # counted once delays exist (issue 17)
+            delayed=self._schedule.delayed(state, leased, now_ns),
             acked=counters.get("acked", 0),
             nacked=counters.get("nacked", 0),
             dead_lettered=counters.get("dead_lettered", 0),

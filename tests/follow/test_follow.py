@@ -291,6 +291,17 @@ def test_compressed_payloads_come_back_decompressed(tmp_path: Path) -> None:
         assert [m.payload for m in follow_all(path)] == payloads
 
 
+def test_a_followed_message_keeps_its_group(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        q.enqueue(b"a", group="order-17")
+        q.enqueue(b"b")
+        assert [(m.payload, m.group) for m in follow_all(path)] == [
+            (b"a", "order-17"),
+            (b"b", None),
+        ]
+
+
 # ------------------------------------------------------------ bytes written by hand
 
 

@@ -174,3 +174,43 @@ def test_a_damaged_journal_is_a_problem_not_an_error(tmp_path: Path) -> None:
     figures = QueueFiles(str(path)).figures()
     assert figures.problem is not None and "journal" in figures.problem
     assert figures.pending == 0
+
+
+def test_delayed_messages_are_counted_as_the_queue_counts_them(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    files = QueueFiles(str(path))
+    with ledgerq.open(path, retry_delay=3600.0) as q:
+        q.enqueue_batch([b"now-%d" % i for i in range(4)])
+        for i in range(3):
+            q.enqueue(b"later-%d" % i, delay=3600.0)  # held back for an hour
+        first = files.figures()  # a first refresh: the entries so far
+        retried = q.dequeue()
+        assert retried is not None
+        q.nack(retried.id, "downstream is down")  # waits the retry policy's hour
+        released = q.dequeue()
+        assert released is not None
+        q.release(released.id, delay=3600.0)
+        q.enqueue(b"later-3", delay=3600.0)  # appended after the first refresh
+        stats = q.stats()
+        assert stats.delayed == 6
+        live = files.figures()
+        fresh = QueueFiles(str(path)).figures()
+    assert first.delayed == 3
+    assert live.delayed == fresh.delayed == 6
+    with ledgerq.open(path, retry_delay=3600.0) as q:
+        reopened = q.stats().delayed
+    assert files.figures().delayed == reopened == 6
+
+
+def test_a_backlog_is_read_over_several_refreshes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledgerq.ui import _schedule
+
+    monkeypatch.setattr(_schedule, "ENTRIES_PER_REFRESH", 10)
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        q.enqueue_batch([ledgerq.Item(b"%d" % i, delay=3600.0) for i in range(25)])
+    files = QueueFiles(str(path))
+    seen = [files.figures().delayed for _ in range(4)]
+    assert seen == [10, 20, 25, 25]  # caught up, then nothing more to read

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import ledgerq
@@ -97,3 +98,19 @@ def test_previews_choose_json_text_or_hex_and_truncate() -> None:
     assert preview("a\u202eb\x1b[31m".encode()).text == "a\\u202eb\\x1b[31m"
     assert short(b"x" * 500).endswith("…") and len(short(b"x" * 500)) == 80
     assert short(b"two\n  lines") == "two lines"
+
+
+def test_a_message_shows_its_group_and_when_it_may_be_delivered(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        q.enqueue(b"a", group="customer-7")
+        q.enqueue(b"b", delay=3600.0)
+        later = time.time_ns()
+    files = QueueFiles(str(path))
+    grouped = _browse.find_message(files, 1)
+    delayed = _browse.find_message(files, 2)
+    assert grouped is not None and (grouped.group, grouped.not_before) == ("customer-7", None)
+    assert delayed is not None and delayed.group is None
+    assert delayed.not_before is not None
+    assert later + 3500 * 10**9 < delayed.not_before < later + 3700 * 10**9
+    assert [v.group for v in _browse.next_messages(files, 5)] == ["customer-7", None]
