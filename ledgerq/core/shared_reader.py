@@ -468,25 +468,26 @@ class SharedReaderCore(ReaderCore):
     def expire_leases(self, now: float, now_ns: int) -> None:
         """Give back our leases whose visibility timeout passed, after writing so."""
         deadlines = self._deadlines
-        expired: list[tuple[int, tuple[Entry, int]]] = []
+        # id -> lease: a lease touched to the deadline it had is in the heap twice.
+        expired: dict[int, tuple[Entry, int]] = {}
         while deadlines and deadlines[0][0] <= now:
             deadline, message_id, attempt = heapq.heappop(deadlines)
             lease = self._leased.get(message_id)
             if lease is not None and lease[1] == attempt:
                 if self._touched and self._touched.get(message_id, deadline) > deadline:
                     continue  # touched since: a later deadline is in the heap
-                expired.append((message_id, lease))
+                expired[message_id] = lease
         if not expired:
             return
         try:
             self.journal.append_reclaim(  # type: ignore[attr-defined]
-                self.holder, _EXPIRED, [message_id for message_id, _ in expired]
+                self.holder, _EXPIRED, list(expired)
             )
         except BaseException:
-            for message_id, lease in expired:  # still ours: expire them next time
+            for message_id, lease in expired.items():  # still ours: expire them next time
                 heapq.heappush(deadlines, (now, message_id, lease[1]))
             raise
-        for message_id, lease in expired:
+        for message_id, lease in expired.items():
             del self._leased[message_id]
             self._own_deadline_ns.pop(message_id, None)
             self._lost[message_id] = "its visibility timeout expired"

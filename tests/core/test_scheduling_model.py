@@ -205,3 +205,16 @@ SchedulingMachine.TestCase.settings = settings(
     max_examples=80, stateful_step_count=40, deadline=None
 )
 TestSchedulingModel = SchedulingMachine.TestCase
+
+
+class SharedSchedulingMachine(SchedulingMachine):
+    """The same model through a shared-mode handle (``shared=True``): the schedule lives
+    in the shared journal and state page instead of one process's memory."""
+
+    options: ClassVar[dict[str, Any]] = {**SchedulingMachine.options, "shared": True}
+
+
+SharedSchedulingMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None
+)
+TestSharedSchedulingModel = SharedSchedulingMachine.TestCase

@@ -63,6 +63,22 @@ def test_an_untouched_lease_still_expires(tmp_path: Path, clock: SteppedClock) -
         assert b.id == second
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_lease_touched_to_the_deadline_it_had_expires_once(
+    tmp_path: Path, clock: SteppedClock, shared: bool
+) -> None:
+    # Found by the shared scheduling model: the touch pushed the same deadline again,
+    # and the shared reader expired the lease twice (KeyError in dequeue).
+    with ledgerq.open(tmp_path / "q", clock=clock, visibility_timeout=10, shared=shared) as q:
+        message_id = q.enqueue(b"a")
+        take(q)
+        q.touch(message_id)  # no time has passed: the deadline it already had
+        clock.elapse(11)
+        again = take(q)
+        assert (again.id, again.attempts) == (message_id, 2)
+        assert q.stats().in_flight == 1
+
+
 def test_a_touch_after_a_redelivery_does_not_stretch_the_new_lease(
     tmp_path: Path, clock: SteppedClock
 ) -> None:
