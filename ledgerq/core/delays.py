@@ -53,17 +53,25 @@ class DelayIndex:
             self._count = 1
             self._min_id = message_id
             return
-        b = bisect_left(self._last_keys, key)
-        if b == len(self._last_keys):
-            b -= 1
-        dues = self._dues[b]
-        ids = self._ids[b]
-        lo = bisect_left(dues, due_ns)
-        hi = bisect_right(dues, due_ns, lo)
-        at = bisect_left(ids, message_id, lo, hi) if hi > lo else lo
-        dues.insert(at, due_ns)
-        ids.insert(at, message_id)
-        self._last_keys[b] = (dues[-1], ids[-1])
+        last_keys = self._last_keys
+        if key > last_keys[-1]:
+            # After every key: the common case (one delay for all, enqueued in order).
+            b = len(last_keys) - 1
+            dues = self._dues[b]
+            ids = self._ids[b]
+            dues.append(due_ns)
+            ids.append(message_id)
+            last_keys[b] = key
+        else:
+            b = bisect_left(last_keys, key)
+            dues = self._dues[b]
+            ids = self._ids[b]
+            lo = bisect_left(dues, due_ns)
+            hi = bisect_right(dues, due_ns, lo)
+            at = bisect_left(ids, message_id, lo, hi) if hi > lo else lo
+            dues.insert(at, due_ns)
+            ids.insert(at, message_id)
+            last_keys[b] = (dues[-1], ids[-1])
         self._count += 1
         if self._min_id is not None and message_id < self._min_id:
             self._min_id = message_id

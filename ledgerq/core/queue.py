@@ -31,7 +31,7 @@ from ledgerq._errors import (
     QueueLockedError,
     StorageError,
 )
-from ledgerq._options import Options
+from ledgerq._options import MAX_SECONDS, Options
 from ledgerq._types import Item, Message, Priority, ReaderStart, Stats
 from ledgerq.core.args import (
     READER_NAME,
@@ -66,6 +66,7 @@ from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import (
     Entry,
     EntryFlags,
+    encode_delayed_entry,
     encode_entry,
     encode_headers,
     encode_plain_batch_parts,
@@ -717,13 +718,17 @@ class QueueCore(Closing):
             and priority is _MEDIUM
             and ttl is None
             and dedup_id is None
-            and delay is None
             and group is None
             and self._plain_path
             and len(payload) <= self._max_size
             and timeout == 0
         ):
-            return self._append_plain(payload)
+            if delay is None:
+                return self._append_plain(payload)
+            # A delay that check_delay would take as is (anything else goes the checked
+            # way, which raises or, for 0, writes a plain entry).
+            if (type(delay) is float or type(delay) is int) and 0 < delay <= MAX_SECONDS:
+                return self._append_plain(payload, int(delay * _NS))
         sizes: list[int] | None = [] if self._backlog is not None else None
         draft = self._prepare(payload, headers, priority, ttl, dedup_id, delay, group, sizes)
         return self._append([draft], sizes, timeout)[0]
@@ -743,14 +748,19 @@ class QueueCore(Closing):
     # messages never written, and a retry would be swallowed as their duplicate.  A
     # failed meta save therefore leaves nothing appended and no id consumed.
 
-    def _append_plain(self, payload: bytes) -> int:
-        """:meth:`_append` for one bytes payload with no option and no feature hook."""
+    def _append_plain(self, payload: bytes, delay_ns: int = 0) -> int:
+        """:meth:`_append` for one bytes payload with no option and no feature hook
+        (but ``delay_ns`` > 0: a delayed message)."""
         with self._lock:
             if self._closed:
                 self._ensure_open()
             message_id = self._next_id
             now = self._clock_offset_ns + self._clock_mono()  # the queue's time (core/clock)
-            record = encode_plain_entry(message_id, now, payload)
+            record = (
+                encode_delayed_entry(message_id, now, payload, now + delay_ns)
+                if delay_ns
+                else encode_plain_entry(message_id, now, payload)
+            )
             try:
                 if message_id >= self._reserved_until:
                     self._reserve_ids(message_id + 1)

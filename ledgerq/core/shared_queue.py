@@ -52,7 +52,11 @@ from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
-from ledgerq.format.entry import encode_plain_batch_parts, encode_plain_entry
+from ledgerq.format.entry import (
+    encode_delayed_entry,
+    encode_plain_batch_parts,
+    encode_plain_entry,
+)
 from ledgerq.format.shared_state import (
     SHARED_VERSION,
     SLOT_CORRUPT_SKIPPED,
@@ -813,7 +817,7 @@ class SharedQueueCore(QueueCore):
         newest = manager.segments[-1].last_timestamp
         return now if now >= newest else newest
 
-    def _append_plain(self, payload: bytes) -> int:
+    def _append_plain(self, payload: bytes, delay_ns: int = 0) -> int:
         with self._lock:
             if self._closed:
                 self._ensure_open()
@@ -826,7 +830,11 @@ class SharedQueueCore(QueueCore):
                 now = self._clock_offset_ns + self._clock_mono()
                 if now < seg.last_timestamp:
                     now = seg.last_timestamp
-                record = encode_plain_entry(message_id, now, payload)
+                record = (
+                    encode_delayed_entry(message_id, now, payload, now + delay_ns)
+                    if delay_ns
+                    else encode_plain_entry(message_id, now, payload)
+                )
                 try:
                     if message_id >= self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
                         self._reserve_ids(message_id + 1)

@@ -27,6 +27,7 @@ Append = Callable[[ledgerq.Queue], list[int]]
 
 PATHS: dict[str, tuple[dict[str, Any], Append]] = {
     "plain": ({}, lambda q: [q.enqueue(b"m")]),
+    "delayed": ({}, lambda q: [q.enqueue(b"m", delay=1e-6)]),  # due by the reopen
     "plain batch": ({}, lambda q: q.enqueue_batch([b"m", b"n"])),
     "features": (
         {"dedup_window": 60.0},

@@ -569,6 +569,22 @@ def test_plain_fast_path_encodes_exactly_like_encode_entry(
 
 
 @given(
+    message_id=st.integers(min_value=1, max_value=(1 << 64) - 1),
+    timestamp=st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+    deliver_at=st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+    payload=st.binary(max_size=200),
+)
+def test_delayed_fast_path_encodes_exactly_like_encode_entry(
+    message_id: int, timestamp: int, deliver_at: int, payload: bytes
+) -> None:
+    from ledgerq.format.entry import encode_delayed_entry
+
+    assert encode_delayed_entry(message_id, timestamp, payload, deliver_at) == encode_entry(
+        message_id, timestamp, payload, deliver_at=deliver_at
+    )
+
+
+@given(
     first_id=st.integers(min_value=1, max_value=1 << 40),
     # Small and large payloads, mixed: the encoder joins small ones to their header.
     payloads=st.lists(
