@@ -43,6 +43,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 ANALYSIS = REPO / "benchmarks" / "analysis.md"  # hand-written, quoted in the report
+# Hand-copied results of the targeted benchmarks (each names its command and run),
+# quoted after this run's sections.
+TARGETED = REPO / "benchmarks" / "targeted.md"
 # analysis.md's part from this heading on is quoted in the shared-mode section instead.
 ANALYSIS_MP_HEADING = "### How to read the shared-mode numbers"
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
@@ -1634,6 +1637,9 @@ def report(
         f"| 1 MiB sequential os.write incl. final fdatasync | "
         f"{cell(res, 'raw/seq1m', 'rate_with_final_fdatasync', 1 / 2**20)} MiB/s | 1 MiB |"
     )
+    if TARGETED.exists():
+        add("")
+        add(TARGETED.read_text().rstrip())
     if res.errors:
         add("")
         add("## Failures")

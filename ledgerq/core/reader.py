@@ -70,6 +70,11 @@ _DATA = int(RecordType.DATA)
 _DELIVER_AT = int(EntryFlags.HAS_DELIVER_AT)
 _HAS_GROUP = int(EntryFlags.HAS_GROUP)
 _SCHEDULED = _DELIVER_AT | _HAS_GROUP
+# The ids finished above the head are pruned (those below it dropped) once there are
+# this many - and then again each time the set has doubled: a head held back by one
+# old message (leased, delayed, waiting for its retry or its group) keeps them all,
+# and pruning at a fixed size would cost O(n) per ack.
+_PRUNE_DONE_AT = 65536
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
 _PRIORITIES = (Priority.LOW, Priority.MEDIUM, Priority.HIGH)
@@ -125,6 +130,7 @@ class ReaderCore:
         # lost the entry, whose id is never used again) must not count in pending().
         self._skip = {i for i in state.done if i >= head and self._exists_unread(i)}
         self._done: set[int] = set()
+        self._prune_done_at = _PRUNE_DONE_AT
         self._cursor = LogCursor(manager, head)
         self._leased: dict[int, tuple[Entry, int]] = {}  # id -> (entry, delivery number)
         self._leased_heap: list[int] = []
@@ -696,14 +702,14 @@ class ReaderCore:
         del self._leased[message_id]
         self._forget(message_id)
         self.counters["acked"] += 1
-        if self._hooks.settled or len(self._done) > 65536:
+        if self._hooks.settled or len(self._done) > self._prune_done_at:
             self._after_ack([message_id])
         return ticket
 
     def _after_ack(self, ids: list[int]) -> None:
         for feature in self._hooks.settled:
             feature.settled(self, ids)
-        if len(self._done) > 65536:
+        if len(self._done) > self._prune_done_at:
             self._prune_done()
 
     def nack(self, ids: list[int], reason: str, now_ns: int, delay_ns: int | None = None) -> int:
@@ -971,6 +977,7 @@ class ReaderCore:
     def _prune_done(self) -> None:
         head = self.head
         self._done = {i for i in self._done if i >= head}
+        self._prune_done_at = max(_PRUNE_DONE_AT, 2 * len(self._done))
 
     def checkpoint(self) -> None:
         """Rewrite the journal as one checkpoint of the current state (durable).

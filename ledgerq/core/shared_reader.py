@@ -343,7 +343,7 @@ class SharedReaderCore(ReaderCore):
             skip.discard(message_id)
             self._done.add(message_id)
         cursor.seek(end)
-        if len(self._done) > 65536:
+        if len(self._done) > self._prune_done_at:
             self._prune_done()
 
     def _rebuild(self, checkpoint: Checkpoint) -> None:
