@@ -2,22 +2,34 @@
 
 The owner process (the caller of :func:`run`) opens the queue - in shared mode unless
 told otherwise, so producers in other processes (and other pools) use the queue while
-it runs - leases one message per idle child and sends it down that child's pipe; the
-child calls ``handler(message)`` and answers.  The owner then:
+it runs - leases one message per idle child and sends it down that child's pipe at
+once (it never leases ahead of a free child); the child calls ``handler(message)`` and
+answers.  The owner then:
 
 * acks when the handler returned;
 * nacks with ``"<ExceptionType>: <text>"`` when it raised - so ``max_retries`` and the
-  dead-letter queue apply;
+  dead-letter queue apply - with the delay of a :class:`Retry`, else the retry policy's;
 * nacks with a reason and starts a fresh child when the child died (``os._exit``, a
-  segfault, the OOM killer) or ran longer than ``task_timeout`` (it is killed).
+  segfault, the OOM killer) or ran longer than ``task_timeout`` (it is killed);
+* replaces a child that has run ``max_tasks_per_child`` tasks, or whose resident size
+  after a task is above ``max_memory_per_child`` bytes (that task was acked or nacked
+  as it ended: it is not a failure).
 
 Nothing here polls: the owner blocks in ``multiprocessing.connection.wait`` on the
 children's pipes and process sentinels, plus a self-pipe that the queue pokes (via
 ``Queue.add_listener``) when messages arrive - from any process, in shared mode - and
-the signal handlers poke on SIGINT/SIGTERM.  On the first signal the owner stops
-leasing and lets in-flight tasks finish (each is then acked or nacked as usual); a
-second signal kills the children and their messages are returned by the queue
-(delivered again: at once to other pools, else after a restart).
+the signal handlers poke on SIGINT/SIGTERM.
+
+Stopping.  Children leave SIGINT and SIGTERM to the owner (a Ctrl-C or a ``kill -TERM``
+of the whole process group, as systemd sends, reaches the owner's decision, not the
+tasks).  On the first signal the owner stops leasing and lets running tasks finish: each
+is acked or nacked as usual, but nothing is leased again, so a task that fails meanwhile
+is not retried by this pool (its retry policy's delay applies for the next consumer).
+A message leased when the signal came but not yet handed to a child is released
+(``release``: no failure, the same ``attempts``).  A second signal stops at once: the
+running children are killed and their messages released, not nacked - the stop was the
+operator's, not the tasks' failure - so they are delivered again (to other pools at
+once, else after a restart) with the same ``attempts``; a killed task may run twice.
 """
 
 from __future__ import annotations
@@ -28,16 +40,23 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from types import FrameType
 from typing import Any, Unpack
 
 import ledgerq
 from ledgerq._options import MAX_SECONDS
 from ledgerq._types import Message
+
+try:
+    import resource
+except ImportError:  # not Unix: /proc or nothing
+    resource = None  # type: ignore[assignment]
 
 __all__ = ["Retry", "WorkerReport", "run"]
 
@@ -50,11 +69,18 @@ Handler = Callable[[Message], Any]
 _REAP_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _MAX_WAIT_SLICE_S = 86_400.0  # one wait of the owner, at most
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
-    """What a :func:`run` did: messages acked, failed deliveries, dead letters, time."""
+    """What a :func:`run` did: messages acked, failed deliveries, dead letters, time.
+
+    ``released`` counts messages given back without a failure when the pool stopped
+    (leased but not started, or killed by a second signal); ``recycled`` counts
+    children replaced after ``max_tasks_per_child`` tasks or past
+    ``max_memory_per_child``.
+    """
 
     processed: int
     failed: int
@@ -62,6 +88,8 @@ class WorkerReport:
     crashed: int = 0
     timed_out: int = 0
     elapsed: float = 0.0
+    released: int = 0
+    recycled: int = 0
 
     @property
     def rate(self) -> float:
@@ -87,6 +115,24 @@ def _die_with(owner_pid: int) -> None:
         os._exit(1)
 
 
+def _resident_bytes() -> int | None:
+    """Return this process's resident size in bytes, or None where it cannot be read.
+
+    Linux (and any system with ``/proc/self/statm``): the current size.  Elsewhere on
+    Unix: the peak (``getrusage``'s ``ru_maxrss``, a high-water mark that never goes
+    down - a child past the limit once stays past it, which is all the pool asks).
+    """
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES  # size, *resident*, shared...
+    except (OSError, ValueError, IndexError):
+        pass
+    if resource is None:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, else KiB
+
+
 class Retry(Exception):  # the handler's word: "retry this later"
     """Raise in a handler to nack the message with a delay: it comes back no earlier
     than ``delay`` seconds from now (None: the queue's retry policy), as
@@ -97,11 +143,23 @@ class Retry(Exception):  # the handler's word: "retry this later"
         self.delay = delay
 
 
-def _child_main(handler: Handler, conn: Connection, owner_pid: int) -> None:
-    """Run tasks from ``conn`` until told to stop (None) or the pipe closes."""
+def _leave_to_owner(_signum: int, _frame: FrameType | None) -> None:
+    """Do nothing: the owner decides when a child stops (see :func:`_child_main`)."""
+
+
+def _child_main(handler: Handler, conn: Connection, owner_pid: int, measure_memory: bool) -> None:
+    """Run tasks from ``conn`` until told to stop (None) or the pipe closes.
+
+    Each answer is ``(kind, message id, reason, Retry delay, resident bytes or None)``.
+    """
     _die_with(owner_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # SIGINT (Ctrl-C reaches the whole foreground group) and SIGTERM (systemd's stop
+    # signals every process of the service, as does kill -TERM -PGID) are the owner's to
+    # act on: it lets running tasks finish, then stops us, or kills us on a second
+    # signal.  A do-nothing handler rather than SIG_IGN: exec() resets handlers, not
+    # SIG_IGN, so the handler's own subprocesses keep the default actions.
+    signal.signal(signal.SIGINT, _leave_to_owner)
+    signal.signal(signal.SIGTERM, _leave_to_owner)
     while True:
         try:
             message = conn.recv()
@@ -114,18 +172,21 @@ def _child_main(handler: Handler, conn: Connection, owner_pid: int) -> None:
         except BaseException as exc:  # report every failure; the owner nacks it
             reason = f"{type(exc).__name__}: {exc}"
             delay = exc.delay if isinstance(exc, Retry) else None
-            conn.send(("err", message.id, reason, delay))
+            answer = ("err", message.id, reason, delay)
         else:
-            conn.send(("ok", message.id, "", None))
+            answer = ("ok", message.id, "", None)
+        conn.send((*answer, _resident_bytes() if measure_memory else None))
 
 
 class _Child:
     """One worker process and what it is doing."""
 
-    def __init__(self, ctx: Any, handler: Handler) -> None:
+    def __init__(self, ctx: Any, handler: Handler, measure_memory: bool) -> None:
         owner_end, child_end = ctx.Pipe()
         self.process = ctx.Process(
-            target=_child_main, args=(handler, child_end, os.getpid()), daemon=True
+            target=_child_main,
+            args=(handler, child_end, os.getpid(), measure_memory),
+            daemon=True,
         )
         self.process.start()
         child_end.close()
@@ -133,21 +194,27 @@ class _Child:
         self.task: Message | None = None
         self.started = 0.0
         self.touched = 0.0  # when its lease was last kept (assign, heartbeat)
+        self.tasks_done = 0
 
-    def assign(self, message: Message) -> None:
+    def assign(self, message: Message) -> bool:
+        """Send ``message`` to the child; False when its pipe is closed (it died idle)."""
+        try:
+            self.conn.send(message)
+        except OSError:  # BrokenPipeError, ConnectionResetError: the child is gone
+            return False
         self.task = message
         self.started = self.touched = time.monotonic()
-        self.conn.send(message)
+        return True
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError, BrokenPipeError):
+        with contextlib.suppress(OSError):
             self.conn.send(None)
 
     def kill(self) -> None:
+        """Kill the process and reap it; its pipe stays open (a result may be in it)."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join()
-        self.conn.close()
 
     def close(self, timeout: float = 5.0) -> None:
         self.process.join(timeout)
@@ -196,29 +263,33 @@ def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _nack(queue: ledgerq.Queue, message_id: int, reason: str, delay: object) -> None:
+def _nack(consumer: ledgerq.Reader, message_id: int, reason: str, delay: object) -> None:
     """Nack for a handler that raised; a ``Retry`` with an unusable delay (negative,
     NaN, not a number) is logged and nacked with the retry policy's delay instead."""
     if delay is not None:
         try:
-            queue.nack(message_id, reason, delay=delay)  # type: ignore[arg-type]
+            consumer.nack(message_id, reason, delay=delay)  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:
             logger.warning("ledgerq worker: Retry(%r) of message %d: %s", delay, message_id, exc)
         else:
             return
-    queue.nack(message_id, reason)
+    consumer.nack(message_id, reason)
 
 
-def _heartbeat(queue: ledgerq.Queue, busy: list[_Child], every: float) -> float:
-    """Touch the leases of busy children not touched for ``every`` seconds; return the
-    seconds until the next touch is due."""
+def _heartbeat(consumer: ledgerq.Reader, busy: list[_Child], every: float) -> float:
+    """Touch the leases of busy, live children not touched for ``every`` seconds; return
+    the seconds until the next touch is due."""
     now = time.monotonic()
     for child in busy:
         task = child.task
         if task is not None and now - child.touched >= every:
+            # A dead child's lease is not kept: its sentinel has fired (or will), and the
+            # crash handling nacks its message; touching it would only delay that.
+            if not child.process.is_alive():
+                continue
             child.touched = now
             try:
-                queue.touch(task.id)
+                consumer.touch(task.id)
             except ledgerq.UnknownMessageError:
                 pass  # the lease ended already: the result's ack or nack says so
     return max(0.0, min(c.touched for c in busy) + every - now)
@@ -233,6 +304,176 @@ def _check_positive(name: str, value: object, kinds: type | tuple[type, ...], wh
         raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
+class _Pool:
+    """The owner's side of :func:`run`: its children, their leases and the counts."""
+
+    def __init__(
+        self,
+        consumer: ledgerq.Reader,
+        handler: Handler,
+        *,
+        processes: int,
+        task_timeout: float | None,
+        max_tasks_per_child: int | None,
+        max_memory_per_child: int | None,
+    ) -> None:
+        methods = multiprocessing.get_all_start_methods()
+        # fork lets handlers be any callable (closures too) and starts children fast.
+        self.ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        self.consumer = consumer
+        self.handler = handler
+        self.task_timeout = task_timeout
+        self.max_tasks_per_child = max_tasks_per_child
+        self.max_memory_per_child = max_memory_per_child
+        self.stop_requests = 0  # set by the signal handlers: 1 drain, 2 stop at once
+        self.processed = self.failed = self.crashed = self.timed_out = 0
+        self.released = self.recycled = 0
+        self.children = [self._spawn() for _ in range(processes)]
+
+    def _spawn(self) -> _Child:
+        return _Child(self.ctx, self.handler, self.max_memory_per_child is not None)
+
+    def _release(self, message_id: int) -> None:
+        self.consumer.release(message_id)
+        self.released += 1
+
+    def lease(self) -> None:
+        """Lease one message for each idle child and hand it over."""
+        for child in self.children:
+            if child.task is not None:
+                continue
+            message = self.consumer.dequeue()
+            if message is None:
+                return
+            if self.stop_requests:  # the signal came during the dequeue: not started
+                self._release(message.id)
+                return
+            if not child.assign(message):
+                # It died idle since the last wait: its sentinel replaces it next time.
+                self._release(message.id)
+
+    def _replace(self, child: _Child) -> None:
+        """Put a fresh child in ``child``'s place - or none while stopping: nothing is
+        leased any more."""
+        index = self.children.index(child)
+        if self.stop_requests:
+            del self.children[index]
+        else:
+            self.children[index] = self._spawn()
+
+    def _settle(self, answer: tuple[str, int, str, object, int | None]) -> None:
+        """Ack or nack a task as its child answered."""
+        kind, message_id, reason, delay, _resident = answer
+        if kind == "ok":
+            self.consumer.ack(message_id)
+            self.processed += 1
+        else:
+            _nack(self.consumer, message_id, reason, delay)
+            self.failed += 1
+
+    def _is_spent(self, child: _Child, resident_bytes: int | None) -> bool:
+        """Whether ``child`` has done its share of tasks or grown past the limit."""
+        if self.max_tasks_per_child is not None and child.tasks_done >= self.max_tasks_per_child:
+            return True
+        limit = self.max_memory_per_child
+        return limit is not None and resident_bytes is not None and resident_bytes > limit
+
+    def collect(self, ready: list[Any]) -> None:
+        """Act on what ``wait`` found ready: answers, dead children, timed-out tasks."""
+        for child in list(self.children):
+            if child.task is not None and child.conn in ready:
+                try:
+                    answer = child.conn.recv()
+                except (EOFError, OSError):
+                    ready.append(child.process.sentinel)
+                else:
+                    child.task = None
+                    child.tasks_done += 1
+                    self._settle(answer)
+                    if self._is_spent(child, answer[4]) and child.process.sentinel not in ready:
+                        # The task is settled (acked or nacked as it ended); only the
+                        # process goes.  It exits at once on None: the join is short.
+                        child.stop()
+                        child.close()
+                        self.recycled += 1
+                        self._replace(child)
+                        continue
+            # Died: its sentinel fired, or its pipe hit EOF (a dying process closes the
+            # pipe before it can be reaped: it may look alive).
+            died = child.process.sentinel in ready
+            timeout = self.task_timeout
+            if died or (
+                child.task is not None
+                and timeout is not None
+                and time.monotonic() - child.started >= timeout
+            ):
+                task = child.task
+                if task is not None:
+                    if died:
+                        child.process.join(_REAP_SECONDS)
+                        code = child.process.exitcode
+                        reason = f"worker process crashed (exit code {code})"
+                        self.crashed += 1
+                    else:
+                        # A failed delivery like any other: the retry policy's delay
+                        # (no delay given here) and max_retries apply.
+                        reason = f"task timed out after {timeout:g} s (its process was killed)"
+                        self.timed_out += 1
+                    self.consumer.nack(task.id, reason)
+                    self.failed += 1
+                child.kill()
+                child.conn.close()
+                self._replace(child)
+
+    def wait_timeout(self, busy: list[_Child], heartbeat: float | None) -> float | None:
+        """Seconds until the owner must look again without an event (None: never)."""
+        timeout = None
+        if self.task_timeout is not None and busy:
+            now = time.monotonic()
+            timeout = max(0.0, min(c.started for c in busy) + self.task_timeout - now)
+        if heartbeat is not None and busy:
+            beat = _heartbeat(self.consumer, busy, heartbeat)
+            timeout = beat if timeout is None else min(timeout, beat)
+        hint = self.consumer.seconds_to_next_expiry()
+        if hint is not None:
+            timeout = hint if timeout is None else min(timeout, hint)
+        if timeout is not None:
+            # wait() polls, which takes at most 2**31 ms (~24 days): look again after a
+            # day at most.
+            timeout = min(timeout, _MAX_WAIT_SLICE_S)
+        return timeout
+
+    def shut_down(self) -> None:
+        """Stop idle children; kill busy ones and settle or release their messages.
+
+        Busy children are left only by a second signal (or an error escaping the loop):
+        a task's answer already in the pipe is acked or nacked as it says; the others
+        were cut short by the stop, not by their own failure, so they are released.
+        """
+        idle = [c for c in self.children if c.task is None]
+        for child in idle:
+            child.stop()
+        for child in self.children:
+            task = child.task
+            if task is None:
+                continue
+            child.kill()
+            try:
+                answer = child.conn.recv() if child.conn.poll(0) else None
+            except (EOFError, OSError):  # cut in the middle of its answer
+                answer = None
+            try:
+                if answer is not None:
+                    self._settle(answer)
+                else:
+                    self._release(task.id)
+            except ledgerq.LedgerQError as exc:  # the queue failed: it returns them itself
+                logger.error("ledgerq worker: giving back message %d: %s", task.id, exc)
+            child.conn.close()
+        for child in idle:
+            child.close()
+
+
 def run(
     path: str | os.PathLike[str],
     handler: Handler,
@@ -241,23 +482,44 @@ def run(
     task_timeout: float | None = None,
     until_empty: bool = False,
     shared: bool = True,
+    reader: str = "default",
+    max_tasks_per_child: int | None = None,
+    max_memory_per_child: int | None = None,
     **options: Unpack[ledgerq.OpenOptions],
 ) -> WorkerReport:
     """Process the queue at ``path`` with ``handler`` in ``processes`` child processes.
 
     ``handler(message)`` returning means ack, raising means nack with the exception's
-    text, and a crash or a run past ``task_timeout`` seconds is a failed delivery like
-    a nack (``None``, infinity or more than 100 years: no limit).  Queue options
-    (``max_retries``, ``visibility_timeout``, ...) pass through ``options``.  Runs until
-    SIGINT/SIGTERM (graceful: in-flight tasks finish) or, with ``until_empty``, until no
-    message is pending or in flight.
+    text (a :class:`Retry` with its delay), and a crash or a run past ``task_timeout``
+    seconds is a failed delivery like a nack without delay: the queue's retry policy
+    (``retry_delay``, ``retry_backoff``) and ``max_retries`` apply, the reason says
+    ``"task timed out after N s"`` (``None``, infinity or more than 100 years: no
+    limit).  Queue options (``max_retries``, ``visibility_timeout``, ...) pass through
+    ``options``; with a ``visibility_timeout``, the lease of a task whose child is alive
+    is kept (``touch``) at half of it.  ``reader`` names the reader consumed (created
+    on first use, from the earliest message).
+
+    ``max_tasks_per_child``: a child is replaced by a fresh process after that many
+    tasks (None: never).  ``max_memory_per_child``: in **bytes** (not Celery's KiB); a
+    child whose resident size after a task is above it is replaced - that task ended
+    and was acked or nacked as usual.  The size is the current RSS where
+    ``/proc/self/statm`` exists (Linux), else the peak RSS (``getrusage``); it includes
+    what a forked child shares with the owner, so a fresh child starts near the
+    owner's size: set the limit above it.
+
+    Runs until SIGINT/SIGTERM or, with ``until_empty``, until no message is pending or
+    in flight.  The first signal (to the owner or to its whole process group: children
+    leave signals to the owner) stops leasing and lets running tasks finish, acked or
+    nacked as usual but not retried by this pool; a second signal kills the running
+    children and releases their messages (``release``: no failure counted).
 
     The queue is opened with ``shared=True`` (the default): other processes enqueue
     into it (``ledgerq.open(path, shared=True)``, ``ledgerq enqueue``) while the pool
     runs, their enqueues wake the owner at once, and several pools may share one queue;
     a killed owner's messages go back to the others within a second.  ``shared=False``
     opens it exclusively (a little faster; no other process may open it meanwhile).
-    Raises ``QueueLockedError`` when a process holds the queue in the other mode.
+    Raises ``QueueLockedError`` when a process holds the queue in the other mode, and
+    ``ValueError`` for ``max_memory_per_child`` where no resident size can be read.
     """
     _check_positive("processes", processes, int, "an int")
     if not isinstance(shared, bool):
@@ -266,22 +528,29 @@ def run(
         _check_positive("task_timeout", task_timeout, (int, float), "a number of seconds")
         if task_timeout > MAX_SECONDS:  # infinity too: as long as it takes, like None
             task_timeout = None
+    if max_tasks_per_child is not None:
+        _check_positive("max_tasks_per_child", max_tasks_per_child, int, "an int")
+    if max_memory_per_child is not None:
+        _check_positive("max_memory_per_child", max_memory_per_child, int, "an int (bytes)")
+        own_bytes = _resident_bytes()
+        if own_bytes is None:
+            raise ValueError("max_memory_per_child: this platform reports no resident size")
+        if own_bytes >= max_memory_per_child:
+            logger.warning(
+                "ledgerq worker: max_memory_per_child (%d bytes) is below this process's "
+                "resident size (%d bytes), near which forked children start: each will be "
+                "replaced after every task",
+                max_memory_per_child,
+                own_bytes,
+            )
+    if not isinstance(reader, str):
+        raise TypeError(f"reader must be a str, got {type(reader).__name__}")
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {type(handler).__name__}")
-    methods = multiprocessing.get_all_start_methods()
-    # fork lets handlers be any callable (closures too) and starts children fast.
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     wakeup = _Wakeup()
-    stop_requests = 0
-
-    def request_stop() -> None:
-        nonlocal stop_requests
-        stop_requests += 1
-        wakeup.poke()
-
-    processed = failed = crashed = timed_out = 0
     started = time.monotonic()
     with ledgerq.open(path, shared=shared, **options) as queue:
+        consumer = queue.reader(reader)
         dead_before = queue.stats().dead_lettered
         # While a child is alive its lease is kept (touch) at half the visibility
         # timeout: a long task is not delivered again under it; a dead or stuck child is
@@ -289,94 +558,61 @@ def run(
         visibility = queue.options.visibility_timeout
         heartbeat = None if visibility is None else visibility / 2
         remove_listener = queue.add_listener(wakeup.poke)
-        children = [_Child(ctx, handler) for _ in range(processes)]
+        pool = _Pool(
+            consumer,
+            handler,
+            processes=processes,
+            task_timeout=task_timeout,
+            max_tasks_per_child=max_tasks_per_child,
+            max_memory_per_child=max_memory_per_child,
+        )
+
+        def request_stop() -> None:
+            pool.stop_requests += 1
+            wakeup.poke()
+
+        announced = False
         try:
             with _signals(request_stop):
-                while True:
-                    if stop_requests >= 2:
-                        break  # impatient: kill below; leases come back on reopen
-                    if not stop_requests:
-                        for child in children:
-                            if child.task is None:
-                                message = queue.dequeue()
-                                if message is None:
-                                    break
-                                child.assign(message)
-                    busy = [c for c in children if c.task is not None]
-                    if not busy and (stop_requests or (until_empty and len(queue) == 0)):
+                while pool.stop_requests < 2:
+                    if not pool.stop_requests:
+                        pool.lease()
+                    busy = [c for c in pool.children if c.task is not None]
+                    if pool.stop_requests and not announced:
+                        announced = True
+                        logger.warning(
+                            "ledgerq worker: stopping: %d running task(s) finish first, "
+                            "nothing more is leased (signal again to stop at once)",
+                            len(busy),
+                        )
+                    if not busy and (pool.stop_requests or (until_empty and len(consumer) == 0)):
                         break
-                    timeout = None
-                    if task_timeout is not None and busy:
-                        now = time.monotonic()
-                        timeout = max(0.0, min(c.started for c in busy) + task_timeout - now)
-                    if heartbeat is not None and busy:
-                        beat = _heartbeat(queue, busy, heartbeat)
-                        timeout = beat if timeout is None else min(timeout, beat)
-                    hint = queue.reader("default").seconds_to_next_expiry()
-                    if hint is not None:
-                        timeout = hint if timeout is None else min(timeout, hint)
-                    if timeout is not None:
-                        # wait() polls, which takes at most 2**31 ms (~24 days): look again
-                        # after a day at most.
-                        timeout = min(timeout, _MAX_WAIT_SLICE_S)
                     ready = wait(
                         [c.conn for c in busy]
-                        + [c.process.sentinel for c in children]
+                        + [c.process.sentinel for c in pool.children]
                         + [wakeup.read_fd],
-                        timeout,
+                        pool.wait_timeout(busy, heartbeat),
                     )
                     wakeup.drain()
-                    for i, child in enumerate(children):
-                        if child.task is not None and child.conn in ready:
-                            try:
-                                kind, message_id, reason, delay = child.conn.recv()
-                            except (EOFError, OSError):
-                                ready.append(child.process.sentinel)
-                            else:
-                                child.task = None
-                                if kind == "ok":
-                                    queue.ack(message_id)
-                                    processed += 1
-                                else:
-                                    _nack(queue, message_id, reason, delay)
-                                    failed += 1
-                        # Died: its sentinel fired, or its pipe hit EOF (a dying process
-                        # closes the pipe before it can be reaped: it may look alive).
-                        died = child.process.sentinel in ready
-                        if died or (
-                            child.task is not None
-                            and task_timeout is not None
-                            and time.monotonic() - child.started >= task_timeout
-                        ):
-                            task = child.task
-                            if task is not None:
-                                if died:
-                                    child.process.join(_REAP_SECONDS)
-                                    code = child.process.exitcode
-                                    reason = f"worker process crashed (exit code {code})"
-                                    crashed += 1
-                                else:
-                                    reason = f"task timeout: ran longer than {task_timeout} s"
-                                    timed_out += 1
-                                queue.nack(task.id, reason)
-                                failed += 1
-                            child.kill()
-                            children[i] = _Child(ctx, handler)
+                    pool.collect(ready)
+                if pool.stop_requests >= 2:
+                    logger.warning(
+                        "ledgerq worker: stopping at once: killing %d running task(s), "
+                        "their messages are released",
+                        sum(c.task is not None for c in pool.children),
+                    )
         finally:
             remove_listener()
-            for child in children:
-                if stop_requests >= 2 or child.task is not None:
-                    child.kill()
-                else:
-                    child.stop()
-                    child.close()
+            pool.shut_down()
             wakeup.close()
         dead_lettered = queue.stats().dead_lettered - dead_before
     return WorkerReport(
-        processed=processed,
-        failed=failed,
+        processed=pool.processed,
+        failed=pool.failed,
         dead_lettered=dead_lettered,
-        crashed=crashed,
-        timed_out=timed_out,
+        crashed=pool.crashed,
+        timed_out=pool.timed_out,
         elapsed=time.monotonic() - started,
+        released=pool.released,
+        recycled=pool.recycled,
     )

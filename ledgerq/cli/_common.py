@@ -269,6 +269,41 @@ class Seconds(click.ParamType[float]):
         return number
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+class ByteSize(click.ParamType[int]):
+    """A size in bytes > 0: ``1048576``, ``200MB`` (10**6), ``200MiB`` or ``200M`` (2**20).
+
+    Units are case-insensitive: ``kB``/``MB``/``GB``/``TB`` are decimal, ``KiB``/``MiB``/...
+    and the bare letters ``K``/``M``/``G``/``T`` (as ``docker -m`` and ``ulimit`` mean
+    them) binary.
+    """
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            match = _SIZE.match(str(value))
+            if match is None or (match.group(3) and not match.group(2)):
+                self.fail(
+                    f"{value!r} is not a size; use bytes or a number with kB, MB, GB "
+                    "(powers of 1000), KiB, MiB, GiB or K, M, G (powers of 1024)",
+                    param,
+                    ctx,
+                )
+            digits, unit, binary, b = match.groups()
+            decimal = bool(b) and not binary and bool(unit)
+            base = 1000 if decimal else 1024
+            number = int(digits) * base ** _SIZE_POWERS[unit.lower()]
+        if number <= 0:
+            self.fail(f"{value!r} must be a size > 0", param, ctx)
+        return number
+
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

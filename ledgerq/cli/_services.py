@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from ledgerq.cli._common import (
+    ByteSize,
     CliError,
     NotImplementedYetError,
     OutputClosed,
@@ -75,7 +76,30 @@ def load_handler(spec: str) -> Callable[..., Any]:
     "--task-timeout",
     type=Seconds(min_open=True),
     metavar="SECONDS",
-    help="A task running longer is killed and counts as a failed delivery.",
+    help="A task running longer is killed and counts as a failed delivery (the retry "
+    "policy's delay and max_retries apply).",
+)
+@click.option(
+    "--max-tasks-per-child",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Replace a worker process by a fresh one after N tasks (default: never).",
+)
+@click.option(
+    "--max-memory-per-child",
+    type=ByteSize(),
+    metavar="SIZE",
+    help="Replace a worker process whose resident size after a task is above SIZE: "
+    "bytes, or 200MB (10**6), 200MiB / 200M (2**20); the task itself is not failed.  "
+    "A forked process starts near the pool's own size: set it above that.",
+)
+@click.option(
+    "--reader",
+    default="default",
+    show_default=True,
+    metavar="NAME",
+    help="The reader to consume (a named reader is created on first use, from the "
+    "earliest message).",
 )
 @click.option("--until-empty", is_flag=True, help="Stop once the queue is empty.")
 @click.option(
@@ -92,6 +116,9 @@ def worker(
     handler_spec: str,
     processes: int,
     task_timeout: float | None,
+    max_tasks_per_child: int | None,
+    max_memory_per_child: int | None,
+    reader: str,
     until_empty: bool,
     exclusive: bool,
     as_json: bool,
@@ -100,10 +127,13 @@ def worker(
     """Run MODULE:FUNCTION on every message of QUEUE in a pool of worker processes.
 
     The function gets a ledgerq.Message: returning acks it, raising nacks it with the
-    exception's text; a crash or a timeout is a failed delivery too.  Prints the
-    report (processed, failed, dead-lettered) when the pool stops (SIGTERM, Ctrl-C,
-    or --until-empty).  The queue is open in shared mode meanwhile: applications
-    enqueue into it with ledgerq.open(QUEUE, shared=True), or with 'ledgerq enqueue'.
+    exception's text (ledgerq.workers.Retry(delay): with that delay); a crash or a
+    timeout is a failed delivery too, after the queue's retry delay.  The first SIGTERM
+    or Ctrl-C lets running tasks finish and leases nothing more; a second kills them and
+    releases their messages (not counted as failures).  Prints the report (processed,
+    failed, dead-lettered) when the pool stops (signals, or --until-empty).  The queue
+    is open in shared mode meanwhile: applications enqueue into it with
+    ledgerq.open(QUEUE, shared=True), or with 'ledgerq enqueue'.
     """
     require_queue(queue)
     options = option_overrides(option_pairs)
@@ -116,15 +146,25 @@ def worker(
             "the worker pool (ledgerq.workers) is not part of this ledgerq installation yet"
         ) from None
     handler = load_handler(handler_spec)
-    report = workers.run(
-        queue,
-        handler,
-        processes=processes,
-        task_timeout=task_timeout,
-        until_empty=until_empty,
-        shared=not exclusive,
-        **for_one_run(options),  # workers.run passes them to ledgerq.open
-    )
+    try:
+        report = workers.run(
+            queue,
+            handler,
+            processes=processes,
+            task_timeout=task_timeout,
+            until_empty=until_empty,
+            shared=not exclusive,
+            reader=reader,
+            max_tasks_per_child=max_tasks_per_child,
+            max_memory_per_child=max_memory_per_child,
+            **for_one_run(options),  # workers.run passes them to ledgerq.open
+        )
+    except ValueError as exc:
+        # A bad --reader is found by the queue (the one check of names); click and run
+        # checked every other argument before anything started.
+        if "reader name" not in str(exc):
+            raise
+        raise click.BadParameter(str(exc), param_hint="--reader") from None
     figures = {
         name: int(getattr(report, name, 0)) for name in ("processed", "failed", "dead_lettered")
     }

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import ledgerq
+from ledgerq.cli._common import ByteSize
 from tests._child import Children
 
 from ._run import environment, fails, ok
@@ -104,3 +105,57 @@ def test_worker_exclusive_keeps_other_processes_out(tmp_path: Path) -> None:
         assert "shared mode" in result.err, result
     report = ok("worker", q, "tasks:handle", "--exclusive", "--until-empty", "--json", cwd=tmp_path)
     assert report.json()["processed"] == 0
+
+
+PID_HANDLER = """
+import os
+
+def handle(message):
+    with open("pids.log", "a") as log:
+        log.write("%d %d\\n" % (message.id, os.getpid()))
+"""
+
+
+def test_worker_recycles_children_and_consumes_a_named_reader(tmp_path: Path) -> None:
+    q = tmp_path / "q"
+    (tmp_path / "tasks.py").write_text(PID_HANDLER)
+    with ledgerq.open(q) as queue:
+        ids = queue.enqueue_batch([b"%d" % n for n in range(6)])
+    args = ("worker", q, "tasks:handle", "--processes", "1", "--until-empty", "--json")
+    limits = ("--max-tasks-per-child", "2", "--max-memory-per-child", "64GiB")
+    report = ok(*args, *limits, "--reader", "audit", cwd=tmp_path).json()
+    assert report == {"queue": str(q), "processed": 6, "failed": 0, "dead_lettered": 0}
+    pids = [int(line.split()[1]) for line in (tmp_path / "pids.log").read_text().splitlines()]
+    assert len(pids) == 6 and len(set(pids)) == 3, "one child per 2 tasks, each in order"
+    with ledgerq.open(q) as queue:
+        assert queue.reader("audit").stats().acked == 6
+        assert [m.id for m in queue.peek(10)] == ids  # the default reader took nothing
+
+
+def test_worker_refuses_bad_limits_and_reader_names(tmp_path: Path) -> None:
+    q = tmp_path / "q"
+    (tmp_path / "tasks.py").write_text(HANDLER)
+    with ledgerq.open(q):
+        pass
+    base = ("worker", q, "tasks:handle", "--until-empty")
+    for flag, value in [
+        ("--max-memory-per-child", "12XB"),
+        ("--max-memory-per-child", "0"),
+        ("--max-memory-per-child", "5iB"),
+        ("--max-tasks-per-child", "0"),
+        ("--reader", "../elsewhere"),
+    ]:
+        result = fails(*base, flag, value, cwd=tmp_path, code=2)
+        assert flag in result.err and "Traceback" not in result.err, result
+
+
+def test_byte_sizes_read_as_documented() -> None:
+    size = ByteSize()
+    assert size.convert("1048576", None, None) == 1 << 20
+    assert size.convert("200MB", None, None) == 200 * 10**6
+    assert size.convert("200 mb", None, None) == 200 * 10**6
+    assert size.convert("200MiB", None, None) == 200 << 20
+    assert size.convert("200M", None, None) == 200 << 20
+    assert size.convert("3kB", None, None) == 3000
+    assert size.convert("1G", None, None) == 1 << 30
+    assert size.convert("7B", None, None) == 7

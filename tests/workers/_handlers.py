@@ -67,3 +67,46 @@ def outlast_lease(message: ledgerq.Message) -> None:
     """Run past the queue's visibility timeout (1.5 s against 0.6 s), then record."""
     time.sleep(1.5)  # the work itself: longer than the lease
     _record(message)
+
+
+GO_DIR = "LEDGERQ_TEST_GO_DIR"
+_KEPT: list[bytes] = []  # what grow_on_big holds on to, for the rest of its process
+
+
+def record_pid(message: ledgerq.Message) -> None:
+    """Note which process ran the task: ``<id> <pid>``."""
+    fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"%d %d\n" % (message.id, os.getpid()))
+    finally:
+        os.close(fd)
+
+
+def grow_on_big(message: ledgerq.Message) -> None:
+    """Keep 80 MB resident for the payload ``big`` (written, so the pages are real)."""
+    if message.payload == b"big":
+        _KEPT.append(b"\1" * (80 << 20))
+    record_pid(message)
+
+
+def wait_for_go(message: ledgerq.Message) -> None:
+    """Say the task runs, read the FIFO ``go-<payload>`` in ``$LEDGERQ_TEST_GO_DIR`` to its
+    end (the test's close), then record; payloads starting with ``fail`` then raise."""
+    name = message.payload.decode()
+    sys.stdout.write(f"running {name} in {os.getpid()}\n")
+    sys.stdout.flush()
+    with open(os.path.join(os.environ[GO_DIR], f"go-{name}"), "rb") as go:
+        go.read()  # the end of the file: the test's word
+    _record(message)
+    if name.startswith("fail"):
+        raise ValueError(f"{name} failed")
+
+
+def hang_noting_attempts(message: ledgerq.Message) -> None:
+    """Note ``<id> <attempt> <time_ns>``, then hang (past any task timeout)."""
+    fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"%d %d %d\n" % (message.id, message.attempts, time.time_ns()))
+    finally:
+        os.close(fd)
+    time.sleep(3600)  # the workload: a task that never ends on its own

@@ -69,6 +69,8 @@ def test_bad_arguments(tmp_path: Path) -> None:
         run(tmp_path / "q", _handlers.mixed, task_timeout=-1)
     with pytest.raises(TypeError, match="shared must be a bool"):
         run(tmp_path / "q", _handlers.mixed, shared="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="reader"):
+        run(tmp_path / "q", _handlers.mixed, reader="../x")
 
 
 def test_sigterm_mid_run_loses_nothing(tmp_path: Path, children: Children) -> None:
@@ -180,18 +182,66 @@ def test_a_handler_raising_retry_is_nacked_with_its_delay(
         assert q.stats().nacked == 2 and q.stats().dead_lettered == 0
 
 
+@pytest.mark.parametrize(
+    ("reader", "shared"), [("default", True), ("audit", True), ("audit", False)]
+)
 def test_a_long_task_keeps_its_lease_while_its_child_lives(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str, shared: bool
 ) -> None:
     # visibility_timeout 0.6 s, tasks of 1.5 s: without the pool's touch the idle child
-    # took the expired message and it ran twice.
+    # took the expired message and it ran twice - on a named reader, in either mode, too.
     log = tmp_path / "done.log"
     monkeypatch.setenv(_handlers.DONE_LOG, str(log))
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         (only,) = q.enqueue_batch([b"long"])
     report = run(
-        path, _handlers.outlast_lease, processes=2, until_empty=True, visibility_timeout=0.6
+        path,
+        _handlers.outlast_lease,
+        processes=2,
+        until_empty=True,
+        reader=reader,
+        shared=shared,
+        visibility_timeout=0.6,
     )
     assert done_ids(log) == Counter({only: 1})
     assert (report.processed, report.failed) == (1, 0)
+    with ledgerq.open(path) as q:
+        assert q.reader(reader).stats().acked == 1
+        assert q.reader(reader).stats().nacked == 0
+        if reader != "default":  # the pool consumed that reader only
+            assert len(q) == 1
+
+
+def test_a_timed_out_task_waits_the_retry_policy_and_dead_letters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "done.log"
+    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        (only,) = q.enqueue_batch([b"stuck"])
+    report = run(
+        path,
+        _handlers.hang_noting_attempts,
+        processes=2,
+        task_timeout=0.3,
+        until_empty=True,
+        max_retries=2,
+        retry_delay=0.5,
+    )
+    assert (report.timed_out, report.failed, report.dead_lettered) == (2, 2, 1)
+    started = {}
+    for line in log.read_text().splitlines():
+        message_id, attempt, at_ns = map(int, line.split())
+        assert message_id == only
+        started[attempt] = at_ns
+    assert sorted(started) == [1, 2]
+    # Killed at 0.3 s, then the retry policy's 0.5 s before the next delivery (the idle
+    # child would have taken it at once).
+    waited = (started[2] - started[1]) / 1e9
+    assert waited >= 0.75, f"delivered again after {waited:.3f} s"
+    with ledgerq.open(path, max_retries=2) as q:
+        (dead,) = q.dlq.peek(5)
+        assert int(dead.headers["dlq.original_id"]) == only
+        assert dead.headers["dlq.failure_reason"].startswith("task timed out after 0.3 s")
