@@ -3,7 +3,7 @@
 ```
 format  <-  segment  <-  core  <-  features  <-  API (ledgerq/__init__, _*.py, shard, tools)
                                                    ^
-   ways in and out (cli, server, spark, kestrel, ship, workers, aio, metrics, ui):
+   ways in and out (cli, server, spark, kestrel, ship, workers, aio, metrics, ui, celery):
    the public API, ledgerq.segment.readonly, and what their allow-list names
 ```
 
@@ -32,6 +32,7 @@ SHARED = {"ledgerq._errors", "ledgerq._types", "ledgerq._options"}
 # The ways in and out, and what each may import besides the public API (the package,
 # its public modules, the shared value types), segment.readonly and its own package.
 OUTER = {
+    "ledgerq.celery": set(),
     "ledgerq.aio": {
         "ledgerq.core.args",  # its waits check their arguments as the queue does
     },
