@@ -10,6 +10,8 @@ comes back as it went in.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 from typing import Any
 
@@ -51,7 +53,23 @@ def decode(payload: bytes) -> dict[str, Any]:
         raise UndecodableMessageError("not a kombu message ('delivery_info' is not an object)")
     if not isinstance(message.get("headers") or {}, dict):
         raise UndecodableMessageError("not a kombu message ('headers' is not an object)")
+    _check_body(message.get("body"), properties.get("body_encoding"))
     return message
+
+
+def _check_body(body: object, encoding: object) -> None:
+    """Raise unless kombu's virtual channel can decode ``body`` (it would raise in the
+    consumer's callback, for this message at every delivery)."""
+    if encoding is None or (isinstance(encoding, str) and encoding.lower() == "utf-8"):
+        return  # handed over as it is
+    if encoding != "base64":
+        raise UndecodableMessageError(f"not a kombu message (unknown body_encoding {encoding!r})")
+    if not isinstance(body, str | bytes):
+        raise UndecodableMessageError("not a kombu message (a base64 body that is not text)")
+    try:
+        base64.b64decode(body)  # as kombu decodes it: not validating, so as lenient
+    except (binascii.Error, ValueError) as exc:
+        raise UndecodableMessageError(f"not a kombu message (a bad base64 body: {exc})") from exc
 
 
 def eta_delay(message: dict[str, Any], now: dt.datetime | None = None) -> float | None:
