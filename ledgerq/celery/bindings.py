@@ -86,11 +86,18 @@ class BindingTables:
 
     def table(self, exchange: str) -> list[Binding]:
         """Return the live bindings of ``exchange`` (none when it has no table)."""
-        return [
-            Binding(str(row["routing_key"]), str(row["pattern"]), str(row["queue"]))
-            for row in self._read(exchange)
-            if self._is_live(row)
-        ]
+        return [binding for binding, _ in self.table_with_owners(exchange)]
+
+    def table_with_owners(self, exchange: str) -> list[tuple[Binding, int | None]]:
+        """Return the live bindings of ``exchange``, each with the id of the process
+        its queue lives as long as (None: a durable queue)."""
+        rows = []
+        for row in self._read(exchange):
+            if self._is_live(row):
+                owner = row.get("owner_pid")
+                binding = Binding(str(row["routing_key"]), str(row["pattern"]), str(row["queue"]))
+                rows.append((binding, owner if isinstance(owner, int) else None))
+        return rows
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -149,7 +149,7 @@ class Channel(virtual.Channel):
 
     def get_table(self, exchange: str) -> list[Binding]:
         """Return the bindings of ``exchange`` made by any process."""
-        return list(self._broker.bindings.table(exchange))
+        return self._broker.route(exchange)
 
     # -- messages
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
@@ -158,7 +158,7 @@ class Channel(virtual.Channel):
     def _put_fanout(
         self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any
     ) -> None:
-        for binding in self._broker.bindings.table(exchange):
+        for binding in self._broker.route(exchange):
             self._broker.put(binding.queue, message)
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
@@ -242,6 +242,9 @@ class Transport(virtual.Transport):
         self._handles: dict[str, ledgerq.Queue] = {}
         self._readers: dict[str, ledgerq.Reader] = {}
         self._leases: dict[str, _Lease] = {}
+        # Queues that another live process's consumer owns (a reply queue, another
+        # worker's pidbox), learnt from the tables just before a publish to them.
+        self._others_queues: set[str] = set()
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
         visibility = self.queue_options.get("visibility_timeout")
@@ -364,10 +367,30 @@ class Transport(virtual.Transport):
         with self._lock:
             self._readers[queue] = handle.reader("default")
 
+    def route(self, exchange: str) -> list[Binding]:
+        """Return the bindings of ``exchange``, noting which queues other processes own."""
+        rows = self.bindings.table_with_owners(exchange)
+        me = os.getpid()
+        self._others_queues.update(b.queue for b, owner in rows if owner not in (None, me))
+        return [binding for binding, _ in rows]
+
     # -- messages
     def put(self, queue: str, message: dict[str, Any]) -> None:
         """Enqueue kombu's ``message`` into ``queue``; a future ``eta`` delays it."""
-        self.handle(queue).enqueue(codec.encode(message), delay=codec.eta_delay(message))
+        payload = codec.encode(message)
+        delay = codec.eta_delay(message)
+        if queue in self._others_queues and queue not in self._handles:
+            self._others_queues.discard(queue)
+            # Another process's temporary queue (a reply to `celery inspect`, a
+            # broadcast to a worker): opened for this message only, so that a worker
+            # does not keep a handle per client forever, and the owner can remove
+            # the queue when it is done (docs/celery.md, "Limits").
+            with ledgerq.open(
+                self.queue_path(queue), shared=True, remember_options=False, **self.queue_options
+            ) as transient:
+                transient.enqueue(payload, delay=delay)
+            return
+        self.handle(queue).enqueue(payload, delay=delay)
 
     def take(self, queue: str, *, ack_now: bool) -> dict[str, Any] | None:
         """Lease the next message of ``queue`` and return kombu's dict (None: none).

@@ -107,6 +107,8 @@ def test_inspect_ping_reaches_the_worker_through_the_broker(broker: Broker) -> N
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{node}: OK" in result.stdout
     assert "pong" in result.stdout
+    # The client's reply queue lived as long as the command: removed, not left behind.
+    assert not list((broker.dir / "queues").glob("*.reply.celery.pidbox"))
 
 
 def test_a_message_kombu_cannot_decode_is_dead_lettered_once(
