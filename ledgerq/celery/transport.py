@@ -345,10 +345,12 @@ class Transport(virtual.Transport):
             return
         try:
             # Exclusive, to learn that no other process has the queue open.
-            ledgerq.open(path, remember_options=False).close()
+            ledgerq.open(path, remember_options=False, **self.queue_options).close()
         except ledgerq.QueueLockedError:
             logger.info("queue %s is open in another process: purged, not removed", path)
-            with ledgerq.open(path, shared=True, remember_options=False) as shared:
+            with ledgerq.open(
+                path, shared=True, remember_options=False, **self.queue_options
+            ) as shared:
                 shared.purge()
             return
         # Renamed first, so that a process opening the queue now makes a new empty one

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,6 +153,27 @@ def test_a_stored_message_kombu_cannot_decode_goes_to_the_dlq_and_the_next_comes
         assert dead.headers["from"] == "elsewhere"
         assert dead.headers["dlq.failure_reason"].startswith("not a kombu message")
         assert queue.stats().in_flight == 0
+
+
+def test_a_consumer_keeps_the_leases_it_holds_past_the_visibility_timeout(url: str) -> None:
+    options = {"queue_options": {"visibility_timeout": 0.5}}
+    held: list[kombu.Message] = []
+    with (
+        kombu.Connection(url, transport_options=options) as holder,
+        kombu.Connection(url, transport_options=options) as other,
+    ):
+        publish(holder, "long")
+        consumer = holder.Consumer(kombu.Queue("long"), callbacks=[lambda _, m: held.append(m)])
+        consumer.consume()
+        # The holder's loop runs (as a worker's does while its task runs) for three
+        # visibility timeouts: the lease is touched, so nobody else gets the message.
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            with contextlib.suppress(TimeoutError):
+                holder.drain_events(timeout=0.1)
+            assert other.default_channel.basic_get("long") is None
+        assert len(held) == 1
+        held[0].ack()
 
 
 def test_purge_size_and_delete(conn: kombu.Connection, url: str) -> None:
