@@ -32,10 +32,10 @@ SHARED = {"ledgerq._errors", "ledgerq._types", "ledgerq._options"}
 # The ways in and out, and what each may import besides the public API (the package,
 # its public modules, the shared value types), segment.readonly and its own package.
 OUTER = {
-    "ledgerq.celery": set(),
     "ledgerq.aio": {
         "ledgerq.core.args",  # its waits check their arguments as the queue does
     },
+    "ledgerq.celery": set(),
     "ledgerq.cli": set(),
     "ledgerq.kestrel": set(),
     "ledgerq.metrics": set(),

@@ -313,3 +313,17 @@ def test_celery_finds_the_transport_without_importing_ledgerq(tmp_path: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ledgerq.celery.transport"
+
+
+def test_importing_the_transport_without_kombu_says_what_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['kombu'] = None  # as if ledgerq[celery] were not installed\n"
+        "import ledgerq.celery\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1
+    assert "ImportError: ledgerq.celery needs kombu" in result.stderr
+    assert "pip install 'ledgerq[celery]'" in result.stderr
