@@ -106,13 +106,13 @@ class Channel(virtual.Channel):
         self._broker.declare(queue, owned=owned)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
-        return bool(self._broker.queue_exists(queue))
+        return self._broker.queue_exists(queue)
 
     def _size(self, queue: str) -> int:
-        return int(self._broker.size(queue))
+        return self._broker.size(queue)
 
     def _purge(self, queue: str) -> int:
-        return int(self._broker.purge(queue))
+        return self._broker.purge(queue)
 
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
@@ -387,8 +387,15 @@ class Transport(virtual.Transport):
             # broadcast to a worker): opened for this message only, so that a worker
             # does not keep a handle per client forever, and the owner can remove
             # the queue when it is done (docs/celery.md, "Limits").
+            path = self.queue_path(queue)
+            if not os.path.isdir(path):
+                # Its owner removed it since the lookup (a client that stopped waiting
+                # for replies): dropped, as AMQP drops a message to a deleted queue,
+                # rather than made again for nobody.
+                logger.debug("not publishing to %s: removed by its owner", path)
+                return
             with ledgerq.open(
-                self.queue_path(queue), shared=True, remember_options=False, **self.queue_options
+                path, shared=True, remember_options=False, **self.queue_options
             ) as transient:
                 transient.enqueue(payload, delay=delay)
             return

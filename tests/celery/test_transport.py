@@ -19,7 +19,7 @@ import pytest
 
 import ledgerq
 from ledgerq.celery import BrokerURLError, InvalidNameError
-from ledgerq.celery.bindings import BindingTables
+from ledgerq.celery.bindings import Binding, BindingTables
 from ledgerq.celery.codec import decode, eta_delay
 from tests._child import REPO, child_environment
 
@@ -234,6 +234,19 @@ def test_a_killed_process_s_auto_delete_queue_gets_no_more_broadcasts(
             assert tables.table("pidbox") == []
         finally:
             child.kill()
+
+
+def test_a_broadcast_to_a_temporary_queue_its_owner_removed_is_not_made_again(
+    conn: kombu.Connection, tmp_path: Path
+) -> None:
+    # A live process (pytest's parent) owns the queue "gone", bound to the fanout
+    # exchange, and has removed its directory since: a late publish must not make it
+    # again for nobody to read.
+    tables = BindingTables(str(tmp_path / "broker" / "exchanges"))
+    tables.bind("news", Binding("", "", "gone"), owner_pid=os.getppid())
+    exchange = kombu.Exchange("news", type="fanout")
+    conn.Producer().publish("late reply", exchange=exchange, declare=[exchange])
+    assert not (tmp_path / "broker" / "queues" / "gone").exists()
 
 
 def test_eta_becomes_a_delay_only_when_its_time_zone_is_known() -> None:
