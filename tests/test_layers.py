@@ -3,7 +3,7 @@
 ```
 format  <-  segment  <-  core  <-  features  <-  API (ledgerq/__init__, _*.py, shard, tools)
                                                    ^
-   ways in and out (cli, server, spark, kestrel, ship, workers, aio, metrics, ui):
+   ways in and out (cli, server, spark, kestrel, ship, workers, aio, metrics, ui, celery):
    the public API, ledgerq.segment.readonly, and what their allow-list names
 ```
 
@@ -35,6 +35,7 @@ OUTER = {
     "ledgerq.aio": {
         "ledgerq.core.args",  # its waits check their arguments as the queue does
     },
+    "ledgerq.celery": set(),
     "ledgerq.cli": set(),
     "ledgerq.kestrel": set(),
     "ledgerq.metrics": set(),
