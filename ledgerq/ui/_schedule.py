@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 
 from ledgerq import CorruptionError
-from ledgerq.format.entry import EntryFlags
-from ledgerq.segment.readonly import LogTail, ReaderState
+from ledgerq.segment.readonly import EntryFlags, LogTail, ReaderState
 
 __all__ = ["ENTRIES_PER_REFRESH", "ScheduleTail"]
 
