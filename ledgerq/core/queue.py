@@ -71,7 +71,10 @@ from ledgerq.format.entry import (
     encode_plain_batch_parts,
     encode_plain_entry,
 )
+from ledgerq.format.errors import CorruptRecord
+from ledgerq.format.sealing import EntrySealer
 from ledgerq.segment.cursor import LogCursor
+from ledgerq.segment.encryption import check_key_before_open, new_encryption_block, sealer_for
 from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.layout import subtract_ranges
 from ledgerq.segment.lock import DirLock, LockFile, lock_mode_holding
@@ -108,6 +111,8 @@ DEFAULT_READER = "default"
 _MEDIUM = Priority.MEDIUM
 _NS = 1_000_000_000
 _COMPRESSED = int(EntryFlags.COMPRESSED)
+_ENCRYPTED = int(EntryFlags.ENCRYPTED)
+_RESTORED_FLAGS = _COMPRESSED | _ENCRYPTED  # entries whose stored payload is not the message
 
 
 _PERMISSION_HINT = (
@@ -173,6 +178,9 @@ class QueueCore(Closing):
         self._readers: dict[str, Reader] = {}
         self._cores: dict[str, ReaderCore] = {}  # the readers' state, for closing
         self._prepare_directory()
+        # A missing, unexpected or wrong key is refused before the lock file is touched
+        # or anything written (read-only); checked again under the lock at open.
+        check_key_before_open(self.path, options.encryption_key)
         self._dirlock = self._lock_directory()
         try:
             self._open_locked()
@@ -271,8 +279,13 @@ class QueueCore(Closing):
         copy = self._options_store.load()
         meta = self._load_meta(copy)
         self._meta = meta
+        self._sealer = self._open_sealer(meta)
         self._keeper = MetaKeeper(
-            self._meta_store, meta, self._options_store, copy.options if copy else None
+            self._meta_store,
+            meta,
+            self._options_store,
+            copy.options if copy else None,
+            copy.encryption if copy else None,
         )
         counters = meta.counters
         self._reserve = self._new_disk_reserve()
@@ -325,6 +338,22 @@ class QueueCore(Closing):
             )
             self._flusher.start()
         self._holdings = self._new_holdings()
+
+    def _open_sealer(self, meta: Meta) -> EntrySealer | None:
+        """The sealer of an encrypted queue (None for a plain one), the key checked.
+
+        A new queue opened with a key becomes an encrypted one: its ``encryption``
+        object (identity, key check) is saved with the first ``meta.json``, before any
+        entry is written.  Raises :class:`ConfigError` as ``segment.encryption`` says.
+        """
+        key = self.options.encryption_key
+        if not meta.encryption and key is not None and self._is_new_meta(meta):
+            meta.encryption = new_encryption_block(key)
+        return sealer_for(meta.encryption, key, self.path)
+
+    def _is_new_meta(self, meta: Meta) -> bool:
+        """Whether ``meta`` was just made for a new queue (no file behind it)."""
+        return not self._meta_store.exists() and not holds_queue_data(self.path)
 
     def _open_log(self, meta: Meta) -> bool:
         """Open (and recover) the segments; set the ids, the clock and the counters.
@@ -436,7 +465,11 @@ class QueueCore(Closing):
             self._backlog = Backlog(opts.max_pending, opts.max_pending_bytes)
         # The plain paths skip admission: a bounded queue takes the checked one.
         self._plain_path = not (
-            self._transformers or self._admitters or overriding("appended") or self._backlog
+            self._transformers
+            or self._admitters
+            or overriding("appended")
+            or self._backlog
+            or self._sealer is not None
         )
         self._recorders = overriding("appended")
         self._restorers = overriding("restore")
@@ -890,6 +923,23 @@ class QueueCore(Closing):
     def _encode_drafts(self, drafts: list[Draft], first: int, now: int) -> list[bytes]:
         """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held)."""
         count = len(drafts)
+        sealer = self._sealer
+        if sealer is not None:
+            return [
+                sealer.encode(
+                    first + i,
+                    now,
+                    draft.payload,
+                    headers_blob=draft.headers_blob,
+                    expires_at=None if draft.expires_in_ns is None else now + draft.expires_in_ns,
+                    priority=draft.priority,
+                    compressed=draft.compressed,
+                    batch_continues=i < count - 1,
+                    deliver_at=None if draft.delay_ns is None else now + draft.delay_ns,
+                    group=draft.group,
+                )
+                for i, draft in enumerate(drafts)
+            ]
         records = [
             encode_entry(
                 first + i,
@@ -1009,7 +1059,7 @@ class QueueCore(Closing):
 
     def _given_size(self, entry: Entry) -> int:
         """The size of ``entry``'s payload as its producer gave it (decompressed)."""
-        if not entry.flags & _COMPRESSED:
+        if not entry.flags & _RESTORED_FLAGS:
             return len(entry.payload)
         try:
             return len(self._restore(entry))
@@ -1089,7 +1139,26 @@ class QueueCore(Closing):
             self._appended(first, written, rotated=False)
 
     def _restore(self, entry: Entry) -> bytes:
-        """The payload as the producer gave it (undoing compression)."""
+        """The payload as the producer gave it (undoing encryption and compression)."""
+        return self._restore_entry(entry)[1]
+
+    def _restore_entry(self, entry: Entry) -> tuple[Entry, bytes]:
+        """``entry`` in clear (headers included) and its payload as the producer gave it.
+
+        Raises :class:`CorruptionError` when the payload cannot be restored: a sealed
+        entry that fails authentication (tampered, moved, another key), or a damaged
+        zstd frame - the callers skip and count such a message as corrupt.
+        """
+        if entry.flags & _ENCRYPTED:
+            sealer = self._sealer
+            if sealer is None:
+                raise CorruptionError(
+                    f"message {entry.id} is encrypted but queue {self.path} is not"
+                )
+            try:
+                entry = sealer.open(entry)
+            except CorruptRecord as exc:
+                raise CorruptionError(str(exc).removesuffix(" at offset 0")) from None
         payload = entry.payload
         if entry.flags & _COMPRESSED:
             if not self._restorers:
@@ -1098,15 +1167,16 @@ class QueueCore(Closing):
                 )
             for feature in self._restorers:
                 payload = feature.restore(entry, payload)
-        return payload
+        return entry, payload
 
     def _messages(self, reader: Reader, taken: list[tuple[Entry, int]]) -> list[Message]:
         """Build Messages; entries whose payload cannot be restored are settled as corrupt."""
         messages = []
-        for entry, attempt in taken:
+        for taken_entry, attempt in taken:
             try:
-                payload = self._restore(entry)
+                entry, payload = self._restore_entry(taken_entry)
             except CorruptionError as exc:
+                entry = taken_entry
                 logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, self.path, exc)
                 with self._lock:
                     self._tally.corrupt_skipped += 1
@@ -1326,7 +1396,7 @@ class QueueCore(Closing):
             if wanted is not None and entry.id not in wanted:
                 continue
             try:
-                found.append((entry, self._restore(entry)))
+                found.append(self._restore_entry(entry))
             except CorruptionError:
                 continue
         return found
