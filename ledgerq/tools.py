@@ -58,8 +58,8 @@ from ledgerq.segment.meta_rebuild import rebuild_meta  # repair only: it writes
 from ledgerq.segment.readonly import (
     DAMAGED_DIR,
     DLQ_DIR,
-    FORMAT_VERSION,
     META_NAME,
+    NEWEST_VERSION,
     SEGMENTS_DIR,
     CorruptRegion,
     DecodeError,
@@ -376,12 +376,12 @@ def _check_meta(queue_dir: str, tally: _Tally) -> _MetaFacts | None:
     if type(version) is not int or version < 1:
         tally.add(path, None, META, f"version {version!r} is not a positive integer")
         return None
-    if version > FORMAT_VERSION:
+    if version > NEWEST_VERSION:
         tally.add(
             path,
             None,
             META,
-            f"format version {version} is newer than this ledgerq reads ({FORMAT_VERSION})",
+            f"format version {version} is newer than this ledgerq reads ({NEWEST_VERSION})",
         )
         return None
     usable = True

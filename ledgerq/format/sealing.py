@@ -36,6 +36,7 @@ from __future__ import annotations
 import hmac
 import os
 import struct
+from collections.abc import Callable
 from hashlib import sha256
 
 from cryptography.exceptions import InvalidTag
@@ -71,6 +72,7 @@ __all__ = [
     "TAG_SIZE",
     "EntrySealer",
     "key_check",
+    "keyed_digest",
     "new_queue_id",
 ]
 
@@ -114,6 +116,26 @@ def key_check(key: bytes, queue_id: bytes) -> bytes:
     right or wrong and, being a PRF output, says nothing else about the key.
     """
     return hmac.new(_derive(key, queue_id, CHECK_KEY_INFO), CHECK_MESSAGE, sha256).digest()
+
+
+DIGEST_KEY_INFO = b"ledgerq dedup digest v1"
+
+
+def keyed_digest(key: bytes, size: int) -> Callable[[str | bytes], bytes]:
+    """Return a function giving a ``size``-byte keyed digest (HMAC-SHA256 under a key
+    derived from ``key``) of a str or bytes id - str and bytes ids never collide.
+
+    For what an encrypted queue must index without storing it in clear (dedup ids).
+    """
+    digest_key = HKDF(
+        algorithm=hashes.SHA256(), length=KEY_SIZE, salt=None, info=DIGEST_KEY_INFO
+    ).derive(key)
+
+    def digest(value: str | bytes) -> bytes:
+        raw = b"s" + value.encode("utf-8") if isinstance(value, str) else b"b" + value
+        return hmac.new(digest_key, raw, sha256).digest()[:size]
+
+    return digest
 
 
 def _entry_prefix(entry: Entry) -> bytes:

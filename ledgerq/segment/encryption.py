@@ -108,8 +108,7 @@ def check_key(block: dict[str, str], key: bytes | None, where: str) -> bytes | N
         return None
     if key is None:
         raise ConfigError(
-            f"queue {where} is encrypted: open it with its encryption_key (the CLI: "
-            "--key-file)"
+            f"queue {where} is encrypted: open it with its encryption_key (the CLI: --key-file)"
         )
     queue_id = _queue_id(block, where)
     expected = bytes.fromhex(block["key_check"])
