@@ -46,6 +46,7 @@ __all__ = [
     "MetaStore",
     "OptionsCopy",
     "OptionsStore",
+    "encode_meta",
     "holds_queue_data",
     "stored_options",
 ]
@@ -226,6 +227,21 @@ def _pairs(value: object) -> list[list[int]]:
     ]
 
 
+def encode_meta(meta: Meta) -> bytes:
+    """The bytes of ``meta.json`` for ``meta``.
+
+    The version says what the file holds: 3 with an ``encryption`` object, else the
+    version ``meta`` says (a plain queue's file stays as format 2 wrote it).
+    """
+    raw = asdict(meta)
+    if meta.encryption:
+        raw["version"] = ENCRYPTED_VERSION
+    else:
+        raw["version"] = min(meta.version, FORMAT_VERSION)
+        del raw["encryption"]
+    return json.dumps(raw, sort_keys=True, indent=1).encode()
+
+
 class MetaStore:
     """Reads and durably replaces ``meta.json``; safe to call from several threads."""
 
@@ -284,11 +300,6 @@ class MetaStore:
 
     def save(self, meta: Meta) -> None:
         """Durably replace the meta file (temp file, fsync, rename, fsync dir)."""
-        raw = asdict(meta)
-        # The version says what the file holds: an encryption object, or not.
-        raw["version"] = ENCRYPTED_VERSION if meta.encryption else FORMAT_VERSION
-        if not meta.encryption:
-            del raw["encryption"]  # a plain queue's meta.json stays as format 2 wrote it
-        data = json.dumps(raw, sort_keys=True, indent=1).encode()
+        data = encode_meta(meta)
         with self._lock:
             atomic_write(self.path, data, durable=True)
