@@ -28,6 +28,8 @@ from ledgerq.cli._common import (
     write_json,
     write_line,
 )
+from ledgerq.cli._keys import current_key, key_file_option
+from ledgerq.segment.readonly import stored_block
 
 __all__ = ["compact", "dump", "verify"]
 
@@ -40,6 +42,7 @@ _FLUSH_BYTES = 1 << 16
 @click.option("-n", "--limit", type=click.IntRange(min=1), help="Stop after this many messages.")
 @payload_option
 @json_option
+@key_file_option
 def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json: bool) -> None:
     """Print every message retained in QUEUE's segments as JSON lines.
 
@@ -47,7 +50,7 @@ def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json
     the queue): acked and expired messages still on disk are included.  Each line
     holds id, timestamp, expires_at (ns since the epoch), priority (0 low, 1 medium,
     2 high), headers, payload and payload_encoding.  The output is always JSON;
-    --json is accepted for uniformity.
+    --json is accepted for uniformity.  An encrypted queue needs --key-file.
     """
     require_queue(queue)
     if _on_read_only_disk(queue):
@@ -58,7 +61,8 @@ def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json
     mode = payload_mode.lower()
     pending: list[bytes] = []
     size = 0
-    for count, message in enumerate(tools.iter_messages(queue, from_id), 1):
+    messages = tools.iter_messages(queue, from_id, encryption_key=current_key())
+    for count, message in enumerate(messages, 1):
         line = json.dumps(message_json(message, mode, attempts=False), ensure_ascii=False)
         data = line.encode("utf-8") + b"\n"
         pending.append(data)
@@ -110,6 +114,7 @@ def _summary(report: tools.VerifyReport) -> str:
     "valid entry.  Verifies again afterwards.",
 )
 @json_option
+@key_file_option
 def verify(queue: str, repair: bool, as_json: bool) -> int:
     """Check every entry CRC, index, reader state file and meta.json of QUEUE.
 
@@ -119,8 +124,30 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
     --repair nothing is written and the lock is not taken, so it can run beside the
     process that owns the queue (a torn tail at the end of the newest segment may then
     be a write in flight).  The dead-letter queue in QUEUE/dlq is checked too.
+
+    An encrypted queue is checked without its key as far as the key is not needed
+    (checksums, indexes, journals, meta.json), and a note says so; with --key-file
+    every sealed message is authenticated too, and one that fails is a problem.
     """
     require_queue(queue)
+    key = current_key()
+    failed: list[int] = []
+    if key is None and stored_block(queue):
+        click.echo(
+            f"ledgerq: {queue} is encrypted: checksums, indexes, reader journals and "
+            "meta.json were checked; the sealed payloads were not authenticated (pass "
+            "--key-file to authenticate them)",
+            err=True,
+        )
+    elif key is not None:
+        failed = tools.unauthentic_ids(queue, key)
+        for message_id in failed:
+            click.echo(
+                f"{queue}: sealed: message {message_id} fails authentication (tampered, "
+                "moved, or sealed under another key); the queue skips it as corrupt",
+                err=True,
+            )
+
     with progress("verifying") as update:
         if repair:
             result = tools.repair(queue, on_progress=update)
@@ -129,13 +156,13 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
             report = tools.verify(queue, on_progress=update)
     if not repair:
         _print_report(report, None, as_json)  # read-only: a closed stdout is just that
-        return 0 if report.ok else 1
+        return 0 if report.ok and not failed else 1
     summary = _summary(report) + (" after repair" if result.complete else "")
     fixed = plural(len(result.fixed), "problem")
     actions = plural(len(result.actions), "repair action")
     with reporting_if_output_closed(lambda: f"fixed {fixed} ({actions}); {summary}"):
         _print_report(report, result, as_json)
-    return 0 if report.ok and result.complete else 1
+    return 0 if report.ok and result.complete and not failed else 1
 
 
 def _print_report(

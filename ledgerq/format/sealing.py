@@ -5,7 +5,7 @@ deliver_at, group) where every entry has them, so that indexes, retention, TTL a
 scheduler work without the key; its payload field is a *sealed blob*::
 
     offset  size  field
-    0       12    nonce       random, fresh for every entry (os.urandom)
+    0       12    nonce       random, fresh for every entry (the kernel's CSPRNG)
     12      n     ciphertext  AES-256-GCM of the sealed content, below
     12+n    16    tag         the GCM authentication tag
 
@@ -34,10 +34,10 @@ Pure functions and small objects over buffers, like the rest of ``format``: no f
 from __future__ import annotations
 
 import hmac
-import os
 import struct
 from collections.abc import Callable
 from hashlib import sha256
+from secrets import token_bytes
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -106,7 +106,7 @@ def _derive(key: bytes, queue_id: bytes, info: bytes) -> bytes:
 
 def new_queue_id() -> bytes:
     """Return a fresh random queue identity (for a queue encrypted from now on)."""
-    return os.urandom(QUEUE_ID_SIZE)
+    return token_bytes(QUEUE_ID_SIZE)
 
 
 def key_check(key: bytes, queue_id: bytes) -> bytes:
@@ -200,7 +200,7 @@ class EntrySealer:
     def seal(self, prefix: bytes, content: bytes | bytearray | memoryview) -> bytes:
         """Return the sealed blob of ``content`` for the entry whose bytes before its
         payload are ``prefix`` (a fresh random nonce each call)."""
-        nonce = os.urandom(NONCE_SIZE)
+        nonce = token_bytes(NONCE_SIZE)  # the kernel's CSPRNG (os.urandom)
         return nonce + self._aead.encrypt(nonce, content, self._queue_id + prefix)
 
     def encode(
