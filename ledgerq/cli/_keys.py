@@ -16,7 +16,14 @@ from typing import Any, TypeVar
 
 import click
 
-__all__ = ["KEY_META", "KeyFileError", "current_key", "key_file_option", "read_key_file"]
+__all__ = [
+    "KEY_META",
+    "KeyFileError",
+    "current_key",
+    "key_file_option",
+    "read_key_file",
+    "server_key_file_option",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 KEY_META = "ledgerq.encryption_key"  # where --key-file leaves the key in the click context
@@ -70,6 +77,18 @@ def key_file_option(func: F) -> F:
         callback=_remember_key,
         help="The encryption key of an encrypted queue: a file of 32 raw bytes or 64 hex "
         "digits (docs/encryption.md).",
+    )(func)
+
+
+def server_key_file_option(func: F) -> F:
+    """``--encryption-key-file PATH``: ``ledgerq serve``'s name for ``--key-file``."""
+    return click.option(
+        "--encryption-key-file",
+        metavar="PATH",
+        expose_value=False,
+        callback=_remember_key,
+        help="The key every queue is encrypted with (as --key-file): new queues are created "
+        "encrypted, and a plain queue or one under another key is refused.",
     )(func)
 
 
