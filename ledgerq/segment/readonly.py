@@ -140,6 +140,8 @@ from ledgerq.segment.watch import DirectoryWatcher, WatchMode, open_watcher
 
 __all__ = [
     "CHECKSUM",
+    "CorruptRecord",
+    "EntrySealer",
     "DAMAGED_DIR",
     "DLQ_DIR",
     "ENTRY_FORMAT",
