@@ -39,6 +39,7 @@ from ledgerq._api import open as open_path
 from ledgerq._errors import LedgerQError, QueueLockedError
 from ledgerq._options import Options
 from ledgerq._queue import Queue
+from ledgerq._rekey import rekey
 from ledgerq._types import Message
 from ledgerq.core.journal import ReaderJournal  # repair only: it writes
 from ledgerq.core.meta import ID_BLOCK
@@ -118,6 +119,7 @@ __all__ = [
     "not_a_queue",
     "paced",
     "parse_header_condition",
+    "rekey",
     "repair",
     "requeue_dead_letters",
     "requeue_takes_delay",

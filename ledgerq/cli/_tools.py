@@ -27,11 +27,12 @@ from ledgerq.cli._common import (
     write_bytes,
     write_json,
     write_line,
+    write_outcome,
 )
-from ledgerq.cli._keys import current_key, key_file_option
+from ledgerq.cli._keys import KeyFileError, current_key, key_file_option, read_key_file
 from ledgerq.segment.readonly import stored_block
 
-__all__ = ["compact", "dump", "verify"]
+__all__ = ["compact", "dump", "rekey", "verify"]
 
 _FLUSH_BYTES = 1 << 16
 
@@ -194,6 +195,43 @@ def _print_report(
         write_line(_summary(report) + " after repair")
     else:
         write_line(_summary(report) + " as the files are: the repair could not run")
+
+
+@click.command()
+@queue_argument
+@click.option(
+    "--old-key-file",
+    metavar="PATH",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The key the queue is encrypted with now (32 raw bytes or 64 hex digits).",
+)
+@click.option(
+    "--new-key-file",
+    metavar="PATH",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The key to encrypt it with from now on (same forms).",
+)
+@json_option
+def rekey(queue: str, old_key_file: str, new_key_file: str, as_json: bool) -> None:
+    """Rotate the encryption key of QUEUE (and of its DLQ).
+
+    Every sealed entry is sealed again under the new key, segment by segment (temp
+    file, fsync, rename), then meta.json's key check is switched.  It needs the queue
+    alone: it refuses while any process has it open.  Killed half-way, the queue
+    refuses to open until rekey is run again with the same two key files, which
+    finishes the rotation (docs/encryption.md, "Rotation").
+    """
+    require_queue(queue)
+    try:
+        old, new = read_key_file(old_key_file), read_key_file(new_key_file)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc)) from None
+    with progress("re-encrypting"):
+        rewritten = tools.rekey(queue, old, new)
+    text = f"{queue}: re-encrypted under the new key ({plural(rewritten, 'segment')} rewritten)"
+    write_outcome(text, {"queue": queue, "segments_rewritten": rewritten} if as_json else None)
 
 
 @click.command()

@@ -44,7 +44,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from ledgerq.format.checksum import checksum
 from ledgerq.format.entry import (
+    CRC,
     DELIVER_AT,
     ENTRY_FORMAT_SHIFT,
     ENTRY_HEADER,
@@ -235,6 +237,32 @@ class EntrySealer:
             sealed_size=len(content) + SEAL_OVERHEAD,
         )
 
+    def open_content(self, entry: Entry) -> bytes:
+        """Return the sealed content of ``entry`` (the plaintext, unparsed).
+
+        Raises :class:`CorruptRecord` when the blob fails authentication.
+        """
+        blob = entry.payload
+        if len(blob) < MIN_SEALED_SIZE:
+            raise CorruptRecord(f"message {entry.id}: sealed payload too short", 0)
+        aad = self._queue_id + _entry_prefix(entry)
+        try:
+            return self._aead.decrypt(blob[:NONCE_SIZE], blob[NONCE_SIZE:], aad)
+        except InvalidTag:
+            raise CorruptRecord(
+                f"message {entry.id} fails authentication (tampered, moved from another "
+                "position or queue, or sealed under another key)",
+                0,
+            ) from None
+
+    def reseal(self, entry: Entry, content: bytes) -> bytes:
+        """Return the bytes of ``entry`` with ``content`` sealed afresh under this key:
+        the same size, fields and position (a rekey rewrites segments in place)."""
+        prefix = _entry_prefix(entry)
+        body = prefix + self.seal(prefix, content)
+        crc = checksum(body)
+        return body + CRC.pack(crc)
+
     def open(self, entry: Entry) -> Entry:
         """Return ``entry`` with its payload and headers in clear, ENCRYPTED cleared.
 
@@ -243,18 +271,7 @@ class EntrySealer:
         the blob fails authentication - tampered, moved to another id or queue, or
         sealed under another key - or when its content is malformed.
         """
-        blob = entry.payload
-        if len(blob) < MIN_SEALED_SIZE:
-            raise CorruptRecord(f"message {entry.id}: sealed payload too short", 0)
-        aad = self._queue_id + _entry_prefix(entry)
-        try:
-            content = self._aead.decrypt(blob[:NONCE_SIZE], blob[NONCE_SIZE:], aad)
-        except InvalidTag:
-            raise CorruptRecord(
-                f"message {entry.id} fails authentication (tampered, moved from another "
-                "position or queue, or sealed under another key)",
-                0,
-            ) from None
+        content = self.open_content(entry)
         (content_flags,) = CONTENT_FLAGS.unpack_from(content, 0)
         headers: dict[str, str] | None = None
         flags = entry.flags & ~_ENCRYPTED

@@ -111,6 +111,12 @@ def check_key(block: dict[str, str], key: bytes | None, where: str) -> bytes | N
             f"queue {where} is encrypted: open it with its encryption_key (the CLI: --key-file)"
         )
     queue_id = _queue_id(block, where)
+    if "rekey_to" in block:
+        raise ConfigError(
+            f"a key rotation of queue {where} was interrupted: run `ledgerq rekey {where} "
+            "--old-key-file OLD --new-key-file NEW` again to finish it (its segments are "
+            "under either key until then)"
+        )
     expected = bytes.fromhex(block["key_check"])
     if not hmac.compare_digest(key_check(key, queue_id), expected):
         raise ConfigError(

@@ -212,7 +212,10 @@ def _encryption_block(value: object) -> dict[str, str]:
     if value is None or value == {}:
         return {}
     if isinstance(value, dict) and all(type(value.get(k)) is str for k in _ENCRYPTION_KEYS):
-        return {k: value[k] for k in _ENCRYPTION_KEYS}
+        block = {k: value[k] for k in _ENCRYPTION_KEYS}
+        if "rekey_to" in value:  # a key rotation in progress (ledgerq rekey)
+            block["rekey_to"] = str(value["rekey_to"])
+        return block
     return {"damaged": "true"}
 
 
