@@ -95,3 +95,16 @@ def test_serve_with_an_encryption_key_file(tmp_path: Path, key_file: Path) -> No
     assert files_holding(data, SECRET) == []
     with ledgerq.open(data / "jobs", encryption_key=KEY) as q:
         assert [m.payload for m in q.dequeue_batch(5)] == [b"two"]
+
+
+def test_config_never_shows_the_key(tmp_path: Path, key_file: Path) -> None:
+    queue = tmp_path / "q"
+    assert run("enqueue", queue, "x", "--key-file", key_file).code == 0
+    shown = run("config", queue, "--json")
+    assert shown.code == 0 and "encryption_key" not in shown.json()["options"]
+    refused = run("config", queue, "--set", "max_retries=5")
+    assert refused.code != 0 and "is encrypted" in refused.err
+    stored = run("config", queue, "--set", "max_retries=5", "--key-file", key_file, "--json")
+    assert stored.code == 0, stored
+    assert stored.json()["set"] == {"max_retries": 5}
+    assert KEY.hex() not in stored.out and "encryption_key" not in stored.out
