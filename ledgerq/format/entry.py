@@ -451,8 +451,6 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         raise CorruptRecord(f"unknown entry flags {flags:#04x} for format {entry_format}", pos)
     if message_id == 0:
         raise CorruptRecord("entry id 0", pos)
-    if flags & _ENCRYPTED and flags & _HAS_HEADERS:
-        raise CorruptRecord("an encrypted entry with headers outside its sealed payload", pos)
     at = pos + ENTRY_HEADER.size
     expires_at: int | None = None
     priority = _MEDIUM
@@ -497,8 +495,11 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         except UnicodeDecodeError:
             raise CorruptRecord("entry group is not UTF-8", pos) from None
         at += glen
-    if flags & _ENCRYPTED and crc_at - at < _MIN_SEALED:
-        raise CorruptRecord("encrypted entry too short for its sealed payload", pos)
+    if flags & _ENCRYPTED:  # one test on the path of a plain entry
+        if flags & _HAS_HEADERS:
+            raise CorruptRecord("an encrypted entry with headers outside its sealed payload", pos)
+        if crc_at - at < _MIN_SEALED:
+            raise CorruptRecord("encrypted entry too short for its sealed payload", pos)
     payload = bytes(buf[at:crc_at])
     return Entry(
         message_id,
