@@ -48,13 +48,16 @@ from ledgerq.format.checksum import checksum
 from ledgerq.format.entry import (
     CRC,
     DELIVER_AT,
+    ENTRY_FORMAT,
     ENTRY_FORMAT_SHIFT,
     ENTRY_HEADER,
     EXPIRES_AT,
     HEADERS_LENGTH,
+    MIN_ENTRY_SIZE,
     PRIORITY,
     Entry,
     EntryFlags,
+    RecordType,
     decode_headers,
     encode_entry,
 )
@@ -76,6 +79,7 @@ __all__ = [
     "key_check",
     "keyed_digest",
     "new_queue_id",
+    "sealed_batch_parts",
 ]
 
 CIPHER_NAME = "AES-256-GCM"  # meta.json's encryption.cipher
@@ -100,6 +104,13 @@ _HAS_DELIVER_AT = int(EntryFlags.HAS_DELIVER_AT)
 _HAS_GROUP = int(EntryFlags.HAS_GROUP)
 _HAS_HEADERS = int(EntryFlags.HAS_HEADERS)
 _NO_HEADERS = b"\x00"
+_DATA_V2 = (ENTRY_FORMAT << ENTRY_FORMAT_SHIFT) | int(RecordType.DATA)
+_PLAIN_FLAGS_CONTINUES = _ENCRYPTED | int(EntryFlags.BATCH_CONTINUES)
+# The bytes of a sealed entry with no optional field besides its body: the fixed fields,
+# the CRC, the content flags byte, the nonce and the tag.
+_PLAIN_SEALED_OVERHEAD = MIN_ENTRY_SIZE + 1 + NONCE_SIZE + TAG_SIZE
+_pack_header = ENTRY_HEADER.pack
+_pack_crc = CRC.pack
 
 
 def _derive(key: bytes, queue_id: bytes, info: bytes) -> bytes:
@@ -237,6 +248,49 @@ class EntrySealer:
             sealed_size=len(content) + SEAL_OVERHEAD,
         )
 
+    def encode_plain(
+        self,
+        message_id: int,
+        timestamp: int,
+        payload: bytes | bytearray | memoryview,
+        batch_continues: bool = False,
+    ) -> bytes:
+        """:meth:`encode` for a message with no optional field (the hot path of an
+        encrypted queue): the same bytes, without the general encoder's checks.
+
+        The caller guarantees what ``encode_plain_entry``'s does (an id >= 1, a
+        timestamp fitting an i64).
+        """
+        flags = _PLAIN_FLAGS_CONTINUES if batch_continues else _ENCRYPTED
+        size = _PLAIN_SEALED_OVERHEAD + len(payload)
+        prefix = _pack_header(size, _DATA_V2, flags, message_id, timestamp)
+        nonce = token_bytes(NONCE_SIZE)
+        body = (
+            prefix
+            + nonce
+            + self._aead.encrypt(nonce, _NO_HEADERS + payload, self._queue_id + prefix)
+        )
+        return body + _pack_crc(checksum(body))
+
+    def encode_plain_parts(
+        self,
+        message_id: int,
+        timestamp: int,
+        payload: bytes,
+        batch_continues: bool,
+        nonce: bytes,
+    ) -> tuple[bytes, bytes, bytes]:
+        """:meth:`encode_plain` as three buffers for ``writev`` (their concatenation is
+        the entry): the sealed payload is never copied (profiled: 4 KiB batches).
+        ``nonce``: 12 fresh random bytes, never used for another entry."""
+        flags = _PLAIN_FLAGS_CONTINUES if batch_continues else _ENCRYPTED
+        prefix = _pack_header(
+            _PLAIN_SEALED_OVERHEAD + len(payload), _DATA_V2, flags, message_id, timestamp
+        )
+        sealed = self._aead.encrypt(nonce, _NO_HEADERS + payload, self._queue_id + prefix)
+        head = prefix + nonce
+        return head, sealed, _pack_crc(checksum(sealed, checksum(head)))
+
     def open_content(self, entry: Entry) -> bytes:
         """Return the sealed content of ``entry`` (the plaintext, unparsed).
 
@@ -289,3 +343,26 @@ class EntrySealer:
             at += hlen
             flags |= _HAS_HEADERS
         return entry._replace(payload=content[at:], headers=headers, flags=flags)
+
+
+def sealed_batch_parts(
+    sealer: EntrySealer, first_id: int, timestamp: int, payloads: list[bytes]
+) -> tuple[list[bytes], list[int]]:
+    """:func:`ledgerq.format.entry.encode_plain_batch_parts` for an encrypted queue.
+
+    Returns the buffers for one ``writev`` (each entry three: header and nonce, the
+    sealed payload, the CRC) and each entry's size; every entry but the last carries
+    BATCH_CONTINUES.
+    """
+    parts: list[bytes] = []
+    add = parts.extend
+    encode = sealer.encode_plain_parts
+    last = len(payloads) - 1
+    # One read of the kernel's CSPRNG for the batch's nonces (profiled: a call each was
+    # 0.3 us of a 4 KiB entry); each entry still has 96 random bits of its own.
+    nonces = token_bytes(NONCE_SIZE * len(payloads))
+    for i, payload in enumerate(payloads):
+        at = i * NONCE_SIZE
+        add(encode(first_id + i, timestamp, payload, i < last, nonces[at : at + NONCE_SIZE]))
+    sizes = [_PLAIN_SEALED_OVERHEAD + len(p) for p in payloads]
+    return parts, sizes

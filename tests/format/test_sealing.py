@@ -71,3 +71,31 @@ def test_key_check_and_keyed_digests_depend_on_the_key() -> None:
     assert KEY not in key_check(KEY, QUEUE)
     assert keyed_digest(KEY, 16)("id") != keyed_digest(bytes(32), 16)("id")
     assert keyed_digest(KEY, 16)("id") != keyed_digest(KEY, 16)(b"id")
+
+
+@pytest.mark.parametrize("continues", [False, True])
+def test_the_plain_sealed_encoder_writes_what_the_general_one_does(continues: bool) -> None:
+    sealer = EntrySealer(KEY, QUEUE)
+    fast = sealer.encode_plain(7, 11, b"payload", continues)
+    general = sealer.encode(7, 11, b"payload", batch_continues=continues)
+    assert len(fast) == len(general) and fast[:22] == general[:22]  # same fixed fields
+    for raw in (fast, general):
+        entry, _ = decode_entry(raw)
+        assert sealer.open(entry).payload == b"payload"
+        assert bool(entry.flags & EntryFlags.BATCH_CONTINUES) == continues
+
+
+def test_sealed_batch_parts_are_the_entries_of_a_batch() -> None:
+    from ledgerq.format.sealing import sealed_batch_parts
+
+    sealer = EntrySealer(KEY, QUEUE)
+    parts, sizes = sealed_batch_parts(sealer, 3, 7, [b"a", b"", b"c" * 5000])
+    raw = b"".join(parts)
+    assert sum(sizes) == len(raw)
+    pos = 0
+    for message_id, (body, size) in enumerate(zip([b"a", b"", b"c" * 5000], sizes), 3):
+        entry, end = decode_entry(raw, pos)
+        assert (entry.id, end - pos) == (message_id, size)
+        assert bool(entry.flags & EntryFlags.BATCH_CONTINUES) == (message_id < 5)
+        assert sealer.open(entry).payload == body
+        pos = end
