@@ -93,7 +93,8 @@ def test_sealed_batch_parts_are_the_entries_of_a_batch() -> None:
     raw = b"".join(parts)
     assert sum(sizes) == len(raw)
     pos = 0
-    for message_id, (body, size) in enumerate(zip([b"a", b"", b"c" * 5000], sizes), 3):
+    bodies = [b"a", b"", b"c" * 5000]
+    for message_id, (body, size) in enumerate(zip(bodies, sizes, strict=True), 3):
         entry, end = decode_entry(raw, pos)
         assert (entry.id, end - pos) == (message_id, size)
         assert bool(entry.flags & EntryFlags.BATCH_CONTINUES) == (message_id < 5)
