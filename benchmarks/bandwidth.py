@@ -1,6 +1,7 @@
 """The 4 KiB batch path against the machine's sequential-write bandwidth, and the checksums.
 
     python benchmarks/bandwidth.py [--seconds 2] [--rounds 3] [--dir /tmp/x] [--checksums]
+    python benchmarks/bandwidth.py --encryption [--seconds 1] [--rounds 3]
 
 A small, targeted measurement (not the full suite of ``benchmarks/run.py``): rounds of
 
@@ -14,6 +15,12 @@ alternately, each after writing and deleting 1 GiB (warm pages: see
 machine only slows a run down) and their ratio.  ``--checksums`` prints the throughput
 of the CRC functions instead (zlib's CRC-32, and CRC-32C from ``crc32c`` and
 ``google_crc32c`` where installed) for 126 B, 4,122 B and 1 MiB.
+
+``--encryption`` measures encryption at rest (issue 18) against the same queue without a
+key, in alternating rounds (best of each): ``enqueue_batch`` of 100 x 4 KiB (payload
+bytes per second; the target is >= 1 GB/s), and one-at-a-time ``enqueue`` and
+``dequeue`` + ``ack`` of 100 B (microseconds per call; the target is the encrypted
+enqueue within 3 us of the plain one).
 """
 
 from __future__ import annotations
@@ -64,12 +71,12 @@ def raw_rate(path: str, seconds: float, max_bytes: int) -> float:
     return written / elapsed
 
 
-def batch_rate(path: str, seconds: float, max_bytes: int) -> float:
+def batch_rate(path: str, seconds: float, max_bytes: int, key: bytes | None = None) -> float:
     """Payload bytes per second of enqueue_batch(100 x 4 KiB) into a new queue."""
     queue_dir = os.path.join(path, "q")
     payload = os.urandom(PAYLOAD)
     batch = [payload] * BATCH
-    q = ledgerq.open(queue_dir)
+    q = ledgerq.open(queue_dir, encryption_key=key)
     try:
         written = 0
         start = perf_counter()
@@ -108,6 +115,55 @@ def checksums() -> None:
             print(f"{size:>9} {name:<22} {per_call * 1e9:>10.1f} {size / per_call / 1e9:>7.2f}")
 
 
+def one_at_a_time_us(path: str, count: int, key: bytes | None) -> tuple[float, float]:
+    """Microseconds per ``enqueue`` and per ``dequeue`` + ``ack`` of 100 B, one at a time."""
+    queue_dir = os.path.join(path, "q1")
+    payload = os.urandom(100)
+    q = ledgerq.open(queue_dir, encryption_key=key)
+    try:
+        enqueue = q.enqueue
+        start = perf_counter()
+        for _ in range(count):
+            enqueue(payload)
+        enq = perf_counter() - start
+        dequeue, ack = q.dequeue, q.ack
+        start = perf_counter()
+        for _ in range(count):
+            message = dequeue()
+            assert message is not None
+            ack(message.id)
+        deq = perf_counter() - start
+    finally:
+        q.close()
+        shutil.rmtree(queue_dir)
+    return enq / count * 1e6, deq / count * 1e6
+
+
+def encryption(base: str, seconds: float, rounds: int, max_bytes: int) -> None:
+    """Print the encryption scenarios (see the module docstring)."""
+    key = os.urandom(32)
+    plain_b, sealed_b, plain_1, sealed_1 = [], [], [], []
+    for _ in range(rounds):
+        warm(base, 256 * MiB)
+        plain_b.append(batch_rate(base, seconds, max_bytes))
+        warm(base, 256 * MiB)
+        sealed_b.append(batch_rate(base, seconds, max_bytes, key))
+        plain_1.append(one_at_a_time_us(base, 50_000, None))
+        sealed_1.append(one_at_a_time_us(base, 50_000, key))
+    pb, sb = max(plain_b), max(sealed_b)
+    print(f"enqueue_batch 100 x 4 KiB, plain:     {pb / 1e9:.2f} GB/s of payload")
+    print(f"enqueue_batch 100 x 4 KiB, encrypted: {sb / 1e9:.2f} GB/s of payload (target >= 1)")
+    pe, pd = min(e for e, _ in plain_1), min(d for _, d in plain_1)
+    se, sd = min(e for e, _ in sealed_1), min(d for _, d in sealed_1)
+    print(
+        f"enqueue 100 B one at a time: plain {pe:.2f} us, encrypted {se:.2f} us "
+        f"(+{se - pe:.2f} us; target <= +3)"
+    )
+    print(
+        f"dequeue + ack 100 B:         plain {pd:.2f} us, encrypted {sd:.2f} us (+{sd - pd:.2f} us)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0)
@@ -115,11 +171,18 @@ def main() -> None:
     parser.add_argument("--max-mib", type=int, default=1024, help="bytes per timed part")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--checksums", action="store_true")
+    parser.add_argument("--encryption", action="store_true")
     args = parser.parse_args()
     if args.checksums:
         checksums()
         return
     base = tempfile.mkdtemp(prefix="lq-bandwidth-", dir=args.dir)
+    if args.encryption:
+        try:
+            encryption(base, args.seconds, args.rounds, args.max_mib * MiB)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        return
     try:
         raws, batches = [], []
         for _ in range(args.rounds):

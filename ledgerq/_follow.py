@@ -24,7 +24,10 @@ from ledgerq.segment.readonly import (
     DirectoryWatcher,
     LogTail,
     WatchMode,
+    check_key_type,
     check_queue_dir,
+    sealer_for,
+    stored_block,
     view_message,
     watch_segments,
 )
@@ -50,7 +53,9 @@ class Follower(Closing):
         timeout: float | None = None,
         *,
         watch: WatchMode = "auto",
+        encryption_key: bytes | None = None,
     ) -> None:
+        key = check_key_type(encryption_key)
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
         if isinstance(from_id, bool) or not isinstance(from_id, int):
@@ -62,6 +67,8 @@ class Follower(Closing):
             raise ValueError(f"watch must be one of {_WATCH_MODES}, got {watch!r}")
         self.path = os.path.abspath(os.fspath(path))
         check_queue_dir(self.path)
+        # An encrypted queue is followed with its key, checked here (ConfigError).
+        self._sealer = sealer_for(stored_block(self.path) or {}, key, self.path)
         self._timeout = timeout
         self._tail = LogTail(self.path, from_id)
         # The watcher exists before the first look at the files, so no change between
@@ -158,7 +165,7 @@ class Follower(Closing):
         while (entry := tail.next_entry()) is not None:
             path = tail.segment_path
             assert path is not None
-            message = view_message(entry, path)
+            message = view_message(entry, path, self._sealer)
             if message is not None:
                 return message
         return None
@@ -170,6 +177,7 @@ def follow(
     timeout: float | None = None,
     *,
     watch: WatchMode = "auto",
+    encryption_key: bytes | None = None,
 ) -> Follower:
     """Iterate over the messages of a queue another process owns, without its lock.
 
@@ -181,12 +189,15 @@ def follow(
     stored fields with ``attempts=0`` (a view delivers nothing: the rule
     ``ledgerq dump`` follows too); the follower does not lease, ack or skip expired
     messages (it is a view of the log).  ``watch``: ``"auto"`` (inotify
-    where available, else polling), ``"inotify"`` or ``"poll"``.
+    where available, else polling), ``"inotify"`` or ``"poll"``.  An encrypted
+    queue needs its ``encryption_key`` (32 bytes) to be followed.
 
-    Raises :class:`NotAQueueError` if ``path`` is not a queue directory, and (from
+    Raises :class:`NotAQueueError` if ``path`` is not a queue directory,
+    :class:`ConfigError` for an encrypted queue without its key or with another (and
+    a plain queue given a key), and (from
     the iteration) :class:`CorruptionError` if the file being read is truncated
     below what was read, replaced, or deleted while it is the newest segment, or a
     segment is deleted before the follower could read it.  Use it as a context
     manager, or call ``close()``, to release its file descriptors early.
     """
-    return Follower(path, from_id, timeout, watch=watch)
+    return Follower(path, from_id, timeout, watch=watch, encryption_key=encryption_key)

@@ -11,13 +11,24 @@ from typing import Any, TypedDict, get_args
 from ledgerq._errors import ConfigError
 from ledgerq._types import Compression, SyncMode
 
-__all__ = ["COMPRESSIONS", "MAX_SECONDS", "SYNC_MODES", "OpenOptions", "Options"]
+__all__ = [
+    "COMPRESSIONS",
+    "MAX_SECONDS",
+    "NEVER_STORED",
+    "SYNC_MODES",
+    "OpenOptions",
+    "Options",
+    "storable_options",
+]
 
 logger = logging.getLogger("ledgerq")
 
 SYNC_MODES: tuple[SyncMode, ...] = get_args(SyncMode)
 COMPRESSIONS: tuple[Compression, ...] = get_args(Compression)
 _MIB = 1024 * 1024
+_KEY_SIZE = 32  # AES-256 (format.sealing.KEY_SIZE; not imported: options sit below format)
+# Options never written to meta.json or options.json: the encryption key above all.
+NEVER_STORED = frozenset({"encryption_key"})
 
 MAX_SECONDS = 100 * 365.25 * 24 * 3600
 """The longest duration ledgerq takes, in seconds (100 years): a ``ttl``, a duration
@@ -129,6 +140,20 @@ class Options:
     retention_max_bytes: int | None = None
     max_pending: int | None = None
     max_pending_bytes: int | None = None
+    # 32 bytes: AES-256-GCM encryption at rest (docs/encryption.md).  Never stored,
+    # never in repr(), errors or logs.
+    encryption_key: bytes | None = None
+
+    def __repr__(self) -> str:
+        """Show every option but the encryption key, which is masked."""
+        shown = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "encryption_key" and value is not None:
+                shown.append(f"{f.name}=<{len(value)} bytes, hidden>")
+            else:
+                shown.append(f"{f.name}={value!r}")
+        return f"Options({', '.join(shown)})"
 
     def __post_init__(self) -> None:
         _integer("segment_size", self.segment_size, minimum=1)
@@ -160,6 +185,18 @@ class Options:
         # A bound of 0 would refuse every enqueue: None (the default) is "unbounded".
         _integer("max_pending", self.max_pending, minimum=1, allow_none=True)
         _integer("max_pending_bytes", self.max_pending_bytes, minimum=1, allow_none=True)
+        key = self.encryption_key
+        if key is not None:
+            if type(key) is not bytes:
+                raise TypeError(
+                    "option encryption_key must be bytes (32 of them) or None, got "
+                    f"{type(key).__name__}"
+                )
+            if len(key) != _KEY_SIZE:
+                raise ConfigError(
+                    f"option encryption_key must be exactly {_KEY_SIZE} bytes (AES-256), "
+                    f"got {len(key)} bytes"
+                )
 
     @classmethod
     def from_kwargs(
@@ -174,6 +211,7 @@ class Options:
         ``stored`` with the queue (what it was last opened with), then the defaults.
         """
         names = {f.name for f in dataclasses.fields(cls)}
+        stored = {k: v for k, v in (stored or {}).items() if k not in NEVER_STORED}
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(
@@ -220,3 +258,13 @@ class OpenOptions(TypedDict, total=False):
     retention_max_bytes: int | None
     max_pending: int | None
     max_pending_bytes: int | None
+    encryption_key: bytes | None
+
+
+def storable_options(options: Options) -> dict[str, object]:
+    """The options as ``meta.json`` stores them: every one but :data:`NEVER_STORED`."""
+    return {
+        f.name: getattr(options, f.name)
+        for f in dataclasses.fields(options)
+        if f.name not in NEVER_STORED
+    }

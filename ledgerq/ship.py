@@ -36,7 +36,6 @@ memory: see ``docs/ship.md`` for the races with the owner's own retention.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -54,7 +53,7 @@ from ledgerq.segment.appendlog import AppendLog
 from ledgerq.segment.files import atomic_write, fsync_dir, pread_exact, storage_errors
 from ledgerq.segment.index_file import write_index
 from ledgerq.segment.lock import DirLock
-from ledgerq.segment.meta import Meta, MetaStore
+from ledgerq.segment.meta import Meta, MetaStore, encode_meta
 
 # Reading the source, which another process owns: the lock-free reader's rules.
 from ledgerq.segment.readonly import (
@@ -721,11 +720,11 @@ class Shipper:
             # The copy's gaps are its source's (ids skipped after a crash, segments deleted
             # before they were shipped: see the notes); not for the copy to alarm about.
             gaps_from=None,
+            # An encrypted source's identity and key check: the copy's entries are its
+            # ciphertext as is, opened at the hub with the same key.
+            encryption=dict(self._source_meta.encryption),
         )
-        atomic_write(
-            os.path.join(self.dest, META_NAME),
-            json.dumps(dataclasses.asdict(meta), sort_keys=True, indent=1).encode(),
-        )
+        atomic_write(os.path.join(self.dest, META_NAME), encode_meta(meta))
         self._meta_written = (next_id, entries)
 
     @property
@@ -810,7 +809,7 @@ class Shipper:
         except LedgerQError:
             return
         meta.clean = True
-        atomic_write(path, json.dumps(dataclasses.asdict(meta), sort_keys=True, indent=1).encode())
+        atomic_write(path, encode_meta(meta))
 
     def report(self) -> ShipReport:
         """The totals so far."""

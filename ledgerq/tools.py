@@ -38,11 +38,13 @@ from ledgerq._api import open as open_path
 from ledgerq._errors import LedgerQError, QueueLockedError
 from ledgerq._options import Options
 from ledgerq._queue import Queue
+from ledgerq._rekey import rekey
 from ledgerq._types import Message
 from ledgerq.core.journal import ReaderJournal  # repair only: it writes
 from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.reader import Reader
-from ledgerq.format.entry import EntryFlags
+from ledgerq.format.entry import Entry, EntryFlags
+from ledgerq.format.errors import CorruptRecord
 from ledgerq.format.reader_state import Checkpoint
 from ledgerq.segment.index_file import write_index  # repair only: it writes
 from ledgerq.segment.lock import DirLock  # repair only: it writes
@@ -57,8 +59,8 @@ from ledgerq.segment.meta_rebuild import rebuild_meta  # repair only: it writes
 from ledgerq.segment.readonly import (
     DAMAGED_DIR,
     DLQ_DIR,
-    FORMAT_VERSION,
     META_NAME,
+    NEWEST_VERSION,
     SEGMENTS_DIR,
     CorruptRegion,
     DecodeError,
@@ -89,6 +91,7 @@ from ledgerq.segment.readonly import (
     stored_options,
     subtract_ranges,
     view_message,
+    view_sealer,
 )
 from ledgerq.segment.setaside import move_to_damaged, rename_segment  # repair only
 
@@ -115,6 +118,7 @@ __all__ = [
     "not_a_queue",
     "paced",
     "parse_header_condition",
+    "rekey",
     "repair",
     "requeue_dead_letters",
     "verify",
@@ -374,12 +378,12 @@ def _check_meta(queue_dir: str, tally: _Tally) -> _MetaFacts | None:
     if type(version) is not int or version < 1:
         tally.add(path, None, META, f"version {version!r} is not a positive integer")
         return None
-    if version > FORMAT_VERSION:
+    if version > NEWEST_VERSION:
         tally.add(
             path,
             None,
             META,
-            f"format version {version} is newer than this ledgerq reads ({FORMAT_VERSION})",
+            f"format version {version} is newer than this ledgerq reads ({NEWEST_VERSION})",
         )
         return None
     usable = True
@@ -537,6 +541,7 @@ def _check_layout(
 
 
 _SCHEDULED_FLAGS = int(EntryFlags.HAS_DELIVER_AT | EntryFlags.HAS_GROUP)
+_ENCRYPTED = int(EntryFlags.ENCRYPTED)
 
 
 def _check_log(
@@ -988,15 +993,45 @@ def _rebuild_index(rebuild: _Rebuild) -> int:
 # ---------------------------------------------------------------------- the log walk
 
 
-def iter_messages(path: str | os.PathLike[str], from_id: int = 1) -> Iterator[Message]:
+def iter_messages(
+    path: str | os.PathLike[str], from_id: int = 1, *, encryption_key: bytes | None = None
+) -> Iterator[Message]:
     """Yield every message retained in the segments of ``path`` with id >= ``from_id``.
 
     A log view, read without the lock: acked and expired messages that are still in a
     segment are included, and each message is what every view yields
     (``ledgerq.segment.readonly.view_message``: ``attempts`` is 0, as with
     ``ledgerq.follow``).  Corrupt entries are skipped and logged; the walk ends at the
-    end of the newest segment (an append in flight is not read).
+    end of the newest segment (an append in flight is not read).  An encrypted queue
+    needs its ``encryption_key``: :class:`ConfigError` without it or with another.
     """
+    sealer = view_sealer(os.fspath(path), encryption_key)
+    for entry, segment_path in _iter_entries(path, from_id):
+        message = view_message(entry, segment_path, sealer)
+        if message is not None:
+            yield message
+
+
+def unauthentic_ids(path: str | os.PathLike[str], encryption_key: bytes) -> list[int]:
+    """The ids of the sealed messages of ``path`` that fail authentication under the key.
+
+    Read without the lock, as :func:`iter_messages`.  Raises :class:`ConfigError` when
+    the key is not the queue's (or the queue is not encrypted).
+    """
+    sealer = view_sealer(os.fspath(path), encryption_key)
+    assert sealer is not None
+    failed = []
+    for entry, _ in _iter_entries(path, 1):
+        if entry.flags & _ENCRYPTED:
+            try:
+                sealer.open(entry)
+            except CorruptRecord:
+                failed.append(entry.id)
+    return failed
+
+
+def _iter_entries(path: str | os.PathLike[str], from_id: int) -> Iterator[tuple[Entry, str]]:
+    """The valid entries of ``path`` with id >= ``from_id``, with their segment's path."""
     seg_dir = os.path.join(os.fspath(path), SEGMENTS_DIR)
     files = SegmentDirectory(seg_dir).layout().used  # by content: as every reader orders them
     for position, f in enumerate(files):
@@ -1012,11 +1047,8 @@ def iter_messages(path: str | os.PathLike[str], from_id: int = 1) -> Iterator[Me
                 seg.fd, start, seg.size, after_id=after, boundaries=seg.boundaries
             )
             while (entry := scanner.next()) is not None:
-                if entry.id < from_id:
-                    continue
-                message = view_message(entry, seg.path)
-                if message is not None:
-                    yield message
+                if entry.id >= from_id:
+                    yield entry, seg.path
             for region in scanner.corrupt:
                 log_skipped(seg.path, region.start, region.stop)
         finally:

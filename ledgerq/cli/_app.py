@@ -26,7 +26,7 @@ from ledgerq.cli._config import config
 from ledgerq.cli._dlq import dlq
 from ledgerq.cli._messages import dequeue, enqueue, peek, stats
 from ledgerq.cli._services import bench, import_kestrel, serve, ship, worker
-from ledgerq.cli._tools import compact, dump, verify
+from ledgerq.cli._tools import compact, dump, rekey, verify
 from ledgerq.cli._ui import ui
 
 __all__ = ["cli", "main"]
@@ -69,6 +69,7 @@ for _command in (
     dump,
     verify,
     compact,
+    rekey,
     config,
     dlq,
     worker,

@@ -18,6 +18,7 @@ import click
 
 import ledgerq
 from ledgerq import tools
+from ledgerq.cli._keys import current_key, key_file_option
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -156,7 +157,9 @@ def positive_int_option(
 
 
 def options_option(func: F) -> F:
-    """``-o NAME=VALUE``: a queue option for ``ledgerq.open``, this command only (repeatable)."""
+    """``-o NAME=VALUE``: a queue option for ``ledgerq.open``, this command only (repeatable);
+    and ``--key-file PATH``, the key of an encrypted queue (``cli._keys``)."""
+    func = key_file_option(func)
     return click.option(
         "-o",
         "--option",
@@ -169,7 +172,11 @@ def options_option(func: F) -> F:
     )(func)
 
 
-_OPTION_FIELDS = {f.name: str(f.type) for f in dataclasses.fields(ledgerq.Options)}
+# Every option -o may set: not the encryption key, which only --key-file gives (a key
+# on the command line would show in ps and shell histories).
+_OPTION_FIELDS = {
+    f.name: str(f.type) for f in dataclasses.fields(ledgerq.Options) if f.name != "encryption_key"
+}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -224,6 +231,9 @@ def option_overrides(pairs: tuple[str, ...], param_hint: str = "-o") -> dict[str
         ledgerq.Options(**options)  # each value on its own: Options has no cross-checks
     except ledgerq.ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint=param_hint) from None
+    key = current_key()
+    if key is not None:
+        options["encryption_key"] = key
     return options
 
 

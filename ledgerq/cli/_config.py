@@ -22,11 +22,18 @@ from ledgerq.cli._common import (
     write_json,
     write_line,
 )
+from ledgerq.cli._keys import key_file_option
 from ledgerq.segment.readonly import stored_options
 
 __all__ = ["config"]
 
-_DEFAULTS = dataclasses.asdict(ledgerq.Options())
+_NOT_SHOWN = "encryption_key"  # never stored, never printed
+_DEFAULTS = {k: v for k, v in dataclasses.asdict(ledgerq.Options()).items() if k != _NOT_SHOWN}
+
+
+def _stored_view(options: ledgerq.Options) -> dict[str, Any]:
+    """The options as stored with the queue: every one but the encryption key."""
+    return {k: v for k, v in dataclasses.asdict(options).items() if k != _NOT_SHOWN}
 
 
 def _text(value: Any) -> str:
@@ -61,6 +68,7 @@ def _show(queue: str, options: dict[str, Any], changed: dict[str, Any], as_json:
     "closing last would store its own options over it).",
 )
 @json_option
+@key_file_option
 def config(queue: str, set_pairs: tuple[str, ...], as_json: bool) -> None:
     """Show the options QUEUE stored (what ledgerq.open(QUEUE) uses); --set changes them.
 
@@ -71,11 +79,13 @@ def config(queue: str, set_pairs: tuple[str, ...], as_json: bool) -> None:
     """
     require_queue(queue)
     changed = option_overrides(set_pairs, param_hint="--set")
+    key = changed.pop("encryption_key", None)  # --key-file: to open it, never shown
     if changed:
-        with ledgerq.open(queue, **changed) as q:  # remembers: that is the point here
-            options = dataclasses.asdict(q.options)
+        # remembers: that is the point here
+        with ledgerq.open(queue, encryption_key=key, **changed) as q:
+            options = _stored_view(q.options)
     else:
-        options = dataclasses.asdict(ledgerq.Options.from_kwargs(None, {}, stored_options(queue)))
+        options = _stored_view(ledgerq.Options.from_kwargs(None, {}, stored_options(queue)))
     if not changed:
         _show(queue, options, changed, as_json)  # read-only: a closed stdout is just that
         return

@@ -40,6 +40,7 @@ from ledgerq.cli._common import (
     write_line,
     write_rich,
 )
+from ledgerq.cli._keys import current_key
 
 __all__ = ["dequeue", "enqueue", "peek", "stats"]
 
@@ -430,7 +431,7 @@ def peek(
     except StorageError as exc:
         if not _readonly.is_read_only_error(exc):
             raise
-        messages, note = _readonly.peek(queue, count), _readonly.NOTE
+        messages, note = _readonly.peek(queue, count, current_key()), _readonly.NOTE
     if note is not None:
         click.echo(f"ledgerq: {queue}: {note}", err=True)
     if as_json:

@@ -24,6 +24,7 @@ from ledgerq.segment.readonly import (
     SEGMENTS_DIR,
     LogTail,
     ReaderState,
+    RecordType,
     TailScanner,
     checked_start,
     idx_path,
@@ -36,6 +37,7 @@ from ledgerq.segment.readonly import (
     replay_reader,
     segment_ids,
     view_message,
+    view_sealer,
 )
 
 __all__ = ["NOTE", "dlq_pending", "is_read_only_error", "peek", "stats"]
@@ -58,6 +60,9 @@ class _Segment:
     first_id: int
     last_id: int  # first_id - 1 when it holds no entry
     size: int
+
+
+_DATA = int(RecordType.DATA)
 
 
 def _segments(queue_dir: str) -> list[_Segment]:
@@ -106,16 +111,18 @@ def _start(state: ReaderState, segments: list[_Segment]) -> int:
     return max(head, segments[0].first_id) if segments else head
 
 
-def _first_pending(queue_dir: str, start: int, state: ReaderState) -> Message | None:
-    """The first message from ``start`` this reader has not settled, if any."""
+def _first_pending(queue_dir: str, start: int, state: ReaderState) -> int | None:
+    """The timestamp of the first message from ``start`` this reader has not settled.
+
+    Read from the entry's visible fields: no payload is opened (an encrypted queue's
+    figures need no key).
+    """
     tail = LogTail(queue_dir, start)
     try:
         while (entry := tail.next_entry()) is not None:
-            if entry.id in state.done:
+            if entry.id in state.done or entry.type != _DATA:
                 continue
-            message = view_message(entry, queue_dir)
-            if message is not None:
-                return message
+            return entry.timestamp
         return None
     finally:
         tail.close()
@@ -139,7 +146,7 @@ def _reader_stats(queue_dir: str, name: str, segments: list[_Segment], now_ns: i
         expired=counters.get("expired", 0),
         dead_lettered=counters.get("dead_lettered", 0),
         head=start,
-        oldest_pending_age=max(0.0, (now_ns - first.timestamp) / 1e9) if first else 0.0,
+        oldest_pending_age=max(0.0, (now_ns - first) / 1e9) if first is not None else 0.0,
     )
 
 
@@ -187,11 +194,13 @@ def dlq_pending(queue_dir: str) -> int:
     return _reader_stats(dlq, _DEFAULT, _segments(dlq), time.time_ns()).pending
 
 
-def peek(queue_dir: str, count: int) -> list[Message]:
+def peek(queue_dir: str, count: int, encryption_key: bytes | None = None) -> list[Message]:
     """The next ``count`` messages the default reader would get, as the files say.
 
     In id order; ``attempts`` is the delivery a reopen would make (deliveries so far + 1).
+    An encrypted queue needs its ``encryption_key`` (:class:`ConfigError`).
     """
+    sealer = view_sealer(queue_dir, encryption_key)
     state = replay_reader(queue_dir, _DEFAULT)
     segments = _segments(queue_dir)
     found: list[Message] = []
@@ -200,7 +209,7 @@ def peek(queue_dir: str, count: int) -> list[Message]:
         while len(found) < count and (entry := tail.next_entry()) is not None:
             if entry.id in state.done:
                 continue
-            message = view_message(entry, queue_dir)
+            message = view_message(entry, queue_dir, sealer)
             if message is not None:
                 attempts = state.deliveries.get(entry.id, 0) + 1
                 found.append(dataclasses.replace(message, attempts=attempts))

@@ -30,6 +30,7 @@ from ledgerq.cli._common import (
     write_line,
     write_outcome,
 )
+from ledgerq.cli._keys import server_key_file_option
 
 __all__ = ["bench", "import_kestrel", "serve", "ship", "worker"]
 
@@ -227,6 +228,7 @@ def worker(
     "ledgerq.open(DATA_DIR/<name>, shared=True) while the server runs.",
 )
 @options_option
+@server_key_file_option
 def serve(
     data_dir: str,
     host: str,
@@ -248,7 +250,8 @@ def serve(
     it accepts connections.  SIGTERM or Ctrl-C stops it cleanly: open reads go back
     to their queues and every queue is synced and closed.  With --shared, Python
     processes (and ledgerq commands) use the same queues beside it; a 'delete' of a
-    queue another process has open is refused.  See docs/server.md.
+    queue another process has open is refused.  With --encryption-key-file every
+    queue is encrypted at rest with that key (docs/encryption.md).  See docs/server.md.
     """
     from ledgerq.server import ServerConfig, run
 

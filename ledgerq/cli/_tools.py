@@ -27,9 +27,12 @@ from ledgerq.cli._common import (
     write_bytes,
     write_json,
     write_line,
+    write_outcome,
 )
+from ledgerq.cli._keys import KeyFileError, current_key, key_file_option, read_key_file
+from ledgerq.segment.readonly import stored_block
 
-__all__ = ["compact", "dump", "verify"]
+__all__ = ["compact", "dump", "rekey", "verify"]
 
 _FLUSH_BYTES = 1 << 16
 
@@ -40,6 +43,7 @@ _FLUSH_BYTES = 1 << 16
 @click.option("-n", "--limit", type=click.IntRange(min=1), help="Stop after this many messages.")
 @payload_option
 @json_option
+@key_file_option
 def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json: bool) -> None:
     """Print every message retained in QUEUE's segments as JSON lines.
 
@@ -47,7 +51,7 @@ def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json
     the queue): acked and expired messages still on disk are included.  Each line
     holds id, timestamp, expires_at (ns since the epoch), priority (0 low, 1 medium,
     2 high), headers, payload and payload_encoding.  The output is always JSON;
-    --json is accepted for uniformity.
+    --json is accepted for uniformity.  An encrypted queue needs --key-file.
     """
     require_queue(queue)
     if _on_read_only_disk(queue):
@@ -58,7 +62,8 @@ def dump(queue: str, from_id: int, limit: int | None, payload_mode: str, as_json
     mode = payload_mode.lower()
     pending: list[bytes] = []
     size = 0
-    for count, message in enumerate(tools.iter_messages(queue, from_id), 1):
+    messages = tools.iter_messages(queue, from_id, encryption_key=current_key())
+    for count, message in enumerate(messages, 1):
         line = json.dumps(message_json(message, mode, attempts=False), ensure_ascii=False)
         data = line.encode("utf-8") + b"\n"
         pending.append(data)
@@ -110,6 +115,7 @@ def _summary(report: tools.VerifyReport) -> str:
     "valid entry.  Verifies again afterwards.",
 )
 @json_option
+@key_file_option
 def verify(queue: str, repair: bool, as_json: bool) -> int:
     """Check every entry CRC, index, reader state file and meta.json of QUEUE.
 
@@ -119,8 +125,30 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
     --repair nothing is written and the lock is not taken, so it can run beside the
     process that owns the queue (a torn tail at the end of the newest segment may then
     be a write in flight).  The dead-letter queue in QUEUE/dlq is checked too.
+
+    An encrypted queue is checked without its key as far as the key is not needed
+    (checksums, indexes, journals, meta.json), and a note says so; with --key-file
+    every sealed message is authenticated too, and one that fails is a problem.
     """
     require_queue(queue)
+    key = current_key()
+    failed: list[int] = []
+    if key is None and stored_block(queue):
+        click.echo(
+            f"ledgerq: {queue} is encrypted: checksums, indexes, reader journals and "
+            "meta.json were checked; the sealed payloads were not authenticated (pass "
+            "--key-file to authenticate them)",
+            err=True,
+        )
+    elif key is not None:
+        failed = tools.unauthentic_ids(queue, key)
+        for message_id in failed:
+            click.echo(
+                f"{queue}: sealed: message {message_id} fails authentication (tampered, "
+                "moved, or sealed under another key); the queue skips it as corrupt",
+                err=True,
+            )
+
     with progress("verifying") as update:
         if repair:
             result = tools.repair(queue, on_progress=update)
@@ -129,13 +157,13 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
             report = tools.verify(queue, on_progress=update)
     if not repair:
         _print_report(report, None, as_json)  # read-only: a closed stdout is just that
-        return 0 if report.ok else 1
+        return 0 if report.ok and not failed else 1
     summary = _summary(report) + (" after repair" if result.complete else "")
     fixed = plural(len(result.fixed), "problem")
     actions = plural(len(result.actions), "repair action")
     with reporting_if_output_closed(lambda: f"fixed {fixed} ({actions}); {summary}"):
         _print_report(report, result, as_json)
-    return 0 if report.ok and result.complete else 1
+    return 0 if report.ok and result.complete and not failed else 1
 
 
 def _print_report(
@@ -167,6 +195,43 @@ def _print_report(
         write_line(_summary(report) + " after repair")
     else:
         write_line(_summary(report) + " as the files are: the repair could not run")
+
+
+@click.command()
+@queue_argument
+@click.option(
+    "--old-key-file",
+    metavar="PATH",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The key the queue is encrypted with now (32 raw bytes or 64 hex digits).",
+)
+@click.option(
+    "--new-key-file",
+    metavar="PATH",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The key to encrypt it with from now on (same forms).",
+)
+@json_option
+def rekey(queue: str, old_key_file: str, new_key_file: str, as_json: bool) -> None:
+    """Rotate the encryption key of QUEUE (and of its DLQ).
+
+    Every sealed entry is sealed again under the new key, segment by segment (temp
+    file, fsync, rename), then meta.json's key check is switched.  It needs the queue
+    alone: it refuses while any process has it open.  Killed half-way, the queue
+    refuses to open until rekey is run again with the same two key files, which
+    finishes the rotation (docs/encryption.md, "Rotation").
+    """
+    require_queue(queue)
+    try:
+        old, new = read_key_file(old_key_file), read_key_file(new_key_file)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc)) from None
+    with progress("re-encrypting"):
+        rewritten = tools.rekey(queue, old, new)
+    text = f"{queue}: re-encrypted under the new key ({plural(rewritten, 'segment')} rewritten)"
+    write_outcome(text, {"queue": queue, "segments_rewritten": rewritten} if as_json else None)
 
 
 @click.command()

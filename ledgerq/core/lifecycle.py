@@ -23,7 +23,6 @@ files and the lock are the parent's (see :mod:`ledgerq.core.processes`).
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import functools
 import logging
@@ -33,7 +32,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ledgerq._options import Options
+from ledgerq._options import Options, storable_options
 from ledgerq.core.feature import Feature
 from ledgerq.segment.files import StorageError
 from ledgerq.segment.lock import DirLock
@@ -84,7 +83,14 @@ class MetaKeeper:
     lose them (see ``segment.meta``).
     """
 
-    __slots__ = ("copied_options", "meta", "options_store", "saved", "store")
+    __slots__ = (
+        "copied_encryption",
+        "copied_options",
+        "meta",
+        "options_store",
+        "saved",
+        "store",
+    )
 
     def __init__(
         self,
@@ -92,11 +98,13 @@ class MetaKeeper:
         meta: Meta,
         options_store: OptionsStore,
         copied_options: dict[str, object] | None,
+        copied_encryption: dict[str, str] | None = None,
     ) -> None:
         self.store = store
         self.meta = meta
         self.options_store = options_store
         self.copied_options = copied_options
+        self.copied_encryption = copied_encryption or {}
         self.saved: tuple[object, ...] | None = None  # what the last save recorded
 
     @staticmethod
@@ -186,12 +194,17 @@ class MetaKeeper:
         for ranges in (meta.gaps, meta.lost, meta.known_lost):
             ranges[:] = [r for r in ranges if r[1] >= oldest]
         if options is not None:
-            meta.options = dataclasses.asdict(options)
-            if meta.options != self.copied_options:
-                self.options_store.save(
-                    OptionsCopy(created_ns=meta.created_ns, options=meta.options)
+            meta.options = storable_options(options)  # never the encryption key
+        if (
+            options is not None and meta.options != self.copied_options
+        ) or meta.encryption != self.copied_encryption:
+            self.options_store.save(
+                OptionsCopy(
+                    created_ns=meta.created_ns, options=meta.options, encryption=meta.encryption
                 )
-                self.copied_options = meta.options
+            )
+            self.copied_options = meta.options
+            self.copied_encryption = meta.encryption
         self.store.save(meta)
         self.saved = figures
 

@@ -1056,7 +1056,9 @@ def initial_checkpoint(head: object, done: Iterable[object], next_id: int) -> Ch
     return Checkpoint(first, ids, [], {})
 
 
-_COMPRESSED = int(EntryFlags.COMPRESSED)
+# Entries whose stored payload is not the message (compressed, or sealed with its
+# headers): the one flag test of the dequeue fast path.
+_RESTORED_FLAGS = int(EntryFlags.COMPRESSED | EntryFlags.ENCRYPTED)
 
 
 # Message is a frozen dataclass: its generated __init__ sets each field through
@@ -1170,7 +1172,7 @@ class Reader:
             if taken is None:
                 return None
             entry, attempt = taken
-            if not entry.flags & _COMPRESSED:
+            if not entry.flags & _RESTORED_FLAGS:
                 return entry_to_message(entry, attempt, entry.payload)
             messages = queue._messages(self, [taken])
             return messages[0] if messages else self.dequeue(0)
@@ -1372,10 +1374,10 @@ class Reader:
         messages = []
         for entry, attempt in zip(entries, attempts, strict=True):
             try:
-                payload = queue._restore(entry)
+                plain, payload = queue._restore_entry(entry)
             except CorruptionError:
                 continue
-            messages.append(entry_to_message(entry, attempt, payload))
+            messages.append(entry_to_message(plain, attempt, payload))
         return messages
 
     def stats(self) -> ReaderStats:

@@ -44,6 +44,7 @@ from ledgerq.format.feature_state import (
     encode_feature_file_header,
     encode_feature_record,
 )
+from ledgerq.format.sealing import keyed_digest
 from ledgerq.segment.appendlog import AppendLog
 from ledgerq.segment.files import StorageError, make_durable_dir
 from ledgerq.segment.naming import FEATURES_DIR
@@ -99,6 +100,11 @@ class DedupFeature(Feature):
         self._unsaved = False  # a record could not be written: rewrite the table whole
         self._queue: QueueCore | None = None
         self._shared = False  # other handles append to the file too (shared mode)
+        # An encrypted queue keys its table with a keyed hash (HMAC under a key derived
+        # from the encryption key): an unkeyed digest in dedup.log would let whoever
+        # holds the disk confirm a guessed dedup id.
+        key = options.encryption_key
+        self._key_of = dedup_key if key is None else keyed_digest(key, _KEY_SIZE)
 
     def attach(self, queue: QueueCore) -> None:
         directory = os.path.join(queue.path, FEATURES_DIR)
@@ -228,7 +234,7 @@ class DedupFeature(Feature):
         if draft.dedup_id is None:
             return None
         self._expire(now_ns)
-        key = dedup_key(draft.dedup_id)
+        key = self._key_of(draft.dedup_id)
         hit = self._table.get(key)
         if hit is not None and hit[1] > now_ns:
             return hit[0]

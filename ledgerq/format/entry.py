@@ -14,7 +14,7 @@ keeps the two in step)::
     ..      8     deliver_at  i64  [HAS_DELIVER_AT] not before this time, ns since the epoch
     ..      4+n   headers     u32 n, then a msgpack map str -> str  [HAS_HEADERS]
     ..      1+g   group       u8 g (1..255), then g bytes of UTF-8  [HAS_GROUP]
-    ..      m     payload     the rest (zstd frame when COMPRESSED)
+    ..      m     payload     the rest (zstd frame when COMPRESSED; sealed blob when ENCRYPTED)
     end-4   4     crc         u32  CRC-32C (format 2) or CRC-32 (format 1) of every byte before it
 
 The length comes first so a scanner can step from entry to entry without parsing
@@ -32,6 +32,7 @@ there makes the entry fail the other CRC (but for a 2**-32 chance), like any fli
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from enum import IntEnum, IntFlag
 from typing import NamedTuple
 
@@ -100,7 +101,10 @@ class EntryFlags(IntFlag):
     # Issue 17: the message belongs to a message group (delivered one at a time, in id
     # order).  Format 2 only, as HAS_DELIVER_AT.
     HAS_GROUP = 1 << 6
-    # Bit 7 is reserved for ENCRYPTED (issue 18): not written yet, and corrupt when set.
+    # Issue 18: the payload field is a sealed blob (AES-256-GCM, format/sealing.py)
+    # holding the headers and the message body.  Format 2 only, and never together
+    # with HAS_HEADERS (the headers are inside the blob): both make the entry corrupt.
+    ENCRYPTED = 1 << 7
 
 
 KNOWN_FLAGS = int(
@@ -111,9 +115,12 @@ KNOWN_FLAGS = int(
     | EntryFlags.BATCH_CONTINUES
     | EntryFlags.HAS_DELIVER_AT
     | EntryFlags.HAS_GROUP
+    | EntryFlags.ENCRYPTED
 )
-# A format-1 entry has no HAS_DELIVER_AT nor HAS_GROUP (format 2 brought them).
-_KNOWN_FLAGS_V1 = KNOWN_FLAGS & ~int(EntryFlags.HAS_DELIVER_AT | EntryFlags.HAS_GROUP)
+# A format-1 entry has no HAS_DELIVER_AT, HAS_GROUP nor ENCRYPTED (format 2 brought them).
+_KNOWN_FLAGS_V1 = KNOWN_FLAGS & ~int(
+    EntryFlags.HAS_DELIVER_AT | EntryFlags.HAS_GROUP | EntryFlags.ENCRYPTED
+)
 KNOWN_TYPES = frozenset(int(t) for t in RecordType)  # every record type a valid entry may have
 
 ENTRY_FORMAT = 2  # the format of the entries this ledgerq writes
@@ -156,6 +163,10 @@ _COMPRESSED = int(EntryFlags.COMPRESSED)
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 _HAS_DELIVER_AT = int(EntryFlags.HAS_DELIVER_AT)
 _HAS_GROUP = int(EntryFlags.HAS_GROUP)
+_ENCRYPTED = int(EntryFlags.ENCRYPTED)
+# An ENCRYPTED payload holds at least a nonce, a tag and the sealed content's flags byte
+# (format/sealing.py; checked there too, a constant here so the decoder needs no import).
+_MIN_SEALED = 12 + 16 + 1
 MAX_GROUP_BYTES = 255  # a group name's UTF-8 length fits the u8 before it
 
 _CHECK_BY_COPY = 1024
@@ -238,11 +249,20 @@ def encode_entry(
     deliver_at: int | None = None,
     group: bytes | None = None,
     entry_format: int = ENTRY_FORMAT,
+    encrypted: bool = False,
+    seal: Callable[[bytes, bytes | bytearray | memoryview], bytes] | None = None,
+    sealed_size: int = 0,
 ) -> bytes:
     """Return the encoded entry.  ``headers_blob`` comes from :func:`encode_headers`.
 
     ``batch_continues`` sets BATCH_CONTINUES: for every entry of a batch but its last.
     ``entry_format`` 1 writes a format-1 entry (CRC-32; for tests and tools).
+
+    ``encrypted`` sets ENCRYPTED (format 2, no ``headers_blob``: the headers travel
+    inside the sealed payload).  With ``seal``, the payload written is
+    ``seal(prefix, payload)``, where ``prefix`` is the entry's bytes before its payload
+    field and the result must be ``sealed_size`` bytes long (the entry's length is
+    fixed before sealing, since the prefix holds it): ``format.sealing`` uses it.
 
     Raises ``ValueError`` for any value :func:`decode_entry` would reject as corrupt
     (id 0, priority above HIGH, unknown type) or that does not fit its field: bytes
@@ -299,13 +319,26 @@ def encode_entry(
         extra += 1 + len(group)
     if compressed:
         flags |= _COMPRESSED
+    if encrypted:
+        if entry_format != ENTRY_FORMAT or headers_blob is not None:
+            raise ValueError("an encrypted entry is format 2 and carries its headers sealed")
+        flags |= _ENCRYPTED
     if batch_continues:
         flags |= _BATCH_CONTINUES
-    length = MIN_ENTRY_SIZE + extra + len(payload)
+    length = MIN_ENTRY_SIZE + extra + (len(payload) if seal is None else sealed_size)
     if length > MAX_ENTRY_SIZE:
         raise ValueError(f"entry of {length} bytes exceeds the format limit {MAX_ENTRY_SIZE}")
     head = _pack_header(length, kind, flags, message_id, timestamp)
-    body = b"".join((head, *parts, payload)) if parts else head + payload
+    if seal is not None:
+        # The bytes before the payload are the associated data of the sealed payload:
+        # sealing it here authenticates every visible field with it (format/sealing.py).
+        prefix = b"".join((head, *parts)) if parts else head
+        payload = seal(prefix, payload)
+        if len(payload) != sealed_size:
+            raise ValueError("a sealed payload differs from its announced size")
+        body = prefix + payload
+    else:
+        body = b"".join((head, *parts, payload)) if parts else head + payload
     return body + _pack_crc(crc(body))
 
 
@@ -478,6 +511,11 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Ent
         except UnicodeDecodeError:
             raise CorruptRecord("entry group is not UTF-8", pos) from None
         at += glen
+    if flags & _ENCRYPTED:  # one test on the path of a plain entry
+        if flags & _HAS_HEADERS:
+            raise CorruptRecord("an encrypted entry with headers outside its sealed payload", pos)
+        if crc_at - at < _MIN_SEALED:
+            raise CorruptRecord("encrypted entry too short for its sealed payload", pos)
     payload = bytes(buf[at:crc_at])
     return Entry(
         message_id,

@@ -36,7 +36,9 @@ from ledgerq.segment.naming import (
 
 __all__ = [
     "DELIVER_AT_VERSION",
+    "ENCRYPTED_VERSION",
     "FORMAT_VERSION",
+    "NEWEST_VERSION",
     "OPTIONS_FORMAT",
     "OPTIONS_VERSION",
     "DamagedMetaError",
@@ -44,6 +46,7 @@ __all__ = [
     "MetaStore",
     "OptionsCopy",
     "OptionsStore",
+    "encode_meta",
     "holds_queue_data",
     "stored_options",
 ]
@@ -56,10 +59,18 @@ __all__ = [
 FORMAT_VERSION = 2
 OPTIONS_FORMAT = "ledgerq-options"
 OPTIONS_VERSION = 1  # options.json did not change with format 2: older ledgerqs use it
+OPTIONS_ENCRYPTED_VERSION = 2  # options.json of an encrypted queue (with ``encryption``)
 # Delayed and grouped entries (issue 17) are format 2 only: a queue holding one says
 # version 2, written at the first open, like every queue this ledgerq opened
 # (``ledgerq verify`` reports one under version 1).
 DELIVER_AT_VERSION = 2
+# Version 3: an encrypted queue (issue 18): meta.json holds an ``encryption`` object (the
+# queue's identity and key check) and the segments ENCRYPTED entries.  Only encrypted
+# queues say 3 - a plain queue stays version 2, open to a format 2 ledgerq - so an older
+# ledgerq (and its follow, ship, Spark) refuses an encrypted queue rather than taking
+# its sealed entries for damage, or rewriting meta.json without the key check.
+ENCRYPTED_VERSION = 3
+NEWEST_VERSION = ENCRYPTED_VERSION  # the newest version this ledgerq reads
 
 
 class DamagedMetaError(NotAQueueError):
@@ -93,16 +104,25 @@ class Meta:
     gaps_from: int | None = 1
     lost: list[list[int]] = field(default_factory=list)
     known_lost: list[list[int]] = field(default_factory=list)
+    # An encrypted queue's cipher, identity and key check (segment.encryption); {} when
+    # the queue is plain.  Never the key.
+    encryption: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class OptionsCopy:
-    """The content of ``options.json``: the stored options, and when the queue was made."""
+    """The content of ``options.json``: the stored options, and when the queue was made.
+
+    An encrypted queue's ``encryption`` object is copied here too (a queue whose
+    meta.json is lost must not lose its identity: its entries could never be opened
+    again); the file is then version 2, which an older ledgerq takes for a missing copy.
+    """
 
     format: str = OPTIONS_FORMAT
     version: int = OPTIONS_VERSION
     created_ns: int = 0
     options: dict[str, object] = field(default_factory=dict)
+    encryption: dict[str, str] = field(default_factory=dict)
 
 
 def stored_options(directory: str) -> dict[str, object]:
@@ -159,17 +179,44 @@ class OptionsStore:
         if not isinstance(raw, dict) or raw.get("format") != OPTIONS_FORMAT:
             return None
         version, created, options = raw.get("version"), raw.get("created_ns"), raw.get("options")
-        if type(version) is not int or version > OPTIONS_VERSION or not isinstance(options, dict):
+        if (
+            type(version) is not int
+            or version > OPTIONS_ENCRYPTED_VERSION
+            or not isinstance(options, dict)
+        ):
             return None
         return OptionsCopy(
             version=version,
             created_ns=created if type(created) is int else 0,
             options={str(k): v for k, v in options.items()},
+            encryption=_encryption_block(raw.get("encryption")),
         )
 
     def save(self, copy: OptionsCopy) -> None:
         """Durably replace the file (temp file, fsync, rename, fsync dir)."""
-        atomic_write(self.path, json.dumps(asdict(copy), sort_keys=True, indent=1).encode())
+        raw = asdict(copy)
+        if copy.encryption:
+            raw["version"] = OPTIONS_ENCRYPTED_VERSION
+        else:
+            del raw["encryption"]  # a plain queue's file stays as older ledgerqs wrote it
+        atomic_write(self.path, json.dumps(raw, sort_keys=True, indent=1).encode())
+
+
+_ENCRYPTION_KEYS = ("cipher", "key_check", "queue_id")
+
+
+def _encryption_block(value: object) -> dict[str, str]:
+    """The ``encryption`` object of a file: {} when absent; kept as read when it has the
+    expected keys as strings (segment.encryption checks their content), else {"damaged":
+    ...} so that the queue is refused rather than taken for a plain one."""
+    if value is None or value == {}:
+        return {}
+    if isinstance(value, dict) and all(type(value.get(k)) is str for k in _ENCRYPTION_KEYS):
+        block = {k: value[k] for k in _ENCRYPTION_KEYS}
+        if "rekey_to" in value:  # a key rotation in progress (ledgerq rekey)
+            block["rekey_to"] = str(value["rekey_to"])
+        return block
+    return {"damaged": "true"}
 
 
 def _pairs(value: object) -> list[list[int]]:
@@ -181,6 +228,21 @@ def _pairs(value: object) -> list[list[int]]:
         for r in value
         if isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
     ]
+
+
+def encode_meta(meta: Meta) -> bytes:
+    """The bytes of ``meta.json`` for ``meta``.
+
+    The version says what the file holds: 3 with an ``encryption`` object, else the
+    version ``meta`` says (a plain queue's file stays as format 2 wrote it).
+    """
+    raw = asdict(meta)
+    if meta.encryption:
+        raw["version"] = ENCRYPTED_VERSION
+    else:
+        raw["version"] = min(meta.version, FORMAT_VERSION)
+        del raw["encryption"]
+    return json.dumps(raw, sort_keys=True, indent=1).encode()
 
 
 class MetaStore:
@@ -211,10 +273,10 @@ class MetaStore:
         if not isinstance(raw, dict) or raw.get("format") != "ledgerq":
             raise DamagedMetaError(self.path, "not a ledgerq meta file")
         version = raw.get("version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        if not isinstance(version, int) or version > NEWEST_VERSION:
             raise IncompatibleFormatError(
                 f"queue at {os.path.dirname(self.path)} has format version {version!r}; this "
-                f"ledgerq reads version {FORMAT_VERSION} and older - upgrade ledgerq to open it"
+                f"ledgerq reads version {NEWEST_VERSION} and older - upgrade ledgerq to open it"
             )
         meta = Meta()
         for key in ("created_ns", "next_id", "reserved_until"):
@@ -233,10 +295,14 @@ class MetaStore:
         meta.gaps = _pairs(raw.get("gaps"))
         meta.lost = _pairs(raw.get("lost"))
         meta.known_lost = _pairs(raw.get("known_lost"))
+        meta.encryption = _encryption_block(raw.get("encryption"))
+        if version >= ENCRYPTED_VERSION and not meta.encryption:
+            meta.encryption = {"damaged": "true"}  # version 3 is an encrypted queue
+        meta.version = ENCRYPTED_VERSION if meta.encryption else FORMAT_VERSION
         return meta
 
     def save(self, meta: Meta) -> None:
         """Durably replace the meta file (temp file, fsync, rename, fsync dir)."""
-        data = json.dumps(asdict(meta), sort_keys=True, indent=1).encode()
+        data = encode_meta(meta)
         with self._lock:
             atomic_write(self.path, data, durable=True)

@@ -87,7 +87,11 @@ def rebuild_meta(
         reserved_until=next_id,
         counters={},  # no "enqueued": derived by the next open
         options=dict(copy.options) if copy is not None else {},
-        gaps_from=None,  # set by the next open: the gaps on disk now raise no alarm
+        gaps_from=None,
+        # An encrypted queue's identity and key check: without them its entries are lost.
+        encryption=dict(copy.encryption)
+        if copy is not None
+        else {},  # set by the next open: the gaps on disk now raise no alarm
     )
     notes.insert(
         0,

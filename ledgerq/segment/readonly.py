@@ -63,6 +63,7 @@ from ledgerq.format import (
     MAX_ENTRY_SIZE,
     MIN_ENTRY_SIZE,
     Checkpoint,
+    CorruptRecord,
     DecodeError,
     Entry,
     EntryFlags,
@@ -81,6 +82,8 @@ from ledgerq.format.checksum import (
 )
 from ledgerq.format.compression import restore_zstd
 from ledgerq.format.entry import ENTRY_FORMAT, ENTRY_FORMAT_SHIFT, ENTRY_HEADER
+from ledgerq.format.sealing import EntrySealer
+from ledgerq.segment.encryption import check_key_type, sealer_for, stored_block
 from ledgerq.segment.files import pread_exact
 from ledgerq.segment.index_file import load_index, read_index, read_index_ends, read_index_tail
 from ledgerq.segment.layout import (
@@ -93,7 +96,7 @@ from ledgerq.segment.layout import (
     newest_first,
     subtract_ranges,
 )
-from ledgerq.segment.meta import FORMAT_VERSION, Meta, MetaStore, stored_options
+from ledgerq.segment.meta import FORMAT_VERSION, NEWEST_VERSION, Meta, MetaStore, stored_options
 from ledgerq.segment.naming import (
     DLQ_DIR,
     LOCK_NAME,
@@ -137,12 +140,15 @@ from ledgerq.segment.watch import DirectoryWatcher, WatchMode, open_watcher
 
 __all__ = [
     "CHECKSUM",
+    "CorruptRecord",
+    "EntrySealer",
     "DAMAGED_DIR",
     "DLQ_DIR",
     "ENTRY_FORMAT",
     "ENTRY_FORMAT_SHIFT",
     "ENTRY_HEADER",
     "FORMAT_VERSION",
+    "NEWEST_VERSION",
     "HEADER_ADVICE",
     "IN_FLIGHT_GRACE_S",
     "LOCK_NAME",
@@ -214,6 +220,10 @@ __all__ = [
     "stored_options",
     "subtract_ranges",
     "view_message",
+    "view_sealer",
+    "check_key_type",
+    "sealer_for",
+    "stored_block",
     "watch_segments",
 ]
 
@@ -388,6 +398,7 @@ VIEW_ATTEMPTS = 0
 MAX_VIEW_PAYLOAD = 1 << 30
 _PRIORITIES = tuple(Priority)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
+_ENCRYPTED = int(EntryFlags.ENCRYPTED)
 _DATA = int(RecordType.DATA)
 _local = threading.local()  # one zstd decompressor per thread (they are not thread-safe)
 
@@ -399,16 +410,40 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return dctx
 
 
-def view_message(entry: Entry, path: str) -> Message | None:
+def view_sealer(queue_dir: str, key: bytes | None) -> EntrySealer | None:
+    """The sealer a view of the queue at ``queue_dir`` opens its entries with (None for a
+    plain queue).  Raises :class:`ConfigError` for an encrypted queue without its key, or
+    with another, and for a plain queue given a key; :class:`NotAQueueError` without a
+    usable ``meta.json``."""
+    return sealer_for(load_meta(queue_dir).encryption, key, queue_dir)
+
+
+def view_message(entry: Entry, path: str, sealer: EntrySealer | None = None) -> Message | None:
     """The :class:`Message` a view yields for ``entry`` read from the log ``path``.
 
-    Its stored fields, the payload decompressed, and ``attempts`` =
-    :data:`VIEW_ATTEMPTS`.  None for an entry of a reserved record type (no message),
-    and - with a warning on the ``ledgerq`` logger - when the payload fails to
-    decompress: the view skips that message as the queue would.
+    Its stored fields, the payload opened (``sealer``, for an encrypted queue: see
+    :func:`view_sealer`) and decompressed, and ``attempts`` = :data:`VIEW_ATTEMPTS`.
+    None for an entry of a reserved record type (no message), and - with a warning on
+    the ``ledgerq`` logger - when the payload cannot be opened (no key, or it fails
+    authentication) or fails to decompress: the view skips that message as the queue
+    would.
     """
     if entry.type != _DATA:
         return None
+    if entry.flags & _ENCRYPTED:
+        if sealer is None:
+            logger.warning(
+                "ledgerq: skipping message %d in %s: it is encrypted and no key was given",
+                entry.id,
+                path,
+            )
+            return None
+        try:
+            entry = sealer.open(entry)
+        except CorruptRecord as exc:
+            problem = str(exc).removesuffix(" at offset 0")
+            logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, path, problem)
+            return None
     payload = entry.payload
     if entry.flags & _COMPRESSED:
         try:

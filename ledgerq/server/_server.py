@@ -53,7 +53,8 @@ class ServerConfig:
     bare_keys: bool = False
     allow_shutdown: bool = False
     threads: int = 16
-    queue_options: Mapping[str, Any] = field(default_factory=dict)
+    # Out of repr(): it may hold the encryption_key, which is never shown.
+    queue_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     shared: bool = False
     shutdown_grace: float = 10.0  # seconds running commands get to finish on shutdown
     # Writes of at most this many bytes run inline on the event loop when the queue

@@ -12,9 +12,11 @@ point that no wanted row precedes (see ``_scan``).  No pyspark here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ledgerq.segment.readonly import QueueDir, find_queues
+from ledgerq._errors import ConfigError
+from ledgerq.segment.readonly import QueueDir, find_queues, sealer_for, stored_block
 from ledgerq.spark._layout import (
     ReaderSnapshot,
     SegmentInfo,
@@ -46,6 +48,8 @@ class ReadOptions:
     pushdown: bool = True
     starting_offsets: str = "earliest"
     max_records_per_trigger: int | None = None
+    # encryption_key_hex, decoded: the key of the encrypted queues read (never in repr).
+    encryption_key: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)
@@ -87,6 +91,27 @@ class Pushed:
         return not (self.ts_lo is not None and hi_ns is not None and ns_to_us(hi_ns) < self.ts_lo)
 
 
+def encryption_key_option(options: Mapping[str, str]) -> bytes | None:
+    """The key of option ``encryption_key_hex`` (64 hex digits), or None without it.
+
+    Raises :class:`ConfigError` without showing the value.
+    """
+    raw = options.get("encryption_key_hex")
+    if raw is None or raw == "":
+        return None
+    text = str(raw).strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ConfigError(
+            f"option encryption_key_hex must be 64 hexadecimal digits (a 32-byte key); "
+            f"got {len(text)} characters"
+        )
+    return key
+
+
 def plan_tasks(options: ReadOptions, pushed: Pushed) -> list[SegmentTask]:
     """One task per segment that can hold a wanted row, over every loaded path."""
     if pushed.is_empty:
@@ -125,6 +150,12 @@ def plan_queue(
     ``snapshot``: bound the newest segment to its size now, so every task of a batch
     query reads the same moment (a stream bounds it by ids instead).
     """
+    # An encrypted queue needs the key, checked here on the driver (ConfigError) before
+    # any task runs; a plain queue among them reads as it is, the key unused.
+    block = stored_block(queue.path) or {}
+    if block:
+        sealer_for(block, options.encryption_key, queue.path)
+    key = options.encryption_key if block else None
     lo = max(id_lo, pushed.id_lo)
     hi = (
         id_hi
@@ -171,6 +202,7 @@ def plan_queue(
                 state=None if state is None else state.restricted(seg.first_id, seg.next_first_id),
                 failfast=options.failfast,
                 name_id=seg.name_id,
+                encryption_key=key,
             )
         )
     return tasks

@@ -37,7 +37,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,9 +55,11 @@ from ledgerq.segment.readonly import (
     MAX_VIEW_PAYLOAD,
     MIN_ENTRY_SIZE,
     SEGMENTS_DIR,
+    CorruptRecord,
     DecodeError,
     Entry,
     EntryFlags,
+    EntrySealer,
     IndexEntry,
     RecordType,
     TailScanner,
@@ -71,6 +73,8 @@ from ledgerq.segment.readonly import (
     pread_exact,
     read_index,
     restore_zstd,
+    sealer_for,
+    stored_block,
 )
 from ledgerq.spark._layout import ReaderSnapshot
 
@@ -127,6 +131,7 @@ _PLAIN_BY_FORMAT = {
 _ROW_NEUTRAL_FLAGS = int(EntryFlags.BATCH_CONTINUES)
 _PLAIN_MASK = 0xFFFF & ~(_ROW_NEUTRAL_FLAGS << 8)  # the (type, flags) u16 of a plain entry
 _COMPRESSED = int(EntryFlags.COMPRESSED)
+_ENCRYPTED = int(EntryFlags.ENCRYPTED)
 _LITTLE_ENDIAN = sys.byteorder == "little"  # the vectorised path views LE bytes as ints
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EMPTY_STRINGS = pa.array([], pa.string())
@@ -158,6 +163,9 @@ class SegmentTask:
     state: ReaderSnapshot | None = None
     failfast: bool = False
     name_id: int | None = None  # the id in the file's name, when it is not first_id
+    # An encrypted queue's key (checked against the queue when the task was planned);
+    # never in repr().  Its entries leave the vectorised path to be opened one by one.
+    encryption_key: bytes | None = field(default=None, repr=False)
 
     @property
     def log_path(self) -> str:
@@ -245,6 +253,7 @@ class _SegmentScan:
         self.stats = stats
         self.path = task.log_path
         self._dctx: zstandard.ZstdDecompressor | None = None  # made when first needed
+        self._sealer: EntrySealer | None = None  # made when first needed
         self.done = False  # past the highest wanted id: nothing more is wanted
         id_hi = task.id_hi
         if task.ids:
@@ -393,7 +402,35 @@ class _SegmentScan:
         if len(out):
             yield out
 
+    def _skip(self, entry: Entry, problem: str) -> None:
+        """Skip the message of ``entry`` as corrupt (or raise, with FAILFAST)."""
+        if self.task.failfast:
+            raise CorruptionError(f"message {entry.id}: {problem}", self.path)
+        logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, self.path, problem)
+        self.stats.corrupt_regions += 1
+        self.stats.lost_messages += 1
+
+    def _open(self, entry: Entry) -> Entry | None:
+        """``entry`` with its sealed headers and payload opened; None when it cannot be."""
+        if self._sealer is None:
+            key = self.task.encryption_key
+            if key is None:
+                self._skip(entry, "it is encrypted: read with option encryption_key_hex")
+                return None
+            self._sealer = sealer_for(stored_block(self.task.path) or {}, key, self.task.path)
+            assert self._sealer is not None
+        try:
+            return self._sealer.open(entry)
+        except CorruptRecord as exc:
+            self._skip(entry, str(exc).removesuffix(" at offset 0"))
+            return None
+
     def _add(self, out: _Decoded, entry: Entry) -> None:
+        if entry.flags & _ENCRYPTED:
+            opened = self._open(entry)
+            if opened is None:
+                return
+            entry = opened
         payload = entry.payload
         if entry.flags & _COMPRESSED:
             if self._dctx is None:

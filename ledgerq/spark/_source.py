@@ -51,7 +51,13 @@ from pyspark.sql.types import (
 from ledgerq._errors import ConfigError
 from ledgerq.segment.readonly import find_queues, last_complete_id
 from ledgerq.spark._layout import list_segments
-from ledgerq.spark._plan import Pushed, ReadOptions, plan_queue, plan_tasks
+from ledgerq.spark._plan import (
+    Pushed,
+    ReadOptions,
+    encryption_key_option,
+    plan_queue,
+    plan_tasks,
+)
 from ledgerq.spark._scan import SegmentTask, scan_segment
 from ledgerq.spark._write import LedgerqWriter
 
@@ -180,6 +186,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         failfast=_MODES[mode],
         arrow=_flag(options, "arrow", True),
         pushdown=_flag(options, "pushdown", True),
+        encryption_key=encryption_key_option(options),
         starting_offsets=starting,
         max_records_per_trigger=max_rows,
     )

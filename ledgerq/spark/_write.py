@@ -67,6 +67,7 @@ from ledgerq.shard import (
     shard_index,
     write_shard_count,
 )
+from ledgerq.spark._plan import encryption_key_option
 
 __all__ = ["STAGING_DIR", "LedgerqWriter", "StagedFile", "StagedTask"]
 
@@ -213,6 +214,9 @@ class LedgerqWriter(DataSourceArrowWriter):
         except ValueError:
             raise ConfigError("option lock_timeout must be a number of seconds") from None
         queue_options = _queue_options(options)
+        key = encryption_key_option(options)  # the shard queues are encrypted with it
+        if key is not None:
+            queue_options["encryption_key"] = key
         try:
             Options(**queue_options)  # ConfigError for a bad value
         except TypeError as exc:

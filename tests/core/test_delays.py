@@ -205,5 +205,6 @@ def test_a_ledgerq_that_reads_version_1_refuses_a_queue_with_delays(
     with ledgerq.open(delayed) as q:
         q.enqueue(b"x", delay=5)
     monkeypatch.setattr(meta_module, "FORMAT_VERSION", 1)
+    monkeypatch.setattr(meta_module, "NEWEST_VERSION", 1)  # the newest it reads (issue 18)
     with pytest.raises(ledgerq.IncompatibleFormatError, match="upgrade ledgerq"):
         ledgerq.open(delayed)

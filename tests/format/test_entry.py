@@ -362,7 +362,8 @@ def test_checksummed_but_invalid_fields_are_corrupt() -> None:
     for rtype in (0, 4, 15, 0x20, 0x24, 0x2F):
         with pytest.raises(CorruptRecord, match="type"):
             decode_entry(variant(4, rtype))
-    with pytest.raises(CorruptRecord, match="flags"):
+    # ENCRYPTED (issue 18) over a payload too short to be a sealed blob.
+    with pytest.raises(CorruptRecord, match="sealed payload"):
         decode_entry(variant(5, 1 << 7))
     # HAS_GROUP over a payload whose first byte is no valid group length for it.
     with pytest.raises(CorruptRecord, match="group"):

@@ -26,6 +26,7 @@ import ledgerq
 from ledgerq.format import entry as entry_mod
 from ledgerq.format import index as index_mod
 from ledgerq.format import reader_state as state_mod
+from ledgerq.format import sealing as sealing_mod
 from ledgerq.format.entry import EntryFlags, RecordType, encode_entry
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
 from ledgerq.segment.meta import DELIVER_AT_VERSION
@@ -58,6 +59,9 @@ CHECKED_TABLES = {
     "meta",
     "options",
     "constants",
+    "sealed",
+    "sealed-content",
+    "sealing-constants",
 }
 
 _MARKER = re.compile(r"<!--\s*table:\s*([\w-]+)\s*-->")
@@ -176,8 +180,11 @@ def walk(rows: list[Row], raw: bytes, start: int = 0) -> tuple[dict[str, Any], i
         if r["offset"] != "*":
             assert pos - start == _evaluate(r["offset"], values), r
         if r["size"] == "*":
-            after = next(x for x in rows[i + 1 :] if _is_present(x, values))
-            size = _evaluate(after["offset"], values) - (pos - start)
+            after = next((x for x in rows[i + 1 :] if _is_present(x, values)), None)
+            if after is None:  # the last field: the rest of the record
+                size = len(raw) - pos
+            else:
+                size = _evaluate(after["offset"], values) - (pos - start)
         else:
             size = _evaluate(r["size"], values)
         assert 0 <= size <= len(raw) - pos, r
@@ -643,3 +650,67 @@ def test_tables_decode_ids_records(kind: Row, ids: list[int]) -> None:
     width = struct.calcsize(u64)
     body = record["body"]
     assert [struct.unpack_from(u64, body, i)[0] for i in range(0, len(body), width)] == ids
+
+
+# ---------------------------------------------------------------- encrypted entries
+
+
+def test_sealing_constants() -> None:
+    for r in table("sealing-constants"):
+        module, _, name = r["constant"].rpartition(".")
+        actual = getattr(importlib.import_module(f"ledgerq.{module}"), name)
+        text = r["value"]
+        expected = json.loads(text) if text.startswith('"') else int(text, 0)
+        if isinstance(actual, bytes):
+            actual = actual.decode("ascii")
+        assert actual == expected, r
+    rows = {r["field"]: r for r in table("sealed")}
+    assert int(rows["nonce"]["size"]) == sealing_mod.NONCE_SIZE
+    assert int(rows["tag"]["size"]) == sealing_mod.TAG_SIZE
+    assert rows["tag"]["offset"] == f"size - {sealing_mod.TAG_SIZE}"
+
+
+@settings(max_examples=60)
+@given(entry_specs(), st.binary(min_size=32, max_size=32), st.binary(min_size=16, max_size=16))
+def test_tables_decode_sealed_entries(spec: EntrySpec, key: bytes, queue_id: bytes) -> None:
+    """An ENCRYPTED entry opened by following the spec alone (key derivation, associated
+    data, the sealed tables) gives back what was sealed."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    if spec.entry_format != 2:
+        return
+    sealer = sealing_mod.EntrySealer(key, queue_id)
+    raw = sealer.encode(
+        spec.id,
+        spec.timestamp,
+        spec.payload,
+        headers_blob=msgpack.packb(spec.headers) if spec.headers is not None else None,
+        expires_at=spec.expires_at,
+        priority=spec.priority,
+        compressed=spec.compressed,
+        deliver_at=spec.deliver_at,
+        group=spec.group.encode() if spec.group is not None else None,
+    )
+    values, end = walk(table("entry"), raw)
+    assert end == len(raw)
+    assert values["flags"] & doc_flag("ENCRYPTED")
+    assert not values["flags"] & doc_flag("HAS_HEADERS")
+    assert values["id"] == spec.id and values.get("group") == spec.group
+    blob = values["payload"]
+    payload_at = len(raw) - 4 - len(blob)
+    info = json.loads(
+        row("sealing-constants", "format.sealing.ENTRY_KEY_INFO", "constant")["value"]
+    )
+    entry_key = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=queue_id, info=info.encode()
+    ).derive(key)
+    nonce_size = int(row("sealed", "nonce")["size"])
+    content = AESGCM(entry_key).decrypt(
+        blob[:nonce_size], blob[nonce_size:], queue_id + raw[:payload_at]
+    )
+    inner, inner_end = walk(table("sealed-content"), content)
+    assert inner_end == len(content)
+    assert inner.get("headers") == spec.headers
+    assert inner["body"] == spec.payload

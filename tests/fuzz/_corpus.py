@@ -16,6 +16,7 @@ from pathlib import Path
 import msgpack
 import zstandard
 
+from ledgerq.format import sealing
 from ledgerq.format.entry import encode_entry, encode_headers
 from ledgerq.format.feature_state import encode_feature_file_header, encode_feature_record
 from ledgerq.format.index import encode_index_entry, encode_index_header
@@ -26,6 +27,7 @@ from ledgerq.format.reader_state import (
     encode_ids_record,
     encode_state_file_header,
 )
+from tests.fuzz._targets import FUZZ_KEY, FUZZ_QUEUE_ID
 
 __all__ = ["CORPUS", "load", "seeds", "write"]
 
@@ -212,6 +214,45 @@ def _kestrel_old() -> dict[str, bytes]:
     }
 
 
+class _FixedNonceSealer(sealing.EntrySealer):
+    """The fuzz target's sealer with a nonce fixed per seed, so the corpus is stable."""
+
+    __slots__ = ()
+
+    def seal(self, prefix: bytes, content: bytes | bytearray | memoryview) -> bytes:
+        nonce = bytes(sealing.NONCE_SIZE)
+        return nonce + self._aead.encrypt(nonce, bytes(content), self._queue_id + prefix)
+
+
+def _sealed_entries() -> dict[str, bytes]:
+    sealer = _FixedNonceSealer(FUZZ_KEY, FUZZ_QUEUE_ID)
+    headers = encode_headers({"k": "v", "trace": "abc"})
+    frame = zstandard.ZstdCompressor().compress(b"z" * 300)
+    plain = sealer.encode(1, _T, b"hello")
+    return {
+        "plain": plain,
+        "empty": sealer.encode(2, _T, b""),
+        "headers": sealer.encode(3, _T, b"h", headers_blob=headers, priority=2),
+        "all_fields": sealer.encode(
+            4,
+            _T,
+            b"x" * 50,
+            headers_blob=headers,
+            expires_at=_T + 10**9,
+            priority=0,
+            deliver_at=_T + 5,
+            group=b"grp",
+        ),
+        "compressed": sealer.encode(5, _T, frame, compressed=True),
+        "batch": sealer.encode(6, _T, b"a", batch_continues=True) + sealer.encode(7, _T, b"b"),
+        "moved": plain[:6] + struct.pack("<Q", 9) + plain[14:-4] + plain[-4:],
+        "with_headers_flag": plain[:5] + bytes((plain[5] | 0x02,)) + plain[6:],
+        "content_flags_only": bytes((1,)),
+        "content_headers": bytes((2,)) + struct.pack("<I", len(headers)) + headers + b"body",
+        "content_headers_long": bytes((2,)) + struct.pack("<I", 0xFFFFFFFF) + headers,
+    }
+
+
 def seeds() -> dict[str, dict[str, bytes]]:
     """Every seed, by target."""
     states = _reader_states()
@@ -219,6 +260,7 @@ def seeds() -> dict[str, dict[str, bytes]]:
     retries = _feature_files(b"LQRT")
     return {
         "entry": _entries(),
+        "sealed_entry": _sealed_entries(),
         "index": _indexes(),
         "reader_state": states,
         "checkpoint": _checkpoints(),

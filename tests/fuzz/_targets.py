@@ -38,6 +38,7 @@ import ledgerq.format.entry as entry_format
 import ledgerq.format.feature_state as feature_state
 import ledgerq.format.index as index_format
 import ledgerq.format.reader_state as state_format
+import ledgerq.format.sealing as sealing
 import ledgerq.kestrel.journal3 as journal3
 import ledgerq.kestrel.oldjournal as oldjournal
 import ledgerq.segment.meta as meta_store
@@ -99,6 +100,78 @@ def _entry(data: bytes) -> None:
         entry_format.decode_headers(data)
     except CorruptRecord:
         pass
+
+
+# The key and queue identity the sealed seeds are made with (tests/fuzz/_corpus.py).
+FUZZ_KEY = bytes(range(32))
+FUZZ_QUEUE_ID = bytes(range(16))
+_SEALER = sealing.EntrySealer(FUZZ_KEY, FUZZ_QUEUE_ID)
+_SEALED_PREFIX = entry_format.ENTRY_HEADER.pack(64, 0x21, 0x80, 7, 0)
+
+
+def _sealed_entry(data: bytes) -> None:
+    """Decode, then open as the queue does: a sealed payload opens to exactly what was
+    sealed, or raises CorruptRecord - never other bytes.  The input is also taken as the
+    sealed content itself (sealed here, so the content parser sees arbitrary bytes)."""
+    for pos in (0, 1):
+        if pos > len(data):
+            break
+        try:
+            entry, _ = entry_format.decode_entry(data, pos)
+        except DecodeError:
+            continue
+        if not entry.flags & entry_format.EntryFlags.ENCRYPTED:
+            continue
+        try:
+            opened = _SEALER.open(entry)
+        except CorruptRecord:
+            continue
+        assert not opened.flags & entry_format.EntryFlags.ENCRYPTED
+        assert (opened.id, opened.timestamp, opened.group) == (
+            entry.id,
+            entry.timestamp,
+            entry.group,
+        )
+        assert opened.headers is None or all(
+            type(k) is str and type(v) is str for k, v in opened.headers.items()
+        )
+    content_entry = entry_format.Entry(
+        7, 0, None, 1, None, _SEALER.seal(_SEALED_PREFIX, data), 0x80, 1, 65
+    )
+    # The prefix rebuilt from these fields is not _SEALED_PREFIX (its length field says
+    # 65, not 64): authentication must fail, whatever the content.
+    try:
+        _SEALER.open(content_entry)
+    except CorruptRecord:
+        pass
+    else:
+        raise AssertionError("a blob sealed for another prefix opened")
+    prefix = entry_format.ENTRY_HEADER.pack(
+        entry_format.MIN_ENTRY_SIZE + sealing.SEAL_OVERHEAD + len(data), 0x21, 0x80, 7, 0
+    )
+    sealed = entry_format.Entry(
+        7,
+        0,
+        None,
+        1,
+        None,
+        _SEALER.seal(prefix, data),
+        0x80,
+        1,
+        entry_format.MIN_ENTRY_SIZE + sealing.SEAL_OVERHEAD + len(data),
+    )
+    try:
+        opened = _SEALER.open(sealed)
+    except CorruptRecord:
+        assert not data or data[0] != 0  # content flags 0: any body is a message
+        return
+    # Opened: the content was well formed, and it is given back exactly.
+    headers = opened.headers
+    rebuilt = _SEALER.content(
+        data[5 : 5 + int.from_bytes(data[1:5], "little")] if headers is not None else None,
+        opened.payload,
+    )
+    assert rebuilt == data
 
 
 def _index(data: bytes) -> None:
@@ -285,6 +358,7 @@ TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target("entry", _entry, "format.entry: decode_entry, peek_length, decode_headers"),
+        Target("sealed_entry", _sealed_entry, "format.sealing: EntrySealer.open of an entry"),
         Target("index", _index, "format.index: decode_index"),
         Target("reader_state", _reader_state, "format.reader_state: header and records"),
         Target("checkpoint", _checkpoint, "format.reader_state: decode_checkpoint"),

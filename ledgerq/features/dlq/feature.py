@@ -73,10 +73,11 @@ class DeadLetterFeature(DeadLetterStore):
             tracker.record(reader, entry.id, delivery.now_ns, delivery.reason)
             return False
         try:
-            payload = main._restore(entry)
+            # In clear: the DLQ seals it again under its own identity (same key).
+            plain, payload = main._restore_entry(entry)
         except CorruptionError:
             return False  # the core skips it as corrupt when it tries to deliver it
-        headers = dict(entry.headers or {})
+        headers = dict(plain.headers or {})
         headers["dlq.original_id"] = str(entry.id)
         headers["dlq.retry_count"] = str(delivery.failures)
         headers["dlq.failure_reason"] = delivery.reason

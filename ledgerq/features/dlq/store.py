@@ -58,6 +58,9 @@ class DeadLetterStore(Feature):
                     compression=self._options.compression,
                     compression_level=self._options.compression_level,
                     compression_min_size=self._options.compression_min_size,
+                    # The DLQ of an encrypted queue is encrypted with the same key (its
+                    # own identity: a sealed entry cannot be moved between the two).
+                    encryption_key=self._options.encryption_key,
                 )
                 self._dlq = self._open_configured(self._path, opts)
             elif self._dlq.closed:
