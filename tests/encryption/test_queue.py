@@ -70,6 +70,25 @@ def test_messages_round_trip_and_stay_sealed_on_disk(tmp_path: Path) -> None:
     assert "encryption_key" not in json.loads((path / "options.json").read_text())["options"]
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_delayed_message_is_sealed_and_held_back(tmp_path: Path, shared: bool) -> None:
+    from tests.clocks import SteppedClock
+
+    clock = SteppedClock()
+    path = tmp_path / "q"
+    with ledgerq.open(path, encryption_key=KEY, shared=shared, clock=clock) as q:
+        later = q.enqueue(SECRET + b"-later", delay=60.0)  # the plain path, sealed
+        q.enqueue_batch([ledgerq.Item(SECRET + b"-later-too", delay=60.0)])
+        assert q.dequeue() is None and q.stats().delayed == 2
+    assert SECRET not in segment_bytes(path)
+    with ledgerq.open(path, encryption_key=KEY, shared=shared, clock=clock) as q:
+        assert q.dequeue() is None  # a reopen does not shorten the delay
+        clock.elapse(61)
+        got = q.dequeue_batch(5)
+    assert [(m.id, m.payload) for m in got][:1] == [(later, SECRET + b"-later")]
+    assert [m.payload for m in got] == [SECRET + b"-later", SECRET + b"-later-too"]
+
+
 def test_compression_comes_before_sealing(tmp_path: Path) -> None:
     path = tmp_path / "q"
     body = SECRET * 200
