@@ -73,6 +73,17 @@ GO_DIR = "LEDGERQ_TEST_GO_DIR"
 _KEPT: list[bytes] = []  # what grow_on_big holds on to, for the rest of its process
 
 
+def record_resident(message: ledgerq.Message) -> None:
+    """Note the resident size of the child that runs the task: ``<id> <bytes>``."""
+    with open("/proc/self/statm", "rb") as statm:
+        resident = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"%d %d\n" % (message.id, resident))
+    finally:
+        os.close(fd)
+
+
 def record_pid(message: ledgerq.Message) -> None:
     """Note which process ran the task: ``<id> <pid>``."""
     fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

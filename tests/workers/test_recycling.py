@@ -41,22 +41,33 @@ def test_a_child_runs_at_most_max_tasks_per_child_tasks(
     assert os.getpid() not in tasks_per_pid
 
 
-def _resident_bytes_of_this_process() -> int:
-    with open("/proc/self/statm", "rb") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _resident_bytes_of_a_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The resident size of a pool child that has run one small task.
+
+    Measured, not assumed from this process's size: a forked child does not map the
+    file-backed pages its parent has touched (in a long test run, hundreds of MB of
+    libraries), so it starts well below its parent."""
+    log = tmp_path / "resident.log"
+    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+    path = tmp_path / "measure"
+    with ledgerq.open(path) as q:
+        q.enqueue(b"measure")
+    run(path, _handlers.record_resident, processes=1, until_empty=True)
+    ((_, resident),) = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    return resident
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc (Linux)")
 def test_a_child_past_max_memory_is_replaced_after_its_task(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A child's own size, and 40 MB: the big task keeps 80 MB more.
+    limit = _resident_bytes_of_a_child(tmp_path, monkeypatch) + (40 << 20)
     log = tmp_path / "done.log"
     monkeypatch.setenv(_handlers.DONE_LOG, str(log))
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         ids = q.enqueue_batch([b"small", b"small", b"big", b"small", b"small"])
-    # A forked child starts near this process's size; the big task keeps 80 MB more.
-    limit = _resident_bytes_of_this_process() + (40 << 20)
     report = run(
         path, _handlers.grow_on_big, processes=1, until_empty=True, max_memory_per_child=limit
     )
