@@ -399,6 +399,7 @@ MAX_VIEW_PAYLOAD = 1 << 30
 _PRIORITIES = tuple(Priority)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _ENCRYPTED = int(EntryFlags.ENCRYPTED)
+_RESTORED = _COMPRESSED | _ENCRYPTED  # the stored payload is not the message as is
 _DATA = int(RecordType.DATA)
 _local = threading.local()  # one zstd decompressor per thread (they are not thread-safe)
 
@@ -418,18 +419,9 @@ def view_sealer(queue_dir: str, key: bytes | None) -> EntrySealer | None:
     return sealer_for(load_meta(queue_dir).encryption, key, queue_dir)
 
 
-def view_message(entry: Entry, path: str, sealer: EntrySealer | None = None) -> Message | None:
-    """The :class:`Message` a view yields for ``entry`` read from the log ``path``.
-
-    Its stored fields, the payload opened (``sealer``, for an encrypted queue: see
-    :func:`view_sealer`) and decompressed, and ``attempts`` = :data:`VIEW_ATTEMPTS`.
-    None for an entry of a reserved record type (no message), and - with a warning on
-    the ``ledgerq`` logger - when the payload cannot be opened (no key, or it fails
-    authentication) or fails to decompress: the view skips that message as the queue
-    would.
-    """
-    if entry.type != _DATA:
-        return None
+def _restore(entry: Entry, path: str, sealer: EntrySealer | None) -> tuple[Entry, bytes] | None:
+    """``entry`` opened (sealed) and its payload decompressed, or None (logged) when
+    that cannot be done: see :func:`view_message`."""
     if entry.flags & _ENCRYPTED:
         if sealer is None:
             logger.warning(
@@ -453,13 +445,63 @@ def view_message(entry: Entry, path: str, sealer: EntrySealer | None = None) -> 
         except CorruptionError as exc:
             logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, path, exc)
             return None
-    return Message(
-        entry.id,
-        payload,
-        dict(entry.headers) if entry.headers else {},
-        _PRIORITIES[entry.priority],
-        entry.timestamp,
-        entry.expires_at,
-        VIEW_ATTEMPTS,
-        entry.group,
+    return entry, payload
+
+
+_new_message = Message.__new__
+_MESSAGE_SLOTS = tuple(
+    Message.__dict__[name].__set__
+    for name in (
+        "id",
+        "payload",
+        "headers",
+        "priority",
+        "timestamp",
+        "expires_at",
+        "attempts",
+        "group",
     )
+)
+
+
+def view_message(entry: Entry, path: str, sealer: EntrySealer | None = None) -> Message | None:
+    """The :class:`Message` a view yields for ``entry`` read from the log ``path``.
+
+    Its stored fields, the payload opened (``sealer``, for an encrypted queue: see
+    :func:`view_sealer`) and decompressed, and ``attempts`` = :data:`VIEW_ATTEMPTS`.
+    None for an entry of a reserved record type (no message), and - with a warning on
+    the ``ledgerq`` logger - when the payload cannot be opened (no key, or it fails
+    authentication) or fails to decompress: the view skips that message as the queue
+    would.
+    """
+    if entry.type != _DATA:
+        return None
+    if entry.flags & _RESTORED:
+        opened = _restore(entry, path, sealer)
+        if opened is None:
+            return None
+        entry, payload = opened
+    else:  # the common entry: its payload is the message's
+        payload = entry.payload
+    # Message's frozen-dataclass __init__ costs more than the rest of a view's work per
+    # entry; the slot descriptors set the same fields directly (as core/reader does).
+    message = _new_message(Message)
+    (
+        set_id,
+        set_payload,
+        set_headers,
+        set_priority,
+        set_timestamp,
+        set_expiry,
+        set_attempts,
+        set_group,
+    ) = _MESSAGE_SLOTS
+    set_id(message, entry.id)
+    set_payload(message, payload)
+    set_headers(message, dict(entry.headers) if entry.headers else {})
+    set_priority(message, _PRIORITIES[entry.priority])
+    set_timestamp(message, entry.timestamp)
+    set_expiry(message, entry.expires_at)
+    set_attempts(message, VIEW_ATTEMPTS)
+    set_group(message, entry.group)
+    return message
