@@ -843,7 +843,7 @@ class QueueCore(Closing):
     def _append_sealed_one(self, payload: bytes, delay_ns: int = 0) -> int:
         """:meth:`_append_plain` of an encrypted queue: the entry sealed (format.sealing).
 
-        ``delay_ns`` > 0 delays the message (main's plain path takes delays too).
+        ``delay_ns`` > 0 delays the message, as on the plain path.
         """
         sealer = self._sealer
         assert sealer is not None

@@ -883,7 +883,7 @@ class SharedQueueCore(QueueCore):
 
     def _append_sealed_one(self, payload: bytes, delay_ns: int = 0) -> int:
         """:meth:`_append_plain` of an encrypted queue: a sealed batch of one."""
-        if delay_ns:  # main's plain path takes delays too: the checked path seals them
+        if delay_ns:  # a delayed message (as on the plain path): the checked path seals it
             return self._append([Draft(payload, None, 1, None, None, delay_ns)])[0]
         return self._append_sealed_batch([payload])[0]
 
