@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,8 @@ def start_ready(*args: str | Path, timeout: float = 30) -> subprocess.Popen[byte
             [*COMMAND, *(str(a) for a in args), "--ready-fd", str(write_end)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=environment(),
+            # faulthandler: a hung command dumps its threads on SIGABRT (see finish)
+            env={**environment(), "PYTHONFAULTHANDLER": "1"},
             pass_fds=(write_end,),
         )
     finally:
@@ -111,3 +113,25 @@ def fails(*args: str | Path, code: int | None = None, **kwargs: Any) -> Result:
     assert len(lines) == 1, result
     assert lines[0].startswith("ledgerq: error: "), result
     return result
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[bytes, bytes]:
+    """Wait for a command :func:`start_ready` started to exit; return (stdout, stderr).
+
+    One that has not exited after ``timeout`` seconds is made to dump every thread's
+    stack (SIGABRT, faulthandler) and killed, and the test fails with that dump: a hang
+    says where it hung, and leaves no process behind for the next test.
+    """
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        raise AssertionError(
+            f"the command did not exit within {timeout} s; its threads:\n"
+            + err.decode(errors="replace")
+        ) from None

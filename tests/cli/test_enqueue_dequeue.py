@@ -12,7 +12,7 @@ import pytest
 
 import ledgerq
 
-from ._run import COMMAND, environment, fails, ok, run, start_ready
+from ._run import COMMAND, environment, fails, finish, ok, run, start_ready
 
 
 def _all(path: Path) -> list[ledgerq.Message]:
@@ -115,7 +115,7 @@ def test_a_waiting_dequeue_stops_cleanly_on_sigint_and_sigterm(tmp_path: Path) -
         with pytest.raises(ledgerq.QueueLockedError):
             ledgerq.open(q)  # ready means the queue is open (and the wait begins)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=30)
+        out, err = finish(proc)
         assert (proc.returncode, out, err) == (code, b"", f"ledgerq: error: {word}\n".encode())
         assert json.loads((q / "meta.json").read_text())["clean"] is True  # closed, not killed
 
