@@ -22,7 +22,8 @@ from ledgerq.segment.readonly import EntryFlags, LogTail, ReaderState
 
 __all__ = ["ENTRIES_PER_REFRESH", "ScheduleTail"]
 
-# Entries one refresh reads at most (~0.1 s): bounds a refresh whatever the backlog.
+# Entries one refresh reads at most (a fraction of a second): bounds a refresh whatever
+# the backlog.
 ENTRIES_PER_REFRESH = 100_000
 
 _HAS_DELIVER_AT = EntryFlags.HAS_DELIVER_AT
