@@ -166,14 +166,25 @@ def worker(
         if "reader name" not in str(exc):
             raise
         raise click.BadParameter(str(exc), param_hint="--reader") from None
-    figures = {
-        name: int(getattr(report, name, 0)) for name in ("processed", "failed", "dead_lettered")
-    }
+    figures = {name: int(getattr(report, name)) for name in _WORKER_FIGURES}
+    # The text names the rarer outcomes only when they happened.
+    rare = [f"{name.replace('_', ' ')} {figures[name]}" for name in _RARE if figures[name]]
     write_outcome(
-        f"processed {figures['processed']}, failed {figures['failed']}, "
-        f"dead-lettered {figures['dead_lettered']}",
+        ", ".join(
+            [
+                f"processed {figures['processed']}",
+                f"failed {figures['failed']}",
+                f"dead-lettered {figures['dead_lettered']}",
+                *rare,
+            ]
+        ),
         {"queue": queue, **figures} if as_json else None,
     )
+
+
+# What `ledgerq worker` reports (--json: every one; the text: the last four when not 0).
+_RARE = ("crashed", "timed_out", "released", "recycled")
+_WORKER_FIGURES = ("processed", "failed", "dead_lettered", *_RARE)
 
 
 @click.command()

@@ -21,6 +21,10 @@ def handle(message):
 """
 
 
+# The rarer outcomes of a run where none happened.
+NONE = {"crashed": 0, "timed_out": 0, "released": 0, "recycled": 0}
+
+
 def test_worker_runs_a_handler_from_the_current_directory(tmp_path: Path) -> None:
     q = tmp_path / "q"
     (tmp_path / "tasks.py").write_text(HANDLER)
@@ -28,7 +32,7 @@ def test_worker_runs_a_handler_from_the_current_directory(tmp_path: Path) -> Non
         queue.enqueue_batch([b"a", b"bad", b"c"])
     args = ("worker", q, "tasks:handle", "--processes", "2", "--until-empty", "--json")
     report = ok(*args, "-o", "max_retries=1", cwd=tmp_path).json()
-    assert report == {"queue": str(q), "processed": 2, "failed": 1, "dead_lettered": 1}
+    assert report == {"queue": str(q), "processed": 2, "failed": 1, "dead_lettered": 1, **NONE}
     with ledgerq.open(q) as queue:
         assert len(queue) == 0
         (dead,) = queue.dlq.peek(5)
@@ -90,7 +94,7 @@ def test_a_producer_process_feeds_a_running_worker(tmp_path: Path, children: Chi
     pool.signal(signal.SIGTERM)
     report = json.loads(pool.wait_for("{"))
     assert pool.finish() == 0, pool.failure("did not stop cleanly on SIGTERM")
-    assert report == {"queue": str(q), "processed": 21, "failed": 0, "dead_lettered": 0}
+    assert report == {"queue": str(q), "processed": 21, "failed": 0, "dead_lettered": 0, **NONE}
     with ledgerq.open(q) as queue:
         assert queue.stats().acked == 21 and len(queue) == 0
 
@@ -124,7 +128,14 @@ def test_worker_recycles_children_and_consumes_a_named_reader(tmp_path: Path) ->
     args = ("worker", q, "tasks:handle", "--processes", "1", "--until-empty", "--json")
     limits = ("--max-tasks-per-child", "2", "--max-memory-per-child", "64GiB")
     report = ok(*args, *limits, "--reader", "audit", cwd=tmp_path).json()
-    assert report == {"queue": str(q), "processed": 6, "failed": 0, "dead_lettered": 0}
+    assert report == {
+        "queue": str(q),
+        "processed": 6,
+        "failed": 0,
+        "dead_lettered": 0,
+        **NONE,
+        "recycled": 3,  # each child after its second task
+    }
     pids = [int(line.split()[1]) for line in (tmp_path / "pids.log").read_text().splitlines()]
     assert len(pids) == 6 and len(set(pids)) == 3, "one child per 2 tasks, each in order"
     with ledgerq.open(q) as queue:
