@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import zstandard
 
 from ledgerq._errors import CorruptionError, IncompatibleFormatError, NotAQueueError
-from ledgerq._types import Message, Priority
+from ledgerq._types import Message
 
 # The format a lock-free reader decodes (re-exported: outer modules reach the storage
 # engine through this module only).
@@ -96,6 +96,7 @@ from ledgerq.segment.layout import (
     newest_first,
     subtract_ranges,
 )
+from ledgerq.segment.messages import entry_to_message
 from ledgerq.segment.meta import FORMAT_VERSION, NEWEST_VERSION, Meta, MetaStore, stored_options
 from ledgerq.segment.naming import (
     DLQ_DIR,
@@ -396,7 +397,6 @@ VIEW_ATTEMPTS = 0
 # A view has no max_message_size of its own; this bounds what a (damaged) zstd frame may
 # decompress to, like the queue does with its option.
 MAX_VIEW_PAYLOAD = 1 << 30
-_PRIORITIES = tuple(Priority)
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _ENCRYPTED = int(EntryFlags.ENCRYPTED)
 _RESTORED = _COMPRESSED | _ENCRYPTED  # the stored payload is not the message as is
@@ -448,22 +448,6 @@ def _restore(entry: Entry, path: str, sealer: EntrySealer | None) -> tuple[Entry
     return entry, payload
 
 
-_new_message = Message.__new__
-_MESSAGE_SLOTS = tuple(
-    Message.__dict__[name].__set__
-    for name in (
-        "id",
-        "payload",
-        "headers",
-        "priority",
-        "timestamp",
-        "expires_at",
-        "attempts",
-        "group",
-    )
-)
-
-
 def view_message(entry: Entry, path: str, sealer: EntrySealer | None = None) -> Message | None:
     """The :class:`Message` a view yields for ``entry`` read from the log ``path``.
 
@@ -483,25 +467,4 @@ def view_message(entry: Entry, path: str, sealer: EntrySealer | None = None) -> 
         entry, payload = opened
     else:  # the common entry: its payload is the message's
         payload = entry.payload
-    # Message's frozen-dataclass __init__ costs more than the rest of a view's work per
-    # entry; the slot descriptors set the same fields directly (as core/reader does).
-    message = _new_message(Message)
-    (
-        set_id,
-        set_payload,
-        set_headers,
-        set_priority,
-        set_timestamp,
-        set_expiry,
-        set_attempts,
-        set_group,
-    ) = _MESSAGE_SLOTS
-    set_id(message, entry.id)
-    set_payload(message, payload)
-    set_headers(message, dict(entry.headers) if entry.headers else {})
-    set_priority(message, _PRIORITIES[entry.priority])
-    set_timestamp(message, entry.timestamp)
-    set_expiry(message, entry.expires_at)
-    set_attempts(message, VIEW_ATTEMPTS)
-    set_group(message, entry.group)
-    return message
+    return entry_to_message(entry, VIEW_ATTEMPTS, payload)
