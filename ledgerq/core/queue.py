@@ -73,7 +73,7 @@ from ledgerq.format.entry import (
     encode_plain_entry,
 )
 from ledgerq.format.errors import CorruptRecord
-from ledgerq.format.sealing import EntrySealer, sealed_batch_parts
+from ledgerq.format.sealing import EntrySealer
 from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.encryption import check_key_before_open, new_encryption_block, sealer_for
 from ledgerq.segment.files import make_durable_dir, storage_errors
@@ -468,12 +468,17 @@ class QueueCore(Closing):
         self._plain_path = not (
             self._transformers or self._admitters or overriding("appended") or self._backlog
         )
-        if self._plain_path and self._sealer is not None:
-            # An encrypted queue takes the plain paths too, with its entries sealed: the
-            # sealing versions are bound to this instance, so a queue without a key runs
-            # the class's methods, exactly as profiled.
-            self._append_plain = self._append_sealed_one  # type: ignore[method-assign]
-            self._append_plain_batch = self._append_sealed_batch  # type: ignore[method-assign]
+        # The encoders of the plain paths: an encrypted queue's seal the entries.
+        sealer = self._sealer
+        self._encode_plain: Callable[[int, int, bytes], bytes] = (
+            encode_plain_entry if sealer is None else sealer.encode_plain
+        )
+        self._encode_delayed: Callable[[int, int, bytes, int], bytes] = (
+            encode_delayed_entry if sealer is None else sealer.encode_delayed
+        )
+        self._encode_batch: Callable[[int, int, list[bytes]], tuple[list[bytes], list[int]]] = (
+            encode_plain_batch_parts if sealer is None else sealer.batch_parts
+        )
         self._recorders = overriding("appended")
         self._restorers = overriding("restore")
         self._flushers = overriding("flush")
@@ -792,9 +797,9 @@ class QueueCore(Closing):
             message_id = self._next_id
             now = self._clock_offset_ns + self._clock_mono()  # the queue's time (core/clock)
             record = (
-                encode_delayed_entry(message_id, now, payload, now + delay_ns)
+                self._encode_delayed(message_id, now, payload, now + delay_ns)
                 if delay_ns
-                else encode_plain_entry(message_id, now, payload)
+                else self._encode_plain(message_id, now, payload)
             )
             try:
                 if message_id >= self._reserved_until:
@@ -826,60 +831,7 @@ class QueueCore(Closing):
                 self._ensure_open()
             first = self._next_id
             now = self._clock_offset_ns + self._clock_mono()
-            parts, sizes = encode_plain_batch_parts(first, now, payloads)
-            segments = len(self._manager.segments)
-            try:
-                if first + count > self._reserved_until:
-                    self._reserve_ids(first + count)
-                self._manager.append(parts, sizes, first, now)
-            except BaseException:
-                self._count_written(first)
-                raise
-            ticket = self._appended(first, count, len(self._manager.segments) != segments)
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        return list(range(first, first + count))
-
-    def _append_sealed_one(self, payload: bytes, delay_ns: int = 0) -> int:
-        """:meth:`_append_plain` of an encrypted queue: the entry sealed (format.sealing).
-
-        ``delay_ns`` > 0 delays the message, as on the plain path.
-        """
-        sealer = self._sealer
-        assert sealer is not None
-        with self._lock:
-            if self._closed:
-                self._ensure_open()
-            message_id = self._next_id
-            now = self._clock_offset_ns + self._clock_mono()
-            record = (
-                sealer.encode(message_id, now, payload, deliver_at=now + delay_ns)
-                if delay_ns
-                else sealer.encode_plain(message_id, now, payload)
-            )
-            try:
-                if message_id >= self._reserved_until:
-                    self._reserve_ids(message_id + 1)
-                rotated = self._manager.append_one(record, message_id, now)
-            except BaseException:
-                self._count_written(message_id)
-                raise
-            ticket = self._appended(message_id, 1, rotated)
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        return message_id
-
-    def _append_sealed_batch(self, payloads: list[bytes]) -> list[int]:
-        """:meth:`_append_plain_batch` of an encrypted queue: the entries sealed."""
-        sealer = self._sealer
-        assert sealer is not None
-        count = len(payloads)
-        with self._lock:
-            if self._closed:
-                self._ensure_open()
-            first = self._next_id
-            now = self._clock_offset_ns + self._clock_mono()
-            parts, sizes = sealed_batch_parts(sealer, first, now, payloads)
+            parts, sizes = self._encode_batch(first, now, payloads)
             segments = len(self._manager.segments)
             try:
                 if first + count > self._reserved_until:

@@ -52,12 +52,6 @@ from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
-from ledgerq.format.entry import (
-    encode_delayed_entry,
-    encode_plain_batch_parts,
-    encode_plain_entry,
-)
-from ledgerq.format.sealing import sealed_batch_parts
 from ledgerq.format.shared_state import (
     SHARED_VERSION,
     SLOT_CORRUPT_SKIPPED,
@@ -832,9 +826,9 @@ class SharedQueueCore(QueueCore):
                 if now < seg.last_timestamp:
                     now = seg.last_timestamp
                 record = (
-                    encode_delayed_entry(message_id, now, payload, now + delay_ns)
+                    self._encode_delayed(message_id, now, payload, now + delay_ns)
                     if delay_ns
-                    else encode_plain_entry(message_id, now, payload)
+                    else self._encode_plain(message_id, now, payload)
                 )
                 try:
                     if message_id >= self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
@@ -864,42 +858,7 @@ class SharedQueueCore(QueueCore):
             try:
                 first = self._next_id
                 now = self._now_ns(manager)
-                parts, sizes = encode_plain_batch_parts(first, now, payloads)
-                segments = len(manager.segments)
-                try:
-                    if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
-                        self._reserve_ids(first + count)
-                    manager.append(parts, sizes, first, now)
-                except BaseException:
-                    self._count_written(first)
-                    raise
-                ticket = self._appended(first, count, len(manager.segments) != segments)
-            finally:
-                manager.end_append()
-            self._after_shared_append()
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        return list(range(first, first + count))
-
-    def _append_sealed_one(self, payload: bytes, delay_ns: int = 0) -> int:
-        """:meth:`_append_plain` of an encrypted queue: a sealed batch of one."""
-        if delay_ns:  # a delayed message (as on the plain path): the checked path seals it
-            return self._append([Draft(payload, None, 1, None, None, delay_ns)])[0]
-        return self._append_sealed_batch([payload])[0]
-
-    def _append_sealed_batch(self, payloads: list[bytes]) -> list[int]:
-        """:meth:`_append_plain_batch` of an encrypted queue: the entries sealed."""
-        sealer = self._sealer
-        assert sealer is not None
-        count = len(payloads)
-        with self._lock:
-            if self._closed:
-                self._ensure_open()
-            manager = self._begin_append()
-            try:
-                first = self._next_id
-                now = self._now_ns(manager)
-                parts, sizes = sealed_batch_parts(sealer, first, now, payloads)
+                parts, sizes = self._encode_batch(first, now, payloads)
                 segments = len(manager.segments)
                 try:
                     if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:

@@ -272,6 +272,19 @@ class EntrySealer:
         )
         return body + _pack_crc(checksum(body))
 
+    def encode_delayed(
+        self, message_id: int, timestamp: int, payload: bytes, deliver_at: int
+    ) -> bytes:
+        """:meth:`encode` of a message with only a not-before time (as
+        ``encode_delayed_entry`` for a plain queue)."""
+        return self.encode(message_id, timestamp, payload, deliver_at=deliver_at)
+
+    def batch_parts(
+        self, first_id: int, timestamp: int, payloads: list[bytes]
+    ) -> tuple[list[bytes], list[int]]:
+        """:func:`sealed_batch_parts` with this sealer (as ``encode_plain_batch_parts``)."""
+        return sealed_batch_parts(self, first_id, timestamp, payloads)
+
     def encode_plain_parts(
         self,
         message_id: int,
