@@ -18,8 +18,9 @@ import ledgerq
 from ledgerq.core import reader as reader_module
 
 
+@pytest.mark.parametrize("shared", [False, True])
 def test_a_held_head_prunes_the_done_set_a_logarithmic_number_of_times(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
 ) -> None:
     monkeypatch.setattr(reader_module, "_PRUNE_DONE_AT", 16)
     prunes = 0
@@ -31,7 +32,7 @@ def test_a_held_head_prunes_the_done_set_a_logarithmic_number_of_times(
         prune(self)
 
     monkeypatch.setattr(reader_module.ReaderCore, "_prune_done", counting)
-    with ledgerq.open(tmp_path / "q") as q:
+    with ledgerq.open(tmp_path / "q", shared=shared) as q:
         q.enqueue(b"stuck", delay=3600.0)  # holds the head back for an hour
         q.enqueue_batch([b"m%d" % i for i in range(2000)])
         for _ in range(2000):

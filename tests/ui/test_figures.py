@@ -176,10 +176,13 @@ def test_a_damaged_journal_is_a_problem_not_an_error(tmp_path: Path) -> None:
     assert figures.pending == 0
 
 
-def test_delayed_messages_are_counted_as_the_queue_counts_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_delayed_messages_are_counted_as_the_queue_counts_them(
+    tmp_path: Path, shared: bool
+) -> None:
     path = tmp_path / "q"
     files = QueueFiles(str(path))
-    with ledgerq.open(path, retry_delay=3600.0) as q:
+    with ledgerq.open(path, retry_delay=3600.0, shared=shared) as q:
         q.enqueue_batch([b"now-%d" % i for i in range(4)])
         for i in range(3):
             q.enqueue(b"later-%d" % i, delay=3600.0)  # held back for an hour
@@ -197,7 +200,7 @@ def test_delayed_messages_are_counted_as_the_queue_counts_them(tmp_path: Path) -
         fresh = QueueFiles(str(path)).figures()
     assert first.delayed == 3
     assert live.delayed == fresh.delayed == 6
-    with ledgerq.open(path, retry_delay=3600.0) as q:
+    with ledgerq.open(path, retry_delay=3600.0, shared=shared) as q:
         reopened = q.stats().delayed
     assert files.figures().delayed == reopened == 6
 
