@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import bisect
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 from functools import partial
-from itertools import chain, repeat
+from itertools import chain
 from typing import NamedTuple
 
 from ledgerq.format.errors import CorruptRecord, IncompleteRecord
@@ -38,8 +40,9 @@ __all__ = [
     "decode_index",
     "encode_index_entry",
     "encode_index_header",
+    "encode_index_columns",
     "encode_index_points",
-    "index_points",
+    "point_from_tuple",
     "find_by_id",
     "find_by_timestamp",
 ]
@@ -51,6 +54,7 @@ INDEX_HEADER = struct.Struct("<4sII")  # magic, version, count
 assert INDEX_HEADER.size == 12
 INDEX_ENTRY = struct.Struct("<QqQ")  # id, timestamp_ns, offset
 assert INDEX_ENTRY.size == 24
+_LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
 
 class IndexEntry(NamedTuple):
@@ -72,17 +76,31 @@ def encode_index_entry(entry_id: int, timestamp: int, offset: int) -> bytes:
 
 
 # IndexEntry from a 3-tuple in C (the namedtuple's own __new__ is a Python function).
-_point_from_tuple = partial(tuple.__new__, IndexEntry)
-
-
-def index_points(ids: Sequence[int], timestamp: int, offsets: Sequence[int]) -> list[IndexEntry]:
-    """The points ``(ids[i], timestamp, offsets[i])`` of one batch (all share its time)."""
-    return list(map(_point_from_tuple, zip(ids, repeat(timestamp), offsets)))
+point_from_tuple = partial(tuple.__new__, IndexEntry)
 
 
 def encode_index_points(points: Sequence[IndexEntry]) -> bytes:
     """Return the 24-byte entries of ``points``, back to back, in one ``struct`` call."""
     return struct.pack("<" + "QqQ" * len(points), *chain.from_iterable(points))
+
+
+def encode_index_columns(ids: array[int], timestamps: array[int], offsets: array[int]) -> bytes:
+    """Return the entries ``(ids[i], timestamps[i], offsets[i])``, back to back.
+
+    The columns are arrays of typecodes ``Q``, ``q`` and ``Q``: each is copied into
+    every third 8-byte slot of the result in C (a strided ``memoryview`` assignment),
+    with no Python object per entry - the batch append's points (issue 18: one per
+    4 KiB message).  The slots are native-endian: a big-endian host packs each entry.
+    """
+    if not _LITTLE_ENDIAN_HOST:
+        stamped = zip(ids, timestamps, offsets, strict=True)
+        return struct.pack("<" + "QqQ" * len(ids), *chain.from_iterable(stamped))
+    blob = bytearray(INDEX_ENTRY.size * len(ids))
+    with memoryview(blob) as raw, raw.cast("Q") as unsigned, raw.cast("q") as signed:
+        unsigned[0::3] = ids
+        signed[1::3] = timestamps
+        unsigned[2::3] = offsets
+    return bytes(blob)
 
 
 def decode_index(buf: bytes | bytearray | memoryview) -> tuple[list[IndexEntry], bool]:

@@ -22,10 +22,12 @@ from ledgerq.format.index import (
     OPEN_COUNT,
     IndexEntry,
     decode_index,
+    encode_index_columns,
     encode_index_header,
     encode_index_points,
 )
 from ledgerq.segment.files import atomic_write
+from ledgerq.segment.points import IndexPoints
 
 __all__ = [
     "load_index",
@@ -130,5 +132,9 @@ def write_index(
     trusted by recovery, so it must be on disk before the next segment exists.
     """
     header = encode_index_header(len(points) if sealed else OPEN_COUNT)
-    blob = header + encode_index_points(points)  # one struct call (16k points a 64 MiB seal)
+    if isinstance(points, IndexPoints):  # a segment's own: its columns, copied in C
+        body = encode_index_columns(points.ids, points.timestamps, points.offsets)
+    else:
+        body = encode_index_points(points)
+    blob = header + body
     atomic_write(path, blob, durable=durable)

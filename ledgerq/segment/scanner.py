@@ -96,7 +96,7 @@ class EntryScanner:
         end: int,
         *,
         after_id: int = 0,
-        boundaries: list[int] | None = None,
+        boundaries: Sequence[int] | None = None,
         chunk_size: int = _CHUNK,
     ) -> None:
         self.fd = fd
@@ -297,7 +297,7 @@ class TailScanner(EntryScanner):
         pos: int,
         end: int,
         after_id: int,
-        boundaries: list[int] | None = None,
+        boundaries: Sequence[int] | None = None,
         patient: bool,
         whole_batches: bool,
     ) -> None:

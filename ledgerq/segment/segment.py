@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import bisect
 import os
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 
 from ledgerq.format.index import IndexEntry
 from ledgerq.segment.naming import idx_path, log_path
+from ledgerq.segment.points import IndexPoints
 
 __all__ = ["Segment"]
 
@@ -29,7 +30,6 @@ class Segment:
         "first_id",
         "idx_path",
         "index",
-        "index_ids",
         "last_id",
         "last_offset",
         "last_timestamp",
@@ -49,8 +49,7 @@ class Segment:
         self.last_id = 0
         self.last_offset = -1
         self.last_timestamp = 0
-        self.index: list[IndexEntry] = []
-        self.index_ids: list[int] = []
+        self.index = IndexPoints()
         self.missing = 0
         self.sealed = False
         self.deleted = False
@@ -82,26 +81,24 @@ class Segment:
     def add_index_entry(self, entry: IndexEntry) -> None:
         """Record a sparse-index point in memory (the caller persists it)."""
         self.index.append(entry)
-        self.index_ids.append(entry.id)
 
-    def add_index_entries(self, entries: list[IndexEntry], ids: Sequence[int]) -> None:
-        """Record several points (``ids`` their ids) in memory (the caller persists them)."""
-        self.index.extend(entries)
-        self.index_ids.extend(ids)
+    def add_index_columns(
+        self, ids: array[int], timestamps: array[int], offsets: array[int]
+    ) -> None:
+        """Record points in memory, given as columns (the caller persists them)."""
+        self.index.extend_columns(ids, timestamps, offsets)
 
-    def set_index(self, entries: list[IndexEntry]) -> None:
+    def set_index(self, entries: Iterable[IndexEntry]) -> None:
         """Replace the in-memory index."""
-        self.index = list(entries)
-        self.index_ids = [e.id for e in entries]
+        self.index = entries[:] if isinstance(entries, IndexPoints) else IndexPoints(entries)
 
-    def boundaries(self) -> list[int]:
-        """Offsets known to start an entry (from the sparse index)."""
-        return [e.offset for e in self.index]
+    def boundaries(self) -> Sequence[int]:
+        """Offsets known to start an entry (from the sparse index), increasing."""
+        return self.index.offsets
 
     def locate(self, message_id: int) -> IndexEntry | None:
         """The index point to scan from to find ``message_id``."""
-        i = bisect.bisect_right(self.index_ids, message_id) - 1
-        return self.index[i] if i >= 0 else None
+        return self.index.locate(message_id)
 
     def read_fd(self) -> int:
         """A read-only descriptor of the log, opened once and kept."""
