@@ -105,6 +105,8 @@ def key_state(queue_dir: str, key: bytes | None) -> KeyState:
         return KeyState(encrypted=True, problem=REKEY_UNFINISHED)
     try:
         view_sealer(queue_dir, key)
+    except (ledgerq.NotAQueueError, ledgerq.IncompatibleFormatError):
+        return PLAIN  # meta.json went away or was replaced since it was read: as above
     except ledgerq.ConfigError:
         return KeyState(encrypted=True, problem=WRONG_KEY)
     return UNLOCKED
