@@ -21,6 +21,10 @@ a valid entry: a corrupt entry in the middle of a log stays (and stays reported)
 readers skip it.
 
 :func:`iter_messages` walks the retained log read-only (``ledgerq dump``).
+
+:func:`read_key_file` and :func:`key_from_bytes` read an encryption key the way every
+way in takes one from a file (``--key-file``, ``serve --encryption-key-file``, the
+Celery transport's ``encryption_key_file``).
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ import logging
 import math
 import os
 import re
+import stat
+import string
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ledgerq._api import open as open_path
-from ledgerq._errors import LedgerQError, QueueLockedError
+from ledgerq._errors import ConfigError, LedgerQError, QueueLockedError
 from ledgerq._options import Options
 from ledgerq._queue import Queue
 from ledgerq._rekey import rekey
@@ -102,6 +108,7 @@ __all__ = [
     "GAP",
     "ID_ORDER",
     "INDEX",
+    "KEY_SIZE",
     "META",
     "MISNAMED",
     "OVERLAP",
@@ -109,15 +116,18 @@ __all__ = [
     "READER_STATE_TAIL",
     "TORN_TAIL",
     "DeadLetterFilter",
+    "KeyFileError",
     "Problem",
     "RepairReport",
     "VerifyReport",
     "create_reader",
     "has_dlq",
     "iter_messages",
+    "key_from_bytes",
     "not_a_queue",
     "paced",
     "parse_header_condition",
+    "read_key_file",
     "rekey",
     "repair",
     "requeue_dead_letters",
@@ -1210,6 +1220,53 @@ def paced(
                 sleep(wait)
         done += apply(chosen[offset : offset + step])
     return done
+
+
+# ---------------------------------------------------------------------- key files
+
+KEY_SIZE = 32  # bytes of an encryption key (AES-256)
+_HEX_DIGITS = frozenset(string.hexdigits.encode())
+
+
+class KeyFileError(ConfigError):
+    """A key file that cannot be read or holds no key; the message names the file,
+    never its content."""
+
+
+def key_from_bytes(data: bytes) -> bytes | None:
+    """The key ``data`` holds - 32 raw bytes, or 64 hexadecimal digits (surrounding
+    whitespace and a trailing newline allowed) - or None when it holds neither."""
+    if len(data) == KEY_SIZE:
+        return data
+    text = data.strip()
+    if len(text) == 2 * KEY_SIZE and set(text) <= _HEX_DIGITS:
+        return bytes.fromhex(text.decode("ascii"))
+    return None
+
+
+def read_key_file(path: str | os.PathLike[str]) -> bytes:
+    """Return the key held by the file at ``path`` (32 raw bytes or 64 hex digits).
+
+    Raises :class:`KeyFileError` naming the file (never its content) when it cannot be
+    read or holds anything else.
+    """
+    try:
+        with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise KeyFileError(f"key file {os.fspath(path)} is not a regular file")
+            data = f.read(4096)
+    except OSError as exc:
+        raise KeyFileError(
+            f"cannot read key file {os.fspath(path)}: {exc.strerror or exc}"
+        ) from None
+    key = key_from_bytes(data)
+    if key is None:
+        raise KeyFileError(
+            f"key file {os.fspath(path)} must hold a 32-byte key: 32 raw bytes, or 64 "
+            f"hexadecimal digits (it holds {len(data)} bytes)"
+        )
+    return key
 
 
 # ---------------------------------------------------------------------- creating a reader

@@ -30,6 +30,10 @@ queue delete                    the directory is removed when no other process h
 A lease belongs to the handle that took it, and a handle to its connection: when the
 process dies (SIGKILL, OOM) the shared queue gives its leases to the other processes
 within a second, as failed deliveries - at-least-once for ``task_acks_late=True``.
+
+With an encryption key (``encryption_key`` / ``encryption_key_file``:
+:mod:`ledgerq.celery.keys`) every queue is opened - and so created - with it, and the
+key is checked against the broker's queues when the connection is established.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from typing import Any, NamedTuple
 from kombu.transport import virtual
 
 import ledgerq
-from ledgerq.celery import codec
+from ledgerq.celery import codec, keys
 from ledgerq.celery.bindings import Binding, BindingTables
 from ledgerq.celery.names import BrokerURLError, broker_root, check_name
 
@@ -212,7 +216,10 @@ class Transport(virtual.Transport):
     - ``dead_letter_rejected`` (default True): a message rejected without requeue
       goes to its queue's DLQ; False acks (drops) it;
     - ``polling_interval`` (default 1.0): the longest a consumer waits without being
-      woken - new messages wake it at once, from any process.
+      woken - new messages wake it at once, from any process;
+    - ``encryption_key`` (32 bytes, or 64 hex digits) or ``encryption_key_file`` (a
+      path, read as ``ledgerq --key-file`` reads one): every queue is encrypted with
+      it (:mod:`ledgerq.celery.keys`).
     """
 
     Channel = Channel
@@ -236,6 +243,9 @@ class Transport(virtual.Transport):
         self.root = broker_root(url)
         options = dict(client.transport_options or {})
         self.queue_options = _queue_options(options.get("queue_options"))
+        self.encryption_key = keys.broker_key(options, self.queue_options)
+        if self.encryption_key is not None:
+            self.queue_options["encryption_key"] = self.encryption_key
         self.dead_letter_rejected = bool(options.get("dead_letter_rejected", True))
         self.bindings = BindingTables(os.path.join(self.root, EXCHANGES_DIR))
         self.owned_queues: set[str] = set()
@@ -262,6 +272,9 @@ class Transport(virtual.Transport):
                 raise ledgerq.StorageError(
                     "create the broker directory", path, exc, hint=_dir_hint(exc)
                 ) from exc
+        # Before any queue is opened: a key that does not fit stops the producer or
+        # worker here, with the option to set, rather than at its first task.
+        keys.check_broker(os.path.join(self.root, QUEUES_DIR), self.encryption_key)
         return super().establish_connection()
 
     def close_connection(self, connection: Any) -> None:
@@ -299,17 +312,20 @@ class Transport(virtual.Transport):
             with self._lock:
                 handle = self._handles.get(queue)
                 if handle is None:
-                    handle = ledgerq.open(
-                        self.queue_path(queue),
-                        shared=True,
-                        # Options are this connection's, not the queue's to keep: every
-                        # process says its own, and a stored copy would need the queue
-                        # to itself to change.
-                        remember_options=False,
-                        **self.queue_options,
-                    )
+                    handle = self._open(self.queue_path(queue), shared=True)
                     self._handles[queue] = handle
         return handle
+
+    def _open(self, path: str, **kwargs: Any) -> ledgerq.Queue:
+        """``ledgerq.open(path)`` with this connection's options; a key that does not
+        fit the queue raises ``ConfigError`` naming the transport option to set."""
+        try:
+            # Options are this connection's, not the queue's to keep: every process
+            # says its own, and a stored copy would need the queue to itself to change.
+            return ledgerq.open(path, remember_options=False, **self.queue_options, **kwargs)
+        except ledgerq.ConfigError:
+            keys.check_queue(path, self.encryption_key)  # says it in the broker's terms
+            raise
 
     def declare(self, queue: str, *, owned: bool) -> None:
         """Create ``queue`` if it is missing; ``owned``: it lives as long as this process."""
@@ -345,12 +361,10 @@ class Transport(virtual.Transport):
             return
         try:
             # Exclusive, to learn that no other process has the queue open.
-            ledgerq.open(path, remember_options=False, **self.queue_options).close()
+            self._open(path).close()
         except ledgerq.QueueLockedError:
             logger.info("queue %s is open in another process: purged, not removed", path)
-            with ledgerq.open(
-                path, shared=True, remember_options=False, **self.queue_options
-            ) as shared:
+            with self._open(path, shared=True) as shared:
                 shared.purge()
             return
         # Renamed first, so that a process opening the queue now makes a new empty one
@@ -394,9 +408,7 @@ class Transport(virtual.Transport):
                 # rather than made again for nobody.
                 logger.debug("not publishing to %s: removed by its owner", path)
                 return
-            with ledgerq.open(
-                path, shared=True, remember_options=False, **self.queue_options
-            ) as transient:
+            with self._open(path, shared=True) as transient:
                 transient.enqueue(payload, delay=delay)
             return
         self.handle(queue).enqueue(payload, delay=delay)

@@ -2,19 +2,20 @@
 
 A key file holds the 32 bytes of the key, raw, or as 64 hexadecimal digits (a trailing
 newline and surrounding whitespace allowed) - the form ``ledgerq serve
---encryption-key-file`` takes too.  The key never travels on the command line, where
-``ps`` and shell histories would show it; its text never appears in a message.
+--encryption-key-file`` and the Celery transport's ``encryption_key_file`` take too:
+one reader of key files, ``ledgerq.tools.read_key_file``.  The key never travels on
+the command line, where ``ps`` and shell histories would show it; its text never
+appears in a message.
 """
 
 from __future__ import annotations
 
-import os
-import stat
-import string
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+
+from ledgerq.tools import KeyFileError, read_key_file
 
 __all__ = [
     "KEY_META",
@@ -27,37 +28,6 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 KEY_META = "ledgerq.encryption_key"  # where --key-file leaves the key in the click context
-_KEY_SIZE = 32
-_HEX = frozenset(string.hexdigits.encode())
-
-
-class KeyFileError(ValueError):
-    """A key file that cannot be read or holds no key; the message names the file."""
-
-
-def read_key_file(path: str) -> bytes:
-    """Return the key held by the file at ``path`` (32 raw bytes or 64 hex digits).
-
-    Raises :class:`KeyFileError` naming the file (never its content) when it cannot be
-    read or holds anything else.
-    """
-    try:
-        with open(path, "rb") as f:
-            info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise KeyFileError(f"key file {path} is not a regular file")
-            data = f.read(4096)
-    except OSError as exc:
-        raise KeyFileError(f"cannot read key file {path}: {exc.strerror or exc}") from None
-    if len(data) == _KEY_SIZE:
-        return data
-    text = data.strip()
-    if len(text) == 2 * _KEY_SIZE and set(text) <= _HEX:
-        return bytes.fromhex(text.decode("ascii"))
-    raise KeyFileError(
-        f"key file {path} must hold a 32-byte key: 32 raw bytes, or 64 hexadecimal digits "
-        f"(it holds {len(data)} bytes)"
-    )
 
 
 def _remember_key(ctx: click.Context, param: click.Parameter, value: str | None) -> None:

@@ -7,6 +7,7 @@ import os
 import click
 
 from ledgerq.cli._common import CliError, OutputClosed, write_line
+from ledgerq.cli._keys import current_key, key_file_option
 
 __all__ = ["ui"]
 
@@ -49,6 +50,7 @@ __all__ = ["ui"]
     metavar="SECONDS",
     help="How far back the charts go (samples are kept in memory only).",
 )
+@key_file_option
 def ui(path: str, host: str, port: int, token: str | None, interval: float, history: float) -> None:
     """Serve a web console over the queue PATH, or every queue under the directory PATH.
 
@@ -56,9 +58,11 @@ def ui(path: str, host: str, port: int, token: str | None, interval: float, hist
     message by id) and its dead letters (filters; requeue and purge, each confirmed),
     and the same data as JSON under /api/.  It reads the files without the queues'
     locks, so it runs beside the application; an action opens the queue for that
-    action only.  Prints 'serving http://HOST:PORT/' once it accepts connections;
-    Ctrl-C or SIGTERM stops it.  Needs the ui extra: pip install 'ledgerq[ui]'.  See
-    docs/ui.md.
+    action only.  With --key-file, the encrypted queues among them are read with that
+    key (plain ones without it); an encrypted queue it does not open is listed with its
+    figures and marked 'encrypted: key needed' (or 'wrong key').  Prints 'serving
+    http://HOST:PORT/' once it accepts connections; Ctrl-C or SIGTERM stops it.  Needs
+    the ui extra: pip install 'ledgerq[ui]'.  See docs/ui.md.
     """
     if not os.path.isdir(path):
         what = "does not exist" if not os.path.exists(path) else "is not a directory"
@@ -89,6 +93,7 @@ def ui(path: str, host: str, port: int, token: str | None, interval: float, hist
             sample_interval_s=interval,
             history_s=history,
             on_ready=ready,
+            encryption_key=current_key(),
         )
     except OSError as exc:
         raise CliError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None

@@ -10,6 +10,9 @@ Every action runs as a :class:`Job` in a thread of its own: the request that sta
 it waits a moment for it and reports the outcome, and a long one - a requeue paced at
 a rate - goes on while the page shows its progress, and can be cancelled.  A paced
 job opens the queue once per slice, so between slices the queue is free.
+
+An encrypted queue is opened with the console's key (a plain one without it); one the
+key does not open is refused before anything is opened (``_encryption``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import ledgerq
 from ledgerq import tools
 from ledgerq.ui._browse import matching_dead_letters
 from ledgerq.ui._catalog import Catalog
+from ledgerq.ui._encryption import KeyNeeded
+from ledgerq.ui._figures import QueueFiles
 
 __all__ = [
     "Action",
@@ -54,13 +59,16 @@ def opens_shared() -> bool:
 
 
 @contextmanager
-def queue_for_action(path: str, name: str) -> Iterator[ledgerq.Queue]:
+def queue_for_action(
+    path: str, name: str, *, encryption_key: bytes | None = None
+) -> Iterator[ledgerq.Queue]:
     """The queue at ``path`` opened for one action, closed when it ends.
 
     Shared when this ledgerq can (see the module); its stored options are used and
-    left as they are.  Raises :class:`ActionRefused` when another process holds it.
+    left as they are; ``encryption_key`` for an encrypted queue.  Raises
+    :class:`ActionRefused` when another process holds it.
     """
-    kwargs: dict[str, Any] = {"remember_options": False}
+    kwargs: dict[str, Any] = {"remember_options": False, "encryption_key": encryption_key}
     if opens_shared():
         kwargs["shared"] = True
     try:
@@ -113,6 +121,15 @@ class Action:
         if self.delay is not None:
             text += f", delivered no earlier than {self.delay:g}s from now"
         return text
+
+
+def _key_for(files: QueueFiles, name: str) -> bytes | None:
+    """The key to open the queue ``files`` with; :class:`ActionRefused` when the
+    console's key does not open it (nothing opened, nothing written)."""
+    try:
+        return files.key_for_open()
+    except KeyNeeded as exc:
+        raise ActionRefused(f"the queue {name} was not changed: {exc}") from None
 
 
 def _plural(n: int, noun: str) -> str:
@@ -185,11 +202,12 @@ class JobBoard:
         """Start ``action`` in a thread of its own and return its job.
 
         Raises :class:`ActionRefused` before anything starts for a queue that is gone,
-        one without dead letters, and a delay this ledgerq cannot do.
+        and for an encrypted queue the console's key does not open.
         """
         files = self._catalog.get(action.queue)
         if files is None:
             raise ActionRefused(f"there is no queue {action.queue} (any more)")
+        _key_for(files, action.queue)
         job = Job(secrets.token_urlsafe(9), action)
         with self._lock:
             self._jobs[job.id] = job
@@ -197,7 +215,7 @@ class JobBoard:
             for old in sorted(finished, key=lambda j: j.started_at)[:-KEEP_JOBS]:
                 del self._jobs[old.id]
         thread = threading.Thread(
-            target=self._run, args=(job, files.path), name=f"ledgerq-ui-job:{job.id}", daemon=True
+            target=self._run, args=(job, files), name=f"ledgerq-ui-job:{job.id}", daemon=True
         )
         thread.start()
         return job
@@ -221,9 +239,10 @@ class JobBoard:
         with self._lock:
             return sorted(self._jobs.values(), key=lambda j: j.started_at, reverse=True)
 
-    def _run(self, job: Job, path: str) -> None:
+    def _run(self, job: Job, files: QueueFiles) -> None:
+        path = files.path
         try:
-            self._do(job, path)
+            self._do(job, files)
         except ActionRefused as exc:
             job.state, job.error = "failed", str(exc)
         except ledgerq.LedgerQError as exc:
@@ -236,11 +255,11 @@ class JobBoard:
             job.finished_at = time.time()
             job.ended.set()
 
-    def _do(self, job: Job, path: str) -> None:
+    def _do(self, job: Job, files: QueueFiles) -> None:
         action = job.action
-        name = action.queue
-        files = self._catalog.get(name)
-        dlq_files = None if files is None else files.dlq()
+        name, path = action.queue, files.path
+        key = _key_for(files, name)  # again: the queue may have changed since the start
+        dlq_files = files.dlq()
         if dlq_files is None:
             job.total = 0
             return  # no dead-letter queue: nothing to do
@@ -254,12 +273,12 @@ class JobBoard:
             ids = None  # everything, in one call (as Queue.requeue_dlq() does)
         job.total = dlq_files.pending_count() if ids is None else len(ids)
         if ids is None:
-            with queue_for_action(path, name) as queue:
+            with queue_for_action(path, name, encryption_key=key) as queue:
                 job.done = self._apply(queue, action, None)
             return
 
         def apply(part: list[int]) -> int:
-            with queue_for_action(path, name) as queue:
+            with queue_for_action(path, name, encryption_key=key) as queue:
                 done = self._apply(queue, action, part)
             job.done += done
             return done

@@ -9,6 +9,10 @@ disk must not stall the event loop.
 A queue is named in the query string (``?q=orders/eu``), never in the path, so any
 name - slashes, dots, spaces - means one thing, and it is looked up among the queues
 the catalog found (``_catalog``), or answered with a 404.
+
+An encrypted queue the console has no key for (or another key) is listed with its
+figures and marked; a page or JSON answer that would show its messages answers 423
+(Locked) saying why and what to do (``_encryption``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ledgerq.ui._actions import Action, ActionRefused, Job, JobBoard, Verb, open
 from ledgerq.ui._actions import Scope as ActionScope
 from ledgerq.ui._catalog import Catalog
 from ledgerq.ui._charts import Series, chart, format_rate, span_text, sparkline
+from ledgerq.ui._encryption import KeyNeeded, check_console_key
 from ledgerq.ui._figures import DEFAULT_READER, QueueFigures, QueueFiles
 from ledgerq.ui._forms import FilterForm, FormError, parse_ids, parse_positive
 from ledgerq.ui._history import KEEP_S
@@ -52,6 +57,7 @@ MAX_PAGE_SIZE = 500
 NEXT_MESSAGES = 20  # on the queue page
 REFRESH_S = 2  # how often the script refreshes a live page
 ACTION_WAIT_S = 3.0  # how long an action's request waits for its job before reporting
+LOCKED = 423  # HTTP 423 Locked: the messages of an encrypted queue the key does not open
 
 
 class NotFound(Exception):
@@ -59,7 +65,10 @@ class NotFound(Exception):
 
 
 class Console:
-    """One console: the queues under ``root``, their jobs, its pages and its sampler."""
+    """One console: the queues under ``root``, their jobs, its pages and its sampler.
+
+    ``encryption_key``: the key its encrypted queues are read and changed with.
+    """
 
     def __init__(
         self,
@@ -69,8 +78,9 @@ class Console:
         host: str,
         sample_interval_s: float = 2.0,
         history_s: float = KEEP_S,
+        encryption_key: bytes | None = None,
     ) -> None:
-        self.catalog = Catalog(root, history_s=history_s)
+        self.catalog = Catalog(root, history_s=history_s, encryption_key=encryption_key)
         self.history_s = history_s
         self.jobs = JobBoard(self.catalog)
         self.sample_interval_s = sample_interval_s
@@ -259,6 +269,9 @@ def _figures_json(
         "enqueue_rate": rates[0],
         "ack_rate": rates[1],
         "problem": figures.problem,
+        "encrypted": figures.encrypted,
+        "locked": figures.is_locked,
+        "key_problem": figures.key_problem,
     }
 
 
@@ -272,14 +285,18 @@ def create_app(
     host: str = "127.0.0.1",
     sample_interval_s: float = 2.0,
     history_s: float = KEEP_S,
+    encryption_key: bytes | None = None,
 ) -> Guard:
     """The console over the queues at or under ``root`` as an ASGI application.
 
     ``token``: required of every request when given (see ``_security``); ``host``:
     the address it will listen on (its name is accepted in Host headers);
     ``sample_interval_s``: how often the charts' samples are taken (0: only when a
-    page asks); ``history_s``: how far back the charts go.  The application starts
-    and stops its sampler with its lifespan.
+    page asks); ``history_s``: how far back the charts go; ``encryption_key`` (32
+    bytes): the key of the encrypted queues among them - used for those only, never
+    shown.  The application starts and stops its sampler with its lifespan.
+
+    Raises ``TypeError`` or :class:`ledgerq.ConfigError` for a key that is not 32 bytes.
     """
     console = Console(
         root,
@@ -287,6 +304,7 @@ def create_app(
         host=host,
         sample_interval_s=sample_interval_s,
         history_s=history_s,
+        encryption_key=check_console_key(encryption_key),
     )
 
     def page(
@@ -310,6 +328,8 @@ def create_app(
                 if request.url.path.startswith("/api/"):
                     return JSONResponse({"error": str(exc)}, status_code=400)
                 return console.render("error.html", 400, title="Bad request", message=str(exc))
+            except KeyNeeded as exc:
+                return _locked(console, request, exc)
 
         return endpoint
 
@@ -343,6 +363,30 @@ def create_app(
     guard = Guard(app, token=token, listen_host=host)
     console.csrf_token = guard.csrf_token
     return guard
+
+
+def _locked(console: Console, request: Request, exc: KeyNeeded) -> Response:
+    """The answer to a request for the messages of a queue the key does not open."""
+    name = request.query_params.get("q") or dict(_form(request)).get("q", "")
+    message = f"The queue {name} is encrypted: {exc}."
+    wants_json = "application/json" in request.headers.get("accept", "")
+    if request.url.path.startswith("/api/") or wants_json:
+        return JSONResponse(
+            {
+                "error": message,
+                "encrypted": True,
+                "locked": True,
+                "key_problem": exc.state.problem,
+            },
+            status_code=LOCKED,
+        )
+    return console.render(
+        "error.html",
+        LOCKED,
+        title=f"{name}: encrypted, {exc.state.problem}",
+        message=message,
+        back=url("/queue", q=name),
+    )
 
 
 # ---------------------------------------------------------------------- overview
@@ -412,8 +456,11 @@ def queue_page(console: Console, request: Request) -> Response:
     """One queue: figures, charts, readers, the next messages, a lookup by id."""
     name, files = console.files(request)
     context = _queue_context(console, name, files)
-    next_up = _browse.next_messages(files, NEXT_MESSAGES)
-    leased = _browse.in_flight_messages(files, NEXT_MESSAGES)
+    if context["figures"].is_locked:
+        next_up = leased = []  # the page says why instead (queue.html)
+    else:
+        next_up = _browse.next_messages(files, NEXT_MESSAGES)
+        leased = _browse.in_flight_messages(files, NEXT_MESSAGES)
     return console.render(
         "queue.html",
         title=name,
@@ -557,7 +604,7 @@ def dlq_page(console: Console, request: Request) -> Response:
     limit = _int_param(request, "limit", PAGE_SIZE, MAX_PAGE_SIZE)
     dlq = files.dlq()
     page_ = None
-    if chosen is not None and dlq is not None:
+    if chosen is not None and dlq is not None and not figures.is_locked:
         page_ = _browse.dead_letter_page(dlq, chosen, after=after, limit=limit)
     now_ns = time.time_ns()
     rows = []
@@ -676,6 +723,7 @@ def dlq_action(console: Console, request: Request) -> Response:
     form = FilterForm.from_pairs(pairs)
     back = url("/dlq", ("q", name), *form.query())
     wants_json = "application/json" in request.headers.get("accept", "")
+    files.key_for_open()  # KeyNeeded: not even a confirmation for a queue it cannot open
     if dict(pairs).get("confirmed") != "1":
         dlq = files.dlq()
         if action.scope == "selected":

@@ -1,8 +1,10 @@
 """Messages as the console lists them: the next ones, one by id, and the dead letters.
 
-Read from the log without the queue's lock (``ledgerq.tools.iter_messages``, a log
-view), and judged against the reader's replayed state (:class:`ReaderSnapshot`): a
-message below the head or acked out of order is finished, a leased one in flight.
+Read from the log without the queue's lock (``QueueFiles.messages``: a log view,
+``ledgerq.tools.iter_messages`` with the queue's key when it is encrypted - one the
+console cannot open raises ``KeyNeeded`` instead), and judged against the reader's
+replayed state (:class:`ReaderSnapshot`): a message below the head or acked out of
+order is finished, a leased one in flight.
 Every listing is bounded - a page of messages and a budget of entries read - so a
 queue of millions answers as fast as one of ten: a page that runs out of budget says
 where it stopped, and the next page goes on from there.
@@ -90,7 +92,7 @@ def next_messages(files: QueueFiles, limit: int) -> list[MessageView]:
     priority queue delivers by priority first), without leasing them."""
     snapshot = files.reader(DEFAULT_READER)
     found: list[MessageView] = []
-    for scanned, message in enumerate(tools.iter_messages(files.path, from_id=snapshot.head)):
+    for scanned, message in enumerate(files.messages(snapshot.head)):
         if scanned >= SCAN_BUDGET or len(found) >= limit:
             break
         if snapshot.status(message.id) == "pending":
@@ -105,7 +107,7 @@ def in_flight_messages(files: QueueFiles, limit: int) -> list[MessageView]:
         return []
     found: list[MessageView] = []
     wanted = sorted(snapshot.leased)[:limit]
-    for message in tools.iter_messages(files.path, from_id=wanted[0]):
+    for message in files.messages(wanted[0]):
         if message.id > wanted[-1]:
             break
         if message.id in snapshot.leased:
@@ -117,7 +119,7 @@ def find_message(files: QueueFiles, message_id: int) -> MessageView | None:
     """The message ``message_id`` if a segment still holds it (None otherwise)."""
     if message_id < 1:
         return None
-    for message in tools.iter_messages(files.path, from_id=message_id):
+    for message in files.messages(message_id):
         if message.id != message_id:
             return None  # not retained: the first one held is later
         return _view(message, files.reader(DEFAULT_READER), files)
@@ -137,7 +139,7 @@ def _waiting_dead_letters(files: QueueFiles, after: int) -> Iterator[ledgerq.Mes
     """Messages waiting in the dead-letter queue ``files`` (not yet requeued or purged:
     its default reader has not finished them), ids above ``after``, by id."""
     snapshot = files.reader(DEFAULT_READER)
-    for message in tools.iter_messages(files.path, from_id=max(snapshot.head, after + 1)):
+    for message in files.messages(max(snapshot.head, after + 1)):
         if not snapshot.is_finished(message.id):
             yield message
 

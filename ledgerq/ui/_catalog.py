@@ -25,10 +25,17 @@ FRESH_S = 1.0  # figures younger than this are served as they are
 
 
 class Catalog:
-    """The queues under ``root``, their followed files and their history."""
+    """The queues under ``root``, their followed files and their history.
 
-    def __init__(self, root: str, *, history_s: float = KEEP_S) -> None:
+    ``encryption_key``: the console's key, which each encrypted queue is read with
+    (a plain queue never gets it: ``QueueFiles``).
+    """
+
+    def __init__(
+        self, root: str, *, history_s: float = KEEP_S, encryption_key: bytes | None = None
+    ) -> None:
         self.root = os.path.abspath(root)
+        self._key = encryption_key
         self.history = History(history_s)
         self._files: dict[str, QueueFiles] = {}
         self._figures: dict[str, QueueFigures] = {}
@@ -84,6 +91,6 @@ class Catalog:
         for name, path in found.items():
             known = self._files.get(name)
             if known is None or known.path != path:
-                self._files[name] = QueueFiles(path)
+                self._files[name] = QueueFiles(path, encryption_key=self._key)
         self.history.forget(set(found))
         self._walked_at = time.monotonic()

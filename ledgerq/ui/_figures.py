@@ -14,6 +14,11 @@ what the owner guarantees):
 * the newest segment's last complete id (an append in flight is not counted);
 * for the oldest pending message's age, the first entry at or after the reader's head.
 
+None of it is encrypted (docs/encryption.md: ids, counts, sizes and times stay
+readable), so every figure is read without a key - an encrypted queue the console has
+no key for has them all, and is marked (``encrypted``, ``key_problem``: ``_encryption``).
+Only the messages themselves need the key (:meth:`QueueFiles.messages`).
+
 So a refresh costs a directory listing, a journal read of what is new, and one or two
 small preads per queue - never a scan of the log, never a lock.  The owner's memory
 may be ahead of the files by what it has not written yet (nothing: every enqueue,
@@ -32,14 +37,17 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ledgerq import CorruptionError, tools
+from ledgerq import ConfigError, CorruptionError, Message, tools
 from ledgerq.segment.readonly import (
     DLQ_DIR,
     SEGMENTS_DIR,
     JournalTail,
+    LogTail,
     ReaderState,
+    RecordType,
     SegmentDirectory,
     is_cleanly_closed,
     is_queue_dir,
@@ -47,6 +55,7 @@ from ledgerq.segment.readonly import (
     list_reader_names,
     reader_state_path,
 )
+from ledgerq.ui._encryption import PLAIN, KeyNeeded, KeyState, key_state
 from ledgerq.ui._schedule import ScheduleTail
 
 __all__ = [
@@ -59,6 +68,7 @@ __all__ = [
 ]
 
 DEFAULT_READER = "default"  # the reader Queue.dequeue uses (docs/usage.md)
+_DATA = int(RecordType.DATA)  # the entries that are messages (the others are reserved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +96,9 @@ class QueueFigures:
     is measured by); ``is_open`` says the queue was not closed cleanly: a process has
     it open (or died with it open).  ``problem`` says why figures are missing (a
     damaged journal, a queue removed while looked at); the numbers are 0 then.
+    ``encrypted``: the queue's payloads and headers are encrypted; ``key_problem``:
+    why the console cannot read them (``"key needed"``, ``"wrong key"``: see
+    ``_encryption``), None when it can - the figures are there either way.
     """
 
     pending: int
@@ -105,6 +118,13 @@ class QueueFigures:
     readers: tuple[ReaderFigures, ...]
     taken_at: float
     problem: str | None = None
+    encrypted: bool = False
+    key_problem: str | None = None
+
+    @property
+    def is_locked(self) -> bool:
+        """Whether the queue is encrypted and the console cannot read its messages."""
+        return self.key_problem is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +208,14 @@ class QueueFiles:
 
     Thread-safe: the console's request threads and its sampler share one per queue;
     a short lock of its own serialises their reads (never the queue's lock).
+
+    ``encryption_key``: the console's key, used for this queue (and its DLQ) only if
+    the queue is encrypted (see ``_encryption``).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, encryption_key: bytes | None = None) -> None:
         self.path = path
+        self._key = encryption_key
         self._segments = SegmentDirectory(os.path.join(path, SEGMENTS_DIR), last_ids=True)
         self._journals: dict[str, _Journal] = {}
         self._dlq: QueueFiles | None = None
@@ -234,8 +258,39 @@ class QueueFiles:
             path = os.path.join(self.path, DLQ_DIR)
             if not is_queue_dir(path):
                 return None
-            self._dlq = QueueFiles(path)
+            self._dlq = QueueFiles(path, encryption_key=self._key)
         return self._dlq
+
+    # ------------------------------------------------------------------ encryption
+
+    def key_state(self) -> KeyState:
+        """Whether the queue is encrypted, and whether the console's key opens it
+        (reads ``meta.json`` only)."""
+        return key_state(self.path, self._key)
+
+    def key_for_open(self) -> bytes | None:
+        """The ``encryption_key`` to open this queue with: the console's key for an
+        encrypted queue, None for a plain one.  Raises :class:`KeyNeeded` when the key
+        does not open it."""
+        state = self.key_state()
+        if state.is_locked:
+            raise KeyNeeded(state)
+        return self._key if state.encrypted else None
+
+    def messages(self, from_id: int = 1) -> Iterator[Message]:
+        """The messages retained in the log from ``from_id`` on: ``tools.iter_messages``
+        with the key this queue takes.  Raises :class:`KeyNeeded` (when iterated) for a
+        queue the console cannot read."""
+        key = self.key_for_open()
+        try:
+            yield from tools.iter_messages(self.path, from_id, encryption_key=key)
+        except ConfigError:
+            # The queue's key check changed since it was read (a rekey started): say
+            # what it is now, or let any other refusal through as it is.
+            state = self.key_state()
+            if state.is_locked:
+                raise KeyNeeded(state) from None
+            raise
 
     def figures(self) -> QueueFigures:
         """The queue's figures now (see :class:`QueueFigures`).
@@ -244,6 +299,7 @@ class QueueFiles:
         ``problem`` instead of an exception: the overview goes on with the others.
         """
         taken_at = time.time()
+        sealing = self.key_state()
         try:
             with self._lock:
                 retained = self._retained()
@@ -261,9 +317,9 @@ class QueueFiles:
             dead = 0 if dlq is None else dlq.pending_count()
             oldest = self._oldest_pending_age(default.head, skip, taken_at)
         except CorruptionError as exc:
-            return _unreadable(taken_at, f"a reader journal is damaged: {exc}")
+            return _unreadable(taken_at, f"a reader journal is damaged: {exc}", sealing)
         except (FileNotFoundError, NotADirectoryError) as exc:
-            return _unreadable(taken_at, f"the queue's files went away while read ({exc})")
+            return _unreadable(taken_at, f"the queue's files went away while read ({exc})", sealing)
         return QueueFigures(
             pending=default.pending,
             in_flight=default.in_flight,
@@ -281,6 +337,8 @@ class QueueFiles:
             is_open=is_open,
             readers=readers,
             taken_at=taken_at,
+            encrypted=sealing.encrypted,
+            key_problem=sealing.problem,
         )
 
     def pending_count(self) -> int:
@@ -370,11 +428,23 @@ class QueueFiles:
     def _oldest_pending_age(self, head: int, skip: set[int], now: float) -> float:
         """Seconds since the enqueue of the oldest message waiting for the default
         reader (0.0 when there is none): the first one at or after its head that is
-        neither finished nor leased (``skip``)."""
-        for message in tools.iter_messages(self.path, from_id=head):
-            if message.id in skip:
-                continue
-            return max(0.0, now - message.timestamp / 1e9)
+        neither finished nor leased (``skip``).
+
+        Read from the entries, whose times are never encrypted: no payload is opened
+        for it, and a queue the console has no key for has this figure too.
+        """
+        tail = LogTail(self.path, head)
+        try:
+            while (entry := tail.next_entry()) is not None:
+                if entry.type != _DATA or entry.id in skip:
+                    continue
+                return max(0.0, now - entry.timestamp / 1e9)
+        except CorruptionError:
+            # Retention deleted the segment the walk was about to read, or the queue
+            # is being removed: no figure this time (the next refresh walks again).
+            return 0.0
+        finally:
+            tail.close()
         return 0.0
 
 
@@ -383,7 +453,7 @@ def _unfinished(retained: RetainedIds, head: int, done: set[int]) -> int:
     return max(retained.count_from(head) - sum(1 for i in done if i >= head), 0)
 
 
-def _unreadable(taken_at: float, problem: str) -> QueueFigures:
+def _unreadable(taken_at: float, problem: str, sealing: KeyState = PLAIN) -> QueueFigures:
     return QueueFigures(
         pending=0,
         in_flight=0,
@@ -402,4 +472,6 @@ def _unreadable(taken_at: float, problem: str) -> QueueFigures:
         readers=(),
         taken_at=taken_at,
         problem=problem,
+        encrypted=sealing.encrypted,
+        key_problem=sealing.problem,
     )

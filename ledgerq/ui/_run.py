@@ -39,19 +39,28 @@ def run(
     sample_interval_s: float = 2.0,
     history_s: float = 600.0,
     on_ready: Callable[[str], None] | None = None,
+    encryption_key: bytes | None = None,
 ) -> None:
     """Serve the console over the queues at or under ``root`` until SIGINT or SIGTERM.
 
     ``on_ready`` is called with the console's URL once it accepts connections (with
-    ``port`` 0, the port the system picked).  Raises ``ValueError`` (an
-    ``InsecureAddressError``) for a non-loopback ``host`` without a ``token`` and
-    ``OSError`` when the address cannot be bound - both before anything is served.
+    ``port`` 0, the port the system picked).  ``encryption_key`` (32 bytes) opens the
+    encrypted queues among them (plain ones are read without it; see docs/ui.md).
+    Raises ``ValueError`` (an ``InsecureAddressError``) for a non-loopback ``host``
+    without a ``token``, ``TypeError`` or ``ConfigError`` for a key that is not 32
+    bytes, and ``OSError`` when the address cannot be bound - all before anything is
+    served.
     """
     check_listen_address(host, token)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"no directory at {root!r}: give a queue or a directory of queues")
     app = create_app(
-        root, token=token, host=host, sample_interval_s=sample_interval_s, history_s=history_s
+        root,
+        token=token,
+        host=host,
+        sample_interval_s=sample_interval_s,
+        history_s=history_s,
+        encryption_key=encryption_key,
     )
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]

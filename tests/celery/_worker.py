@@ -32,18 +32,21 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str) -> No
 
 
 class Broker:
-    """A broker directory and the directory the tasks leave their files in."""
+    """A broker directory and the directory the tasks leave their files in; with a
+    ``key_file``, the tests' app (workers, ``celery`` commands) encrypts the broker."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, key_file: Path | None = None) -> None:
         self.dir = root / "broker"
         self.out = root / "out"
         self.out.mkdir(parents=True, exist_ok=True)
         self.url = f"ledgerq://{self.dir}"
+        self.key_file = key_file
 
     def env(self) -> dict[str, str]:
-        return child_environment(
-            {"LEDGERQ_TEST_BROKER": str(self.dir), "LEDGERQ_TEST_OUT": str(self.out)}
-        )
+        extra = {"LEDGERQ_TEST_BROKER": str(self.dir), "LEDGERQ_TEST_OUT": str(self.out)}
+        if self.key_file is not None:
+            extra["LEDGERQ_TEST_KEY_FILE"] = str(self.key_file)
+        return child_environment(extra)
 
     def events(self, tag: str, event: str) -> list[Path]:
         return sorted(self.out.glob(f"{tag}.{event}.*"))

@@ -1,6 +1,7 @@
 """The Celery app the tests' workers run: ``celery -A tests.celery.tasksapp worker``.
 
-Its broker is ``ledgerq://`` + ``$LEDGERQ_TEST_BROKER``; every task run leaves a file
+Its broker is ``ledgerq://`` + ``$LEDGERQ_TEST_BROKER`` (encrypted with the key in the
+file ``$LEDGERQ_TEST_KEY_FILE`` when that is set); every task run leaves a file
 in ``$LEDGERQ_TEST_OUT`` named ``<tag>.<event>.<pid>.<time_ns>`` (created whole, by
 rename), which the tests read: what ran, how often, when and in which process.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from celery import Celery
 
 BROKER_DIR = os.environ.get("LEDGERQ_TEST_BROKER", "/nonexistent")
+KEY_FILE = os.environ.get("LEDGERQ_TEST_KEY_FILE")
 app = Celery("tasksapp", broker=f"ledgerq://{BROKER_DIR}")
 app.conf.update(
     task_acks_late=True,  # at-least-once: acked when the task is done
@@ -22,7 +24,10 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     worker_lost_wait=1.0,  # how long Celery waits for a killed pool process's result
     broker_connection_retry_on_startup=False,
-    broker_transport_options={"polling_interval": 0.5},
+    broker_transport_options={
+        "polling_interval": 0.5,
+        **({"encryption_key_file": KEY_FILE} if KEY_FILE else {}),
+    },
 )
 
 

@@ -78,6 +78,36 @@ def test_verify_says_what_it_checks_without_the_key(tmp_path: Path, key_file: Pa
     assert tampered.code == 1 and "message 1 fails authentication" in tampered.err
 
 
+_HANDLER = """
+def handle(message):
+    with open("seen.txt", "ab") as out:
+        out.write(message.payload + b"\\n")
+    if message.payload == b"bad":
+        raise ValueError("bad payload")
+"""
+
+
+def test_worker_takes_the_key_from_a_file(tmp_path: Path, key_file: Path) -> None:
+    queue = tmp_path / "q"
+    (tmp_path / "tasks.py").write_text(_HANDLER)
+    with ledgerq.open(queue, encryption_key=KEY) as q:
+        q.enqueue_batch([SECRET, b"bad", b"last"])
+    args = ("worker", queue, "tasks:handle", "--until-empty", "--json", "-o", "max_retries=1")
+    missing = run(*args, cwd=tmp_path)
+    assert missing.code != 0 and "is encrypted" in missing.err and "--key-file" in missing.err
+    report = run(*args, "--key-file", key_file, cwd=tmp_path)
+    assert report.code == 0, report
+    assert (report.json()["processed"], report.json()["dead_lettered"]) == (2, 1)
+    assert sorted((tmp_path / "seen.txt").read_bytes().splitlines()) == [b"bad", SECRET, b"last"]
+    assert files_holding(queue, SECRET) == [] and files_holding(queue, b"bad payload") == []
+    with ledgerq.open(queue, encryption_key=KEY) as q:  # the dead letter: sealed, readable
+        (dead,) = q.dlq.peek(5)
+        assert (
+            dead.payload == b"bad"
+            and dead.headers["dlq.failure_reason"] == "ValueError: bad payload"
+        )
+
+
 def test_serve_with_an_encryption_key_file(tmp_path: Path, key_file: Path) -> None:
     pytest.importorskip("pymemcache")
     from pymemcache.client.base import Client

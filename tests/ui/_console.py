@@ -4,7 +4,8 @@ The console runs as the CLI starts it (``python -m ledgerq.cli ui ROOT --port 0`
 a child process (``tests._child``: watched, killed and reaped at the end of the test);
 the test waits for its ready line, which names the port the system picked.  The client
 is ``urllib`` with an optional cookie jar and without following redirects, so a test
-sees every status and header the console sends.
+sees every status and header the console sends; :func:`act` posts a dead-letter action
+and confirms it as its confirmation page does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import urlencode
 
 from tests._child import Child, Children
 
-__all__ = ["Client", "Reply", "start_console"]
+__all__ = ["Client", "Reply", "act", "start_console"]
 
 
 def start_console(children: Children, root: Path, *args: str) -> tuple[Child, str]:
@@ -101,3 +102,21 @@ class Client:
         match = re.search(r'<meta name="csrf-token" content="([^"]+)"', self.get(path).text)
         assert match, "no CSRF token in the page"
         return match.group(1)
+
+
+def act(client: Client, token: str, fields: list[tuple[str, str]]) -> tuple[str, str]:
+    """Post an action, then confirm it as the confirmation page does; return the
+    confirmation page and the page the browser lands on afterwards."""
+    first = client.post("/dlq/action", [("csrf", token), *fields])
+    assert first.status == 200, first
+    hidden = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', first.text)
+    unescape = {"&#34;": '"', "&#39;": "'", "&lt;": "<", "&gt;": ">", "&amp;": "&"}
+
+    def plain(text: str) -> str:
+        return re.sub("&#34;|&#39;|&lt;|&gt;|&amp;", lambda m: unescape[m.group(0)], text)
+
+    second = client.post("/dlq/action", [(k, plain(v)) for k, v in hidden])
+    assert second.status == 303, second
+    landed = client.get(second.headers["location"])
+    assert landed.status == 200
+    return first.text, landed.text

@@ -3,7 +3,6 @@ refused clearly when another process holds the queue; paced jobs can be cancelle
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import ledgerq
 from ledgerq.ui._actions import opens_shared
 from tests._child import Children
 
-from ._console import Client, start_console
+from ._console import Client, act, start_console
 
 REASONS = ["timeout talking to db", "ValueError: bad", "timeout again", "ValueError: worse", "oom"]
 
@@ -34,24 +33,6 @@ def _state(path: Path) -> tuple[list[bytes], list[bytes]]:
         return [m.payload for m in q.peek(100)], [m.payload for m in q.dlq.peek(100)]
 
 
-def _act(client: Client, token: str, fields: list[tuple[str, str]]) -> tuple[str, str]:
-    """Post an action, then confirm it as the confirmation page does; return the
-    confirmation page and the page the browser lands on afterwards."""
-    first = client.post("/dlq/action", [("csrf", token), *fields])
-    assert first.status == 200, first
-    hidden = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', first.text)
-    unescape = {"&#34;": '"', "&#39;": "'", "&lt;": "<", "&gt;": ">", "&amp;": "&"}
-
-    def plain(text: str) -> str:
-        return re.sub("&#34;|&#39;|&lt;|&gt;|&amp;", lambda m: unescape[m.group(0)], text)
-
-    second = client.post("/dlq/action", [(k, plain(v)) for k, v in hidden])
-    assert second.status == 303, second
-    landed = client.get(second.headers["location"])
-    assert landed.status == 200
-    return first.text, landed.text
-
-
 def test_requeue_selected_matching_and_all(tmp_path: Path, children: Children) -> None:
     path = tmp_path / "q"
     _build(path)
@@ -59,7 +40,7 @@ def test_requeue_selected_matching_and_all(tmp_path: Path, children: Children) -
     client = Client(base)
     token = client.csrf()
 
-    asked, landed = _act(
+    asked, landed = act(
         client, token, [("q", "q"), ("do", "requeue:selected"), ("id", "2"), ("id", "5")]
     )
     assert "Requeue 2 dead letters?" in asked
@@ -67,12 +48,12 @@ def test_requeue_selected_matching_and_all(tmp_path: Path, children: Children) -
     assert _state(path) == ([b"job 1", b"job 4"], [b"job 0", b"job 2", b"job 3"])
 
     filters = [("reason", "^timeout"), ("regex", "1")]
-    asked, landed = _act(client, token, [("q", "q"), ("do", "requeue:matching"), *filters])
+    asked, landed = act(client, token, [("q", "q"), ("do", "requeue:matching"), *filters])
     assert "Requeue 2 dead letters?" in asked and "reason matching /^timeout/" in asked
     assert "requeued 2 messages to q" in landed
     assert _state(path) == ([b"job 1", b"job 4", b"job 0", b"job 2"], [b"job 3"])
 
-    asked, landed = _act(client, token, [("q", "q"), ("do", "requeue:all")])
+    asked, landed = act(client, token, [("q", "q"), ("do", "requeue:all")])
     assert "Requeue 1 dead letter?" in asked
     assert _state(path) == ([b"job 1", b"job 4", b"job 0", b"job 2", b"job 3"], [])
 
@@ -89,7 +70,7 @@ def test_purge_asks_first_and_deletes_only_what_it_said(tmp_path: Path, children
     )
     assert "Purge 3 dead letters?" in asked.text and "deleted for good" in asked.text
     assert _state(path)[1] == [b"job 0", b"job 1", b"job 2", b"job 3", b"job 4"]  # asked only
-    _, landed = _act(client, token, [("q", "q"), ("do", "purge:matching"), ("header", "tenant=a")])
+    _, landed = act(client, token, [("q", "q"), ("do", "purge:matching"), ("header", "tenant=a")])
     assert "purged 3 messages from the dead-letter queue of q" in landed
     assert _state(path) == ([], [b"job 1", b"job 3"])
     refused = client.post("/dlq/action", [("csrf", token), ("q", "q"), ("do", "purge:selected")])
@@ -137,7 +118,7 @@ def test_with_shared_mode_an_action_works_beside_a_shared_holder(
     holder.wait_for("holding")
     _, base = start_console(children, tmp_path)
     client = Client(base)
-    _, landed = _act(client, client.csrf(), [("q", "q"), ("do", "requeue:selected"), ("id", "1")])
+    _, landed = act(client, client.csrf(), [("q", "q"), ("do", "requeue:selected"), ("id", "1")])
     assert "requeued 1 message to q" in landed
     holder.finish()
     assert _state(path) == ([b"job 0"], [b"job %d" % i for i in range(1, 5)])

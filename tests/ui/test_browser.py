@@ -1,7 +1,8 @@
 """``ledgerq ui`` in a real browser: headless Chromium (Debian's) driven by Playwright,
 against a real console process over real queues - one of them busy in another process.
 
-The overview lists the queues, a DLQ filter narrows the list, "requeue all matching"
+The overview lists the queues (an encrypted one, the console has no key for, marked
+as such), a DLQ filter narrows the list, "requeue all matching"
 moves exactly those messages back (checked through the Python API), and purge asks for
 confirmation (nothing is deleted until it is given).  The same run takes the
 screenshots of docs/ui.md: into ``tmp_path``, or into ``docs/img/`` when
@@ -106,6 +107,8 @@ def _tree(root: Path) -> None:
                 q.enqueue_batch([b"mail %d" % i for i in range(count)])
                 for m in q.dequeue_batch(count // 3):
                     q.ack(m.id)
+    with ledgerq.open(root / "vault", encryption_key=bytes(range(32))) as q:
+        q.enqueue_batch([b"sealed %d" % i for i in range(12)])  # the console has no key
 
 
 @pytest.fixture
@@ -146,8 +149,11 @@ def test_the_console_in_a_browser(tmp_path: Path, children: Children, browser: A
     # The overview lists every queue, the busy one marked open.
     page.goto(base + "/")
     names = page.locator("table.queues td.name a").all_inner_texts()
-    assert names == ["emails/eu", "emails/us", "orders", "payments", "reports"]
+    assert names == ["emails/eu", "emails/us", "orders", "payments", "reports", "vault"]
     assert page.locator("table.queues tr", has_text="orders").locator(".dot.open").count() == 1
+    vault = page.locator("table.queues tr", has_text="vault")
+    sync_api.expect(vault.locator(".sealed.locked")).to_have_text("encrypted: key needed")
+    sync_api.expect(vault.locator("td.num.strong")).to_have_text("12")  # its figures stay
 
     # A filter narrows the dead letters to the timeouts.
     page.click("text=payments")

@@ -30,7 +30,8 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_ui_is_a_command_with_its_options() -> None:
     assert "  ui " in _run("-m", "ledgerq.cli", "--help").stdout
     helped = _run("-m", "ledgerq.cli", "ui", "--help").stdout
-    for option in ("--host", "--port", "--token", "LEDGERQ_UI_TOKEN", "--interval", "--history"):
+    options = ("--host", "--port", "--token", "LEDGERQ_UI_TOKEN", "--interval", "--history")
+    for option in (*options, "--key-file"):
         assert option in helped, option
 
 
