@@ -1197,6 +1197,9 @@ class QueueCore(Closing):
         """Build Messages; entries whose payload cannot be restored are settled as corrupt."""
         messages = []
         for taken_entry, attempt in taken:
+            if not taken_entry.flags & _RESTORED_FLAGS:  # stored as given: nothing to restore
+                messages.append(entry_to_message(taken_entry, attempt, taken_entry.payload))
+                continue
             try:
                 entry, payload = self._restore_entry(taken_entry)
             except CorruptionError as exc:
