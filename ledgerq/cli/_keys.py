@@ -31,11 +31,22 @@ KEY_META = "ledgerq.encryption_key"  # where --key-file leaves the key in the cl
 
 
 def _remember_key(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value is not None:
-        try:
-            ctx.meta[KEY_META] = read_key_file(value)
-        except KeyFileError as exc:
-            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    if value is None:
+        return
+    try:
+        key = read_key_file(value)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    given = ctx.meta.get(KEY_META)
+    if given is not None and given != key:
+        # serve takes --key-file and --encryption-key-file: two different keys would
+        # leave one silently unused.
+        raise click.BadParameter(
+            "another key file was given too, holding a different key: give one key",
+            ctx=ctx,
+            param=param,
+        )
+    ctx.meta[KEY_META] = key
 
 
 def key_file_option(func: F) -> F:

@@ -127,6 +127,16 @@ def test_serve_with_an_encryption_key_file(tmp_path: Path, key_file: Path) -> No
         assert [m.payload for m in q.dequeue_batch(5)] == [b"two"]
 
 
+def test_serve_refuses_two_key_files_holding_different_keys(tmp_path: Path, key_file: Path) -> None:
+    other = tmp_path / "other.bin"
+    other.write_bytes(OTHER_KEY)
+    data = tmp_path / "data"
+    refused = run("serve", data, "--key-file", key_file, "--encryption-key-file", other)
+    assert refused.code == 2 and "different key" in refused.err, refused
+    assert KEY.hex() not in refused.err and OTHER_KEY.hex() not in refused.err
+    assert not data.exists()  # refused before anything was created
+
+
 def test_config_never_shows_the_key(tmp_path: Path, key_file: Path) -> None:
     queue = tmp_path / "q"
     assert run("enqueue", queue, "x", "--key-file", key_file).code == 0
