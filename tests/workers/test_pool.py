@@ -22,18 +22,14 @@ def done_ids(log: Path) -> Counter[int]:
     return Counter(int(line.split()[0]) for line in log.read_text().splitlines())
 
 
-def test_every_job_is_acked_or_dead_lettered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = tmp_path / "done.log"
-    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+def test_every_job_is_acked_or_dead_lettered(tmp_path: Path, done_log: Path) -> None:
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         ids = q.enqueue_batch([str(n).encode() for n in range(200)])
     report = run(path, _handlers.mixed, processes=3, until_empty=True, max_retries=2)
     assert isinstance(report, WorkerReport)
     failing = {ids[n] for n in range(200) if n % 10 == 0}
-    succeeded = done_ids(log)
+    succeeded = done_ids(done_log)
     assert set(succeeded) == set(ids) - failing
     assert all(count == 1 for count in succeeded.values()), "a job done twice after success"
     assert report.processed == 180
@@ -48,16 +44,14 @@ def test_every_job_is_acked_or_dead_lettered(
         assert all(r.startswith("ValueError: job") for r in reasons)
 
 
-def test_task_timeout_kills_and_retries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    log = tmp_path / "done.log"
-    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+def test_task_timeout_kills_and_retries(tmp_path: Path, done_log: Path) -> None:
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         q.enqueue_batch([str(n).encode() for n in range(6)])
     report = run(path, _handlers.slow_once, processes=2, task_timeout=0.5, until_empty=True)
     assert report.timed_out == 1
     assert report.processed == 6
-    assert sorted(done_ids(log).values()) == [1] * 6
+    assert sorted(done_ids(done_log).values()) == [1] * 6
 
 
 def test_bad_arguments(tmp_path: Path) -> None:
@@ -161,18 +155,14 @@ def test_a_forked_child_does_not_keep_the_queue_locked(tmp_path: Path) -> None:
         os.waitpid(pid, 0)
 
 
-def test_a_handler_raising_retry_is_nacked_with_its_delay(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = tmp_path / "done.log"
-    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+def test_a_handler_raising_retry_is_nacked_with_its_delay(tmp_path: Path, done_log: Path) -> None:
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         ids = q.enqueue_batch([b"a", b"b"])
     report = run(path, _handlers.retry_later, processes=2, until_empty=True, max_retries=5)
     assert (report.processed, report.failed) == (2, 2)
     seen: dict[tuple[int, int], int] = {}
-    for line in log.read_text().splitlines():
+    for line in done_log.read_text().splitlines():
         message_id, attempt, at_ns = map(int, line.split())
         seen[(message_id, attempt)] = at_ns
     for message_id in ids:
@@ -186,12 +176,10 @@ def test_a_handler_raising_retry_is_nacked_with_its_delay(
     ("reader", "shared"), [("default", True), ("audit", True), ("audit", False)]
 )
 def test_a_long_task_keeps_its_lease_while_its_child_lives(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str, shared: bool
+    tmp_path: Path, done_log: Path, reader: str, shared: bool
 ) -> None:
     # visibility_timeout 0.6 s, tasks of 1.5 s: without the pool's touch the idle child
     # took the expired message and it ran twice - on a named reader, in either mode, too.
-    log = tmp_path / "done.log"
-    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         (only,) = q.enqueue_batch([b"long"])
@@ -204,7 +192,7 @@ def test_a_long_task_keeps_its_lease_while_its_child_lives(
         shared=shared,
         visibility_timeout=0.6,
     )
-    assert done_ids(log) == Counter({only: 1})
+    assert done_ids(done_log) == Counter({only: 1})
     assert (report.processed, report.failed) == (1, 0)
     with ledgerq.open(path) as q:
         assert q.reader(reader).stats().acked == 1
@@ -214,10 +202,8 @@ def test_a_long_task_keeps_its_lease_while_its_child_lives(
 
 
 def test_a_timed_out_task_waits_the_retry_policy_and_dead_letters(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, done_log: Path
 ) -> None:
-    log = tmp_path / "done.log"
-    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         (only,) = q.enqueue_batch([b"stuck"])
@@ -232,7 +218,7 @@ def test_a_timed_out_task_waits_the_retry_policy_and_dead_letters(
     )
     assert (report.timed_out, report.failed, report.dead_lettered) == (2, 2, 1)
     started = {}
-    for line in log.read_text().splitlines():
+    for line in done_log.read_text().splitlines():
         message_id, attempt, at_ns = map(int, line.split())
         assert message_id == only
         started[attempt] = at_ns

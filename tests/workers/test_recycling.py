@@ -21,16 +21,12 @@ def pids_by_id(log: Path) -> dict[int, int]:
     return dict(pairs)
 
 
-def test_a_child_runs_at_most_max_tasks_per_child_tasks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = tmp_path / "done.log"
-    monkeypatch.setenv(_handlers.DONE_LOG, str(log))
+def test_a_child_runs_at_most_max_tasks_per_child_tasks(tmp_path: Path, done_log: Path) -> None:
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         ids = q.enqueue_batch([b"%d" % n for n in range(10)])
     report = run(path, _handlers.record_pid, processes=2, until_empty=True, max_tasks_per_child=3)
-    ran_in = pids_by_id(log)
+    ran_in = pids_by_id(done_log)
     assert sorted(ran_in) == ids
     tasks_per_pid = Counter(ran_in.values())
     assert max(tasks_per_pid.values()) <= 3, tasks_per_pid
