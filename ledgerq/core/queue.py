@@ -940,32 +940,10 @@ class QueueCore(Closing):
     def _encode_drafts(self, drafts: list[Draft], first: int, now: int) -> list[bytes]:
         """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held)."""
         count = len(drafts)
-        sealer = self._sealer
-        if sealer is not None:
-            return [
-                sealer.encode_plain(first + i, now, draft.payload, i < count - 1)
-                if draft.headers_blob is None
-                and draft.expires_in_ns is None
-                and draft.priority == 1
-                and not draft.compressed
-                and draft.delay_ns is None
-                and draft.group is None
-                else sealer.encode(
-                    first + i,
-                    now,
-                    draft.payload,
-                    headers_blob=draft.headers_blob,
-                    expires_at=None if draft.expires_in_ns is None else now + draft.expires_in_ns,
-                    priority=draft.priority,
-                    compressed=draft.compressed,
-                    batch_continues=i < count - 1,
-                    deliver_at=None if draft.delay_ns is None else now + draft.delay_ns,
-                    group=draft.group,
-                )
-                for i, draft in enumerate(drafts)
-            ]
-        records = [
-            encode_entry(
+        # An encrypted queue's sealer takes encode_entry's arguments.
+        encode = encode_entry if self._sealer is None else self._sealer.encode
+        return [
+            encode(
                 first + i,
                 now,
                 draft.payload,
@@ -980,7 +958,6 @@ class QueueCore(Closing):
             )
             for i, draft in enumerate(drafts)
         ]
-        return records
 
     def _admit(self, drafts: list[Draft], now: int) -> tuple[list[Draft], dict[int, int]]:
         """Ask the admitting features about each draft (lock held).
