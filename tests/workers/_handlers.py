@@ -12,13 +12,21 @@ import ledgerq.workers
 DONE_LOG = "LEDGERQ_TEST_DONE_LOG"
 
 
-def _record(message: ledgerq.Message) -> None:
+def _note(line: bytes) -> None:
     # O_APPEND writes of one short line are atomic: children can share the file.
     fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, b"%d %s\n" % (message.id, message.payload))
+        os.write(fd, line)
     finally:
         os.close(fd)
+
+
+def _record(message: ledgerq.Message) -> None:
+    _note(b"%d %s\n" % (message.id, message.payload))
+
+
+def _note_attempt(message: ledgerq.Message) -> None:
+    _note(b"%d %d %d\n" % (message.id, message.attempts, time.time_ns()))
 
 
 def mixed(message: ledgerq.Message) -> None:
@@ -54,11 +62,7 @@ def block(message: ledgerq.Message) -> None:
 
 def retry_later(message: ledgerq.Message) -> None:
     """Ask for a retry in 0.5 s on the first attempt (noting when), succeed on the next."""
-    fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, b"%d %d %d\n" % (message.id, message.attempts, time.time_ns()))
-    finally:
-        os.close(fd)
+    _note_attempt(message)
     if message.attempts == 1:
         raise ledgerq.workers.Retry(0.5)
 
@@ -77,20 +81,12 @@ def record_resident(message: ledgerq.Message) -> None:
     """Note the resident size of the child that runs the task: ``<id> <bytes>``."""
     with open("/proc/self/statm", "rb") as statm:
         resident = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, b"%d %d\n" % (message.id, resident))
-    finally:
-        os.close(fd)
+    _note(b"%d %d\n" % (message.id, resident))
 
 
 def record_pid(message: ledgerq.Message) -> None:
     """Note which process ran the task: ``<id> <pid>``."""
-    fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, b"%d %d\n" % (message.id, os.getpid()))
-    finally:
-        os.close(fd)
+    _note(b"%d %d\n" % (message.id, os.getpid()))
 
 
 def grow_on_big(message: ledgerq.Message) -> None:
@@ -115,9 +111,5 @@ def wait_for_go(message: ledgerq.Message) -> None:
 
 def hang_noting_attempts(message: ledgerq.Message) -> None:
     """Note ``<id> <attempt> <time_ns>``, then hang (past any task timeout)."""
-    fd = os.open(os.environ[DONE_LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, b"%d %d %d\n" % (message.id, message.attempts, time.time_ns()))
-    finally:
-        os.close(fd)
+    _note_attempt(message)
     time.sleep(3600)  # the workload: a task that never ends on its own
