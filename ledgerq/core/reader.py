@@ -951,8 +951,9 @@ class ReaderCore:
     def pending(self) -> int:
         """Messages waiting to be delivered (not leased, not acked)."""
         unread = 0
+        segments = self._manager.segments
         start = self._cursor.next_id
-        for seg in self._manager.segments:
+        for seg in segments:
             if seg.is_empty or seg.last_id < start:
                 continue
             if seg.first_id >= start:
@@ -960,7 +961,11 @@ class ReaderCore:
             else:
                 unread += seg.last_id - start + 1
         if self._skip:
-            unread -= sum(1 for i in self._skip if i >= start)
+            # Only finished ids the count above includes: in shared mode, retention may
+            # have deleted segments ahead of a cursor that had not read them (a handle
+            # that consumes nothing), and the ids others acked there are in _skip.
+            low = max(start, segments[0].first_id)
+            unread -= sum(1 for i in self._skip if i >= low)
         return max(unread, 0) + self._selector.held() + len(self._delays) + len(self._group_held)
 
     def in_flight(self) -> int:

@@ -117,3 +117,60 @@ def test_a_producer_killed_mid_enqueue_leaves_the_bound_kept(
             except ledgerq.QueueFullError:
                 break
         check(q)
+
+
+def test_the_bound_holds_for_a_producer_handle_after_retention_deleted_segments(
+    tmp_path: Path,
+) -> None:
+    # A handle that only produces never reads the log: what the consumer's handle acked
+    # in segments that retention has since deleted must not count as room.  (Issue 25:
+    # the producer counted 4 pending where there were 50, and let 441 in.)
+    path = tmp_path / "q"
+    options = {"shared": True, "max_pending": 50, "segment_size": 8192}
+    with ledgerq.open(path, **options) as producer, ledgerq.open(path, **options) as consumer:
+        for _ in range(400):
+            try:
+                producer.enqueue(b"x" * 100)
+            except ledgerq.QueueFullError:
+                msg = consumer.dequeue()
+                assert msg is not None
+                consumer.ack(msg.id)
+                producer.enqueue(b"x" * 100)
+        assert producer.stats().segments < 7  # segments were deleted on the way
+        for _ in range(100):
+            with pytest.raises(ledgerq.QueueFullError):
+                producer.enqueue(b"x" * 100)
+        assert producer.stats().pending == consumer.stats().pending == 50
+
+
+@pytest.mark.parametrize(("producers", "consumers"), [(1, 1), (3, 2)])
+def test_processes_over_tiny_segments_keep_the_bound(
+    tmp_path: Path, children: Children, producers: int, consumers: int
+) -> None:
+    path = tmp_path / "q"
+    bound, options = 50, ("max_pending=50", "segment_size=8192", "size=100")
+    ledgerq.open(path, shared=True, max_pending=bound, segment_size=8192).close()
+    consuming = [
+        Reports(start(children, "consume", path, f"count={300 // consumers}", *options))
+        for _ in range(consumers)
+    ]
+    making = [
+        Reports(start(children, "produce", path, f"base={100_000 * i}", *options))
+        for i in range(producers)
+    ]
+    for c in consuming:
+        assert c.done.wait(120), "a consumer did not finish its share"
+    # The consumers are gone: the producers fill the queue, then every try is refused.
+    counts = [len(p.kinds("X")) for p in making]
+    wait_until(
+        lambda: all(len(p.kinds("X")) >= n + 20 for p, n in zip(making, counts, strict=True)),
+        60,
+        "every producer refused again and again",
+    )
+    for p in making:
+        p.stop()
+    with ledgerq.open(path, shared=True) as q:
+        stats = q.stats()
+        assert stats.segments > 1 or stats.acked >= 300
+        assert stats.pending + stats.in_flight == bound
+        assert stats.enqueued == bound + stats.acked
