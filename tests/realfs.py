@@ -99,6 +99,11 @@ class Ballast:
         for _ in range(min(count, len(self._ballast))):
             self._ballast.pop().unlink(missing_ok=True)
 
+    def give_back(self, nbytes: int) -> None:
+        """Free ``nbytes`` (a page, say) by cutting the newest ballast file of this object."""
+        newest = self._ballast[-1]
+        os.truncate(newest, max(0, newest.stat().st_size - nbytes))
+
     def free_bytes(self) -> int:
         """Bytes a non-root writer could still allocate."""
         st = os.statvfs(self.path)

@@ -607,6 +607,15 @@ class QueueCore(Closing):
             )
         return counted
 
+    def make_room(self) -> bool:
+        """A feature's state write met a full disk: release the disk reserve for it.
+
+        True if that freed space (the write is then tried once more).  Enqueues refuse
+        from then on until the reserve can be written again (docs/reliability.md).
+        For the features' append logs (``AppendLog.on_full``); lock held.
+        """
+        return self._make_room()
+
     def note_corrupt_skipped(self, count: int) -> None:
         """Count damaged records a feature skipped in its own files (``stats()``)."""
         self._tally.corrupt_skipped += count
@@ -968,15 +977,20 @@ class QueueCore(Closing):
         """
         fresh: list[Draft] = []
         existing: dict[int, int] = {}
-        for position, draft in enumerate(drafts):
-            candidate = self._next_id + len(fresh)  # the id it gets if written
-            for feature in self._admitters:
-                found = feature.admit(draft, now, candidate)
-                if found is not None:
-                    existing[position] = found
-                    break
-            else:
-                fresh.append(draft)
+        try:
+            for position, draft in enumerate(drafts):
+                candidate = self._next_id + len(fresh)  # the id it gets if written
+                for feature in self._admitters:
+                    found = feature.admit(draft, now, candidate)
+                    if found is not None:
+                        existing[position] = found
+                        break
+                else:
+                    fresh.append(draft)
+        except BaseException:
+            for feature in self._admitters:  # the drafts admitted before: nothing written
+                feature.rollback()
+            raise
         self._tally.duplicates += len(existing)
         return fresh, existing
 
@@ -1409,10 +1423,14 @@ class QueueCore(Closing):
         """Settle ``message_id`` for the default reader wherever it is; True if it was pending."""
         with self._lock:
             self._ensure_open()
-            settled = self._default._core.settle_any(message_id)
+            core = self._default._core
+            settled = core.settle_any(message_id)
             if settled:
                 self._retire_consumed()
                 self._room_made()
+                if core.group_freed:  # the next of its group is deliverable now
+                    core.group_freed = False
+                    self._wake()
         return settled
 
     # ------------------------------------------------------------------ retention

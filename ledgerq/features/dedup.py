@@ -111,6 +111,9 @@ class DedupFeature(Feature):
         make_durable_dir(directory)
         path = os.path.join(directory, "dedup.log")
         self._log = AppendLog(path, "dedup state")
+        # A record that meets a full disk takes the disk reserve's space (the enqueue
+        # that needs it has already written its message); enqueues refuse after that.
+        self._log.on_full = lambda: queue.make_room()  # (the proxy: no cycle)
         self._queue = queue
         self._shared = queue.shared
         if self._shared and not queue.is_alone:
@@ -233,6 +236,11 @@ class DedupFeature(Feature):
     def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
         if draft.dedup_id is None:
             return None
+        if self._unsaved:
+            # A record could not be written (not even with the disk reserve's space):
+            # the table must be in the file before another dedup id is promised, or a
+            # crash would forget this one too.  Raises while the disk is still full.
+            self._rewrite()
         self._expire(now_ns)
         key = self._key_of(draft.dedup_id)
         hit = self._table.get(key)

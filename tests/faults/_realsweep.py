@@ -77,6 +77,7 @@ class _Ledger:
         self.ack_raised: set[int] = set()  # ids whose ack raised
         self.leases: Counter[int] = Counter()  # id -> dequeues that returned it
         self.highest = 0
+        self.dedup: dict[str, int] = {}  # dedup id -> the id its returned enqueue gave
         self.sites = 0
         self.filled = False
         self.crashed = False
@@ -98,8 +99,14 @@ class _Ledger:
                 if self._op[:1] == ["ack"]:
                     self.ack_raised.add(int(self._op[1]))
                 self._op = []
-            elif kind == "E" and words[2] == "fresh":
+            elif kind == "E":
                 message_id, token = int(words[0]), int(words[1])
+                if words[3] != "-":
+                    # A returned enqueue with a dedup id: honoured after any reopen (issue
+                    # 25: a full disk then a crash forgot 2,890 of 3,200 such ids).
+                    self.dedup.setdefault(words[3], message_id)
+                if words[2] != "fresh":
+                    continue
                 if message_id in self.returned and self.returned[message_id] != token:
                     self.problems.append(f"id {message_id} returned for two messages")
                 if message_id <= self.highest and message_id not in self.returned:
@@ -243,6 +250,13 @@ def _check_contents(q: ledgerq.Queue, ledger: _Ledger, run: RealRun) -> None:
     undone = sorted(i for i in ledger.ack_raised if ledger.returned.get(i) not in present)
     if undone:
         run.problems.append(f"acks that raised were done: ids {undone[:8]}")
+    forgotten = sorted(
+        key
+        for key, message_id in ledger.dedup.items()
+        if q.enqueue(b"dedup probe", dedup_id=key) != message_id
+    )
+    if forgotten:
+        run.problems.append(f"returned dedup ids forgotten: {forgotten[:8]}")
     new_id = q.enqueue(b"after the crash")
     if new_id <= ledger.highest:
         run.problems.append(f"new id {new_id} is not above {ledger.highest} (reused)")

@@ -10,7 +10,7 @@ import pytest
 import ledgerq
 from ledgerq import StorageError
 from ledgerq.segment.appendlog import AppendLog
-from tests.realfs import SmallDisk
+from tests.realfs import SmallDisk, crash_child
 
 
 def test_a_failed_append_on_a_full_disk_is_cut_back(small_disk: SmallDisk) -> None:
@@ -96,3 +96,44 @@ def test_a_damaged_dedup_record_in_the_middle_is_skipped_and_counted(tmp_path: P
                 assert q.enqueue(b"again", dedup_id=f"d{i}") == message_id
     with ledgerq.open(path) as q:  # the rewrite dropped the damage: not counted twice
         assert q.stats().corrupt_skipped == 1
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_dedup_ids_returned_on_a_disk_full_to_its_last_page_survive_a_crash(
+    small_disk: SmallDisk, shared: bool
+) -> None:
+    # Issue 25: on a disk filled to its last page, with a page freed now and then, the
+    # segment took every freed page and each dedup record met the full disk: the
+    # enqueues returned, their ids waited in memory for the next sync, and a crash
+    # forgot 2,890 of 3,200.  Every dedup id whose enqueue returned must survive.
+    reports = crash_child(
+        small_disk.path,
+        """
+        q = ledgerq.open(ARGS["queue"], dedup_window=3600.0, sync="never", shared=ARGS["shared"])
+        disk.fill()
+        ids, failures, i = {}, 0, 0
+        for _ in range(1000):  # a failed call is retried with the same dedup id
+            try:
+                ids[f"d{i}"] = q.enqueue(b"p" * 100, dedup_id=f"d{i}")
+            except ledgerq.StorageError:
+                failures += 1
+                if failures % 2 == 0:  # two refusals: give the disk one page back
+                    disk.give_back(4096)
+                continue
+            i += 1
+        returned_while_full = len(ids)
+        disk.free()
+        for j in range(50):
+            ids[f"e{j}"] = q.enqueue(b"p" * 100, dedup_id=f"e{j}")
+        report(ids, failures, returned_while_full)
+        """,
+        queue=str(small_disk.path / "q"),
+        shared=shared,
+    )
+    [[ids, failures, returned_while_full]] = reports
+    assert failures > 0, "the disk never refused: the test tests nothing"
+    assert returned_while_full >= 50, "too few enqueues returned on the full disk"
+    with ledgerq.open(small_disk.path / "q", dedup_window=3600.0) as q:
+        forgotten = [k for k, v in ids.items() if q.enqueue(b"again", dedup_id=k) != v]
+        assert forgotten == []
+        assert q.stats().corrupt_skipped == 0
