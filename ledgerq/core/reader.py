@@ -335,6 +335,9 @@ class ReaderCore:
         self._group_of: dict[int, str] = {}
         self._group_heaps: dict[str, list[int]] = {}
         self._group_held: dict[int, Entry] = {}
+        # Set when settling a message gave its group's next one back: the caller must
+        # wake the dequeues that wait (an ack is otherwise no news to them).
+        self.group_freed = False
 
     def _note_member(self, entry: Entry) -> None:
         """``entry`` (grouped) was read: it is an unfinished member of its group."""
@@ -379,6 +382,7 @@ class ReaderCore:
             entry = self._group_held.pop(first, None)
             if entry is not None:
                 self._selector.give_back(entry)
+                self.group_freed = True
 
     def _drop_group_members(self, last_id: int) -> int:
         """Forget grouped ids <= ``last_id`` (retention deleted them); return how many
@@ -1205,7 +1209,10 @@ class Reader:
             ticket = core.ack_one(message_id)
             core.maybe_compact()
             self._retire_if_passed_oldest()
-            if queue._room_waiting:  # a bounded queue's enqueue waits for this room
+            if queue._room_waiting or core.group_freed:
+                # A bounded queue's enqueue waits for this room, or the ack made the next
+                # message of its group deliverable: a blocked dequeue may take it.
+                core.group_freed = False
                 queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
@@ -1233,7 +1240,8 @@ class Reader:
             ticket = core.ack(ids)
             core.maybe_compact()
             self._retire_if_passed_oldest()
-            if queue._room_waiting:  # a bounded queue's enqueue waits for this room
+            if queue._room_waiting or core.group_freed:  # (see ack)
+                core.group_freed = False
                 queue._wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)

@@ -9,6 +9,8 @@ shared mode.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 import ledgerq
 from ledgerq import Item, Priority
 from tests.clocks import SteppedClock
+from tests.shared._procs import wait_until
 
 
 def payloads(messages: list[ledgerq.Message]) -> list[bytes]:
@@ -178,3 +181,46 @@ def test_a_requeued_dead_letter_comes_back_in_its_group(tmp_path: Path) -> None:
         back = q.dequeue()
         assert back is not None and (back.payload, back.group) == (b"a1", "a")
         assert "dlq.group" not in back.headers
+
+
+def _blocked_dequeue(queue: ledgerq.Queue) -> tuple[threading.Thread, list[object]]:
+    """A thread blocked in ``queue.dequeue(timeout=None)``; what it got lands in the list."""
+    got: list[object] = []
+
+    def wait() -> None:
+        try:
+            got.append(queue.dequeue(timeout=None))
+        except ledgerq.QueueClosedError as exc:
+            got.append(exc)
+
+    before = queue._waiting  # type: ignore[attr-defined]
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    wait_until(lambda: queue._waiting > before, 30, "the dequeue to block")  # type: ignore[attr-defined]
+    return thread, got
+
+
+@pytest.mark.parametrize("mode", ["exclusive", "shared", "another handle"])
+def test_the_ack_that_frees_a_group_wakes_a_blocked_dequeue(tmp_path: Path, mode: str) -> None:
+    # Issue 25: A1, A2 (group a), B1 (group b), U; A1, B1 and U leased, B1 and U acked;
+    # a dequeue blocks; ack(A1) made A2 deliverable but woke nobody: the waiter got A2
+    # only when its own timeout ran out.
+    path = tmp_path / "q"
+    shared = mode != "exclusive"
+    with contextlib.ExitStack() as stack:
+        q = stack.enter_context(ledgerq.open(path, shared=shared))
+        acker = (
+            stack.enter_context(ledgerq.open(path, shared=True)) if mode == "another handle" else q
+        )
+        acker.enqueue_batch(
+            [Item(b"a1", group="a"), Item(b"a2", group="a"), Item(b"b1", group="b"), b"u"]
+        )
+        a1, b1, u = acker.dequeue_batch(10)
+        assert [a1.payload, b1.payload, u.payload] == [b"a1", b"b1", b"u"]
+        acker.ack_batch([b1.id, u.id])
+        thread, got = _blocked_dequeue(q)
+        acker.ack(a1.id)
+        thread.join(30)
+        assert not thread.is_alive(), "the ack that freed group a woke no waiter"
+        [msg] = got
+        assert isinstance(msg, ledgerq.Message) and msg.payload == b"a2"
