@@ -133,18 +133,28 @@ class Queue(QueueCore):
         )
 
     def purge(self, ids: Iterable[int] | None = None) -> int:
-        """Remove pending messages (by id; default all) for good; return how many.
+        """Remove messages that are not leased, for good; return how many.
 
-        ``ids`` are checked as :meth:`requeue_dlq` checks them, before anything is removed.
+        Default: every one of them - ready, delayed, waiting for a retry, held behind
+        its group.  A leased message is never removed (this handle's or, in shared
+        mode, another's): its holder's ``ack`` still works.  ``ids`` are checked as
+        :meth:`requeue_dlq` checks them, before anything is removed; ids that are not
+        pending (leased, finished, unknown) are skipped.  Durable as an ack is.
         """
         wanted = None if ids is None else check_ids(ids)
-        self._ensure_open()
-        removed = 0
-        with self.holding_reader(DEFAULT_READER):
-            for entry, _ in self._pending_entries(wanted):
-                if self._settle(entry.id):
-                    removed += 1
-        return removed
+        with self._lock:
+            self._ensure_open()
+            core = self._default._core
+            removed, ticket = core.purge(wanted)
+            if removed:
+                self._retire_consumed()
+                self._room_made()
+                if core.group_freed:  # a kept message of a purged head's group is free
+                    core.group_freed = False
+                    self._wake()
+        if removed and self._sync_always:
+            core.journal.commit.wait_durable(ticket)
+        return len(removed)
 
 
 class SharedQueue(Queue, SharedQueueCore):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 
 __all__ = ["NEVER_NS", "DelayIndex"]
 
@@ -125,20 +126,31 @@ class DelayIndex:
 
     def drop_through(self, last_id: int) -> int:
         """Forget every id <= ``last_id`` (retention deleted its segment); return how many."""
-        dropped = 0
+        return self._remove_where(lambda message_id: message_id <= last_id)
+
+    def ids(self) -> set[int]:
+        """Every id parked (a copy).  O(n)."""
+        return {message_id for ids in self._ids for message_id in ids}
+
+    def discard_all(self, gone: set[int]) -> int:
+        """Forget every id of ``gone`` that is parked; return how many.  O(n), once."""
+        return self._remove_where(gone.__contains__)
+
+    def _remove_where(self, doomed: Callable[[int], bool]) -> int:
+        removed = 0
         for b in range(len(self._ids) - 1, -1, -1):
             ids, dues = self._ids[b], self._dues[b]
-            keep = [i for i, message_id in enumerate(ids) if message_id > last_id]
+            keep = [i for i, message_id in enumerate(ids) if not doomed(message_id)]
             if len(keep) == len(ids):
                 continue
-            dropped += len(ids) - len(keep)
+            removed += len(ids) - len(keep)
             self._ids[b] = array("Q", (ids[i] for i in keep))
             self._dues[b] = array("q", (dues[i] for i in keep))
             self._reshape(b)
-        self._count -= dropped
-        if dropped:
+        self._count -= removed
+        if removed:
             self._min_id = None
-        return dropped
+        return removed
 
     def __contains__(self, message_id: int) -> bool:
         return any(message_id in ids for ids in self._ids)

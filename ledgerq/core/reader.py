@@ -841,6 +841,71 @@ class ReaderCore:
         self.counters["acked"] += 1
         return True
 
+    def purge(self, wanted: set[int] | None = None) -> tuple[list[int], int]:
+        """Settle for good every pending message that is not leased (or those of
+        ``wanted``); return their ids and the journal ticket.
+
+        Pending is everything not finished and not leased: unread, ready, delayed,
+        waiting for a retry, held behind its group.  A leased message is never purged:
+        its holder's ack must still work.  One journal write for all of them (chunked
+        records): if it fails, nothing changed.  Counted as acked (``stats()``).
+        """
+        parked = self._delays.ids() if self._delays else set()
+        if wanted is None:
+            candidates: Iterable[int] = self._pending_ids(parked)
+        else:
+            candidates = sorted(wanted)
+        ids = [i for i in candidates if self._may_purge(i, parked)]
+        if not ids:
+            return [], 0
+        records = [encode_ids_record(_ACK, ids[k : k + 8192]) for k in range(0, len(ids), 8192)]
+        self.journal.append_record(b"".join(records))  # first: if it fails, nothing changed
+        ticket = self.journal.commit.note_write()
+        gone = set(ids)
+        if parked:
+            self._delays.discard_all(gone)
+            self._due_ns = self._delays.next_due_ns
+        for message_id in ids:  # in id order: a group's head first, then what it frees
+            if message_id in self._group_held:
+                del self._group_held[message_id]
+            elif not self._selector.discard(message_id) and message_id >= self._cursor.next_id:
+                self._skip.add(message_id)
+            self._forget(message_id)  # (gives its group's next one back: group_freed)
+        self.counters["acked"] += len(ids)
+        for feature in self._hooks.settled:
+            feature.settled(self, ids)
+        return ids, ticket
+
+    def _pending_ids(self, parked: set[int]) -> list[int]:
+        """Every id this reader may still deliver (leased ones included), in id order."""
+        held = set(self._group_held) | parked
+        start = self._cursor.next_id
+        behind = [i for i in range(self.head, start) if i in held or self._selector.holds(i)]
+        unread: list[int] = []
+        for seg in self._manager.segments:
+            if seg.is_empty or seg.last_id < start:
+                continue
+            if not seg.missing:
+                unread.extend(range(max(seg.first_id, start), seg.last_id + 1))
+                continue
+            cursor = LogCursor(self._manager, max(seg.first_id, start))  # a damaged segment
+            while (entry := cursor.next()) is not None and entry.id <= seg.last_id:
+                unread.append(entry.id)
+        skip = self._skip
+        return behind + [i for i in unread if i not in skip]
+
+    def _may_purge(self, message_id: int, parked: set[int]) -> bool:
+        """Whether ``message_id`` is pending here and not leased."""
+        if message_id in self._leased:
+            return False
+        if message_id in self._group_held or message_id in parked:
+            return True
+        if self._selector.holds(message_id):
+            return True
+        if message_id < self._cursor.next_id or message_id in self._skip:
+            return False
+        return self._exists_unread(message_id)
+
     def drop_segment(self, first_id: int, last_id: int) -> tuple[int, int]:
         """Retention is deleting the oldest segment, ids ``first_id..last_id``: settle
         everything of it this reader had not settled; return (how many, how many leased).

@@ -618,6 +618,17 @@ class SharedReaderCore(ReaderCore):
         finally:
             self._leave()
 
+    def purge(self, wanted: set[int] | None = None) -> tuple[list[int], int]:
+        self._enter()
+        try:
+            return super().purge(wanted)
+        finally:
+            self._leave()
+
+    def _may_purge(self, message_id: int, parked: set[int]) -> bool:
+        # Another handle's lease is not purged either: its holder acks it.
+        return message_id not in self._foreign and super()._may_purge(message_id, parked)
+
     def drop_segment(self, first_id: int, last_id: int) -> tuple[int, int]:
         self._enter()
         try:
