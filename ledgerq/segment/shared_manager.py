@@ -423,19 +423,31 @@ class SharedSegmentManager(SegmentManager):
         if not self._append_depth:
             self._append_lock.acquire()
         self._append_depth += 1
+        mm = self._mm
+        assert mm is not None
         try:
-            mm = self._mm
-            assert mm is not None
             if mm[_TAIL_AT:_WRITING_END] != self._published:
                 self._catch_up_reading()
-            _set_u64(mm, SLOT_WRITING, 1)
-            self._appending = True
+        except BaseException:
+            self.unlock_appends()  # (the word as it was: a dead appender's is repaired later)
+            raise
+        _set_u64(mm, SLOT_WRITING, 1)
+        self._appending = True
+        try:
             seg = self.segments[-1]
             if seg.size >= self.segment_size and seg.last_id:
-                self.rotate(seg.last_id + 1)  # a full segment another handle left unrotated
+                # A full segment left unrotated: by another handle, or by a rotation of
+                # this one that failed half-way (a full disk) and closed the writer -
+                # which is resumed first, finishing what that rotation had done.
+                if self._log_fd is None and self._torn_fd is None:
+                    self._resume_writer()
+                    seg = self.segments[-1]
+                if seg.size >= self.segment_size and seg.last_id:
+                    self.rotate(seg.last_id + 1)
         except BaseException:
-            self._appending = False
-            self.unlock_appends()
+            # Nothing was appended and the view is what the disk holds (a rotation that
+            # failed is finished by the next append): publish it, the word cleared.
+            self.end_append()
             raise
 
     def catch_up_locked(self) -> None:

@@ -9,13 +9,16 @@ word tells them.  Every disk here is a real tmpfs filled to its last byte.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 import ledgerq
 from ledgerq.format.feature_state import decode_feature_file
-from ledgerq.format.shared_state import SLOT_RESERVE_SPENT
+from ledgerq.format.shared_state import SLOT_RESERVE_SPENT, SLOT_WRITING
 from tests._child import Children
-from tests.realfs import SmallDisk
+from tests.realfs import SmallDisk, can_mount
 
 from ._procs import start
 from ._worker import payload
@@ -192,3 +195,44 @@ def test_a_handle_drains_through_a_reserve_another_one_spent(small_disk: SmallDi
     finally:
         a.close()
         b.close()
+
+
+def test_a_rotation_the_full_disk_failed_is_finished_once_there_is_room(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 25: the disk filled as the active segment filled; the rotation failed after
+    # the append (logged, the enqueue returned) and closed the handle's writer; the next
+    # enqueue of that handle, once the disk had room, raised a bare AssertionError from
+    # the seal (``assert fd is not None``) and left the ``writing`` word set.  Each disk
+    # here leaves a little more room before it is full, so that the rotation meets it at
+    # one of its steps (the sealed index, the next file).
+    reason = can_mount()
+    if reason is not None:
+        pytest.skip(reason)
+    disk = SmallDisk(tmp_path / "disk", 2 * 1024 * 1024)
+    failed_rotations = 0
+    try:
+        for leave_kib in range(252, 276, 2):
+            path = disk.path / f"q{leave_kib}"
+            caplog.clear()
+            with (
+                ledgerq.open(path, shared=True, segment_size=256 * 1024) as a,
+                ledgerq.open(path, shared=True, segment_size=256 * 1024) as b,
+            ):
+                disk.fill(leave_bytes=leave_kib * 1024)
+                refused = 0
+                while refused < 3:
+                    try:
+                        a.enqueue(b"x" * 1000)
+                    except ledgerq.StorageError:
+                        refused += 1
+                    assert not a._page.get(SLOT_WRITING), "a call left the writing word set"  # type: ignore[attr-defined]
+                failed_rotations += "could not finish a segment rotation" in caplog.text
+                disk.free()
+                first, second = a.enqueue(b"room again"), b.enqueue(b"room again")
+                assert second == first + 1
+                assert not a._page.get(SLOT_WRITING)  # type: ignore[attr-defined]
+            shutil.rmtree(path)
+    finally:
+        disk.unmount()
+    assert failed_rotations, "no rotation met the full disk: the test tests nothing"
