@@ -5,6 +5,7 @@
     python -m tests.torture --power-loss --scenarios 40   # power-loss simulation
     python -m tests.torture --power-loss --exhaustive     # every prefix of every file
     python -m tests.torture --shared --rounds 100         # shared mode: several processes
+    python -m tests.torture --shared --option visibility_timeout=0.5 --option max_retries=0
     python -m tests.torture --power-loss --shared         # shared mode: three handles
 
 Exits 0 when every check passed and prints the figures that docs/reliability.md quotes;
@@ -14,15 +15,25 @@ on a broken promise it prints the failure (with the seed that reproduces it) and
 from __future__ import annotations
 
 import argparse
+import ast
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.torture._model import ModelError
 from tests.torture._runner import TARGETS, run_rounds
 from tests.torture._shared import SHARED_TARGETS
+
+
+def _option(text: str) -> tuple[str, Any]:
+    name, _, value = text.partition("=")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
 
 
 def _torture(args: argparse.Namespace, workdir: Path) -> int:
@@ -65,6 +76,7 @@ def _shared_torture(args: argparse.Namespace, workdir: Path) -> int:
             sync=args.sync,
             keep=args.keep,
             progress=progress,
+            overrides=dict(args.option),
         )
     except ModelError as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
@@ -120,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         "--shared", action="store_true", help="shared mode: several processes on one queue"
     )
     parser.add_argument("--sync", choices=("always", "interval", "never"), help="one sync mode")
+    parser.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="(--shared) a queue option for every campaign, e.g. visibility_timeout=0.5",
+    )
     parser.add_argument("--power-loss", action="store_true", help="run the power-loss simulation")
     parser.add_argument(
         "--scenarios", type=int, default=24, help="random power-loss workloads (besides 3 fixed)"

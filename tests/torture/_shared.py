@@ -464,9 +464,15 @@ def shared_options(rng: random.Random, sync: str | None = None) -> dict[str, Any
 class Campaign:
     """One queue, its roster of children, the observer handle, and the rounds."""
 
-    def __init__(self, workdir: Path, seed: int, sync: str | None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        seed: int,
+        sync: str | None,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
         self.rng = random.Random(seed)
-        self.options = shared_options(self.rng, sync)
+        self.options = {**shared_options(self.rng, sync), **(overrides or {})}
         self.path = workdir / f"shared-{seed}"
         self.workdir = workdir
         self.seed = seed
@@ -723,9 +729,13 @@ def run_shared_campaign(
     target: str | None = None,
     sync: str | None = None,
     progress: Callable[[str], None] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> SharedResult:
-    """Run one campaign of ``rounds`` kills; raise :class:`ModelError` on a broken promise."""
-    campaign = Campaign(workdir, seed, sync)
+    """Run one campaign of ``rounds`` kills; raise :class:`ModelError` on a broken promise.
+
+    ``overrides``: queue options that replace the drawn ones (``visibility_timeout``...).
+    """
+    campaign = Campaign(workdir, seed, sync, overrides)
     campaign.run(rounds, target, progress)
     return campaign.result
 
@@ -740,6 +750,7 @@ def run_shared_rounds(
     sync: str | None = None,
     keep: bool = False,
     progress: Callable[[str], None] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> SharedTotals:
     """Run ``rounds`` rounds in campaigns of ``per_campaign``; return the totals."""
     totals = SharedTotals()
@@ -749,7 +760,13 @@ def run_shared_rounds(
         campaign_seed = seed * 100_003 + campaign
         started = time.monotonic()
         result = run_shared_campaign(
-            workdir, campaign_seed, n, target=target, sync=sync, progress=progress
+            workdir,
+            campaign_seed,
+            n,
+            target=target,
+            sync=sync,
+            progress=progress,
+            overrides=overrides,
         )
         totals.add(result)
         if progress is not None:
