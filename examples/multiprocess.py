@@ -2,8 +2,9 @@
 
 Every process opens the queue with ``ledgerq.open(path, shared=True)`` - no server, no
 owner process.  Two producers enqueue jobs while three consumers lease and ack them;
-a consumer blocked in ``dequeue`` is woken by any process's enqueue.  Each job is done
-once: a lease belongs to the process that took it.
+a consumer blocked in ``dequeue`` is woken by any process's enqueue - every waiting
+consumer, in every process, so the jobs spread over the consumers while each works on
+one.  Each job is done once: a lease belongs to the process that took it.
 
 Run: python examples/multiprocess.py [QUEUE_DIR]
 """
@@ -13,12 +14,19 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import ledgerq
 
 PRODUCERS, CONSUMERS, JOBS_EACH = 2, 3, 50
 STOP = b"stop"  # one per consumer, enqueued after every job
+WORK_S = 0.002  # what a job costs here; the other consumers take the next jobs meanwhile
+
+
+def work(payload: bytes) -> None:
+    """Stand-in for the job's real work (an image resized, a request made)."""
+    time.sleep(WORK_S)
 
 
 def produce(path: Path, producer: int) -> None:
@@ -34,10 +42,12 @@ def consume(path: Path, results: multiprocessing.Queue[tuple[int, int]], consume
             job = q.dequeue(timeout=1.0)  # woken by any process's enqueue
             if job is None:
                 continue  # nothing for a second: wait again
-            q.ack(job.id)
             if job.payload == STOP:
+                q.ack(job.id)
                 break
-            done += 1  # the work itself would go here, before the ack
+            work(job.payload)
+            q.ack(job.id)  # done: acked after the work, so a crash mid-job redelivers it
+            done += 1
     results.put((consumer, done))
 
 
@@ -60,7 +70,7 @@ def main(path: Path) -> None:
         for process in consumers:
             process.join()
         for consumer, count in sorted(done.items()):
-            print(f"consumer process {consumer} did {count} jobs")
+            print(f"consumer process {consumer} did {count} jobs {'#' * (count // 2)}")
         stats = q.stats()  # the queue's figures, the same from every process
         print(f"in all: {sum(done.values())} jobs done once each, {stats.pending} pending")
         assert sum(done.values()) == PRODUCERS * JOBS_EACH and stats.pending == 0

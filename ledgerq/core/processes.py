@@ -56,13 +56,27 @@ def tracked() -> list[Inheritable]:
     return list(_LIVE)
 
 
-def forked_error(what: str, path: str, owner_pid: int) -> ForkedQueueError:
-    """The error for using ``what`` at ``path``, opened by ``owner_pid``, in a forked child."""
+def forked_error(what: str, path: str, owner_pid: int, *, shared: bool = False) -> ForkedQueueError:
+    """The error for using ``what`` at ``path``, opened by ``owner_pid``, in a forked child.
+
+    ``shared``: the parent opened it in shared mode, where the child may open its own
+    handle beside the parent's (an exclusive parent's lock keeps the child out).
+    """
+    if shared:
+        fix = (
+            "open the child's own handle in the child: ledgerq.open(path, shared=True) - "
+            "shared mode lets it work beside the parent's"
+        )
+    else:
+        fix = (
+            "open it in the child process instead (ledgerq.open(path) in the child; until "
+            "the parent closes it, its exclusive lock keeps the child out - or open the "
+            "queue with shared=True in both)"
+        )
     return ForkedQueueError(
         f"{what} {path!r} was opened by process {owner_pid}; this process ({os.getpid()}) "
         "inherited it through fork() and cannot use it - both would hand out the same ids "
-        "and write the same files: open it in the child process instead (ledgerq.open(path) "
-        "in the child; until the parent closes it, its lock keeps the child out)"
+        f"and write the same files: {fix}"
     )
 
 

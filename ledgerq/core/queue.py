@@ -693,7 +693,7 @@ class QueueCore(Closing):
     def _ensure_open(self) -> None:
         if self._closed:
             if self._holdings.forked:
-                raise forked_error("queue", self.path, self._owner_pid)
+                raise forked_error("queue", self.path, self._owner_pid, shared=self.shared)
             raise QueueClosedError(f"queue {self.path} is closed")
 
     def _prepare(

@@ -232,3 +232,34 @@ def _target(fd: str) -> str | None:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return None
+
+
+def test_a_shared_handle_in_a_forked_child_says_to_open_the_childs_own(tmp_path: Path) -> None:
+    # Issue 25: the error said the parent's lock keeps the child out - untrue in shared
+    # mode, where the child may open a handle of its own beside the parent's.
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as q:
+        q.enqueue(b"from the parent")
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running any cleanup
+            try:
+                os.close(read_end)
+                try:
+                    q.enqueue(b"inherited")
+                    said = "no error"
+                except ledgerq.ForkedQueueError as exc:
+                    said = str(exc)
+                with ledgerq.open(path, shared=True) as own:
+                    own.enqueue(b"from the child")
+                os.write(write_end, said.encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            said = pipe.read().decode()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert "ledgerq.open(path, shared=True)" in said, said
+        assert "keeps the child out" not in said
+        assert [m.payload for m in q.dequeue_batch(10)] == [b"from the parent", b"from the child"]
