@@ -7,7 +7,7 @@ from typing import Unpack
 
 from ledgerq._options import OpenOptions, Options
 from ledgerq._queue import Queue, open_configured
-from ledgerq.core.args import check_queue_path
+from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, check_lock_timeout, check_queue_path
 from ledgerq.core.clock import Clock
 from ledgerq.segment.meta import stored_options
 
@@ -21,6 +21,7 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     clock: Clock | None = None,
     remember_options: bool = True,
     shared: bool = False,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     **kwargs: Unpack[OpenOptions],
 ) -> Queue:
     """Open (creating if missing) the queue in directory ``path``.
@@ -38,6 +39,13 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
     number of processes, and handles in one process, may have it open at once, each
     with the whole API (docs/usage.md, "Many processes on one queue").  Exclusive (the
     default) and shared opens exclude each other.
+
+    ``lock_timeout`` (seconds, default 10; not an option, never stored) bounds every
+    wait for another handle's step: a process stopped in the middle of one (SIGSTOP, a
+    debugger) holds its lock, and is never taken over while it lives, so a call that
+    needs that lock gives up after ``lock_timeout`` - ``open`` with
+    :class:`QueueLockedError`, every other call with :class:`QueueBusyError` (nothing
+    done); a ``dequeue(timeout=t)`` returns by ``t`` (docs/usage.md, "Many processes").
 
     ``clock`` (not an option, never stored) replaces the system's clocks: an object
     with ``time_ns()`` and ``monotonic_ns()`` like the ``time`` module's (see
@@ -58,6 +66,7 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
         raise TypeError(f"remember_options must be a bool, got {type(remember_options).__name__}")
     if not isinstance(shared, bool):
         raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
+    lock_timeout = check_lock_timeout(lock_timeout)
     stored = stored_options(os.fspath(path)) if os.path.isdir(path) else {}
     return open_configured(
         path,
@@ -65,4 +74,5 @@ def open(  # noqa: A001 - the stdlib-like verb is the point
         clock,
         remember_options=remember_options,
         shared=shared,
+        lock_timeout=lock_timeout,
     )

@@ -5,6 +5,8 @@ LedgerQError
 │   ├── NotAQueueError                 the path exists but is not a queue directory
 │   └── IncompatibleFormatError        written by a newer ledgerq
 ├── QueueLockedError                   another open() holds the directory
+├── QueueBusyError                     (shared mode) another process held a step's lock
+│                                      past lock_timeout: stopped?  nothing was done
 ├── QueueClosedError                   use after close()
 ├── QueueFullError                     a bounded queue had no room in time (nothing written)
 ├── ForkedQueueError                   use in a process forked from the one that opened it
@@ -32,6 +34,7 @@ __all__ = [
     "LedgerQError",
     "MessageTooLargeError",
     "NotAQueueError",
+    "QueueBusyError",
     "QueueClosedError",
     "QueueFullError",
     "QueueLockedError",
@@ -88,9 +91,12 @@ class QueueLockedError(LedgerQError):
         *,
         in_this_process: bool = False,
         held_by: str | None = None,
+        detail: str | None = None,
     ) -> None:
         where = os.fspath(path)
-        if in_this_process:
+        if detail is not None:
+            message = f"queue {where!r} {detail}"
+        elif in_this_process:
             message = (
                 f"queue {where!r} is open in this process: a ledgerq.Queue of it "
                 "was not closed; close it first (queue.close(), or open it in a `with` "
@@ -116,6 +122,22 @@ class QueueLockedError(LedgerQError):
         super().__init__(message)
         self.path = where
         self.held_by = held_by
+
+
+class QueueBusyError(LedgerQError):
+    """Shared mode: another handle held a lock this call needed for longer than the
+    call could wait (``lock_timeout``, an argument of ``open``, or the call's own
+    timeout) - its process stopped (SIGSTOP, a debugger) or very slow, but alive, so its
+    step is never taken over.  Nothing was done; the call may be retried.
+
+    ``holder_pid`` is the process that held it (None when unknown), ``held`` what it
+    held (``"the append lock"``, ``"reader 'default'"``).
+    """
+
+    def __init__(self, message: str, *, holder_pid: int | None = None, held: str = "") -> None:
+        super().__init__(message)
+        self.holder_pid = holder_pid
+        self.held = held
 
 
 class QueueClosedError(LedgerQError):

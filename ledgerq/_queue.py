@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from ledgerq._errors import LedgerQError
 from ledgerq._options import Options
 from ledgerq._types import Item
-from ledgerq.core.args import check_delay, check_ids
+from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, check_delay, check_ids
 from ledgerq.core.clock import Clock
 from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.shared_queue import SharedQueueCore
@@ -168,13 +168,18 @@ def open_configured(
     *,
     remember_options: bool = True,
     shared: bool = False,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Queue:
     """Open a queue with exactly ``options`` (not merged with the stored ones) and the
     features they turn on.  Its DLQ, when opened, reads the same ``clock`` and is
     opened in the same mode; with ``remember_options=False`` neither stores its
     options.  :func:`ledgerq.open` is the public way in."""
     opener = functools.partial(
-        open_configured, clock=clock, remember_options=remember_options, shared=shared
+        open_configured,
+        clock=clock,
+        remember_options=remember_options,
+        shared=shared,
+        lock_timeout=lock_timeout,
     )
     cls = SharedQueue if shared else Queue
     return cls(
@@ -183,4 +188,5 @@ def open_configured(
         build_features(options, opener),
         clock,
         remember_options=remember_options,
+        lock_timeout=lock_timeout,
     )

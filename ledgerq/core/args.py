@@ -13,12 +13,14 @@ from ledgerq._types import ReaderStart
 from ledgerq.format.entry import MAX_GROUP_BYTES
 
 __all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
     "READER_NAME",
     "check_count",
     "check_dedup_id",
     "check_headers_size",
     "check_id",
     "check_ids",
+    "check_lock_timeout",
     "check_payload",
     "check_queue_path",
     "check_priority",
@@ -181,6 +183,24 @@ def check_timeout(timeout: object) -> float | None:
         # int overflows: beyond 100 years, a wait is as good as forever.
         return None
     return float(timeout)
+
+
+DEFAULT_LOCK_TIMEOUT = 10.0  # seconds; open(lock_timeout=): see ledgerq.open
+
+
+def check_lock_timeout(lock_timeout: object) -> float:
+    """Seconds above 0 that a call may wait for another handle's step (``open``'s
+    ``lock_timeout``); ``TypeError``/``ValueError`` otherwise (a wait without end is
+    what the bound is there to prevent: None and infinity are refused)."""
+    if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)):
+        raise TypeError(
+            f"lock_timeout must be a number of seconds, got {type(lock_timeout).__name__}"
+        )
+    if not 0 < lock_timeout <= MAX_SECONDS:  # NaN and infinity too
+        raise ValueError(
+            f"lock_timeout must be a number of seconds above 0 (and finite), got {lock_timeout!r}"
+        )
+    return float(lock_timeout)
 
 
 def check_dedup_id(dedup_id: object) -> str | bytes | None:

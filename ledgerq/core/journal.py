@@ -33,6 +33,7 @@ from ledgerq.segment.readonly_state import (
     StateRecords,
     journal_records,
 )
+from ledgerq.segment.shared_page import JournalSlot
 from ledgerq.segment.sync import GroupCommit
 
 __all__ = ["ReaderJournal", "ReaderRemovedError", "SharedReaderJournal"]
@@ -240,6 +241,14 @@ class SharedReaderJournal(ReaderJournal):
     version 2.  Another handle's compaction replaces the file: the descriptor then
     refers to a file with no name left (``st_nlink == 0``), and :meth:`read_new` starts
     over from the new file.
+
+    With a :attr:`slot` in the state page (``segment.shared_page.JournalSlot``), the
+    holder of the reader's lock publishes there the length of the file's whole records
+    and its *generation* (bumped by whoever replaces or removes the file), and
+    :meth:`news` compares them with this handle's: no ``fstat`` on a step with nothing
+    new.  A holder that did not end its step (it died; the lock says so) may have left
+    bytes past the published length: then :meth:`changes` is told to ``repair``, and
+    reads the file as :meth:`read_new` does.
     """
 
     _shared = True
@@ -248,6 +257,77 @@ class SharedReaderJournal(ReaderJournal):
         super().__init__(path)
         self.holder = holder
         self.lease_deadline_ns = 0  # the deadline of the LEASE_BY records written next
+        self.slot: JournalSlot | None = None  # where the length is published, if anywhere
+        self.generation = 0  # of the file this handle appends to (the slot's, or ahead)
+
+    def attach_slot(self, slot: JournalSlot) -> None:
+        """Publish through ``slot`` from now on: this handle's view is the file's (it was
+        just loaded, under the reader's lock)."""
+        self.slot = slot
+        self.generation = slot.adopt(self.size)
+
+    def changes(self, *, repair: bool) -> tuple[list[StateRecord], bool] | None:
+        """What other handles wrote since this handle's last step (reader lock held):
+        ``(records, replaced)`` as :meth:`read_new` returns them, or None when nothing.
+
+        Two reads of the page when the journal has a slot (unless ``repair``: a holder
+        died or could not cut a failed write - then the file itself is looked at).
+        """
+        slot = self.slot
+        if slot is None or repair:
+            st = self.has_news()
+            if st is None:
+                return None
+            caught_up = self.read_new(st)
+            if slot is not None:
+                self.generation = max(self.generation, slot.generation)
+            return caught_up
+        generation = slot.generation
+        if generation == self.generation:
+            length = slot.length
+            if length == self.size:
+                return None
+            return self._read_published(length), False
+        self.generation = generation  # replaced (or removed): the new file, whole
+        fd = self._reopen()
+        try:
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            records: StateRecords = journal_records(data, self.path)
+            self.version = state_file_version(data[: STATE_FILE_HEADER.size])
+        except BaseException:
+            os.close(fd)
+            raise
+        self.adopt(fd, 0)
+        whole = list(records)
+        self.size = self._adopted_size = records.end
+        self._set_compaction_point()
+        return whole, True
+
+    def _read_published(self, length: int) -> list[StateRecord]:
+        """The whole records other handles appended, up to the published ``length``."""
+        fd = self._fd
+        assert fd is not None, "journal is closed"
+        base = self.size
+        data = os.pread(fd, length - base, base)
+        records = StateRecords(data, 0, self.path, base=base, crc=state_checksum(self.version))
+        found = list(records)
+        self.size = records.end
+        return found
+
+    def publish(self) -> bool:
+        """Publish this handle's length and generation (reader lock held, at the end of
+        its step); True when a failed write's fragment may be left past it (the lock is
+        then released SUSPECT: the next holder repairs)."""
+        slot = self.slot
+        if slot is not None:
+            slot.publish(self.size, self.generation)
+        return self._fragment
+
+    def replace(self, blob: bytes) -> None:
+        super().replace(blob)
+        # A new file: the others must read it whole (its first record is a checkpoint).
+        slot = self.slot
+        self.generation = max(self.generation, slot.generation if slot is not None else 0) + 1
 
     def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
         if kind is not StateRecordType.LEASE:

@@ -26,6 +26,7 @@ from ledgerq._errors import (
     CorruptionError,
     MessageTooLargeError,
     NotAQueueError,
+    QueueBusyError,
     QueueClosedError,
     QueueFullError,
     QueueLockedError,
@@ -34,6 +35,7 @@ from ledgerq._errors import (
 from ledgerq._options import MAX_SECONDS, Options
 from ledgerq._types import Item, Message, Priority, ReaderStart, Stats
 from ledgerq.core.args import (
+    DEFAULT_LOCK_TIMEOUT,
     READER_NAME,
     check_dedup_id,
     check_delay,
@@ -102,6 +104,7 @@ from ledgerq.segment.naming import (
 )
 from ledgerq.segment.readonly_state import replay_reader
 from ledgerq.segment.reserve import DiskReserve
+from ledgerq.segment.steplock import Budget
 from ledgerq.segment.sync import GroupCommit
 
 __all__ = ["DEFAULT_READER", "QueueCore"]
@@ -169,9 +172,13 @@ class QueueCore(Closing):
         clock: Clock | None = None,
         *,
         remember_options: bool = True,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.options = options
+        # How long a call may wait for another handle's step (shared mode), or for a
+        # shared opener's recovery (an exclusive open): see ledgerq.open.
+        self._budget = Budget(lock_timeout)
         self._clock_source = SYSTEM_CLOCK if clock is None else check_clock(clock)
         # False: meta.json keeps the options it held (a one-run override, e.g. the CLI's -o).
         self._remember_options = remember_options
@@ -184,7 +191,18 @@ class QueueCore(Closing):
         check_key_before_open(self.path, options.encryption_key)
         self._dirlock = self._lock_directory()
         try:
-            self._open_locked()
+            try:
+                self._open_locked()
+            except QueueBusyError as exc:
+                # A shared handle stopped in a step holds a lock the open needs: the open
+                # is refused, as one beside an exclusive owner is.
+                raise QueueLockedError(
+                    self.path,
+                    held_by="shared",
+                    detail=f"cannot be joined now: {exc.held} is held by process "
+                    f"{exc.holder_pid} past lock_timeout (stopped?); resume or end that "
+                    "process, or open with a larger lock_timeout",
+                ) from exc
         except BaseException:
             self._close_after_failed_open()
             raise
@@ -256,12 +274,13 @@ class QueueCore(Closing):
         opening_path = os.path.join(self.path, SHARED_DIR, OPENING_NAME)
         if os.path.exists(opening_path):
             # A shared-mode handle holds the lock exclusively while it recovers the queue
-            # (under shared/OPENING): wait for that, then look again.
+            # (under shared/OPENING): wait for that (up to lock_timeout: a stopped opener
+            # must not hold this open forever), then look again.
             opening = LockFile(opening_path, create=False)
             try:
-                opening.acquire()
-                with contextlib.suppress(QueueLockedError):
-                    return DirLock(self.path)
+                if opening.acquire_by(self._budget.deadline()):
+                    with contextlib.suppress(QueueLockedError):
+                        return DirLock(self.path)
             finally:
                 opening.close()
         raise QueueLockedError(self.path, held_by=lock_mode_holding(self.path))

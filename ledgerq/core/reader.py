@@ -34,7 +34,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from ledgerq._errors import CorruptionError, LedgerQError, QueueClosedError, UnknownMessageError
+from ledgerq._errors import (
+    CorruptionError,
+    LedgerQError,
+    QueueBusyError,
+    QueueClosedError,
+    UnknownMessageError,
+)
 from ledgerq._types import Message, ReaderStats
 from ledgerq.core.args import check_count, check_delay, check_id, check_timeout
 from ledgerq.core.delays import NEVER_NS, DelayIndex
@@ -1215,9 +1221,23 @@ class Reader:
         n = check_count("n", n)
         wait = check_timeout(timeout)
         queue = self._queue
-        core = self._core
         # The call's own wait is real time; leases and stamps are the queue's clock's.
         deadline = None if wait is None else time.monotonic() + wait
+        # (Shared mode: a wait for another handle's step lock ends by the deadline too.)
+        before = queue._budget.limit(deadline)
+        try:
+            return self._dequeue_batch(n, deadline)
+        except QueueBusyError:
+            if deadline is not None and time.monotonic() >= deadline:
+                return []  # a stopped process held a lock for the whole wait: nothing came
+            raise
+        finally:
+            queue._budget.limit(before)
+
+    def _dequeue_batch(self, n: int, deadline: float | None) -> list[Message]:
+        """:meth:`dequeue_batch`'s loop: take, or wait until ``deadline``."""
+        queue = self._queue
+        core = self._core
         while True:
             with queue._cond:
                 while True:

@@ -35,13 +35,14 @@ from collections.abc import Callable, Iterable, Iterator
 from ledgerq._errors import (
     CorruptionError,
     IncompatibleFormatError,
+    QueueBusyError,
     QueueClosedError,
     QueueLockedError,
     StorageError,
 )
 from ledgerq._options import Options
 from ledgerq._types import ReaderStats, Stats
-from ledgerq.core.args import READER_NAME, check_timeout
+from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, READER_NAME, check_timeout
 from ledgerq.core.backlog import written_sizes
 from ledgerq.core.clock import Clock
 from ledgerq.core.feature import Draft, Feature
@@ -53,11 +54,18 @@ from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
 from ledgerq.format.shared_state import (
+    APPEND_LOCK,
+    LOCK_BLOCK_SIZE,
+    LOCKING_FLOCK,
+    LOCKING_WORDS,
+    OLD_PAGE_SIZE,
     SHARED_VERSION,
     SLOT_CORRUPT_SKIPPED,
     SLOT_DUPLICATES,
     SLOT_ENQUEUED_BASE,
     SLOT_ENQUEUED_THROUGH,
+    SLOT_LOCK,
+    SLOT_LOCKING,
     SLOT_RESERVE_SPENT,
     SLOT_RESERVED_UNTIL,
     SLOT_WRITING,
@@ -85,19 +93,34 @@ from ledgerq.segment.readonly_state import replay_reader
 from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.shared_manager import SharedSegmentManager
-from ledgerq.segment.shared_page import SharedPage, write_page
+from ledgerq.segment.shared_page import JournalSlot, SharedPage, write_page
 from ledgerq.segment.shared_reserve import SharedDiskReserve
+from ledgerq.segment.steplock import (
+    Alone,
+    FileStepLock,
+    Liveness,
+    StepLock,
+    WordLock,
+    decode_liveness,
+    encode_liveness,
+    wants_lock_words,
+)
 
 __all__ = ["SharedQueueCore", "SharedTally"]
 
 logger = logging.getLogger("ledgerq")
 
 _NS = 1_000_000_000
+# The longest the housekeeper thread waits for a lock (a stopped process holds it).
+_HOUSEKEEPING_WAIT_S = 0.1
 
 
 def _new_handle_id() -> int:
-    """A random, non-zero 64-bit id: the holder of this handle's leases."""
-    return int.from_bytes(os.urandom(8), "little") or 1
+    """A random 64-bit id, at least 2: the holder of this handle's leases and the owner
+    its lock words hold (0 and 1 mean a free word: ``format.shared_state``)."""
+    while (handle_id := int.from_bytes(os.urandom(8), "little")) < 2:
+        pass
+    return handle_id
 
 
 class SharedTally(Tally):
@@ -214,6 +237,7 @@ class SharedHoldings(Holdings):
     """
 
     __slots__ = (
+        "append_file",
         "append_lock",
         "clean_close",
         "live",
@@ -228,7 +252,8 @@ class SharedHoldings(Holdings):
         queue: QueueCore,
         *,
         live: LockFile,
-        append_lock: LockFile,
+        append_lock: StepLock,
+        append_file: LockFile,
         page: SharedPage,
         reader_locks: dict[str, LockFile],
         **kwargs: object,
@@ -236,6 +261,7 @@ class SharedHoldings(Holdings):
         super().__init__(queue, **kwargs)  # type: ignore[arg-type]
         self.live = live
         self.append_lock = append_lock
+        self.append_file = append_file
         self.page = page
         self.reader_locks = reader_locks
         self.shared_dir = os.path.join(queue.path, SHARED_DIR)
@@ -292,6 +318,7 @@ class SharedHoldings(Holdings):
                 os.unlink(self.live.path)
             self.live.close()
             self.append_lock.close()
+            self.append_file.close()
             for lock in self.reader_locks.values():
                 lock.close()
             self.dirlock.release()
@@ -391,17 +418,28 @@ class SharedQueueCore(QueueCore):
         clock: Clock | None = None,
         *,
         remember_options: bool = True,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         self.handle_id = _new_handle_id()
         self._first = False  # this handle started the session (no other had the queue open)
         self._alone = False  # ... and it is still opening: no other handle exists yet
         self._opening: LockFile | None = None
         self._reader_locks: dict[str, LockFile] = {}
+        self._reader_steps: dict[str, tuple[StepLock, JournalSlot | None]] = {}
         self._live: LockFile | None = None
         self._page: SharedPage | None = None
         self._last_wait = 0.0
         self._max_bytes = options.retention_max_bytes is not None
-        super().__init__(path, options, list(features), clock, remember_options=remember_options)
+        self._locking = LOCKING_FLOCK  # how the session locks (the first handle decides)
+        self._liveness = Liveness(self._describe_handle, self._probe_handle)
+        super().__init__(
+            path,
+            options,
+            list(features),
+            clock,
+            remember_options=remember_options,
+            lock_timeout=lock_timeout,
+        )
         from ledgerq.core.shared_process import housekeeper
 
         housekeeper().register(self)
@@ -427,7 +465,17 @@ class SharedQueueCore(QueueCore):
         make_durable_dir(shared_dir)
         opening = LockFile(os.path.join(shared_dir, OPENING_NAME))
         try:
-            opening.acquire()  # opens are one at a time: the first one recovers alone
+            # Opens are one at a time (the first one recovers alone); an opener or a
+            # closer stopped under OPENING keeps this one waiting lock_timeout at most.
+            if not opening.acquire_by(self._budget.deadline()):
+                raise QueueLockedError(
+                    self.path,
+                    held_by="shared",
+                    detail=f"is being opened or closed by a shared-mode handle that has held "
+                    f"shared/{OPENING_NAME} for more than {self._budget.lock_timeout:g} s "
+                    "(a stopped process?); try again later, or open with a larger "
+                    "lock_timeout",
+                )
             try:
                 lock = DirLock(self.path, mode="first")
                 self._first = self._alone = True
@@ -436,6 +484,13 @@ class SharedQueueCore(QueueCore):
                     lock = DirLock(self.path, mode="shared")
                 except QueueLockedError:
                     raise QueueLockedError(self.path, held_by="exclusive") from None
+            try:
+                # Before any lock word is taken: a waiter that finds this handle owning
+                # one judges its liveness by this file (segment.steplock).
+                self._live = self._create_live_file()
+            except BaseException:
+                lock.release()
+                raise
         except BaseException:
             opening.close()
             raise
@@ -456,7 +511,6 @@ class SharedQueueCore(QueueCore):
                     core.publish_head(moved=True)  # a new session: forget older values
                 self._alone = False
                 self._dirlock.downgrade()  # now others may join
-            self._live = self._create_live_file()
             self._holdings = self._new_holdings()
         finally:
             opening, self._opening = self._opening, None
@@ -477,6 +531,12 @@ class SharedQueueCore(QueueCore):
                 raise StorageError(
                     "lock the liveness file", live.path, OSError(0, "held by another handle")
                 )
+            with contextlib.suppress(OSError):
+                # Who this handle is, for a waiter deciding whether it is dead (its pid
+                # gone, or reused by a process that started at another time).  On a full
+                # disk the file stays empty: its flock says it all (segment.steplock).
+                os.ftruncate(live.fd, 0)
+                os.pwrite(live.fd, encode_liveness(), 0)
             with storage_errors("name the liveness file", final):
                 os.replace(live.path, final)
         except BaseException:
@@ -489,7 +549,8 @@ class SharedQueueCore(QueueCore):
 
     def _open_log(self, meta: Meta) -> bool:
         shared_dir = os.path.join(self.path, SHARED_DIR)
-        self._append_lock = LockFile(os.path.join(shared_dir, APPEND_NAME))
+        self._append_file = LockFile(os.path.join(shared_dir, APPEND_NAME))
+        self._append_lock: StepLock = Alone()  # (the first handle: until the page exists)
         tally = SharedTally(meta.counters)
         self._tally = tally
         page_path = os.path.join(shared_dir, SHARED_STATE_NAME)
@@ -510,6 +571,8 @@ class SharedQueueCore(QueueCore):
                 "enqueued_through": self._next_id,
             }
             manager.generation = 1
+            # How the session's handles exclude each other, for every one that joins.
+            self._locking = LOCKING_WORDS if wants_lock_words() else LOCKING_FLOCK
 
             def write() -> None:
                 counters["reserve_spent"] = 0 if self._reserve.is_held else 1
@@ -519,6 +582,7 @@ class SharedQueueCore(QueueCore):
                         manager.current_tail(),
                         reserved_until=self._ids_reserved_until,
                         counters=counters,
+                        locking=self._locking,
                     ),
                 )
 
@@ -533,30 +597,16 @@ class SharedQueueCore(QueueCore):
             page = SharedPage(page_path)
             self._page = page
             manager.page = page
+            self._append_lock = self._step_lock(APPEND_LOCK, self._append_file, "the append lock")
+            manager.set_append_lock(self._append_lock)
             tally.attach(page)
             self._attach_reserve(page)
             manager.set_claim_region(self._claim_region)
             return True
         page = SharedPage(page_path)
         self._page = page
-        problem = page.problem()
-        version = page_version(page.memory[:])  # a copy: no view left on the mapping
-        if version is not None and version < SHARED_VERSION:
-            # The session was started by a format-1 ledgerq (a format-2 first handle
-            # writes a version-2 page): its handles would take our format-2 records
-            # for damage, and we their CRC-32 tail for a torn one.  Nothing is written.
-            raise IncompatibleFormatError(
-                f"queue {self.path!r} is open in shared mode by handles of an older "
-                f"ledgerq (state page version {version}, format 1); this ledgerq writes "
-                "format 2, which they cannot read: close them, then open the queue here "
-                "(or open it with the older ledgerq)"
-            )
-        if problem and not problem.startswith("the published tail"):
-            raise CorruptionError(
-                f"the shared-mode state page is damaged ({problem}); close every handle of "
-                "the queue and open it again (the first handle rebuilds it)",
-                page_path,
-            )
+        self._locking = self._join_page(page, page_path)
+        self._append_lock = self._step_lock(APPEND_LOCK, self._append_file, "the append lock")
         manager = self._new_shared_manager(page)
         self._manager = manager
         tally.attach(page)
@@ -572,6 +622,95 @@ class SharedQueueCore(QueueCore):
         self._reserved_until = self._ids_reserved_until if self._reserve.is_held else 0
         self._enqueued = _enqueued(page, self._next_id)  # (stats() reads the page)
         return False
+
+    def _join_page(self, page: SharedPage, page_path: str) -> int:
+        """Check the page of a session this handle joins; return how its handles lock.
+
+        Nothing is written when it refuses: a page of another ledgerq's session (older:
+        its handles would not see our lock words, or read format 1; newer: we would not
+        know its layout), a damaged page, or one that asks for lock words where the
+        ``atomicshm`` package cannot be imported here.
+        """
+        version = page_version(page.memory[:64])
+        if version is not None and version != SHARED_VERSION:
+            if version < SHARED_VERSION:
+                why = (
+                    "which lock with flock, and this ledgerq's lock words do not exclude them"
+                    if version == 2
+                    else "which write format 1, and this ledgerq writes format 2"
+                )
+                age = f"an older ledgerq (state page version {version}), {why}"
+            else:
+                age = (
+                    f"a newer ledgerq (state page version {version}, this one knows "
+                    f"{SHARED_VERSION})"
+                )
+            raise IncompatibleFormatError(
+                f"queue {self.path!r} is open in shared mode by handles of {age}: close them, "
+                "then open the queue here (or open it with that ledgerq); nothing was written"
+            )
+        problem = page.problem()
+        if problem and not problem.startswith("the published tail"):
+            raise CorruptionError(
+                f"the shared-mode state page is damaged ({problem}); close every handle of "
+                "the queue and open it again (the first handle rebuilds it)",
+                page_path,
+            )
+        locking = page.get(SLOT_LOCKING)
+        if locking == LOCKING_WORDS and page.atomics is None:
+            raise IncompatibleFormatError(
+                f"queue {self.path!r} is open in shared mode by handles that lock with lock "
+                "words, which need the atomicshm package, and it cannot be imported here: "
+                "install it (pip install atomicshm; ledgerq depends on it), or close the "
+                "other handles first (a session started here locks with flock files)"
+            )
+        return locking
+
+    def _step_lock(self, offset: int, lock_file: LockFile, what: str) -> StepLock:
+        """The lock whose block is at ``offset`` of the page, as the session locks."""
+        page = self._page
+        assert page is not None
+        if self._locking == LOCKING_WORDS:
+            return WordLock(
+                page.atomics,
+                page.address,
+                offset,
+                self.handle_id,
+                what=what,
+                path=self.path,
+                budget=self._budget,
+                liveness=self._liveness,
+            )
+        return FileStepLock(
+            lock_file,
+            page.memory,
+            offset,
+            self.handle_id,
+            what=what,
+            path=self.path,
+            budget=self._budget,
+            liveness=self._liveness,
+        )
+
+    def _describe_handle(self, handle_id: int) -> tuple[int, int | None] | None:
+        """What another handle's liveness file says of it (None: there is none; (0,
+        None): it says nothing)."""
+        try:
+            with open(handle_live_path(self.path, handle_id), "rb") as f:
+                return decode_liveness(f.read(64)) or (0, None)
+        except FileNotFoundError:
+            return None
+
+    def _probe_handle(self, handle_id: int) -> bool:
+        """Whether another handle's liveness file can be locked: its holder is dead."""
+        try:
+            probe = LockFile(handle_live_path(self.path, handle_id), create=False)
+        except StorageError:
+            return True  # gone meanwhile
+        try:
+            return probe.try_acquire()
+        finally:
+            probe.close()
 
     def _new_disk_reserve(self) -> SharedDiskReserve:
         return SharedDiskReserve(os.path.join(self.path, RESERVE_NAME))
@@ -606,7 +745,7 @@ class SharedQueueCore(QueueCore):
             return {}
         # A format-1 page (version 1: its tail's checksum is CRC-32) holds the same slots.
         version = page_version(data)
-        if version is None or version > SHARED_VERSION:
+        if version is None or version > SHARED_VERSION or len(data) < OLD_PAGE_SIZE:
             return {}
         if version == SHARED_VERSION and page_problem(data):
             return {}
@@ -616,9 +755,11 @@ class SharedQueueCore(QueueCore):
         }
 
     def _forget_dead_handles(self) -> None:
-        """The first handle: every ``.live`` file there is a dead handle's (and every
-        ``.live.tmp``: a handle that died while creating its own)."""
+        """The first handle: every ``.live`` file there but its own is a dead handle's (and
+        every ``.live.tmp``: a handle that died while creating its own)."""
         for handle in list_live_handles(self.path):
+            if handle == self.handle_id:
+                continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(handle_live_path(self.path, handle))
         shared_dir = os.path.join(self.path, SHARED_DIR)
@@ -670,27 +811,78 @@ class SharedQueueCore(QueueCore):
         return holders
 
     def _reclaim_dead(self, holder: int) -> int:
-        """Return the leases of the dead handle ``holder`` in every reader; how many."""
+        """Return the leases of the dead handle ``holder`` in every reader; how many.
+
+        The housekeeper's call: it waits a moment at most for a reader's lock (a process
+        stopped in a step holds it) and tries again at its next round, rather than
+        hold up the wake-ups it also delivers.
+        """
         with self._lock:
             if self._closed:
                 return 0
-            self._open_readers_on_disk()
-            reclaimed = 0
-            for reader in list(self._readers.values()):
-                core = reader._core
-                assert isinstance(core, SharedReaderCore)
-                with contextlib.suppress(QueueClosedError):  # removed by another handle
-                    reclaimed += core.reclaim_holder(holder)
+            before = self._budget.limit(time.monotonic() + _HOUSEKEEPING_WAIT_S)
+            try:
+                self._open_readers_on_disk()
+                reclaimed = 0
+                for reader in list(self._readers.values()):
+                    core = reader._core
+                    assert isinstance(core, SharedReaderCore)
+                    with contextlib.suppress(QueueClosedError):  # removed by another handle
+                        reclaimed += core.reclaim_holder(holder)
+            except QueueBusyError:
+                return 0  # (the leases stay: the next round reclaims them)
+            finally:
+                self._budget.limit(before)
             if reclaimed and (self._waiting or self._listeners):
                 self._wake()
             return reclaimed
 
     def _reader_lock(self, name: str) -> LockFile:
+        """The reader's lock file: its published head (and its flock, without a word)."""
         lock = self._reader_locks.get(name)
         if lock is None:
             lock = LockFile(reader_lock_path(self.path, name))
             self._reader_locks[name] = lock
         return lock
+
+    def _reader_step(self, name: str) -> tuple[StepLock, JournalSlot | None]:
+        """The step lock of reader ``name`` and its journal's slot in the page.
+
+        The slot is claimed (under the append lock) by the first handle of the session
+        that opens the reader; one beyond the page's slots locks with the reader's file
+        and has no slot (its journal is looked at with ``fstat``, as before pages had
+        slots).
+        """
+        known = self._reader_steps.get(name)
+        if known is not None:
+            return known
+        page = self._page
+        assert page is not None
+        lock_file = self._reader_lock(name)
+        offset = page.reader_slot(name)
+        if offset is None:
+            with self.appends_locked():
+                offset = page.claim_reader_slot(name)
+        what = f"reader {name!r}"
+        if offset is None:
+            step: StepLock = FileStepLock(
+                lock_file,
+                bytearray(LOCK_BLOCK_SIZE),  # (no block in the page to name the holder)
+                0,
+                self.handle_id,
+                what=what,
+                path=self.path,
+                budget=self._budget,
+                liveness=self._liveness,
+            )
+            found: tuple[StepLock, JournalSlot | None] = (step, None)
+        else:
+            found = (
+                self._step_lock(offset + SLOT_LOCK, lock_file, what),
+                JournalSlot(page, offset),
+            )
+        self._reader_steps[name] = found
+        return found
 
     def _new_reader_core(
         self, name: str, journal: ReaderJournal, *, start_latest: bool
@@ -698,6 +890,7 @@ class SharedQueueCore(QueueCore):
         assert isinstance(journal, SharedReaderJournal)
         manager = self._manager
         assert isinstance(manager, SharedSegmentManager)
+        step, slot = self._reader_step(name)
         return SharedReaderCore(
             name,
             journal,
@@ -706,6 +899,8 @@ class SharedQueueCore(QueueCore):
             visibility_timeout=self.options.visibility_timeout,
             start_latest=start_latest,
             lock=self._reader_lock(name),
+            step=step,
+            slot=slot,
             clock=self._clock,
             first=self.is_alone,
             retry_policy=RetryPolicy.from_options(self.options),
@@ -718,6 +913,7 @@ class SharedQueueCore(QueueCore):
             self,
             live=self._live,
             append_lock=self._append_lock,
+            append_file=self._append_file,
             page=self._page,
             reader_locks=self._reader_locks,
             lock=self._lock,
@@ -736,7 +932,7 @@ class SharedQueueCore(QueueCore):
         super()._close_after_failed_open()
         for lock in self._reader_locks.values():
             lock.close()
-        for name in ("_append_lock", "_live", "_opening"):
+        for name in ("_append_file", "_live", "_opening"):
             held = getattr(self, name, None)
             if isinstance(held, LockFile):
                 if name == "_live":
@@ -880,6 +1076,22 @@ class SharedQueueCore(QueueCore):
     ) -> list[int]:
         wait = check_timeout(timeout)
         deadline = None if wait is None else time.monotonic() + wait
+        # A wait for room bounds the waits for locks too (timeout 0 means no wait for
+        # room, not for a lock: those wait lock_timeout).
+        before = self._budget.limit(deadline if wait else None)
+        try:
+            return self._append_admitted(drafts, sizes, deadline, wait)
+        finally:
+            self._budget.limit(before)
+
+    def _append_admitted(
+        self,
+        drafts: list[Draft],
+        sizes: list[int] | None,
+        deadline: float | None,
+        wait: float | None,
+    ) -> list[int]:
+        """:meth:`_append` once the timeout is checked: admit, wait for room, write."""
         with self._lock:
             while True:
                 if self._closed:
@@ -1117,8 +1329,8 @@ class SharedQueueCore(QueueCore):
 
     def _open_new_reader(self, name: str, head: int, done: Iterable[int]) -> Reader:
         """Create a reader under its lock: another handle may be creating it too."""
-        lock = self._reader_lock(name)
-        lock.acquire()
+        step, _ = self._reader_step(name)
+        step.acquire()  # (the new file is loaded whole by the open below: no repair here)
         try:
             path = self._reader_path(name)
             if not os.path.exists(path):
@@ -1129,7 +1341,7 @@ class SharedQueueCore(QueueCore):
                 finally:
                     journal.close()
         finally:
-            lock.release()
+            step.release()
         reader = self._open_reader(name, start_latest=False)
         reader._core.publish_head(moved=True)  # type: ignore[attr-defined]
         return reader
@@ -1140,6 +1352,9 @@ class SharedQueueCore(QueueCore):
             self._open_readers_on_disk()  # another handle's reader is the queue's too
         removed = super().remove_reader(name)
         if removed:
+            _, slot = self._reader_steps.pop(name, (None, None))
+            if slot is not None:
+                slot.mark_removed()  # the other handles' next step finds the file gone
             lock = self._reader_locks.pop(name, None)
             if lock is not None:
                 with contextlib.suppress(OSError):
@@ -1200,10 +1415,28 @@ class SharedQueueCore(QueueCore):
         return remove
 
     def _wake_from_outside(self) -> None:
-        """Another process (or handle) may have made messages available: wake waiters."""
+        """Another process (or handle) may have made messages available: wake waiters.
+
+        A listener (``ledgerq.aio``, the Celery transport) looks at once, in the thread it
+        is woken into; an appender's write fires the file event before it publishes its
+        tail, so the listener may find nothing yet.  A blocked ``dequeue`` waits for the
+        appender before it sleeps (``_prepare_wait``); for the listeners that is done
+        here: once the append under way is published, they are woken again.
+        """
         with self._lock:
             if self._waiting or self._listeners:
                 self._wake()
+                if self._listeners:
+                    manager = self._manager
+                    assert isinstance(manager, SharedSegmentManager)
+                    before = self._budget.limit(time.monotonic() + _HOUSEKEEPING_WAIT_S)
+                    try:
+                        if manager.wait_for_appender():
+                            self._wake()
+                    except QueueBusyError:
+                        pass  # a stopped appender: its bytes are not published anyway
+                    finally:
+                        self._budget.limit(before)
 
     # ------------------------------------------------------------------ closing
 

@@ -6,13 +6,15 @@ selector, the leases, delivery counts), kept equal to what the reader's journal 
 by *catching up* before every decision.  A step of the reader - a dequeue, an ack, a
 nack, ``len``, ``stats`` - is a *section*:
 
-1. take the reader's lock ``shared/<name>.reader`` (``flock``, blocking);
+1. take the reader's lock (``segment.steplock``: a lock word in its slot of the state
+   page, or ``flock`` of ``shared/<name>.reader``), waiting at most the handle's budget;
 2. bring the log's view up to date (the state page: one read) and read the records
-   the other handles appended to the journal since this handle's offset, applying
-   each to the in-memory state (:meth:`_apply`);
+   the other handles appended to the journal since this handle's offset - the page
+   says how far the journal's whole records go - applying each to the in-memory state
+   (:meth:`_apply`);
 3. decide and write this handle's own record (nobody else writes meanwhile, so it
    lands at the offset this handle knows, which then moves past it);
-4. release the lock.
+4. publish the journal's new length, and release the lock.
 
 A lease belongs to a *handle* (its 64-bit id, the holder of LEASE_BY records).  The
 other handles' leases are ``_foreign``: the cursor passes over them, and they come
@@ -53,6 +55,8 @@ from ledgerq.segment.files import StorageError
 from ledgerq.segment.lock import LockFile
 from ledgerq.segment.readonly_state import StateRecord
 from ledgerq.segment.shared_manager import SharedSegmentManager
+from ledgerq.segment.shared_page import JournalSlot
+from ledgerq.segment.steplock import StepLock
 
 __all__ = ["SharedReaderCore", "read_published_head"]
 
@@ -84,10 +88,12 @@ def read_published_head(lock: LockFile) -> int | None:
 class SharedReaderCore(ReaderCore):
     """A :class:`ReaderCore` that catches up with the other handles' journal records.
 
-    ``lock`` is this handle's descriptor of the reader's lock file, ``clock`` the
-    queue's clock (lease deadlines are its time, in LEASE_BY records).  With
-    ``first`` (the first handle of a session, after a crash or with no other handle)
-    every lease the journal holds is lost: their holders are gone.
+    ``lock`` is this handle's descriptor of the reader's lock file (its first bytes
+    hold the published head), ``step`` the reader's step lock, ``slot`` where the
+    journal's length is published (None: the page has no slot left; the file is looked
+    at instead), ``clock`` the queue's clock (lease deadlines are its time, in LEASE_BY
+    records).  With ``first`` (the first handle of a session, after a crash or with no
+    other handle) every lease the journal holds is lost: their holders are gone.
     """
 
     def __init__(
@@ -100,11 +106,14 @@ class SharedReaderCore(ReaderCore):
         visibility_timeout: float | None,
         start_latest: bool = False,
         lock: LockFile,
+        step: StepLock,
+        slot: JournalSlot | None,
         clock: QueueClock,
         first: bool = False,
         retry_policy: RetryPolicy | None = None,
     ) -> None:
         self._lock_file = lock
+        self._step = step
         self._shared_journal = journal
         self._shared_manager = manager
         self._depth = 0
@@ -119,7 +128,7 @@ class SharedReaderCore(ReaderCore):
         self._own_deadline_ns: dict[int, int] = {}  # our leases' deadlines, for checkpoints
         self._lost: dict[int, str] = {}  # our leases that ended elsewhere: why (for the error)
         self._fail_reason: dict[int, str] = {}  # why a reclaimed lease failed (its report)
-        lock.acquire()
+        step.acquire()  # (a repair is this load: it reads the whole file)
         self._depth = 1
         try:
             manager.refresh()
@@ -147,9 +156,13 @@ class SharedReaderCore(ReaderCore):
                     # (A full disk must not lock the user out.)  The dead holders' leases
                     # stay in the file: later handles reclaim them as any dead handle's.
                     logger.warning("ledgerq: %s; the reader state is kept as it is", exc)
+            if slot is not None:
+                journal.attach_slot(slot)
         finally:
             self._depth = 0
-            lock.release()
+            if journal.publish():
+                step.mark_suspect()
+            step.release()
 
     # ------------------------------------------------------------------ sections
 
@@ -157,19 +170,19 @@ class SharedReaderCore(ReaderCore):
         if self._depth:
             self._depth += 1
             return
-        self._lock_file.acquire()
+        step = self._step
+        repair = step.acquire()
         self._depth = 1
         try:
             self._manager.refresh()
-            journal = self._shared_journal
-            st = journal.has_news()
-            if st is not None:
-                records, restarted = journal.read_new(st)
-                if records:
-                    self._apply(records, restarted)
+            news = self._shared_journal.changes(repair=repair)
+            if news is not None and news[0]:
+                self._apply(*news)
         except BaseException as exc:
             self._depth = 0
-            self._lock_file.release()
+            if repair:
+                step.mark_suspect()  # not repaired: the next holder tries again
+            step.release()
             if isinstance(exc, ReaderRemovedError):
                 raise QueueClosedError(
                     f"reader {self.name!r} was removed (remove_reader) by another handle"
@@ -179,7 +192,9 @@ class SharedReaderCore(ReaderCore):
     def _leave(self) -> None:
         self._depth -= 1
         if not self._depth:
-            self._lock_file.release()
+            if self._shared_journal.publish():
+                self._step.mark_suspect()
+            self._step.release()
 
     def catch_up(self) -> None:
         """Apply what the other handles wrote (a section of its own)."""

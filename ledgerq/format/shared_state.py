@@ -2,13 +2,14 @@
 
 A queue open in shared mode has one small file, ``shared/state``, that every handle
 maps into memory (``segment.shared_page``).  It is coordination, not data: the log,
-the reader journals and ``meta.json`` hold the queue; this page only saves the
-handles a look at the files, and is rebuilt from them by the first handle that opens
-the queue (after any crash, a power cut included).  Layout (little-endian)::
+the reader journals and ``meta.json`` hold the queue; this page saves the handles a
+look at the files, holds the *lock words* of their steps, and is rebuilt from the
+files by the first handle that opens the queue (after any crash, a power cut included).
+Layout (little-endian, version 3: 64 KiB)::
 
     offset  size  field
     0       4     magic b"LQSP"
-    4       4     version u32 = 2   (1: a format-1 ledgerq's page, its tail CRC-32)
+    4       4     version u32 = 3   (2: the flock design, 4 KiB; 1: format 1's, CRC-32)
     8       64    the published tail (below), written whole under the append lock
     72      8     writing u64         non-zero while a handle appends or rotates
     80      8     reserved_until u64  the id reservation meta.json holds (a cache)
@@ -17,7 +18,29 @@ the queue (after any crash, a power cut included).  Layout (little-endian)::
     104     8     enqueued_base u64   stats().enqueued counted up to ...
     112     8     enqueued_through u64  ... this id (entries from it on add one each)
     120     8     reserve_spent u64   1 while the queue's disk ``reserve`` is released
-    128           zero up to PAGE_SIZE
+    128     8     locking u64         how this session's handles exclude each other:
+                                      1 lock words (compare-and-swap), 2 flock files
+    136     56    zero
+    192     64    the append lock (a lock block, below)
+    256     256   zero
+    512     254 x 256  reader slots (below), claimed in order
+    65536
+
+    lock block (64 bytes: a lock word, and what its waiters sleep on):
+    0   u64  owner      0: free; 1 (SUSPECT): free, but the last holder could not cut
+                        back a failed write - the next one repairs the file; else the id
+                        of the handle that holds it (taken by compare-and-swap)
+    8   u32  sequence   bumped by a release that finds waiters (what they sleep on)
+    12  u32  waiters    handles asleep waiting for it
+    16  48   zero
+
+    reader slot (256 bytes):
+    0   u64  key        non-zero: claimed by the reader named below (xxh64 of the name)
+    8   u8   name length, then the name's bytes (at most 100)
+    128 64   the reader's lock (a lock block)
+    192 u64  journal length      bytes of whole records in readers/<name>.state
+    200 u64  journal generation  bumped whenever the file is replaced or removed
+    208 48   zero
 
     published tail (64 bytes at offset 8):
     0   u64  active_first   first id of the segment appends go to (its file name)
@@ -32,16 +55,18 @@ the queue (after any crash, a power cut included).  Layout (little-endian)::
 
 Handles read the tail without a lock, so it carries its own checksum: a reader that
 meets a half-written tail (the writer is between two stores, on any CPU's memory
-order) sees a checksum mismatch and reads again.  The other fields are single
-aligned u64 values changed only under the append lock.
+order) sees a checksum mismatch and reads again.  The counters are single aligned u64
+values changed only under the append lock; a lock block's words change by atomic
+operations (``segment.steplock``); a journal's length and generation change under its
+reader's lock, and are read under it.
 
-The tail's checksum is the format's (``format.checksum.checksum``: CRC-32C since format 2),
-and the page's version says which: version 2 with format 2.  The page is never upgraded
-in place - the first handle of a session writes a new one - so a version-1 page is met
-only by a handle joining a session that a format-1 ledgerq started: that handle refuses
-to join (its appends would be format 2, which the others take for damage), and the first
-handle of the next session reads the old page's counters (:func:`page_version`) and
-writes a version 2 page.
+The tail's checksum is the format's (``format.checksum.checksum``: CRC-32C since format
+2).  The page is never upgraded in place - the first handle of a session writes a new
+one - so an older page is met only by a handle joining a session that an older ledgerq
+started: that handle refuses to join (version 2: its handles lock with ``flock``, which
+lock words do not exclude; version 1: format 1), and the first handle of the next
+session reads the old page's counters (:func:`page_version`) and writes a version 3
+page.  An older ledgerq refuses a version 3 page of a live session in turn.
 """
 
 from __future__ import annotations
@@ -52,13 +77,32 @@ from typing import NamedTuple
 from ledgerq.format.checksum import checksum
 
 __all__ = [
+    "APPEND_LOCK",
+    "LOCKING_FLOCK",
+    "LOCKING_WORDS",
+    "LOCK_BLOCK_SIZE",
+    "LOCK_OWNER",
+    "LOCK_SEQUENCE",
+    "LOCK_SUSPECT",
+    "LOCK_WAITERS",
+    "OLD_PAGE_SIZE",
     "PAGE_SIZE",
+    "READER_SLOTS",
+    "READER_SLOTS_AT",
+    "READER_SLOT_SIZE",
     "SHARED_MAGIC",
     "SHARED_VERSION",
     "SLOT_CORRUPT_SKIPPED",
     "SLOT_DUPLICATES",
     "SLOT_ENQUEUED_BASE",
     "SLOT_ENQUEUED_THROUGH",
+    "SLOT_JOURNAL_GENERATION",
+    "SLOT_JOURNAL_LENGTH",
+    "SLOT_KEY",
+    "SLOT_LOCK",
+    "SLOT_LOCKING",
+    "SLOT_NAME",
+    "SLOT_NAME_MAX",
     "SLOT_RESERVED_UNTIL",
     "SLOT_RESERVE_SPENT",
     "SLOT_WRITING",
@@ -76,8 +120,9 @@ __all__ = [
 ]
 
 SHARED_MAGIC = b"LQSP"
-SHARED_VERSION = 2  # 1: format 1 (the tail's checksum CRC-32)
-PAGE_SIZE = 4096
+SHARED_VERSION = 3  # 2: the flock design; 1: format 1 (the tail's checksum CRC-32)
+PAGE_SIZE = 65536
+OLD_PAGE_SIZE = 4096  # versions 1 and 2
 STATE_HEADER = struct.Struct("<4sI")
 assert STATE_HEADER.size == 8
 TAIL_OFFSET = 8
@@ -96,8 +141,32 @@ SLOT_CORRUPT_SKIPPED = 96
 SLOT_ENQUEUED_BASE = 104
 SLOT_ENQUEUED_THROUGH = 112
 SLOT_RESERVE_SPENT = 120
-_SLOTS_END = 128
+SLOT_LOCKING = 128
+_SLOTS_END = 136
 assert TAIL_OFFSET + TAIL_RECORD.size == SLOT_WRITING
+
+LOCKING_WORDS = 1  # lock words taken by compare-and-swap (the atomicshm package)
+LOCKING_FLOCK = 2  # flock on the files in shared/ (where atomics cannot be imported)
+
+# A lock block: the word, and what its waiters sleep on.
+LOCK_OWNER = 0
+LOCK_SEQUENCE = 8  # u32
+LOCK_WAITERS = 12  # u32
+LOCK_BLOCK_SIZE = 64
+LOCK_SUSPECT = 1  # owner value: free, the guarded file to be repaired (no handle id is 1)
+APPEND_LOCK = 192
+
+READER_SLOTS_AT = 512
+READER_SLOT_SIZE = 256
+READER_SLOTS = (PAGE_SIZE - READER_SLOTS_AT) // READER_SLOT_SIZE
+SLOT_KEY = 0
+SLOT_NAME = 8  # u8 length, then the bytes
+SLOT_NAME_MAX = 100
+SLOT_LOCK = 128
+SLOT_JOURNAL_LENGTH = 192
+SLOT_JOURNAL_GENERATION = 200
+assert READER_SLOTS == 254
+assert SLOT_NAME + 1 + SLOT_NAME_MAX <= SLOT_LOCK
 
 
 class SharedTail(NamedTuple):
@@ -130,14 +199,22 @@ def decode_tail(buf: bytes | bytearray | memoryview) -> SharedTail | None:
     return SharedTail(*fields)
 
 
-def encode_page(tail: SharedTail, *, reserved_until: int, counters: dict[str, int]) -> bytes:
-    """A whole page: header, ``tail``, ``writing`` 0 and the slots, zero-padded.
+def encode_page(
+    tail: SharedTail,
+    *,
+    reserved_until: int,
+    counters: dict[str, int],
+    locking: int = LOCKING_WORDS,
+) -> bytes:
+    """A whole page: header, ``tail``, ``writing`` 0 and the slots, zero-padded: every
+    lock free, no reader slot claimed.
 
     ``counters`` holds ``duplicates``, ``corrupt_skipped``, ``enqueued_base``,
-    ``enqueued_through`` and ``reserve_spent`` (0 when missing).
+    ``enqueued_through`` and ``reserve_spent`` (0 when missing); ``locking`` is how the
+    session's handles exclude each other (``LOCKING_WORDS`` or ``LOCKING_FLOCK``).
     """
     slots = struct.pack(
-        "<7Q",
+        "<8Q",
         0,
         reserved_until,
         counters.get("duplicates", 0),
@@ -145,6 +222,7 @@ def encode_page(tail: SharedTail, *, reserved_until: int, counters: dict[str, in
         counters.get("enqueued_base", 0),
         counters.get("enqueued_through", 0),
         counters.get("reserve_spent", 0),
+        locking,
     )
     page = STATE_HEADER.pack(SHARED_MAGIC, SHARED_VERSION) + encode_tail(tail) + slots
     assert len(page) == _SLOTS_END
@@ -152,9 +230,9 @@ def encode_page(tail: SharedTail, *, reserved_until: int, counters: dict[str, in
 
 
 def page_version(buf: bytes | bytearray | memoryview) -> int | None:
-    """The version of the page in ``buf`` (None: not a page of a size and magic this
-    ledgerq knows); whether its tail is intact is :func:`page_problem`'s to say."""
-    if len(buf) < PAGE_SIZE:
+    """The version the header of the page in ``buf`` says (None: no page's magic);
+    whether the page is whole and intact is :func:`page_problem`'s to say."""
+    if len(buf) < STATE_HEADER.size:
         return None
     magic, version = STATE_HEADER.unpack_from(buf, 0)
     return int(version) if magic == SHARED_MAGIC else None
@@ -169,6 +247,9 @@ def page_problem(buf: bytes | bytearray | memoryview) -> str:
         return f"bad magic {bytes(magic)!r}"
     if version != SHARED_VERSION:
         return f"version {version}, not {SHARED_VERSION}"
+    locking = struct.unpack_from("<Q", buf, SLOT_LOCKING)[0]
+    if locking not in (LOCKING_WORDS, LOCKING_FLOCK):
+        return f"unknown locking {locking}"
     if decode_tail(memoryview(buf)[TAIL_OFFSET : TAIL_OFFSET + TAIL_RECORD.size]) is None:
         return "the published tail's checksum does not match"
     return ""

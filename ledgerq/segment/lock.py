@@ -24,6 +24,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 import weakref
 
 from ledgerq._errors import QueueLockedError
@@ -198,6 +199,19 @@ class LockFile:
         except (OSError, TypeError) as exc:
             cause = exc if isinstance(exc, OSError) else OSError(errno.EBADF, "closed")
             raise StorageError("lock", self.path, cause) from exc
+
+    def acquire_by(self, deadline: float) -> bool:
+        """Take the lock, waiting until ``deadline`` (``time.monotonic()``) at most;
+        False if another still holds it then.  Polled (``LOCK_NB``, backing off from
+        20 us to 5 ms): a blocking ``flock`` cannot be given a timeout."""
+        pause = 20e-6
+        while not self.try_acquire():
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, 0.005)
+        return True
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free now; False if another holds it."""

@@ -52,12 +52,12 @@ from ledgerq.format.shared_state import (
 from ledgerq.segment.files import StorageError, storage_errors
 from ledgerq.segment.index_file import read_index, write_index
 from ledgerq.segment.layout import content_first_id
-from ledgerq.segment.lock import LockFile
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.naming import list_segment_ids
 from ledgerq.segment.scanner import CorruptRegion, EntryScanner
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.shared_page import SharedPage
+from ledgerq.segment.steplock import StepLock
 
 __all__ = ["SharedSegmentManager"]
 
@@ -88,10 +88,11 @@ def _pop(segments: dict[int, Segment], name_id: int) -> Segment | None:
 class SharedSegmentManager(SegmentManager):
     """A :class:`SegmentManager` whose log other handles append to as well.
 
-    ``page`` is the queue's state page and ``append_lock`` the ``shared/APPEND`` lock
-    file of this handle.  ``claim_region(first_id, offset)`` is asked, under the
-    append lock, whether a corrupt region is new to the queue (so that every handle
-    counts it once, in total); the others are as for :class:`SegmentManager`.
+    ``page`` is the queue's state page and ``append_lock`` this handle's append lock
+    (``segment.steplock``; :meth:`set_append_lock` once the page exists).
+    ``claim_region(first_id, offset)`` is asked, under the append lock, whether a
+    corrupt region is new to the queue (so that every handle counts it once, in
+    total); the others are as for :class:`SegmentManager`.
     """
 
     def __init__(
@@ -99,7 +100,7 @@ class SharedSegmentManager(SegmentManager):
         directory: str,
         *,
         page: SharedPage,
-        append_lock: LockFile,
+        append_lock: StepLock,
         segment_size: int,
         index_interval: int,
         on_corrupt: Callable[[Segment, CorruptRegion], None] | None = None,
@@ -150,6 +151,11 @@ class SharedSegmentManager(SegmentManager):
         manager.remember_reported(sorted(self._reported))
         return manager
 
+    def set_append_lock(self, append_lock: StepLock) -> None:
+        """Take appends with ``append_lock`` from now on (the session's page exists)."""
+        assert not self._append_depth
+        self._append_lock = append_lock
+
     def set_claim_region(self, claim_region: Callable[[int, int], bool]) -> None:
         """Count corrupt regions through ``claim_region`` from now on (the session started)."""
         self._claim_region = claim_region
@@ -157,7 +163,11 @@ class SharedSegmentManager(SegmentManager):
     # ------------------------------------------------------------------ the append lock
 
     def lock_appends(self) -> None:
-        """Take ``shared/APPEND`` (re-entrant within this handle; the queue lock is held)."""
+        """Take the append lock (re-entrant within this handle; the queue lock is held).
+
+        Raises :class:`~ledgerq.QueueBusyError` when another handle holds it past this
+        handle's budget (a stopped process: see ``segment.steplock``).
+        """
         if not self._append_depth:
             self._append_lock.acquire()
         self._append_depth += 1

@@ -8,17 +8,34 @@ every step of a shared handle, and costs a copy of 64 bytes and a checksum.
 The file is never truncated or replaced while a handle maps it (that would make its
 pages vanish under the mapping: ``SIGBUS``): the first handle of a session writes it
 in place, under the exclusive lock, when no other handle exists.
+
+Where the ``atomicshm`` package can be imported, :attr:`SharedPage.atomics` is an
+atomic view of the mapping - what the lock words (``segment.steplock``) are taken
+with; the reader slots (:meth:`SharedPage.reader_slot`) hold each reader's lock and the
+published length of its journal.
 """
 
 from __future__ import annotations
 
+import importlib
 import mmap
 import os
 import struct
 import time
+from types import ModuleType
+
+import xxhash
 
 from ledgerq.format.shared_state import (
     PAGE_SIZE,
+    READER_SLOT_SIZE,
+    READER_SLOTS,
+    READER_SLOTS_AT,
+    SLOT_JOURNAL_GENERATION,
+    SLOT_JOURNAL_LENGTH,
+    SLOT_KEY,
+    SLOT_NAME,
+    SLOT_NAME_MAX,
     TAIL_OFFSET,
     TAIL_RECORD,
     SharedTail,
@@ -28,9 +45,23 @@ from ledgerq.format.shared_state import (
 )
 from ledgerq.segment.files import storage_errors, write_all
 
-__all__ = ["SharedPage", "write_page"]
+__all__ = ["HAS_ATOMICS", "JournalSlot", "SharedPage", "write_page"]
+
+
+def _import_atomics() -> ModuleType | None:
+    """``atomicshm``, what the lock words are taken with; None where it cannot be
+    imported (the session's handles then lock with flock: ``segment.steplock``)."""
+    try:
+        return importlib.import_module("atomicshm")
+    except ImportError:  # pragma: no cover - atomicshm has wheels for every common platform
+        return None
+
+
+_atomicshm = _import_atomics()
+HAS_ATOMICS = _atomicshm is not None
 
 _U64 = struct.Struct("<Q")
+REMOVED = 1 << 63  # in a journal generation: the reader was removed
 _TAIL_END = TAIL_OFFSET + TAIL_RECORD.size
 _WRITING_END = _TAIL_END + 8
 # A reader that keeps meeting a half-written tail waits this long in all before it
@@ -58,18 +89,65 @@ def write_page(path: str, page: bytes) -> None:
 
 
 class SharedPage:
-    """The mapped page of one queue; one per handle (the mappings share the memory)."""
+    """The mapped page of one queue; one per handle (the mappings share the memory).
 
-    __slots__ = ("_map", "path")
+    ``size`` is the page's (a version-2 page of an older ledgerq is 4 KiB: mapped only
+    to read its version and counters).
+    """
 
-    def __init__(self, path: str) -> None:
+    __slots__ = ("_map", "atomics", "path")
+
+    def __init__(self, path: str, size: int = PAGE_SIZE) -> None:
         self.path = path
         with storage_errors("map the shared state", path):
             fd = os.open(path, os.O_RDWR)
             try:
-                self._map: mmap.mmap | None = mmap.mmap(fd, PAGE_SIZE)
+                if os.fstat(fd).st_size < size:
+                    size = os.fstat(fd).st_size  # an older (smaller) page: see problem()
+                self._map: mmap.mmap | None = mmap.mmap(fd, size)
             finally:
                 os.close(fd)  # the mapping keeps the file
+        self.atomics: object | None = None
+        if _atomicshm is not None and size == PAGE_SIZE:
+            self.atomics = _atomicshm.AtomicView(self._map)
+
+    @property
+    def address(self) -> int:
+        """Where the page is mapped in this process (the futex words' addresses)."""
+        view = self.atomics
+        assert view is not None, "no atomic view of the page"
+        return int(view.address)  # type: ignore[attr-defined]
+
+    def reader_slot(self, name: str) -> int | None:
+        """The offset of reader ``name``'s slot, None if it has none (yet)."""
+        key, encoded = _slot_key(name)
+        memory = self._memory()
+        for index in range(READER_SLOTS):
+            at = READER_SLOTS_AT + index * READER_SLOT_SIZE
+            found = _U64.unpack_from(memory, at + SLOT_KEY)[0]
+            if found == 0:
+                return None  # slots are claimed in order: none further
+            if found == key and _slot_name(memory, at) == encoded:
+                return at
+        return None
+
+    def claim_reader_slot(self, name: str) -> int | None:
+        """The offset of reader ``name``'s slot, claimed now if it has none; None when
+        every slot is taken (the reader then locks with its flock file).  Called with
+        the append lock held, so that two handles never claim one slot."""
+        key, encoded = _slot_key(name)
+        memory = self._memory()
+        for index in range(READER_SLOTS):
+            at = READER_SLOTS_AT + index * READER_SLOT_SIZE
+            found = _U64.unpack_from(memory, at + SLOT_KEY)[0]
+            if found == key and _slot_name(memory, at) == encoded:
+                return at
+            if found == 0:
+                memory[at + SLOT_NAME] = len(encoded)
+                memory[at + SLOT_NAME + 1 : at + SLOT_NAME + 1 + len(encoded)] = encoded
+                _U64.pack_into(memory, at + SLOT_KEY, key)  # last: the slot is there now
+                return at
+        return None
 
     @property
     def memory(self) -> mmap.mmap:
@@ -135,6 +213,69 @@ class SharedPage:
 
     def close(self) -> None:
         """Unmap the page (idempotent)."""
+        view, self.atomics = self.atomics, None
+        if view is not None:
+            view.close()  # type: ignore[attr-defined] # (it holds the mapping's buffer)
         memory, self._map = self._map, None
         if memory is not None:
             memory.close()
+
+
+class JournalSlot:
+    """The published length and generation of one reader's journal, in its page slot.
+
+    Read and written under the reader's lock only: the holder publishes what it
+    appended (the length) or that it replaced the file (the generation), so the next
+    holder learns whether there is news with two reads of memory instead of an
+    ``fstat`` of the file.
+    """
+
+    __slots__ = ("_at", "_memory")
+
+    def __init__(self, page: SharedPage, offset: int) -> None:
+        self._memory = page.memory
+        self._at = offset
+
+    @property
+    def length(self) -> int:
+        return int(_U64.unpack_from(self._memory, self._at + SLOT_JOURNAL_LENGTH)[0])
+
+    @property
+    def generation(self) -> int:
+        return int(_U64.unpack_from(self._memory, self._at + SLOT_JOURNAL_GENERATION)[0])
+
+    def publish(self, length: int, generation: int) -> None:
+        """Say the journal holds ``length`` bytes of whole records, and is the file of
+        ``generation`` (lock held).  A removal published before stays published."""
+        removed = self.generation & REMOVED
+        _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_LENGTH, length)
+        _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_GENERATION, generation | removed)
+
+    def mark_removed(self) -> None:
+        """The journal was deleted (``remove_reader``): every other handle's next step
+        sees another generation, looks for the file and learns that it is gone.  Not
+        under the reader's lock - no later publish of a step undoes it."""
+        _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_GENERATION, self.generation | REMOVED)
+
+    def adopt(self, length: int) -> int:
+        """A handle that just loaded the journal (lock held) publishes ``length``, and
+        clears a removal mark with a new generation (a reader created again); returns
+        the generation."""
+        generation = self.generation
+        if generation & REMOVED:
+            generation = (generation & ~REMOVED) + 1
+        _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_LENGTH, length)
+        _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_GENERATION, generation)
+        return generation
+
+
+def _slot_key(name: str) -> tuple[int, bytes]:
+    """A reader slot's key (non-zero) and the name's bytes."""
+    encoded = name.encode()
+    assert len(encoded) <= SLOT_NAME_MAX, "reader names are at most 100 characters"
+    return xxhash.xxh64_intdigest(encoded) | 1, encoded
+
+
+def _slot_name(memory: mmap.mmap, at: int) -> bytes:
+    length = memory[at + SLOT_NAME]
+    return memory[at + SLOT_NAME + 1 : at + SLOT_NAME + 1 + length]

@@ -338,18 +338,31 @@ def test_sync_and_compact_are_callable(qpath: Path) -> None:
 
 
 def test_exception_tree() -> None:
-    for cls in (
-        ledgerq.ConfigError,
-        ledgerq.QueueLockedError,
-        ledgerq.QueueClosedError,
-        ledgerq.ForkedQueueError,
-        ledgerq.MessageTooLargeError,
-        ledgerq.CorruptionError,
-        ledgerq.UnknownMessageError,
-    ):
-        assert issubclass(cls, ledgerq.LedgerQError)
-    assert issubclass(ledgerq.ConfigError, ValueError)
-    assert issubclass(ledgerq.UnknownMessageError, KeyError)
+    # Every exception class ledgerq exports, with the stdlib types users may catch.
+    tree = {
+        ledgerq.ConfigError: (ValueError,),
+        ledgerq.NotAQueueError: (ledgerq.ConfigError, ValueError),
+        ledgerq.IncompatibleFormatError: (ledgerq.ConfigError, ValueError),
+        ledgerq.QueueLockedError: (),
+        ledgerq.QueueBusyError: (),
+        ledgerq.QueueClosedError: (),
+        ledgerq.QueueFullError: (),
+        ledgerq.ForkedQueueError: (),
+        ledgerq.MessageTooLargeError: (ValueError,),
+        ledgerq.CorruptionError: (),
+        ledgerq.UnknownMessageError: (KeyError,),
+        ledgerq.StorageError: (OSError,),
+    }
+    exported = {
+        obj
+        for obj in (getattr(ledgerq, name) for name in ledgerq.__all__)
+        if isinstance(obj, type) and issubclass(obj, BaseException)
+    }
+    assert exported == {ledgerq.LedgerQError, *tree}
+    for cls, bases in tree.items():
+        assert issubclass(cls, ledgerq.LedgerQError), cls
+        for base in bases:
+            assert issubclass(cls, base), (cls, base)
 
 
 def test_public_exports_are_pinned() -> None:
@@ -370,6 +383,7 @@ def test_public_exports_are_pinned() -> None:
         "Options",
         "Priority",
         "Queue",
+        "QueueBusyError",
         "QueueClosedError",
         "QueueFullError",
         "QueueLockedError",

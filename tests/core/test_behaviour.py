@@ -23,6 +23,7 @@ from hypothesis import settings
 import ledgerq
 from ledgerq import Item, Priority
 from tests.core.test_queue_model import QueueMachine
+from tests.locking import locking
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -40,15 +41,18 @@ class Config:
     """One configuration under test: how to open a queue with it, and what it implies.
 
     ``shared``: every open is a shared-mode handle (``ledgerq.open(path, shared=True)``),
-    which must keep every promise an exclusive queue keeps.
+    which must keep every promise an exclusive queue keeps - with the lock words, or
+    with the flock files (``locking``: ``tests/locking.py``).
     """
 
     name: str
     options: dict[str, Any]
     shared: bool = False
+    locking: str | None = None
 
     def open(self, path: Path) -> ledgerq.Queue:
-        return ledgerq.open(path, shared=self.shared, **self.options)
+        with locking(self.locking):
+            return ledgerq.open(path, shared=self.shared, **self.options)
 
     @property
     def max_retries(self) -> int:
@@ -59,7 +63,12 @@ class Config:
         return bool(self.options.get("priorities", False))
 
 
-MODES = {"exclusive": False, "shared": True}
+# mode -> (shared, locking)
+MODES: dict[str, tuple[bool, str | None]] = {
+    "exclusive": (False, None),
+    "shared": (True, "words"),
+    "shared-flock": (True, "flock"),
+}
 
 
 @pytest.fixture(
@@ -68,7 +77,8 @@ MODES = {"exclusive": False, "shared": True}
 )
 def config(request: pytest.FixtureRequest) -> Config:
     name, mode = request.param
-    return Config(name, CONFIGS[name], MODES[mode])
+    shared, how = MODES[mode]
+    return Config(name, CONFIGS[name], shared, how)
 
 
 @pytest.fixture
@@ -298,11 +308,13 @@ def test_consumed_segments_are_deleted_and_unconsumed_ones_kept(
 _MODEL_SETTINGS = settings(max_examples=12, stateful_step_count=30, deadline=None)
 
 
-def _model_test(name: str, options: dict[str, Any], shared: bool) -> Any:
+def _model_test(name: str, options: dict[str, Any], shared: bool, how: str | None) -> Any:
     """The model's TestCase for ``options`` (starvation off: it depends on the clock)."""
     extra = {"starvation_after": None} if options.get("priorities") else {}
     machine = type(
-        f"Model_{name}", (QueueMachine,), {"options": {**options, **extra}, "shared": shared}
+        f"Model_{name}",
+        (QueueMachine,),
+        {"options": {**options, **extra}, "shared": shared, "locking": how},
     )
     test = machine.TestCase
     test.settings = _MODEL_SETTINGS
@@ -310,8 +322,8 @@ def _model_test(name: str, options: dict[str, Any], shared: bool) -> Any:
 
 
 for _name, _options in CONFIGS.items():
-    for _mode, _shared in MODES.items():
-        _suffix = "" if _mode == "exclusive" else "_shared"
+    for _mode, (_shared, _how) in MODES.items():
+        _suffix = "" if _mode == "exclusive" else "_" + _mode.replace("-", "_")
         globals()[f"TestModel_{_name.replace('-', '_')}{_suffix}"] = _model_test(
-            _name, _options, _shared
+            _name, _options, _shared, _how
         )

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import ledgerq
 from ledgerq import Item, Priority
+from tests.locking import locking
 
 payloads = st.binary(min_size=0, max_size=300)
 priorities = st.sampled_from(list(Priority))
@@ -47,12 +48,14 @@ class Model:
 class QueueMachine(RuleBasedStateMachine):
     options: ClassVar[dict[str, Any]] = {}
     shared: ClassVar[bool] = False  # open every handle in shared mode
+    locking: ClassVar[str | None] = None  # ... locking so ("words", "flock": tests/locking.py)
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="ledgerq-model-")
         self.path = f"{self.tmp}/q"
-        self.q = ledgerq.open(self.path, shared=self.shared, **self.options)
+        with locking(self.locking):
+            self.q = ledgerq.open(self.path, shared=self.shared, **self.options)
         self.max_retries = self.q.options.max_retries
         self.by_priority = self.q.options.priorities
         self.messages: dict[int, Model] = {}
@@ -189,7 +192,8 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def reopen(self) -> None:
         self.q.close()
-        self.q = ledgerq.open(self.path, shared=self.shared, **self.options)
+        with locking(self.locking):
+            self.q = ledgerq.open(self.path, shared=self.shared, **self.options)
         for model in self.messages.values():
             if model.state == "leased":
                 model.state = "available"

@@ -56,6 +56,8 @@ CHECKED_TABLES = {
     "checkpoint",
     "shared-state",
     "shared-tail",
+    "shared-lock",
+    "shared-reader-slot",
     "meta",
     "options",
     "constants",
@@ -407,8 +409,28 @@ def test_shared_state_tables_match_the_layout() -> None:
         "enqueued_base": page.SLOT_ENQUEUED_BASE,
         "enqueued_through": page.SLOT_ENQUEUED_THROUGH,
         "reserve_spent": page.SLOT_RESERVE_SPENT,
+        "locking": page.SLOT_LOCKING,
+        "append_lock": page.APPEND_LOCK,
+        "readers": page.READER_SLOTS_AT,
     }
-    assert all(r["size"] == "8" and r["type"] == "u64" for r in rows[3:])
+    assert all(r["size"] == "8" and r["type"] == "u64" for r in rows[3:11])
+    assert int(rows[-2]["size"]) == page.LOCK_BLOCK_SIZE
+    assert int(rows[-1]["size"]) == page.READER_SLOTS * page.READER_SLOT_SIZE
+    assert page.READER_SLOTS_AT + page.READER_SLOTS * page.READER_SLOT_SIZE == page.PAGE_SIZE
+    lock = {r["field"]: (int(r["offset"]), int(r["size"])) for r in table("shared-lock")}
+    assert lock == {
+        "owner": (page.LOCK_OWNER, 8),
+        "sequence": (page.LOCK_SEQUENCE, 4),
+        "waiters": (page.LOCK_WAITERS, 4),
+    }
+    reader = {r["field"]: int(r["offset"]) for r in table("shared-reader-slot")}
+    assert reader == {
+        "key": page.SLOT_KEY,
+        "name_length": page.SLOT_NAME,
+        "lock": page.SLOT_LOCK,
+        "journal_length": page.SLOT_JOURNAL_LENGTH,
+        "journal_generation": page.SLOT_JOURNAL_GENERATION,
+    }
     tail_rows = table("shared-tail")
     assert_rows_match_struct(tail_rows, page.TAIL_RECORD)
     assert [r["field"] for r in tail_rows[:7]] == list(page.SharedTail._fields)
@@ -416,7 +438,8 @@ def test_shared_state_tables_match_the_layout() -> None:
     tail = page.SharedTail(11, 2048, 40, 1999, 1_700_000_000_000_000_000, 1024, 3)
     blob = page.encode_page(tail, reserved_until=99, counters={"duplicates": 5, "reserve_spent": 1})
     values, _ = walk(rows[:2], blob)
-    assert values["magic"] == b"LQSP" and values["version"] == page.SHARED_VERSION == 2
+    assert values["magic"] == b"LQSP" and values["version"] == page.SHARED_VERSION == 3
+    assert struct.unpack_from("<Q", blob, page.SLOT_LOCKING)[0] == page.LOCKING_WORDS
     tail_values, _ = walk(tail_rows, blob[page.TAIL_OFFSET :])
     assert [tail_values[f] for f in page.SharedTail._fields] == list(tail)
     # The tail's checksum is the format's (CRC-32C, what the spec's row names).

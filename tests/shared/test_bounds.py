@@ -143,6 +143,7 @@ def test_the_bound_holds_for_a_producer_handle_after_retention_deleted_segments(
         assert producer.stats().pending == consumer.stats().pending == 50
 
 
+@pytest.mark.usefixtures("locking")
 @pytest.mark.parametrize(("producers", "consumers"), [(1, 1), (3, 2)])
 def test_processes_over_tiny_segments_keep_the_bound(
     tmp_path: Path, children: Children, producers: int, consumers: int

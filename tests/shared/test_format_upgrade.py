@@ -8,9 +8,12 @@ The cases that can happen (docs/format.md, "Upgrades in shared mode"):
   alone; the others join a queue that is format 2 by then;
 * a reader journal or feature file no handle had loaded yet, met by a joining handle:
   rewritten under the lock every append to it takes (the reader's, the append lock);
-* a session a format-1 ledgerq started (its state page is version 1): a format-2
-  handle refuses to join, before it writes anything;
-* a format-1 page left by a finished session: the next first handle keeps its counters.
+* a session a format-1 ledgerq started (its state page is version 1), or one the flock
+  design started (version 2: its handles lock with flock, which lock words do not
+  exclude), or a newer ledgerq (version 4): a handle refuses to join, before it writes
+  anything;
+* a version 1 or 2 page left by a finished session: the next first handle keeps its
+  counters and writes a version 3 page.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from pathlib import Path
 import pytest
 
 import ledgerq
+from ledgerq.format.checksum import checksum
 from ledgerq.format.feature_state import decode_feature_file
 from ledgerq.format.shared_state import (
-    PAGE_SIZE,
+    OLD_PAGE_SIZE,
+    SHARED_VERSION,
     SLOT_CORRUPT_SKIPPED,
     SLOT_DUPLICATES,
     STATE_HEADER,
@@ -67,15 +72,26 @@ def _files(path: Path) -> dict[str, bytes]:
     }
 
 
-def _format_1_page(duplicates: int = 0, corrupt_skipped: int = 0) -> bytes:
-    """The state page a format-1 ledgerq writes: version 1, the tail's checksum CRC-32."""
+def _old_page(version: int, duplicates: int = 0, corrupt_skipped: int = 0) -> bytes:
+    """The state page an older ledgerq writes: 4 KiB; version 1 (format 1, the tail's
+    checksum CRC-32) or 2 (format 2 with the flock design, CRC-32C)."""
     fields = TAIL_FIELDS.pack(1, 0, 0, -1, 0, -1, 1)
-    page = bytearray(PAGE_SIZE)
-    STATE_HEADER.pack_into(page, 0, b"LQSP", 1)
-    page[TAIL_OFFSET : TAIL_OFFSET + 64] = fields + struct.pack("<II", zlib.crc32(fields), 0)
+    crc = zlib.crc32(fields) if version == 1 else checksum(fields)
+    page = bytearray(OLD_PAGE_SIZE)
+    STATE_HEADER.pack_into(page, 0, b"LQSP", version)
+    page[TAIL_OFFSET : TAIL_OFFSET + 64] = fields + struct.pack("<II", crc, 0)
     struct.pack_into("<Q", page, SLOT_DUPLICATES, duplicates)
     struct.pack_into("<Q", page, SLOT_CORRUPT_SKIPPED, corrupt_skipped)
     return bytes(page)
+
+
+def _hold_shared(path: Path, page: bytes) -> int:
+    """Stand for an older ledgerq's live session: its page, ``LOCK`` held shared."""
+    (path / "shared").mkdir(exist_ok=True)
+    (path / "shared" / "state").write_bytes(page)
+    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
 
 
 @pytest.fixture
@@ -83,10 +99,7 @@ def old_session(tmp_path: Path) -> Iterator[Path]:
     """A format-1 queue held open in shared mode by a format-1 ledgerq: ``LOCK`` held
     shared, and the page that ledgerq wrote when it started the session."""
     path = _copy("v1_clean", tmp_path)
-    (path / "shared").mkdir()
-    (path / "shared" / "state").write_bytes(_format_1_page())
-    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    fd = _hold_shared(path, _old_page(1))
     try:
         yield path
     finally:
@@ -100,13 +113,38 @@ def test_a_handle_does_not_join_a_session_of_a_format_1_ledgerq(old_session: Pat
     assert _files(old_session) == before, "a refused handle wrote nothing"
 
 
-def test_the_next_session_keeps_a_format_1_pages_counters(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("version", "says"), [(2, r"older ledgerq \(state page version 2\)"), (4, "newer ledgerq")]
+)
+def test_a_handle_does_not_join_a_session_of_another_lock_design(
+    tmp_path: Path, version: int, says: str
+) -> None:
+    # Version 2 is the flock design: its handles take shared/APPEND with flock, which a
+    # lock word does not exclude - joining it would let two appenders write at once.
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        q.enqueue(b"kept")
+    page = _old_page(2) if version == 2 else _old_page(2).replace(b"LQSP\x02", b"LQSP\x04", 1)
+    fd = _hold_shared(path, page)
+    try:
+        before = _files(path)
+        with pytest.raises(ledgerq.IncompatibleFormatError, match=says):
+            ledgerq.open(path, shared=True)
+        assert _files(path) == before, "a refused handle wrote nothing"
+    finally:
+        os.close(fd)
+    with ledgerq.open(path, shared=True) as q:  # that session over: the next one starts
+        assert [m.payload for m in q.dequeue_batch(10)] == [b"kept"]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_next_session_keeps_an_older_pages_counters(tmp_path: Path, version: int) -> None:
     path = _copy("v1_clean", tmp_path)
     (path / "shared").mkdir()
-    (path / "shared" / "state").write_bytes(_format_1_page(duplicates=1000, corrupt_skipped=77))
+    (path / "shared" / "state").write_bytes(_old_page(version, duplicates=1000, corrupt_skipped=77))
     with ledgerq.open(path, shared=True) as q:
         assert (q.stats().duplicates, q.stats().corrupt_skipped) == (1000, 77)
-    assert _version(path / "shared" / "state") == 2
+    assert _version(path / "shared" / "state") == SHARED_VERSION
 
 
 def test_two_processes_open_a_format_1_queue_shared(tmp_path: Path, children: Children) -> None:
