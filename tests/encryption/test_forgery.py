@@ -105,7 +105,7 @@ def _dequeue_one_by_one(q: ledgerq.Queue) -> Delivered:
 
 def _dequeue_batches(q: ledgerq.Queue) -> Delivered:
     got: list[ledgerq.Message] = []
-    while batch := q.dequeue_batch(2, timeout=0.01):
+    while batch := q.dequeue_batch(2):
         got.extend(batch)
     return _messages(got)
 
@@ -383,6 +383,24 @@ def test_a_rolled_back_reader_state_redelivers_genuine_messages_only(tmp_path: P
     shutil.copytree(saved, queue / "readers")
     with ledgerq.open(queue, encryption_key=KEY) as q:
         assert [(m.id, m.payload) for m in q.dequeue_batch(10)] == list(GENUINE.items())
+
+
+def test_another_queues_identity_under_the_same_key_fails_every_entry(tmp_path: Path) -> None:
+    """meta.json's encryption object swapped for another queue's (same key): the key check
+    passes, and the queue's own entries no longer authenticate."""
+    queue, other = tmp_path / "q", tmp_path / "other"
+    _fill(queue)
+    _fill(other, {1: b"other"})
+    block = json.loads((other / "meta.json").read_text())["encryption"]
+    for name in ("meta.json", "options.json"):
+        file = queue / name
+        if file.exists():
+            value = json.loads(file.read_text())
+            value["encryption"] = block
+            file.write_text(json.dumps(value))
+    with ledgerq.open(queue, encryption_key=KEY) as q:
+        assert q.dequeue_batch(10) == []
+        assert q.stats().corrupt_skipped == len(GENUINE)
 
 
 def test_a_consumed_segment_put_back_is_not_delivered_again(tmp_path: Path) -> None:
