@@ -100,6 +100,7 @@ _CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}\Z")  # anchored; no '.', which s
 _CHUNK = 8 << 20  # bytes read, verified and written at a time
 _DEFAULT_INDEX_INTERVAL = 4096
 _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
+_ENCRYPTED = int(EntryFlags.ENCRYPTED)
 _MIN_PASS_INTERVAL_S = 0.05  # in follow mode, at most ~20 passes (and fsyncs) a second
 
 ProgressCallback = Callable[[int, int], None]
@@ -627,10 +628,26 @@ class Shipper:
             start,
         )
 
+    def _report_unsealed(self, source: SegmentTail, ids: list[int]) -> None:
+        """Say that entries of an encrypted source are not sealed, and copy them all the
+        same: the copy stays byte-exact (what resuming relies on), the shipper has no key
+        to judge sealed entries by anyway, and the copy is an encrypted queue whose readers
+        skip such entries as corrupt - as the source's do (docs/encryption.md)."""
+        which = f"id {ids[0]}" if len(ids) == 1 else f"{len(ids)} of them, ids {ids[0]}-{ids[-1]}"
+        note = (
+            f"unsealed entries in encrypted {source.path} ({which}): written without the "
+            "key, or their seal stripped; copied as found - readers with the key skip them "
+            "as corrupt"
+        )
+        self.totals.notes.append(note)
+        logger.warning("ledgerq: ship: %s", note)
+
     def _write(
         self, source: SegmentTail, seg: _DestSegment, start: int, stop: int, found: _Scan
     ) -> None:
         """Append source bytes [start, stop) to the copy, checked again as written."""
+        unsealed: list[int] = []  # entries of an encrypted source that are not sealed
+        encrypted = bool(self._source_meta.encryption)
         data = pread_exact(source.fd, stop - start, start)
         if len(data) != stop - start:
             raise CorruptionError(
@@ -648,6 +665,10 @@ class Shipper:
                 ) from None
             if entry.id != message_id or end - (offset - start) != length:
                 raise CorruptionError("bytes changed while being shipped", source.path, offset)
+            if encrypted and not entry.flags & _ENCRYPTED:
+                unsealed.append(message_id)
+        if unsealed:
+            self._report_unsealed(source, unsealed)
         assert seg.out is not None
         seg.out.append_record(data)  # whole, or StorageError with nothing appended
         seg.size = stop

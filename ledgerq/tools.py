@@ -94,6 +94,7 @@ from ledgerq.segment.readonly import (
     reader_state_path,
     replay_reader,
     segment_ids,
+    stored_block,
     stored_options,
     subtract_ranges,
     view_message,
@@ -115,6 +116,7 @@ __all__ = [
     "READER_STATE",
     "READER_STATE_TAIL",
     "TORN_TAIL",
+    "UNSEALED",
     "DeadLetterFilter",
     "KeyFileError",
     "Problem",
@@ -148,6 +150,7 @@ GAP = "gap"  # ids missing between segments that the queue did not leave out on 
 INDEX = "index"  # a sparse index missing, unreadable or not matching its log
 READER_STATE = "reader-state"  # a reader journal the queue refuses to open
 READER_STATE_TAIL = "reader-state-tail"  # a torn last record, cut when the queue opens
+UNSEALED = "unsealed"  # an entry of an encrypted queue that is not sealed (forged, stripped)
 
 ProgressCallback = Callable[[int, int], None]
 _PROGRESS_STEP = 1 << 20  # report progress about once per MiB of log
@@ -476,6 +479,8 @@ def _check_segments(queue_dir: str, tally: _Tally, meta: _MetaFacts | None) -> i
             os.close(fd)
         files.append(SegmentFile(name_id, first_id, size))
     newest = max(files, key=newest_first, default=None)
+    # Every entry of an encrypted queue is sealed: one that is not is seen without the key.
+    encrypted = bool(stored_block(queue_dir))
     for f in files:
         lpath = log_path(seg_dir, f.name_id)
         # Read the index before the log's size: an owner appends to the log before the
@@ -489,7 +494,15 @@ def _check_segments(queue_dir: str, tally: _Tally, meta: _MetaFacts | None) -> i
             # Version 1 says no entry is delayed or grouped: an older ledgerq reads it.
             version_1 = meta is not None and meta.version < DELIVER_AT_VERSION
             f.last_id = _check_log(
-                fd, lpath, f, f is newest, index, tally, queue_dir, version_1=version_1
+                fd,
+                lpath,
+                f,
+                f is newest,
+                index,
+                tally,
+                queue_dir,
+                version_1=version_1,
+                encrypted=encrypted,
             )
         finally:
             os.close(fd)
@@ -564,6 +577,7 @@ def _check_log(
     queue_dir: str,
     *,
     version_1: bool = False,
+    encrypted: bool = False,
 ) -> int:
     size = os.fstat(fd).st_size
     first_id = f.first_id
@@ -593,6 +607,8 @@ def _check_log(
                 "ledgerq from before delays and groups would skip it as damaged; set "
                 f'"version": {DELIVER_AT_VERSION} in meta.json (this ledgerq wrote it so)',
             )
+        if encrypted and not entry.flags & _ENCRYPTED:
+            tally.add(lpath, offset, UNSEALED, _unsealed_message(entry.id))
         if len(scanner.corrupt) > regions_seen:
             for region in scanner.corrupt[regions_seen:]:
                 lost = entry.id - prev_id - 1
@@ -666,6 +682,14 @@ def _check_log(
         _Rebuild(queue_dir, f.name_id, first_id, sealed=not newest),
     )
     return prev_id if count else 0
+
+
+def _unsealed_message(message_id: int) -> str:
+    return (
+        f"message {message_id} is not sealed, but the queue is encrypted: it was written "
+        "without the key (a forgery) or its seal was stripped; readers skip it as corrupt "
+        "and never deliver it (not repaired: nothing valid is deleted)"
+    )
 
 
 def _check_index(
@@ -1026,7 +1050,8 @@ def unauthentic_ids(path: str | os.PathLike[str], encryption_key: bytes) -> list
     """The ids of the sealed messages of ``path`` that fail authentication under the key.
 
     Read without the lock, as :func:`iter_messages`.  Raises :class:`ConfigError` when
-    the key is not the queue's (or the queue is not encrypted).
+    the key is not the queue's (or the queue is not encrypted).  Entries that are not
+    sealed at all need no key to be found: :func:`verify` reports them (``unsealed``).
     """
     sealer = view_sealer(os.fspath(path), encryption_key)
     assert sealer is not None

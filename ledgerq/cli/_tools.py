@@ -127,17 +127,18 @@ def verify(queue: str, repair: bool, as_json: bool) -> int:
     be a write in flight).  The dead-letter queue in QUEUE/dlq is checked too.
 
     An encrypted queue is checked without its key as far as the key is not needed
-    (checksums, indexes, journals, meta.json), and a note says so; with --key-file
-    every sealed message is authenticated too, and one that fails is a problem.
+    (checksums, indexes, journals, meta.json, and that every entry is sealed: one that
+    is not is an "unsealed" problem), and a note says so; with --key-file every sealed
+    message is authenticated too, and one that fails is a problem.
     """
     require_queue(queue)
     key = current_key()
     failed: list[int] = []
     if key is None and stored_block(queue):
         click.echo(
-            f"ledgerq: {queue} is encrypted: checksums, indexes, reader journals and "
-            "meta.json were checked; the sealed payloads were not authenticated (pass "
-            "--key-file to authenticate them)",
+            f"ledgerq: {queue} is encrypted: checksums, indexes, reader journals, "
+            "meta.json and that every entry is sealed were checked; the sealed payloads "
+            "were not authenticated (pass --key-file to authenticate them)",
             err=True,
         )
     elif key is not None:

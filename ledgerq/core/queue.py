@@ -1093,7 +1093,7 @@ class QueueCore(Closing):
 
     def _given_size(self, entry: Entry) -> int:
         """The size of ``entry``'s payload as its producer gave it (decompressed)."""
-        if not entry.flags & _RESTORED_FLAGS:
+        if not entry.flags & _RESTORED_FLAGS and self._sealer is None:
             return len(entry.payload)
         try:
             return len(self._restore(entry))
@@ -1183,16 +1183,14 @@ class QueueCore(Closing):
         entry that fails authentication (tampered, moved, another key), or a damaged
         zstd frame - the callers skip and count such a message as corrupt.
         """
-        if entry.flags & _ENCRYPTED:
-            sealer = self._sealer
-            if sealer is None:
-                raise CorruptionError(
-                    f"message {entry.id} is encrypted but queue {self.path} is not"
-                )
+        sealer = self._sealer
+        if sealer is not None:  # every entry of an encrypted queue: an unsealed one is corrupt
             try:
                 entry = sealer.open(entry)
             except CorruptRecord as exc:
                 raise CorruptionError(str(exc).removesuffix(" at offset 0")) from None
+        elif entry.flags & _ENCRYPTED:
+            raise CorruptionError(f"message {entry.id} is encrypted but queue {self.path} is not")
         payload = entry.payload
         if entry.flags & _COMPRESSED:
             if not self._restorers:
@@ -1206,8 +1204,9 @@ class QueueCore(Closing):
     def _messages(self, reader: Reader, taken: list[tuple[Entry, int]]) -> list[Message]:
         """Build Messages; entries whose payload cannot be restored are settled as corrupt."""
         messages = []
+        as_given = self._sealer is None  # in an encrypted queue every entry is opened
         for taken_entry, attempt in taken:
-            if not taken_entry.flags & _RESTORED_FLAGS:  # stored as given: nothing to restore
+            if as_given and not taken_entry.flags & _RESTORED_FLAGS:  # nothing to restore
                 messages.append(entry_to_message(taken_entry, attempt, taken_entry.payload))
                 continue
             try:

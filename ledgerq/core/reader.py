@@ -1209,7 +1209,7 @@ class Reader:
             if taken is None:
                 return None
             entry, attempt = taken
-            if not entry.flags & _RESTORED_FLAGS:
+            if not entry.flags & _RESTORED_FLAGS and queue._sealer is None:
                 return entry_to_message(entry, attempt, entry.payload)
             messages = queue._messages(self, [taken])
             return messages[0] if messages else self.dequeue(0)

@@ -20,7 +20,10 @@ The associated data is the queue's identity (16 random bytes kept in ``meta.json
 followed by every byte of the entry before its payload field (length, type, flags,
 id, timestamp and the visible optional fields).  So a blob moved to another position
 (another id), another queue, or under changed visible fields fails authentication,
-exactly like a flipped bit of the ciphertext: the entry is then corrupt.
+exactly like a flipped bit of the ciphertext: the entry is then corrupt.  And every
+entry of an encrypted queue is sealed: :meth:`EntrySealer.open`, which every reader
+of such a queue calls for every entry, refuses one without the ENCRYPTED flag (a plain
+entry forged without the key, or a genuine one whose flag was cleared) as corrupt too.
 
 Keys: the user's 32-byte key is never used directly nor stored.  HKDF-SHA256 with the
 queue's identity as salt derives the key that seals entries (``info`` =
@@ -80,6 +83,7 @@ __all__ = [
     "keyed_digest",
     "new_queue_id",
     "sealed_batch_parts",
+    "unsealed_problem",
 ]
 
 CIPHER_NAME = "AES-256-GCM"  # meta.json's encryption.cipher
@@ -307,8 +311,11 @@ class EntrySealer:
     def open_content(self, entry: Entry) -> bytes:
         """Return the sealed content of ``entry`` (the plaintext, unparsed).
 
-        Raises :class:`CorruptRecord` when the blob fails authentication.
+        Raises :class:`CorruptRecord` when the blob fails authentication, and for an
+        entry that is not sealed at all (see :func:`unsealed_problem`).
         """
+        if not entry.flags & _ENCRYPTED:
+            raise CorruptRecord(unsealed_problem(entry.id), 0)
         blob = entry.payload
         if len(blob) < MIN_SEALED_SIZE:
             raise CorruptRecord(f"message {entry.id}: sealed payload too short", 0)
@@ -333,10 +340,16 @@ class EntrySealer:
     def open(self, entry: Entry) -> Entry:
         """Return ``entry`` with its payload and headers in clear, ENCRYPTED cleared.
 
+        The one check every reader of an encrypted queue applies to every entry it
+        would deliver (the queue, its readers and DLQ, the lock-free views, Spark):
+        call it for *each* entry, not only for those flagged ENCRYPTED - an entry
+        without the flag is a forgery or a stripped seal, never a message.
+
         The payload is still a zstd frame if the entry is COMPRESSED.  Raises
         :class:`CorruptRecord` (offset 0: the caller knows where the entry is) when
-        the blob fails authentication - tampered, moved to another id or queue, or
-        sealed under another key - or when its content is malformed.
+        the entry is not sealed, when the blob fails authentication - tampered, moved
+        to another id or queue, or sealed under another key - or when its content is
+        malformed.
         """
         content = self.open_content(entry)
         (content_flags,) = CONTENT_FLAGS.unpack_from(content, 0)
@@ -356,6 +369,20 @@ class EntrySealer:
             at += hlen
             flags |= _HAS_HEADERS
         return entry._replace(payload=content[at:], headers=headers, flags=flags)
+
+
+def unsealed_problem(message_id: int) -> str:
+    """Why an entry of an encrypted queue without the ENCRYPTED flag is corrupt.
+
+    Every entry an encrypted queue writes is sealed, so one that is not was written by
+    someone without the key (a forged entry with a valid CRC) or had its seal stripped
+    (the flag cleared and the CRC made right, which would deliver the raw nonce,
+    ciphertext and tag as a payload).  Either way it is skipped, never delivered.
+    """
+    return (
+        f"message {message_id} is not sealed, and every entry of an encrypted queue is "
+        "(written without the key, or its seal stripped)"
+    )
 
 
 def sealed_batch_parts(

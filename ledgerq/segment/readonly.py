@@ -422,20 +422,20 @@ def view_sealer(queue_dir: str, key: bytes | None) -> EntrySealer | None:
 def _restore(entry: Entry, path: str, sealer: EntrySealer | None) -> tuple[Entry, bytes] | None:
     """``entry`` opened (sealed) and its payload decompressed, or None (logged) when
     that cannot be done: see :func:`view_message`."""
-    if entry.flags & _ENCRYPTED:
-        if sealer is None:
-            logger.warning(
-                "ledgerq: skipping message %d in %s: it is encrypted and no key was given",
-                entry.id,
-                path,
-            )
-            return None
+    if sealer is not None:  # an encrypted queue: every entry must open (unsealed: corrupt)
         try:
             entry = sealer.open(entry)
         except CorruptRecord as exc:
             problem = str(exc).removesuffix(" at offset 0")
             logger.warning("ledgerq: skipping message %d in %s: %s", entry.id, path, problem)
             return None
+    elif entry.flags & _ENCRYPTED:
+        logger.warning(
+            "ledgerq: skipping message %d in %s: it is encrypted and no key was given",
+            entry.id,
+            path,
+        )
+        return None
     payload = entry.payload
     if entry.flags & _COMPRESSED:
         try:
@@ -455,12 +455,13 @@ def view_message(entry: Entry, path: str, sealer: EntrySealer | None = None) -> 
     :func:`view_sealer`) and decompressed, and ``attempts`` = :data:`VIEW_ATTEMPTS`.
     None for an entry of a reserved record type (no message), and - with a warning on
     the ``ledgerq`` logger - when the payload cannot be opened (no key, or it fails
-    authentication) or fails to decompress: the view skips that message as the queue
-    would.
+    authentication), when an encrypted queue's entry is not sealed (``sealer`` given:
+    a forgery, or a stripped seal) or when it fails to decompress: the view skips that
+    message as the queue would.
     """
     if entry.type != _DATA:
         return None
-    if entry.flags & _RESTORED:
+    if entry.flags & _RESTORED or sealer is not None:
         opened = _restore(entry, path, sealer)
         if opened is None:
             return None

@@ -254,6 +254,10 @@ class _SegmentScan:
         self.path = task.log_path
         self._dctx: zstandard.ZstdDecompressor | None = None  # made when first needed
         self._sealer: EntrySealer | None = None  # made when first needed
+        # An encrypted queue (planned with its key): every entry must open, so a run of
+        # plain entries - forged, or stripped of their seal - is decoded one by one and
+        # skipped as corrupt, never taken as rows by the vectorised path.
+        self.sealed = task.encryption_key is not None
         self.done = False  # past the highest wanted id: nothing more is wanted
         id_hi = task.id_hi
         if task.ids:
@@ -331,7 +335,7 @@ class _SegmentScan:
             good = run.good
             if good:
                 piece: _Piece
-                if run.plain:
+                if run.plain and not self.sealed:
                     piece = _Plain(buf, offsets[: good + 1], run.head(good))
                     last_id = _u64_at(buf, offsets[good - 1] + _ID_AT)
                 else:
@@ -426,7 +430,7 @@ class _SegmentScan:
             return None
 
     def _add(self, out: _Decoded, entry: Entry) -> None:
-        if entry.flags & _ENCRYPTED:
+        if entry.flags & _ENCRYPTED or self.sealed:
             opened = self._open(entry)
             if opened is None:
                 return

@@ -253,6 +253,39 @@ def _sealed_entries() -> dict[str, bytes]:
     }
 
 
+def _strip(entry: bytes) -> bytes:
+    """``entry`` with ENCRYPTED cleared (the forger pass of the target fixes its CRC)."""
+    return entry[:5] + bytes((entry[5] & ~0x80,)) + entry[6:]
+
+
+def _forged_logs() -> dict[str, bytes]:
+    """Logs of an encrypted queue an attacker without the key wrote or changed."""
+    sealer = _FixedNonceSealer(FUZZ_KEY, FUZZ_QUEUE_ID)
+    headers = encode_headers({"task": "genuine"})
+    one, two, three = (
+        sealer.encode(i, _T + i, b"genuine %d" % i, headers_blob=headers if i == 2 else None)
+        for i in (1, 2, 3)
+    )
+    genuine = one + two + three
+    frame = zstandard.ZstdCompressor().compress(b"genuine compressed " * 20)
+    compressed = sealer.encode(4, _T, frame, compressed=True)
+    return {
+        "genuine": genuine,
+        "forged_tail": genuine + encode_entry(4, _T, b"FORGED"),
+        "forged_headers": genuine + encode_entry(4, _T, b"FORGED", headers_blob=headers),
+        "forged_batch": genuine
+        + encode_entry(4, _T, b"FORGED a", batch_continues=True)
+        + encode_entry(5, _T, b"FORGED b"),
+        "forged_in_place": one + encode_entry(2, _T, b"FORGED") + three,
+        "forged_v1": genuine + encode_entry(4, _T, b"FORGED", entry_format=1),
+        "stripped": one + _strip(two) + three,
+        "stripped_compressed": genuine + _strip(compressed),
+        "moved": genuine + three[:6] + struct.pack("<Q", 4) + three[14:],
+        "replayed": genuine + two,
+        "genuine_compressed": genuine + compressed,
+    }
+
+
 def seeds() -> dict[str, dict[str, bytes]]:
     """Every seed, by target."""
     states = _reader_states()
@@ -261,6 +294,7 @@ def seeds() -> dict[str, dict[str, bytes]]:
     return {
         "entry": _entries(),
         "sealed_entry": _sealed_entries(),
+        "forged_log": _forged_logs(),
         "index": _indexes(),
         "reader_state": states,
         "checkpoint": _checkpoints(),

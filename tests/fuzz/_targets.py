@@ -20,7 +20,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
+import struct
 import tempfile
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -28,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import zstandard
 
 # The code under fuzzing: modules, not names, so that a module that moves is a
 # one-line change here (the targets below say ``journal3.decode_record3``).
@@ -43,8 +47,12 @@ import ledgerq.kestrel.journal3 as journal3
 import ledgerq.kestrel.oldjournal as oldjournal
 import ledgerq.segment.meta as meta_store
 import ledgerq.server.protocol as memcache_protocol
+import ledgerq.tools as tools
+from ledgerq._api import open as open_queue
 from ledgerq._errors import LedgerQError
 from ledgerq._options import Options
+from ledgerq._types import Message
+from ledgerq.format.checksum import checksum, checksum_v1
 from ledgerq.format.errors import CorruptRecord, DecodeError
 from ledgerq.format.reader_state import StateRecordType
 
@@ -106,6 +114,7 @@ def _entry(data: bytes) -> None:
 FUZZ_KEY = bytes(range(32))
 FUZZ_QUEUE_ID = bytes(range(16))
 _SEALER = sealing.EntrySealer(FUZZ_KEY, FUZZ_QUEUE_ID)
+_ZSTD = zstandard.ZstdDecompressor()
 _SEALED_PREFIX = entry_format.ENTRY_HEADER.pack(64, 0x21, 0x80, 7, 0)
 
 
@@ -234,17 +243,21 @@ def _feature_state(data: bytes) -> None:
 class _Scratch:
     """One directory per process for the loaders' files (rewritten for every input)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: str | None = None) -> None:
+        self._base = base
         self._path: Path | None = None
 
     @property
     def path(self) -> Path:
         if self._path is None or not self._path.is_dir():
-            self._path = Path(tempfile.mkdtemp(prefix="ledgerq-fuzz-"))
+            self._path = Path(tempfile.mkdtemp(prefix="ledgerq-fuzz-", dir=self._base))
         return self._path
 
 
 _scratch = _Scratch()
+# Whole queues, opened and closed for every input: in memory where the system has a
+# tmpfs, since each open and close fsyncs several files (most of an input's time on disk).
+_queue_scratch = _Scratch("/dev/shm" if os.path.isdir("/dev/shm") else None)
 
 
 def _meta(data: bytes) -> None:
@@ -311,6 +324,102 @@ def _retry_file(data: bytes) -> None:
     tracker.close()
 
 
+# ---------------------------------------------------------------------- an encrypted queue
+
+
+def _forger(data: bytes) -> bytes:
+    """``data`` with the CRC of every entry its length fields delimit made right - what
+    an attacker without the key can do - so that the fuzzer reaches past the checksums
+    to the readers' seal checks.  The type byte's format says which CRC (format 1: CRC-32)."""
+    out = bytearray(data)
+    pos = 0
+    while pos + entry_format.MIN_ENTRY_SIZE <= len(out):
+        (length,) = struct.unpack_from("<I", out, pos)
+        if length < entry_format.MIN_ENTRY_SIZE or pos + length > len(out):
+            break
+        crc = checksum_v1 if out[pos + 4] >> entry_format.ENTRY_FORMAT_SHIFT == 0 else checksum
+        crc_at = pos + length - 4
+        out[crc_at : pos + length] = struct.pack("<I", crc(bytes(out[pos:crc_at])))
+        pos += length
+    return bytes(out)
+
+
+def _authentic(log: bytes) -> set[tuple[int, bytes, tuple[tuple[str, str], ...]]]:
+    """(id, payload, headers) of every entry at any offset of ``log`` that opens under
+    the key: the only messages a reader of the encrypted queue may deliver."""
+    found = set()
+    for pos in range(len(log)):
+        try:
+            entry, _ = entry_format.decode_entry(log, pos)
+            opened = _SEALER.open(entry)
+        except DecodeError:
+            continue
+        payload = opened.payload
+        if opened.flags & entry_format.EntryFlags.COMPRESSED:
+            try:
+                payload = _ZSTD.decompress(payload, max_output_size=1 << 20)
+            except Exception:  # a frame zstd refuses is skipped by the readers too
+                continue
+        found.add((entry.id, payload, tuple(sorted((opened.headers or {}).items()))))
+    return found
+
+
+def _encrypted_queue_template() -> Path:
+    """An empty encrypted queue made once per process, under the fuzz key and the fuzz
+    queue identity (the one the sealed seeds are made with)."""
+    template = _queue_scratch.path / "encrypted-template"
+    if (template / "meta.json").exists():
+        return template
+    open_queue(template, encryption_key=FUZZ_KEY).close()
+    block = {
+        "cipher": sealing.CIPHER_NAME,
+        "queue_id": FUZZ_QUEUE_ID.hex(),
+        "key_check": sealing.key_check(FUZZ_KEY, FUZZ_QUEUE_ID).hex(),
+    }
+    for name in ("meta.json", "options.json"):
+        path = template / name
+        if path.exists():
+            value = json.loads(path.read_text())
+            value["encryption"] = block
+            path.write_text(json.dumps(value))
+    for leftover in (template / "segments").iterdir():
+        leftover.unlink()
+    return template
+
+
+def _forged_log(data: bytes) -> None:
+    """An encrypted queue whose log is ``data`` (every CRC made right): the queue's
+    dequeue (its fast path included) and peek, and the lock-free view under ``ledgerq
+    dump`` and the console, deliver only entries that open under the key, as sealed."""
+    log = _forger(data)
+    authentic = _authentic(log)
+    queue = _queue_scratch.path / "encrypted"
+    shutil.rmtree(queue, ignore_errors=True)
+    shutil.copytree(_encrypted_queue_template(), queue)
+    (queue / "segments" / f"{1:020d}.log").write_bytes(log)
+
+    def check(message: Message) -> None:
+        key = (message.id, message.payload, tuple(sorted(message.headers.items())))
+        assert key in authentic, f"delivered {key!r}, which no sealed entry holds"
+
+    for message in tools.iter_messages(queue, encryption_key=FUZZ_KEY):
+        check(message)
+    try:
+        q = open_queue(queue, encryption_key=FUZZ_KEY)
+    except LedgerQError:
+        return
+    try:
+        for message in q.peek(100):
+            check(message)
+        for _ in range(100):
+            message = q.dequeue()
+            if message is None:
+                break
+            check(message)
+    finally:
+        q.close()
+
+
 # ---------------------------------------------------------------------- other decoders
 
 
@@ -359,6 +468,12 @@ TARGETS: dict[str, Target] = {
     for t in (
         Target("entry", _entry, "format.entry: decode_entry, peek_length, decode_headers"),
         Target("sealed_entry", _sealed_entry, "format.sealing: EntrySealer.open of an entry"),
+        Target(
+            "forged_log",
+            _forged_log,
+            "an encrypted queue's readers over a log forged without the key (CRCs made right)",
+            fixed_bytes=32 << 20,  # a queue opened and closed: journals, features, buffers
+        ),
         Target("index", _index, "format.index: decode_index"),
         Target("reader_state", _reader_state, "format.reader_state: header and records"),
         Target("checkpoint", _checkpoint, "format.reader_state: decode_checkpoint"),
@@ -422,13 +537,14 @@ def run_target(name: str, data: bytes, *, measure: bool = True) -> None:
 
 
 def scratch_cleanup() -> None:
-    """Remove the loaders' scratch directory."""
-    path = _scratch._path
-    if path is not None and path.is_dir():
-        for top, dirs, files in os.walk(path, topdown=False):
-            for name in files:
-                os.unlink(os.path.join(top, name))
-            for name in dirs:
-                os.rmdir(os.path.join(top, name))
-        os.rmdir(path)
-        _scratch._path = None
+    """Remove the loaders' scratch directories."""
+    for scratch in (_scratch, _queue_scratch):
+        path = scratch._path
+        if path is not None and path.is_dir():
+            for top, dirs, files in os.walk(path, topdown=False):
+                for name in files:
+                    os.unlink(os.path.join(top, name))
+                for name in dirs:
+                    os.rmdir(os.path.join(top, name))
+            os.rmdir(path)
+            scratch._path = None
