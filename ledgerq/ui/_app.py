@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import jinja2
+import markupsafe
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -46,7 +47,7 @@ from ledgerq.ui._encryption import KeyNeeded, check_console_key
 from ledgerq.ui._figures import DEFAULT_READER, QueueFigures, QueueFiles
 from ledgerq.ui._forms import FilterForm, FormError, parse_ids, parse_positive
 from ledgerq.ui._history import KEEP_S
-from ledgerq.ui._preview import PREVIEW_BYTES, PreviewKind, preview, short
+from ledgerq.ui._preview import PREVIEW_BYTES, PreviewKind, preview, printable, short
 from ledgerq.ui._security import CSRF_FIELD, Guard
 
 __all__ = ["Console", "create_app"]
@@ -92,11 +93,13 @@ class Console:
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
+            finalize=shown_text,
         )
         self.templates.filters.update(
             age=format_age,
             bytes=format_bytes,
             count=format_count,
+            field=field_value,
             rate=format_rate,
             when=format_time,
         )
@@ -180,6 +183,31 @@ class Console:
 
 
 # ---------------------------------------------------------------------- formatting
+
+
+def shown_text(value: Any) -> Any:
+    """What a template shows of ``value`` (the environment's ``finalize``, applied to
+    every ``{{ ... }}``): text with its control and bidirectional-override characters
+    escaped (``_preview.printable``), so nothing a queue holds - a header, a failure
+    reason, a group, a queue's name - can reorder or recolour the page around it.
+    Markup (the charts, the macros, :func:`field_value`) is the console's own and
+    passes as it is; autoescaping then applies as always."""
+    if isinstance(value, str) and not isinstance(value, markupsafe.Markup):
+        return printable(value)
+    return value
+
+
+def field_value(value: Any) -> markupsafe.Markup:
+    """``value`` for a form field's ``value=""`` (the ``field`` filter): HTML-escaped,
+    and its control and format characters written as character references
+    (``&#x202e;``), so the page holds none of them raw while the browser still posts
+    the very text back - a queue name or a filter is the same text, not its shown form."""
+    text = str(markupsafe.escape(value))
+    if printable(text) != text:
+        text = "".join(
+            ch if ch in "\n\t" or printable(ch) == ch else f"&#x{ord(ch):x};" for ch in text
+        )
+    return markupsafe.Markup(text)
 
 
 def format_age(seconds: float | None) -> str:
