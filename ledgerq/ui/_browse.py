@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import ledgerq
 from ledgerq import tools
-from ledgerq.ui._figures import DEFAULT_READER, QueueFiles, ReaderSnapshot
+from ledgerq.ui._figures import DEFAULT_READER, DeliveryTimes, QueueFiles, ReaderSnapshot
 
 __all__ = [
     "DeadLetterPage",
@@ -76,14 +76,14 @@ class DeadLetterPage:
     budget_spent: bool
 
 
-def _view(message: ledgerq.Message, snapshot: ReaderSnapshot, files: QueueFiles) -> MessageView:
+def _view(message: ledgerq.Message, snapshot: ReaderSnapshot, times: DeliveryTimes) -> MessageView:
     status = snapshot.status(message.id)
     return MessageView(
         message,
         status,
         snapshot.deliveries.get(message.id, 0),
         message.group,
-        files.not_before(message.id, snapshot.name) if status == "pending" else None,
+        times.not_before(message.id) if status == "pending" else None,
     )
 
 
@@ -91,12 +91,13 @@ def next_messages(files: QueueFiles, limit: int) -> list[MessageView]:
     """The next ``limit`` messages the default reader will deliver, in id order (a
     priority queue delivers by priority first), without leasing them."""
     snapshot = files.reader(DEFAULT_READER)
+    times = files.delivery_times(DEFAULT_READER)  # once: not per message (issue 25)
     found: list[MessageView] = []
     for scanned, message in enumerate(files.messages(snapshot.head)):
         if scanned >= SCAN_BUDGET or len(found) >= limit:
             break
         if snapshot.status(message.id) == "pending":
-            found.append(_view(message, snapshot, files))
+            found.append(_view(message, snapshot, times))
     return found
 
 
@@ -106,12 +107,13 @@ def in_flight_messages(files: QueueFiles, limit: int) -> list[MessageView]:
     if not snapshot.leased:
         return []
     found: list[MessageView] = []
+    times = DeliveryTimes({}, {}, 0)  # a leased message has no not-before time to show
     wanted = sorted(snapshot.leased)[:limit]
     for message in files.messages(wanted[0]):
         if message.id > wanted[-1]:
             break
         if message.id in snapshot.leased:
-            found.append(_view(message, snapshot, files))
+            found.append(_view(message, snapshot, times))
     return found
 
 
@@ -122,7 +124,7 @@ def find_message(files: QueueFiles, message_id: int) -> MessageView | None:
     for message in files.messages(message_id):
         if message.id != message_id:
             return None  # not retained: the first one held is later
-        return _view(message, files.reader(DEFAULT_READER), files)
+        return _view(message, files.reader(DEFAULT_READER), files.delivery_times(DEFAULT_READER))
     return None
 
 
