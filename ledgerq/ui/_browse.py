@@ -23,6 +23,7 @@ from ledgerq.ui._figures import DEFAULT_READER, DeliveryTimes, QueueFiles, Reade
 __all__ = [
     "DeadLetterPage",
     "MessageView",
+    "attempt_of",
     "dead_letter_page",
     "find_message",
     "in_flight_messages",
@@ -42,15 +43,18 @@ class MessageView:
     """A message and what a reader has done with it.
 
     ``status`` is ``"pending"``, ``"in flight"``, ``"finished"`` or ``"not retained"``
-    (for the default reader); ``attempts`` counts its deliveries so far (0 before the
-    first); ``group`` is its message group and ``not_before`` (ns) the time before which
-    it will not be delivered (its retry delay, or the delay it was enqueued with) while
-    that is ahead: None when it has none.
+    (for the default reader); ``attempts`` is the delivery it is on, as
+    ``Message.attempts`` and ``ledgerq peek`` count: for a pending message the one its
+    next delivery will be (1 for one never delivered), for one in flight the one under
+    way, None for a finished one (the journal keeps no count of those); ``group`` is
+    its message group and ``not_before`` (ns) the time before which it will not be
+    delivered (its retry delay, or the delay it was enqueued with) while that is
+    ahead: None when it has none.
     """
 
     message: ledgerq.Message
     status: str
-    attempts: int
+    attempts: int | None
     group: str | None
     not_before: int | None
 
@@ -76,12 +80,23 @@ class DeadLetterPage:
     budget_spent: bool
 
 
+def attempt_of(snapshot: ReaderSnapshot, message_id: int) -> int | None:
+    """The delivery ``message_id`` is on for the reader (see :class:`MessageView`)."""
+    status = snapshot.status(message_id)
+    deliveries = snapshot.deliveries.get(message_id, 0)
+    if status == "pending":
+        return deliveries + 1
+    if status == "in flight":
+        return max(deliveries, 1)
+    return None
+
+
 def _view(message: ledgerq.Message, snapshot: ReaderSnapshot, times: DeliveryTimes) -> MessageView:
     status = snapshot.status(message.id)
     return MessageView(
         message,
         status,
-        snapshot.deliveries.get(message.id, 0),
+        attempt_of(snapshot, message.id),
         message.group,
         times.not_before(message.id) if status == "pending" else None,
     )
@@ -128,12 +143,13 @@ def find_message(files: QueueFiles, message_id: int) -> MessageView | None:
     return None
 
 
-def reader_statuses(files: QueueFiles, message_id: int) -> list[tuple[str, str, int]]:
-    """(reader, status, deliveries) of ``message_id`` for every reader of the queue."""
+def reader_statuses(files: QueueFiles, message_id: int) -> list[tuple[str, str, int | None]]:
+    """(reader, status, attempt - as :class:`MessageView` counts it) of ``message_id``
+    for every reader of the queue."""
     rows = []
     for name in files.reader_names():
         snapshot = files.reader(name)
-        rows.append((name, snapshot.status(message_id), snapshot.deliveries.get(message_id, 0)))
+        rows.append((name, snapshot.status(message_id), attempt_of(snapshot, message_id)))
     return rows
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from ledgerq.ui import _browse
 from ledgerq.ui._figures import QueueFiles
 from ledgerq.ui._preview import HEX_BYTES, PREVIEW_BYTES, preview, short
 from ledgerq.ui._schedule import ScheduleTail
+from tests._child import child_environment
 
 
 def _dead_letters(path: Path, reasons: list[str]) -> QueueFiles:
@@ -164,3 +167,34 @@ def test_a_listing_reads_the_journals_and_the_delays_once_not_per_message(
     assert views[retried.id].not_before is not None
     assert views[retried.id].not_before > time.time_ns() + 3500 * 10**9
     assert all((v.not_before is not None) == (v.id % 2 == 0) for v in views.values() if v.id > 1)
+
+
+def test_attempts_count_as_ledgerq_peek_counts_them(tmp_path: Path) -> None:
+    """A message never delivered is on attempt 1, as ``ledgerq peek`` says (issue 25:
+    the console said 0); one nacked once, 2; one in flight, the delivery under way."""
+    path = tmp_path / "q"
+    with ledgerq.open(path, max_retries=5) as q:
+        q.enqueue_batch([b"a", b"b", b"c", b"d"])
+        first = q.dequeue()
+        assert first is not None
+        q.nack(first.id, "once")
+        again = q.dequeue()  # the nacked one, on its second delivery
+        assert again is not None and again.id == first.id and again.attempts == 2
+        q.nack(again.id, "twice")
+        q.dequeue()  # 1 again, on its third: in flight from here on
+        files = QueueFiles(str(path))
+        flying = _browse.find_message(files, first.id)
+        assert flying is not None and (flying.status, flying.attempts) == ("in flight", 3)
+        assert _browse.reader_statuses(files, first.id) == [("default", "in flight", 3)]
+    peeked = subprocess.run(
+        [sys.executable, "-m", "ledgerq.cli", "peek", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=child_environment(),
+    )
+    said = {m["id"]: m["attempts"] for m in map(json.loads, peeked.stdout.splitlines())}
+    assert said == {1: 4, 2: 1, 3: 1, 4: 1}  # 1 came back with the close: a failed delivery
+    files = QueueFiles(str(path))
+    shown = {v.id: v.attempts for v in _browse.next_messages(files, 10)}
+    assert shown == said
