@@ -431,6 +431,9 @@ class Transport(virtual.Transport):
             except codec.UndecodableMessageError as exc:
                 self._dead_letter(handle, message, str(exc))
                 continue
+            # Due by now (the broker held it until its eta): run at once, not after a
+            # turn of the worker's timer (codec.clear_due_eta).
+            codec.clear_due_eta(payload)
             if ack_now:
                 handle.ack(message.id)
             # A fresh tag for each delivery: one message delivered twice to this

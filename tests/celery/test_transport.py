@@ -260,6 +260,37 @@ def test_eta_becomes_a_delay_only_when_its_time_zone_is_known() -> None:
     assert eta_delay({"headers": {}}, now) is None
 
 
+def test_a_task_held_until_its_eta_reaches_the_worker_due_without_one(url: str) -> None:
+    """Issue 25: Celery's worker hands every task with an eta to its timer, which
+    sleeps up to a second while it has anything else scheduled (the heartbeat), so a
+    countdown of 1 s started after up to 2 s.  The broker held the task until its
+    eta: it arrives due, its eta cleared, and the worker runs it as it receives it."""
+    now = dt.datetime.now(dt.UTC)
+    held = (now + dt.timedelta(seconds=0.3)).isoformat()
+    naive = (now + dt.timedelta(hours=1)).replace(tzinfo=None).isoformat()
+    with kombu.Connection(url) as connection:
+        publish(connection, "eta", "held", headers={"eta": held, "task": "t"})
+        publish(connection, "eta", "naive", headers={"eta": naive, "task": "t"})
+        got: list[tuple[object, dict[str, object], dt.datetime]] = []
+        with connection.Consumer(
+            kombu.Queue("eta"),
+            callbacks=[
+                lambda body, m: (got.append((body, m.headers, dt.datetime.now(dt.UTC))), m.ack())
+            ],
+        ):
+            deadline = time.monotonic() + 30
+            while len(got) < 2 and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    connection.drain_events(timeout=1)
+    by_body = {body: (headers, arrived) for body, headers, arrived in got}
+    # The naive one with its eta kept, for the worker to hold (the broker cannot know
+    # its time zone); the other when due and never before, its eta cleared.
+    assert by_body["naive"][0]["eta"] == naive
+    headers, arrived = by_body["held"]
+    assert headers["eta"] is None and headers["task"] == "t"  # nothing else changed
+    assert arrived >= dt.datetime.fromisoformat(held)
+
+
 # ---------------------------------------------------------------- bad input
 
 
