@@ -21,7 +21,7 @@ import ledgerq
 from ledgerq.celery import BrokerURLError, InvalidNameError
 from ledgerq.celery.bindings import Binding, BindingTables
 from ledgerq.celery.codec import decode, eta_delay
-from tests._child import REPO, child_environment
+from tests._child import REPO, Children, child_environment
 
 
 @pytest.fixture
@@ -247,6 +247,63 @@ def test_a_broadcast_to_a_temporary_queue_its_owner_removed_is_not_made_again(
     exchange = kombu.Exchange("news", type="fanout")
     conn.Producer().publish("late reply", exchange=exchange, declare=[exchange])
     assert not (tmp_path / "broker" / "queues" / "gone").exists()
+
+
+# A process that publishes one message per line it reads into the queue ``replies``
+# through its own shared handle - as a worker publishes a result to a client's reply
+# queue (rpc:// results go to the default exchange: Transport.put, into the handle it
+# keeps for the queue).
+_REPLIER = """
+import sys, ledgerq
+from ledgerq.celery import codec
+q = ledgerq.open(sys.argv[1], shared=True, remember_options=False)
+print("ready", flush=True)
+for line in sys.stdin:
+    message = {"body": line.strip(), "headers": {}, "content-type": "text/plain",
+               "content-encoding": "utf-8", "properties": {"delivery_info": {}}}
+    q.enqueue(codec.encode(message))
+    print("sent", flush=True)
+q.close()
+"""
+
+
+DRAIN_S = 20.0  # a drain that lasts this long was not woken (a woken one: milliseconds)
+
+
+@pytest.mark.xfail(
+    reason="core (issue 25): a shared handle's listeners are woken by the appender's "
+    "write(), before it publishes the tail, and never again for it "
+    "(SharedQueueCore._wake_from_outside does not wait_for_appender as a blocking "
+    "dequeue does); remove this mark with that fix",
+)
+def test_a_consumer_is_woken_by_every_message_another_process_publishes(
+    url: str, children: Children
+) -> None:
+    """Issue 25: ``.get()`` of an rpc:// result took a second in 4 calls of 10 - the
+    wake-up of the reply's append came before the append was visible, and the look it
+    caused found nothing.  With a polling interval of an hour, only the wake-up can
+    deliver a message here: a missed one is a drain that runs out (``DRAIN_S``)."""
+    replier = children.start(["-c", _REPLIER, url.removeprefix("ledgerq://") + "/queues/replies"])
+    replier.wait_for("ready")
+    got: list[str] = []
+    with (
+        kombu.Connection(url, transport_options={"polling_interval": 3600}) as connection,
+        connection.Consumer(
+            kombu.Queue("replies"), callbacks=[lambda body, m: got.append(body)], no_ack=True
+        ),
+    ):
+        for i in range(30):
+            replier.send(f"reply {i}")
+            started = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                connection.drain_events(timeout=DRAIN_S)
+            # A drain that ran out its time looks once more as it ends, and finds
+            # the message then: so ask whether it ran out, not whether it found one.
+            ran_out = time.monotonic() - started >= DRAIN_S
+            assert not ran_out, f"reply {i} was published; its consumer was not woken"
+            assert got[-1] == f"reply {i}"
+            replier.wait_for("sent")
+    replier.finish()
 
 
 def test_eta_becomes_a_delay_only_when_its_time_zone_is_known() -> None:
