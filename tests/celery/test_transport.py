@@ -306,6 +306,41 @@ def test_a_consumer_is_woken_by_every_message_another_process_publishes(
     replier.finish()
 
 
+# An idle consumer in a process that uses Celery: drains as Celery's worker loop does
+# (twice: its synloop drains once more after it has seen the shutdown flag), while
+# SIGUSR1 does what Celery's SIGTERM handler does - send worker_shutting_down.
+_IDLE_WORKER = """
+import signal, sys, time, kombu
+from celery import signals
+import ledgerq.celery
+def shutting_down(signum, frame):
+    signals.worker_shutting_down.send(sender="test", sig="SIGTERM", how="Warm", exitcode=0)
+signal.signal(signal.SIGUSR1, shutting_down)
+with kombu.Connection(sys.argv[1]) as connection:
+    with connection.Consumer(kombu.Queue("idle"), callbacks=[]):
+        print("waiting", flush=True)
+        for _ in range(2):
+            started = time.monotonic()
+            try:
+                connection.drain_events(timeout=float(sys.argv[2]))
+            except TimeoutError:
+                pass
+            print("ran out" if time.monotonic() - started >= float(sys.argv[2]) else "ended",
+                  flush=True)
+"""
+
+
+def test_an_idle_worker_s_drain_ends_as_its_shutdown_begins(url: str, children: Children) -> None:
+    """Issue 25: an idle worker's warm shutdown took 8 s - Celery's loop waits for
+    ``drain_events(timeout=2.0)`` to return, twice.  The drain ends when Celery says
+    the shutdown began, and the loop's next one returns at once."""
+    worker = children.start(["-c", _IDLE_WORKER, url, str(DRAIN_S)])
+    worker.wait_for("waiting")
+    worker.signal(signal.SIGUSR1)
+    assert [worker.line(), worker.line()] == ["ended", "ended"]
+    worker.expect_exit(0)
+
+
 def test_eta_becomes_a_delay_only_when_its_time_zone_is_known() -> None:
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     future = (now + dt.timedelta(seconds=30)).isoformat()
