@@ -17,7 +17,7 @@ from typing import Any
 
 from kombu.utils.json import dumps, loads
 
-__all__ = ["UndecodableMessageError", "decode", "encode", "eta_delay"]
+__all__ = ["UndecodableMessageError", "clear_due_eta", "decode", "encode", "eta_delay"]
 
 # ledgerq's bound on a delay (100 years, docs/usage.md); an eta past it is Celery's to hold.
 _MAX_DELAY_SECONDS = 100 * 365 * 24 * 3600.0
@@ -72,16 +72,9 @@ def _check_body(body: object, encoding: object) -> None:
         raise UndecodableMessageError(f"not a kombu message (a bad base64 body: {exc})") from exc
 
 
-def eta_delay(message: dict[str, Any], now: dt.datetime | None = None) -> float | None:
-    """Return the seconds until the message's ``eta`` header, if it is in the future.
-
-    Celery (task protocol 2) puts ``apply_async(countdown=/eta=)`` and
-    ``retry(countdown=)`` into the header ``eta`` as an ISO 8601 time.  Only a time
-    with a UTC offset is used (Celery writes those): a naive one's time zone is the
-    app's, which the broker does not know, and guessing wrong would deliver the task
-    hours late.  Without a usable eta the message is delivered at once and the worker
-    holds it until its eta, as Celery does with every broker.
-    """
+def _aware_eta(message: dict[str, Any]) -> dt.datetime | None:
+    """The message's ``eta`` header as a time with a UTC offset (None: no eta, or one
+    the broker cannot place in time - see :func:`eta_delay`)."""
     headers = message.get("headers")
     eta = headers.get("eta") if isinstance(headers, dict) else None
     if isinstance(eta, str):
@@ -93,7 +86,39 @@ def eta_delay(message: dict[str, Any], now: dt.datetime | None = None) -> float 
         when = eta
     else:
         return None
-    if when.tzinfo is None:
+    return None if when.tzinfo is None else when
+
+
+def clear_due_eta(message: dict[str, Any], now: dt.datetime | None = None) -> bool:
+    """Clear the ``eta`` header of a message the broker held until it (True if it did).
+
+    The broker delivers a message with a usable eta no earlier than that eta (its
+    ``delay``), so when the worker gets it the task is due.  Celery's worker would
+    still hand every task with an eta to its timer, which - while it has anything
+    else scheduled (the worker's heartbeat, every 2 s) - sleeps up to
+    ``worker_timer_precision`` (1 s) without looking: a countdown of 1 s started
+    after up to 2 s.  Without the eta the worker runs the task as it receives it.
+    An eta still ahead (a clock stepped back) or naive is left for the worker to hold.
+    """
+    when = _aware_eta(message)
+    if when is None or when > (now or dt.datetime.now(dt.UTC)):
+        return False
+    message["headers"]["eta"] = None
+    return True
+
+
+def eta_delay(message: dict[str, Any], now: dt.datetime | None = None) -> float | None:
+    """Return the seconds until the message's ``eta`` header, if it is in the future.
+
+    Celery (task protocol 2) puts ``apply_async(countdown=/eta=)`` and
+    ``retry(countdown=)`` into the header ``eta`` as an ISO 8601 time.  Only a time
+    with a UTC offset is used (Celery writes those): a naive one's time zone is the
+    app's, which the broker does not know, and guessing wrong would deliver the task
+    hours late.  Without a usable eta the message is delivered at once and the worker
+    holds it until its eta, as Celery does with every broker.
+    """
+    when = _aware_eta(message)
+    if when is None:
         return None
     now = now or dt.datetime.now(dt.UTC)
     seconds = (when - now).total_seconds()

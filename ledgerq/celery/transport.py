@@ -38,10 +38,12 @@ key is checked against the broker's queues when the connection is established.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -54,6 +56,8 @@ import ledgerq
 from ledgerq.celery import codec, keys
 from ledgerq.celery.bindings import Binding, BindingTables
 from ledgerq.celery.names import BrokerURLError, broker_root, check_name
+from ledgerq.celery.temporary import TemporaryQueues
+from ledgerq.celery.wakeup import Wakeup
 
 __all__ = ["Channel", "QoS", "Transport"]
 
@@ -106,8 +110,11 @@ class Channel(virtual.Channel):
 
     # -- queues
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
-        owned = bool(kwargs.get("auto_delete") or kwargs.get("exclusive"))
-        self._broker.declare(queue, owned=owned)
+        auto_delete = bool(kwargs.get("auto_delete") or kwargs.get("exclusive"))
+        arguments = kwargs.get("arguments") or {}
+        expires_ms = arguments.get("x-expires") if isinstance(arguments, dict) else None
+        expires_s = float(expires_ms) / 1000 if isinstance(expires_ms, int | float) else None
+        self._broker.declare(queue, owned=auto_delete, expires_s=expires_s)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return self._broker.queue_exists(queue)
@@ -186,6 +193,9 @@ class Channel(virtual.Channel):
         result = super().basic_cancel(consumer_tag)
         if queue is not None and queue not in self._active_queues:
             self._no_ack_queues.discard(queue)
+            if queue in self._broker.auto_delete_queues:
+                # AMQP's auto-delete: its last consumer went away.
+                self._broker.remove_temporary(queue)
         return result
 
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
@@ -249,6 +259,12 @@ class Transport(virtual.Transport):
         self.dead_letter_rejected = bool(options.get("dead_letter_rejected", True))
         self.bindings = BindingTables(os.path.join(self.root, EXCHANGES_DIR))
         self.owned_queues: set[str] = set()
+        # Temporary queues this process declared (temporary.py): removed when it stops
+        # consuming them (auto-delete), or by whoever connects after it died.
+        self.temporary = TemporaryQueues(self.root)
+        self.auto_delete_queues: set[str] = set()
+        self._temporary_queues: set[str] = set()
+        self._pid = os.getpid()
         self._handles: dict[str, ledgerq.Queue] = {}
         self._readers: dict[str, ledgerq.Reader] = {}
         self._leases: dict[str, _Lease] = {}
@@ -256,7 +272,11 @@ class Transport(virtual.Transport):
         # worker's pidbox), learnt from the tables just before a publish to them.
         self._others_queues: set[str] = set()
         self._lock = threading.Lock()
-        self._wakeup = threading.Event()
+        self._wakeup = Wakeup()
+        # Set when Celery's worker begins its shutdown (worker_shutting_down): a drain
+        # then returns at once instead of waiting out its timeout.
+        self._stopping = False
+        self._watch_for_shutdown()
         visibility = self.queue_options.get("visibility_timeout")
         self._touch_every = None if visibility is None else float(visibility) / 2
         self._touched_at = time.monotonic()
@@ -275,6 +295,11 @@ class Transport(virtual.Transport):
         # Before any queue is opened: a key that does not fit stops the producer or
         # worker here, with the option to set, rather than at its first task.
         keys.check_broker(os.path.join(self.root, QUEUES_DIR), self.encryption_key)
+        # Temporary queues of processes that died without removing them (kill -9, an
+        # exit without closing): AMQP would have dropped them with their connection.
+        for queue in self.temporary.stale():
+            self.remove_temporary(queue)
+        atexit.register(self._remove_own_temporary_queues)
         return super().establish_connection()
 
     def close_connection(self, connection: Any) -> None:
@@ -291,6 +316,8 @@ class Transport(virtual.Transport):
                     handle.close()
                 except ledgerq.LedgerQError as exc:
                     logger.warning("closing %s: %s", handle.path, exc)
+            self._remove_own_temporary_queues()
+            self._wakeup.close()
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
         """Return the broker URL as given (it has no password)."""
@@ -327,11 +354,55 @@ class Transport(virtual.Transport):
             keys.check_queue(path, self.encryption_key)  # says it in the broker's terms
             raise
 
-    def declare(self, queue: str, *, owned: bool) -> None:
-        """Create ``queue`` if it is missing; ``owned``: it lives as long as this process."""
+    def declare(self, queue: str, *, owned: bool, expires_s: float | None = None) -> None:
+        """Create ``queue`` if it is missing; ``owned``: it lives as long as this process
+        consumes it (auto-delete, exclusive); ``expires_s``: it is removed that long
+        after this process is gone (kombu's ``expires``)."""
         self.handle(queue)
         if owned:
             self.owned_queues.add(queue)
+            self.auto_delete_queues.add(queue)
+        if owned or expires_s is not None:
+            self.temporary.record(queue, auto_delete=owned, expires_s=expires_s)
+            self._temporary_queues.add(queue)
+
+    def remove_temporary(self, queue: str) -> None:
+        """Remove the temporary queue ``queue`` unless another process has it open (it
+        is in use again: its record stays, for the next look)."""
+        path = self.queue_path(queue)
+        self.owned_queues.discard(queue)
+        self.auto_delete_queues.discard(queue)
+        self._temporary_queues.discard(queue)
+        with self._lock:
+            handle = self._handles.pop(queue, None)
+            self._readers.pop(queue, None)
+        if handle is not None:
+            handle.close()
+        if os.path.isdir(path):
+            try:
+                self._open(path).close()  # exclusive: no other process has it open
+            except (ledgerq.QueueLockedError, ledgerq.ConfigError):
+                return
+            trash = os.path.join(self.root, QUEUES_DIR, f".deleted-{uuid.uuid4().hex}")
+            try:
+                os.rename(path, trash)
+            except FileNotFoundError:
+                pass  # removed meanwhile by another process
+            else:
+                shutil.rmtree(trash, ignore_errors=True)
+        self.bindings.unbind_queue(queue)
+        self.temporary.forget(queue)
+
+    def _remove_own_temporary_queues(self) -> None:
+        """Remove the auto-delete queues this process declared (at the connection's
+        close and at exit: kombu clients often exit without closing)."""
+        if os.getpid() != self._pid:
+            return  # a forked child (a pool process): the queues are its parent's
+        for queue in sorted(self.auto_delete_queues):
+            try:
+                self.remove_temporary(queue)
+            except (ledgerq.LedgerQError, OSError) as exc:
+                logger.warning("could not remove the temporary queue %s: %s", queue, exc)
 
     def queue_exists(self, queue: str) -> bool:
         """Whether ``queue`` has been created (by any process)."""
@@ -395,7 +466,9 @@ class Transport(virtual.Transport):
         """Enqueue kombu's ``message`` into ``queue``; a future ``eta`` delays it."""
         payload = codec.encode(message)
         delay = codec.eta_delay(message)
-        if queue in self._others_queues and queue not in self._handles:
+        if queue not in self._handles and (
+            queue in self._others_queues or self._is_anothers_temporary(queue)
+        ):
             self._others_queues.discard(queue)
             # Another process's temporary queue (a reply to `celery inspect`, a
             # broadcast to a worker): opened for this message only, so that a worker
@@ -412,6 +485,14 @@ class Transport(virtual.Transport):
                 transient.enqueue(payload, delay=delay)
             return
         self.handle(queue).enqueue(payload, delay=delay)
+
+    def _is_anothers_temporary(self, queue: str) -> bool:
+        """Whether ``queue`` is a temporary queue another process declared (an rpc://
+        client's reply queue, which results reach through the default exchange)."""
+        if queue in self._temporary_queues:
+            return False
+        record = self.temporary.read(queue)
+        return record is not None and record.owner_pid != os.getpid()
 
     def take(self, queue: str, *, ack_now: bool) -> dict[str, Any] | None:
         """Lease the next message of ``queue`` and return kombu's dict (None: none).
@@ -431,6 +512,9 @@ class Transport(virtual.Transport):
             except codec.UndecodableMessageError as exc:
                 self._dead_letter(handle, message, str(exc))
                 continue
+            # Due by now (the broker held it until its eta): run at once, not after a
+            # turn of the worker's timer (codec.clear_due_eta).
+            codec.clear_due_eta(payload)
             if ack_now:
                 handle.ack(message.id)
             # A fresh tag for each delivery: one message delivered twice to this
@@ -491,6 +575,25 @@ class Transport(virtual.Transport):
         )
 
     # -- waiting
+    def _watch_for_shutdown(self) -> None:
+        """In a Celery worker, end the waits as its warm or cold shutdown begins.
+
+        Celery's synloop calls ``drain_events(timeout=2.0)`` and looks at its shutdown
+        flag between calls - and once more after it has seen the flag - so a wait that
+        ran its course made every idle worker's shutdown take up to 4 s more.  Celery
+        announces the shutdown (``celery.signals.worker_shutting_down``, sent by its
+        signal handler in the main process); only a program that uses Celery has it.
+        """
+        signals = sys.modules.get("celery.signals")
+        if signals is None:
+            return
+        signals.worker_shutting_down.connect(self._on_shutting_down, weak=True)
+
+    def _on_shutting_down(self, *args: Any, **kwargs: Any) -> None:
+        # Runs in a signal handler: a flag and a byte in a pipe, nothing that locks.
+        self._stopping = True
+        self._wakeup.set()
+
     def drain_events(self, connection: Any, timeout: float | None = None, **kwargs: Any) -> None:
         """Deliver one message to its consumer, waiting up to ``timeout`` seconds.
 
@@ -502,6 +605,8 @@ class Transport(virtual.Transport):
         deadline = None if timeout is None else time.monotonic() + timeout
         cycle = self.cycle
         assert cycle is not None
+        if self._stopping and timeout is not None:
+            raise TimeoutError()  # the worker is shutting down: take nothing more
         while True:
             self._keep_leases()
             # Cleared before looking, so that a change after the look ends the wait.
@@ -521,6 +626,8 @@ class Transport(virtual.Transport):
             if due is not None:
                 wait = min(wait, due)
             self._wakeup.wait(wait)
+            if self._stopping and deadline is not None:
+                raise TimeoutError()
 
     def _seconds_to_next_due(self) -> float | None:
         with self._lock:

@@ -239,6 +239,16 @@ class JobBoard:
         with self._lock:
             return sorted(self._jobs.values(), key=lambda j: j.started_at, reverse=True)
 
+    def stop_all(self, timeout_s: float) -> None:
+        """Cancel every running job and wait up to ``timeout_s`` for them to end (a
+        paced one ends after its current slice; a single call finishes)."""
+        jobs = self.running()
+        for job in jobs:
+            job.cancel.set()
+        deadline = time.monotonic() + timeout_s
+        for job in jobs:
+            job.ended.wait(max(0.0, deadline - time.monotonic()))
+
     def _run(self, job: Job, files: QueueFiles) -> None:
         path = files.path
         try:
@@ -253,6 +263,9 @@ class JobBoard:
             job.state = "cancelled" if job.cancel.is_set() else "finished"
         finally:
             job.finished_at = time.time()
+            # Before the job is seen as ended: the page that reports it shows figures
+            # read after it, not ones the sampler took while it ran.
+            self._catalog.changed(job.action.queue)
             job.ended.set()
 
     def _do(self, job: Job, files: QueueFiles) -> None:
@@ -281,6 +294,7 @@ class JobBoard:
             with queue_for_action(path, name, encryption_key=key) as queue:
                 done = self._apply(queue, action, part)
             job.done += done
+            self._catalog.changed(name)  # a paced job's progress shows in the figures
             return done
 
         if action.rate is None:

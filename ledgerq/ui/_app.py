@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import jinja2
+import markupsafe
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -46,7 +47,7 @@ from ledgerq.ui._encryption import KeyNeeded, check_console_key
 from ledgerq.ui._figures import DEFAULT_READER, QueueFigures, QueueFiles
 from ledgerq.ui._forms import FilterForm, FormError, parse_ids, parse_positive
 from ledgerq.ui._history import KEEP_S
-from ledgerq.ui._preview import PREVIEW_BYTES, PreviewKind, preview, short
+from ledgerq.ui._preview import PREVIEW_BYTES, PreviewKind, preview, printable, short
 from ledgerq.ui._security import CSRF_FIELD, Guard
 
 __all__ = ["Console", "create_app"]
@@ -57,6 +58,7 @@ MAX_PAGE_SIZE = 500
 NEXT_MESSAGES = 20  # on the queue page
 REFRESH_S = 2  # how often the script refreshes a live page
 ACTION_WAIT_S = 3.0  # how long an action's request waits for its job before reporting
+JOBS_STOP_S = 10.0  # how long stopping the console waits for its running jobs
 LOCKED = 423  # HTTP 423 Locked: the messages of an encrypted queue the key does not open
 
 
@@ -92,11 +94,13 @@ class Console:
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
+            finalize=shown_text,
         )
         self.templates.filters.update(
             age=format_age,
             bytes=format_bytes,
             count=format_count,
+            field=field_value,
             rate=format_rate,
             when=format_time,
         )
@@ -180,6 +184,31 @@ class Console:
 
 
 # ---------------------------------------------------------------------- formatting
+
+
+def shown_text(value: Any) -> Any:
+    """What a template shows of ``value`` (the environment's ``finalize``, applied to
+    every ``{{ ... }}``): text with its control and bidirectional-override characters
+    escaped (``_preview.printable``), so nothing a queue holds - a header, a failure
+    reason, a group, a queue's name - can reorder or recolour the page around it.
+    Markup (the charts, the macros, :func:`field_value`) is the console's own and
+    passes as it is; autoescaping then applies as always."""
+    if isinstance(value, str) and not isinstance(value, markupsafe.Markup):
+        return printable(value)
+    return value
+
+
+def field_value(value: Any) -> markupsafe.Markup:
+    """``value`` for a form field's ``value=""`` (the ``field`` filter): HTML-escaped,
+    and its control and format characters written as character references
+    (``&#x202e;``), so the page holds none of them raw while the browser still posts
+    the very text back - a queue name or a filter is the same text, not its shown form."""
+    text = str(markupsafe.escape(value))
+    if printable(text) != text:
+        text = "".join(
+            ch if ch in "\n\t" or printable(ch) == ch else f"&#x{ord(ch):x};" for ch in text
+        )
+    return markupsafe.Markup(text)
 
 
 def format_age(seconds: float | None) -> str:
@@ -340,6 +369,9 @@ def create_app(
             yield
         finally:
             console.stop_sampling()
+            # Stopping (SIGTERM, Ctrl-C): a paced job ends after its current slice,
+            # with the queue closed, rather than be cut off with the process.
+            await run_in_threadpool(console.jobs.stop_all, JOBS_STOP_S)
 
     routes = [
         Route("/", page(overview_page)),
@@ -544,8 +576,33 @@ def message_page(console: Console, request: Request) -> Response:
         shown=shown,
         preview_limit=PREVIEW_BYTES,
         readers=[] if in_dlq else _browse.reader_statuses(files, message_id),
-        headers=sorted(view.message.headers.items()),
+        headers=[(k, v, _header_time(k, v)) for k, v in sorted(view.message.headers.items())],
+        dead=_dead_letter_facts(view.message) if in_dlq else None,
     )
+
+
+# Headers whose value is a time in ns since the epoch (as text): shown as a time too.
+_TIME_HEADERS = frozenset({"dlq.last_failure"})
+
+
+def _header_time(key: str, value: str) -> str | None:
+    """The local time a time header says (None for any other header, or a value that
+    is not a time)."""
+    if key not in _TIME_HEADERS or not value.isdigit():
+        return None
+    return format_time(int(value))
+
+
+def _dead_letter_facts(message: ledgerq.Message) -> dict[str, Any]:
+    """What the ``dlq.*`` headers of a dead letter say, for its page."""
+    headers = message.headers
+    last = headers.get("dlq.last_failure", "")
+    return {
+        "reason": headers.get("dlq.failure_reason", ""),
+        "last_failure": int(last) if last.isdigit() else None,
+        "retries": headers.get("dlq.retry_count", ""),
+        "original_id": headers.get("dlq.original_id", ""),
+    }
 
 
 def payload_download(console: Console, request: Request) -> Response:
@@ -722,6 +779,8 @@ def dlq_action(console: Console, request: Request) -> Response:
     action = _action_from(name, pairs)
     form = FilterForm.from_pairs(pairs)
     back = url("/dlq", ("q", name), *form.query())
+    if dict(pairs).get("from") == "message" and len(action.ids) == 1:
+        back = url("/message", q=name, id=action.ids[0], dlq=1)  # asked from its page
     wants_json = "application/json" in request.headers.get("accept", "")
     files.key_for_open()  # KeyNeeded: not even a confirmation for a queue it cannot open
     if dict(pairs).get("confirmed") != "1":

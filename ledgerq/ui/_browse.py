@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 import ledgerq
 from ledgerq import tools
-from ledgerq.ui._figures import DEFAULT_READER, QueueFiles, ReaderSnapshot
+from ledgerq.ui._figures import DEFAULT_READER, DeliveryTimes, QueueFiles, ReaderSnapshot
 
 __all__ = [
     "DeadLetterPage",
     "MessageView",
+    "attempt_of",
     "dead_letter_page",
     "find_message",
     "in_flight_messages",
@@ -42,15 +43,18 @@ class MessageView:
     """A message and what a reader has done with it.
 
     ``status`` is ``"pending"``, ``"in flight"``, ``"finished"`` or ``"not retained"``
-    (for the default reader); ``attempts`` counts its deliveries so far (0 before the
-    first); ``group`` is its message group and ``not_before`` (ns) the time before which
-    it will not be delivered (its retry delay, or the delay it was enqueued with) while
-    that is ahead: None when it has none.
+    (for the default reader); ``attempts`` is the delivery it is on, as
+    ``Message.attempts`` and ``ledgerq peek`` count: for a pending message the one its
+    next delivery will be (1 for one never delivered), for one in flight the one under
+    way, None for a finished one (the journal keeps no count of those); ``group`` is
+    its message group and ``not_before`` (ns) the time before which it will not be
+    delivered (its retry delay, or the delay it was enqueued with) while that is
+    ahead: None when it has none.
     """
 
     message: ledgerq.Message
     status: str
-    attempts: int
+    attempts: int | None
     group: str | None
     not_before: int | None
 
@@ -76,14 +80,25 @@ class DeadLetterPage:
     budget_spent: bool
 
 
-def _view(message: ledgerq.Message, snapshot: ReaderSnapshot, files: QueueFiles) -> MessageView:
+def attempt_of(snapshot: ReaderSnapshot, message_id: int) -> int | None:
+    """The delivery ``message_id`` is on for the reader (see :class:`MessageView`)."""
+    status = snapshot.status(message_id)
+    deliveries = snapshot.deliveries.get(message_id, 0)
+    if status == "pending":
+        return deliveries + 1
+    if status == "in flight":
+        return max(deliveries, 1)
+    return None
+
+
+def _view(message: ledgerq.Message, snapshot: ReaderSnapshot, times: DeliveryTimes) -> MessageView:
     status = snapshot.status(message.id)
     return MessageView(
         message,
         status,
-        snapshot.deliveries.get(message.id, 0),
+        attempt_of(snapshot, message.id),
         message.group,
-        files.not_before(message.id, snapshot.name) if status == "pending" else None,
+        times.not_before(message.id) if status == "pending" else None,
     )
 
 
@@ -91,12 +106,13 @@ def next_messages(files: QueueFiles, limit: int) -> list[MessageView]:
     """The next ``limit`` messages the default reader will deliver, in id order (a
     priority queue delivers by priority first), without leasing them."""
     snapshot = files.reader(DEFAULT_READER)
+    times = files.delivery_times(DEFAULT_READER)  # once: not per message (issue 25)
     found: list[MessageView] = []
     for scanned, message in enumerate(files.messages(snapshot.head)):
         if scanned >= SCAN_BUDGET or len(found) >= limit:
             break
         if snapshot.status(message.id) == "pending":
-            found.append(_view(message, snapshot, files))
+            found.append(_view(message, snapshot, times))
     return found
 
 
@@ -106,12 +122,13 @@ def in_flight_messages(files: QueueFiles, limit: int) -> list[MessageView]:
     if not snapshot.leased:
         return []
     found: list[MessageView] = []
+    times = DeliveryTimes({}, {}, 0)  # a leased message has no not-before time to show
     wanted = sorted(snapshot.leased)[:limit]
     for message in files.messages(wanted[0]):
         if message.id > wanted[-1]:
             break
         if message.id in snapshot.leased:
-            found.append(_view(message, snapshot, files))
+            found.append(_view(message, snapshot, times))
     return found
 
 
@@ -122,16 +139,17 @@ def find_message(files: QueueFiles, message_id: int) -> MessageView | None:
     for message in files.messages(message_id):
         if message.id != message_id:
             return None  # not retained: the first one held is later
-        return _view(message, files.reader(DEFAULT_READER), files)
+        return _view(message, files.reader(DEFAULT_READER), files.delivery_times(DEFAULT_READER))
     return None
 
 
-def reader_statuses(files: QueueFiles, message_id: int) -> list[tuple[str, str, int]]:
-    """(reader, status, deliveries) of ``message_id`` for every reader of the queue."""
+def reader_statuses(files: QueueFiles, message_id: int) -> list[tuple[str, str, int | None]]:
+    """(reader, status, attempt - as :class:`MessageView` counts it) of ``message_id``
+    for every reader of the queue."""
     rows = []
     for name in files.reader_names():
         snapshot = files.reader(name)
-        rows.append((name, snapshot.status(message_id), snapshot.deliveries.get(message_id, 0)))
+        rows.append((name, snapshot.status(message_id), attempt_of(snapshot, message_id)))
     return rows
 
 

@@ -39,6 +39,7 @@ class Catalog:
         self.history = History(history_s)
         self._files: dict[str, QueueFiles] = {}
         self._figures: dict[str, QueueFigures] = {}
+        self._changed_at: dict[str, float] = {}  # when the console last changed a queue
         self._walked_at = -REDISCOVER_S
         self._lock = threading.Lock()
 
@@ -68,12 +69,22 @@ class Catalog:
         if files is None:
             return None
         known = self._figures.get(name)
-        if known is not None and time.time() - known.taken_at < max_age_s:
+        if (
+            known is not None
+            and time.time() - known.taken_at < max_age_s
+            and known.taken_at > self._changed_at.get(name, 0.0)
+        ):
             return known
         fresh = files.figures()
         self._figures[name] = fresh
         self.history.add(name, fresh)
         return fresh
+
+    def changed(self, name: str) -> None:
+        """The console changed the queue ``name`` (an action): figures read before now
+        are not reused, even within their second - also those of a reading under way,
+        which started before the change."""
+        self._changed_at[name] = time.time()
 
     def sample_all(self) -> None:
         """Read the figures of every queue whose last reading is older than a second."""

@@ -3,7 +3,9 @@
 No chart library and no script: a chart is a few ``<path>`` elements whose colours
 come from the stylesheet (CSS classes, so the page's Content-Security-Policy needs no
 inline styles), redrawn with the page.  Every text that goes into the SVG is escaped
-here, and numbers are formatted by this module: the templates insert the result as is.
+here (its control and bidirectional-override characters shown as escapes first, as
+every page shows them), and numbers are formatted by this module: the templates
+insert the result as is.
 """
 
 from __future__ import annotations
@@ -12,9 +14,16 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ledgerq.ui._preview import printable
+
 __all__ = ["Series", "chart", "format_rate", "span_text", "sparkline"]
 
 Points = Sequence[tuple[float, float]]
+
+
+def _text(value: str) -> str:
+    """``value`` for the SVG: shown (``printable``), then HTML-escaped."""
+    return html.escape(printable(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +113,7 @@ def sparkline(
     w, h = 120.0, 28.0
     x0 = now - span_s
     shown = [(at, v) for at, v in points if at >= x0]
-    title = html.escape(label)
+    title = _text(label)
     if len(shown) < 2:
         return (
             f'<svg class="spark" viewBox="0 0 {w:g} {h:g}" role="img" aria-label="{title}">'
@@ -135,15 +144,15 @@ def chart(series: Sequence[Series], *, now: float, span_s: float, unit: str) -> 
     top = _nice_max(max(values, default=0.0))
     parts = [
         f'<svg class="chart" viewBox="0 0 {w:g} {h:g}" role="img" '
-        f'aria-label="{html.escape(", ".join(s.label for s in series))} over the last '
-        f'{html.escape(span_text(span_s))}">'
+        f'aria-label="{_text(", ".join(s.label for s in series))} over the last '
+        f'{_text(span_text(span_s))}">'
     ]
     for fraction in (0.0, 0.5, 1.0):
         y = top_pad + ph - fraction * ph
         parts.append(
             f'<line class="grid" x1="{left:g}" y1="{y:.1f}" x2="{w - right:g}" y2="{y:.1f}"/>'
             f'<text class="axis" x="{left - 6:g}" y="{y + 4:.1f}" text-anchor="end">'
-            f"{html.escape(_format_count(top * fraction))}</text>"
+            f"{_text(_format_count(top * fraction))}</text>"
         )
     step = next((s for s in _TICK_STEPS_S if span_s / s <= 6), _TICK_STEPS_S[-1])
     ago = 0.0
@@ -159,19 +168,19 @@ def chart(series: Sequence[Series], *, now: float, span_s: float, unit: str) -> 
         shown = [(at, v) for at, v in s.points if at >= x0]
         if len(shown) >= 2:
             d = _path(shown, x0, span_s, top, pw, ph)
-            parts.append(f'<path class="series series-{html.escape(s.kind)}" d="{d}"/>')
+            parts.append(f'<path class="series series-{_text(s.kind)}" d="{d}"/>')
     parts.append("</g>")
     x = left
     for s in series:
-        label = html.escape(s.label)
+        label = _text(s.label)
         parts.append(
-            f'<rect class="key series-{html.escape(s.kind)}" x="{x:g}" y="{h - 12:g}" '
+            f'<rect class="key series-{_text(s.kind)}" x="{x:g}" y="{h - 12:g}" '
             f'width="10" height="4"/><text class="legend" x="{x + 14:g}" y="{h - 8:g}">'
             f"{label}</text>"
         )
         x += 24 + 7 * len(s.label)
     parts.append(
         f'<text class="axis unit" x="{w - right:g}" y="{h - 8:g}" text-anchor="end">'
-        f"{html.escape(unit)}</text></svg>"
+        f"{_text(unit)}</text></svg>"
     )
     return "".join(parts)

@@ -60,6 +60,7 @@ from ledgerq.ui._schedule import ScheduleTail
 
 __all__ = [
     "DEFAULT_READER",
+    "DeliveryTimes",
     "QueueFigures",
     "QueueFiles",
     "ReaderFigures",
@@ -184,6 +185,23 @@ class ReaderSnapshot:
         if message_id in self.leased:
             return "in flight"
         return "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryTimes:
+    """The not-before times of one reader's messages at ``now_ns``, fixed: the retry
+    delays of its journal (``retries``) and the delays the entries were enqueued with
+    (``entries``), each only while ahead."""
+
+    retries: dict[int, int]
+    entries: dict[int, int]
+    now_ns: int
+
+    def not_before(self, message_id: int) -> int | None:
+        """When ``message_id`` may be delivered next (ns), or None when nothing holds it
+        back: a retry delay first (a message delivered once waits for that only), else
+        the delay of its entry."""
+        return self.retries.get(message_id) or self.entries.get(message_id)
 
 
 class _Journal:
@@ -394,15 +412,26 @@ class QueueFiles:
         lowest_head = min(self._reader_state(name).durable_head() for name in names)
         self._schedule.refresh(self.path, lowest_head, now_ns)
 
-    def not_before(self, message_id: int, reader: str = DEFAULT_READER) -> int | None:
-        """When ``message_id`` may be delivered next (ns), if that is still ahead: its
-        retry delay for ``reader``, else the delay it was enqueued with."""
+    def delivery_times(self, reader: str = DEFAULT_READER) -> DeliveryTimes:
+        """When the messages of ``reader`` may be delivered next, as the files say now.
+
+        The journals and the log's new entries are read once here; a listing looks up
+        every message it shows in the answer (:meth:`DeliveryTimes.not_before`), so it
+        costs the same whatever number of messages are delayed.
+        """
         now_ns = time.time_ns()
         with self._lock:
             state = self._reader_state(reader)
             self._follow_schedule(self.reader_names(), now_ns)
-            due = state.not_before.get(message_id) or self._schedule.not_before(message_id)
-        return due if due is not None and due > now_ns else None
+            retries = {i: due for i, due in state.not_before.items() if due > now_ns}
+            entries = self._schedule.ahead(now_ns)
+        return DeliveryTimes(retries, entries, now_ns)
+
+    def not_before(self, message_id: int, reader: str = DEFAULT_READER) -> int | None:
+        """When ``message_id`` may be delivered next (ns), if that is still ahead: its
+        retry delay for ``reader``, else the delay it was enqueued with.  For one
+        message; a listing takes :meth:`delivery_times` once."""
+        return self.delivery_times(reader).not_before(message_id)
 
     def _reader_figures(
         self, name: str, retained: RetainedIds, is_open: bool, now_ns: int

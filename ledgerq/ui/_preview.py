@@ -13,7 +13,15 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-__all__ = ["PREVIEW_BYTES", "SHORT_PREVIEW_CHARS", "Preview", "PreviewKind", "preview", "short"]
+__all__ = [
+    "PREVIEW_BYTES",
+    "SHORT_PREVIEW_CHARS",
+    "Preview",
+    "PreviewKind",
+    "preview",
+    "printable",
+    "short",
+]
 
 PreviewKind: TypeAlias = Literal["json", "text", "hex"]
 
@@ -38,8 +46,10 @@ class Preview:
         return self.shown_bytes < self.size
 
 
-def _printable(text: str) -> str:
-    """``text`` with control and format characters (but newline and tab) escaped."""
+def printable(text: str) -> str:
+    """``text`` with control and format characters (but newline and tab) escaped:
+    ``"a\u202eb\x1b"`` -> ``"a\\u202eb\\x1b"``.  What every page shows of text it did
+    not write itself (payloads, header keys and values, failure reasons, names)."""
     if text.isprintable():
         return text
     out = []
@@ -101,8 +111,8 @@ def preview(payload: bytes, kind: PreviewKind | None = None) -> Preview:
                     pass
                 else:
                     pretty = json.dumps(value, indent=2, ensure_ascii=False)
-                    return Preview("json", _printable(pretty), size, size)
-            return Preview("text", _printable(text), size, shown)
+                    return Preview("json", printable(pretty), size, size)
+            return Preview("text", printable(text), size, shown)
     shown_bytes = payload[:HEX_BYTES]
     return Preview("hex", hex_dump(shown_bytes), size, len(shown_bytes))
 
@@ -114,5 +124,5 @@ def short(payload: bytes) -> str:
         return " ".join(f"{b:02x}" for b in payload[:24]) + (" …" if len(payload) > 24 else "")
     text = " ".join(decoded[0].split())
     if len(text) > SHORT_PREVIEW_CHARS or decoded[1] < len(payload):
-        return _printable(text[: SHORT_PREVIEW_CHARS - 1]) + "…"
-    return _printable(text)
+        return printable(text[: SHORT_PREVIEW_CHARS - 1]) + "…"
+    return printable(text)

@@ -1,10 +1,20 @@
-"""Serving the console: bind the address, announce it, run uvicorn until stopped."""
+"""Serving the console: bind the address, announce it, run uvicorn until stopped.
+
+SIGTERM and SIGINT (Ctrl-C) are the ordinary way to stop a server, not errors: the
+console stops accepting connections, lets running requests end, cancels its running
+jobs after their current slice, and :func:`run` returns - ``ledgerq ui`` exits 0 with
+nothing on stderr, as ``ledgerq serve`` does.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 import uvicorn
 
@@ -30,6 +40,35 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def _stopped_by_signals(server: uvicorn.Server) -> Iterator[None]:
+    """SIGTERM and SIGINT ask ``server`` to exit, for the whole of the block.
+
+    uvicorn puts its own handlers in place while it serves and, when it is done,
+    raises again each signal that stopped it - with the handlers it found, which
+    would be the CLI's (``ledgerq: error: terminated``, exit 143).  These take the
+    signal as the request to stop that it is, before uvicorn starts (a signal during
+    startup stops it too) and after it ends; the previous handlers come back after.
+    Only the main thread can set handlers: elsewhere nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(
     root: str,
     *,
@@ -41,7 +80,8 @@ def run(
     on_ready: Callable[[str], None] | None = None,
     encryption_key: bytes | None = None,
 ) -> None:
-    """Serve the console over the queues at or under ``root`` until SIGINT or SIGTERM.
+    """Serve the console over the queues at or under ``root`` until SIGINT or SIGTERM,
+    then return (see the module).
 
     ``on_ready`` is called with the console's URL once it accepts connections (with
     ``port`` 0, the port the system picked).  ``encryption_key`` (32 bytes) opens the
@@ -79,6 +119,7 @@ def run(
 
         server.startup = startup  # type: ignore[method-assign]
     try:
-        server.run(sockets=[sock])
+        with _stopped_by_signals(server):
+            server.run(sockets=[sock])
     finally:
         sock.close()

@@ -79,6 +79,11 @@ class ScheduleTail:
         """The entry's not-before time (ns) if it was ahead when last seen."""
         return self._deliver_at.get(message_id)
 
+    def ahead(self, now_ns: int) -> dict[int, int]:
+        """Every entry's not-before time that is ahead of ``now_ns``: a copy, for one
+        listing to look its messages up in."""
+        return {i: due for i, due in self._deliver_at.items() if due > now_ns}
+
     def delayed(self, state: ReaderState, leased: Set[int], now_ns: int) -> int:
         """Messages of the reader ``state`` held back at ``now_ns``: unfinished, not
         leased, with a not-before time ahead (a retry delay first, else the entry's)."""

@@ -35,15 +35,20 @@ class Broker:
     """A broker directory and the directory the tasks leave their files in; with a
     ``key_file``, the tests' app (workers, ``celery`` commands) encrypts the broker."""
 
-    def __init__(self, root: Path, *, key_file: Path | None = None) -> None:
+    def __init__(
+        self, root: Path, *, key_file: Path | None = None, result_backend: str | None = None
+    ) -> None:
         self.dir = root / "broker"
         self.out = root / "out"
         self.out.mkdir(parents=True, exist_ok=True)
         self.url = f"ledgerq://{self.dir}"
         self.key_file = key_file
+        self.result_backend = result_backend
 
     def env(self) -> dict[str, str]:
         extra = {"LEDGERQ_TEST_BROKER": str(self.dir), "LEDGERQ_TEST_OUT": str(self.out)}
+        if self.result_backend is not None:
+            extra["LEDGERQ_TEST_RESULT_BACKEND"] = self.result_backend
         if self.key_file is not None:
             extra["LEDGERQ_TEST_KEY_FILE"] = str(self.key_file)
         return child_environment(extra)

@@ -17,7 +17,12 @@ from celery import Celery
 
 BROKER_DIR = os.environ.get("LEDGERQ_TEST_BROKER", "/nonexistent")
 KEY_FILE = os.environ.get("LEDGERQ_TEST_KEY_FILE")
-app = Celery("tasksapp", broker=f"ledgerq://{BROKER_DIR}")
+# $LEDGERQ_TEST_RESULT_BACKEND: a result backend for the tests of results (none else).
+app = Celery(
+    "tasksapp",
+    broker=f"ledgerq://{BROKER_DIR}",
+    backend=os.environ.get("LEDGERQ_TEST_RESULT_BACKEND") or None,
+)
 app.conf.update(
     task_acks_late=True,  # at-least-once: acked when the task is done
     task_reject_on_worker_lost=True,  # a pool process killed mid-task: the task comes back

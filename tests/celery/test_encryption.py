@@ -63,15 +63,16 @@ def test_a_worker_runs_a_task_through_an_encrypted_broker(tmp_path: Path) -> Non
             wait_until(lambda: broker.events(SECRET_ARG, "done"), WAIT, "the task")
         finally:
             client.close()
+        # While the worker runs (its control queue is auto-delete: it goes with it).
+        queues = sorted(p for p in (broker.dir / "queues").iterdir() if (p / "meta.json").exists())
+        assert {p.name for p in queues} >= {"celery", "sealed@" + _hostname() + ".celery.pidbox"}
+        assert all(_is_encrypted(p) for p in queues), [p.name for p in queues]
     finally:
         worker.stop()
     assert len(broker.events(SECRET_ARG, "done")) == 1
     # The task's message is still in the segments (acked, not yet retained away): sealed.
     assert files_holding(broker.dir, SECRET_ARG.encode()) == []
     assert files_holding(broker.dir, b"tasksapp.record") == []  # the task name too
-    queues = sorted(p for p in (broker.dir / "queues").iterdir() if (p / "meta.json").exists())
-    assert {p.name for p in queues} >= {"celery", "sealed@" + _hostname() + ".celery.pidbox"}
-    assert all(_is_encrypted(p) for p in queues), [p.name for p in queues]
     with ledgerq.open(broker.dir / "queues" / "celery", encryption_key=KEY, shared=True) as q:
         assert q.stats().acked == 1
 

@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from celery import Celery
 
 import ledgerq
-from tests._child import REPO
+from tests._child import REPO, Children
 from tests.celery._worker import Broker, Worker, wait_until
 
 WAIT = 30.0  # seconds: a deadline for one wait, far above what a loaded machine needs
@@ -128,3 +129,51 @@ def test_a_message_kombu_cannot_decode_is_dead_lettered_once(
     # the only traceback this worker logs).
     assert "UndecodableMessageError" not in log
     assert "Can't decode message body" not in log  # Celery's own complaint
+
+
+# A client of rpc:// results: sends tasks, waits for their results, and exits without
+# closing anything (as scripts do) - or, with "hold", waits on stdin to be killed.
+_RPC_CLIENT = """
+import sys
+from celery import Celery
+app = Celery(broker=sys.argv[1], backend="rpc://")
+for i in range(3):
+    assert app.send_task("tasksapp.record", args=[f"rpc-{sys.argv[2]}-{i}"]).get(timeout=30) \\
+        == f"rpc-{sys.argv[2]}-{i}"
+print("got", app.thread_oid, flush=True)
+if sys.argv[3] == "hold":
+    sys.stdin.readline()
+"""
+
+
+def test_an_rpc_client_s_reply_queue_goes_with_it(tmp_path: Path, children: Children) -> None:
+    """Issue 25: every rpc:// client left its reply queue (``queues/<uuid>``) behind.
+    It is declared auto-delete: removed when its client exits, and - for a client
+    killed first - by the next process that connects."""
+    broker = Broker(tmp_path, result_backend="rpc://")
+    worker = Worker(broker, tmp_path / "worker.log", name="results")
+    try:
+        worker.wait_ready()
+        queues = broker.dir / "queues"
+        clean = children.start(["-c", _RPC_CLIENT, broker.url, "clean", "exit"], env=broker.env())
+        reply_queue = clean.wait_for("got ").split()[1]
+        clean.expect_exit(0)
+        assert not (queues / reply_queue).exists()
+        killed = children.start(["-c", _RPC_CLIENT, broker.url, "killed", "hold"], env=broker.env())
+        reply_queue = killed.wait_for("got ").split()[1]
+        assert (queues / reply_queue).is_dir()  # in use while its client runs
+        killed.kill_and_drain()
+        # The next process that connects (a producer here) removes the dead client's.
+        subprocess.run(
+            [sys.executable, "-c", _RPC_CLIENT, broker.url, "next", "exit"],
+            cwd=REPO,
+            env=broker.env(),
+            check=True,
+            timeout=120,
+        )
+        assert not (queues / reply_queue).exists()
+        pidbox = f"results@{socket.gethostname()}.celery.pidbox"  # the live worker's
+        assert sorted(p.name for p in queues.iterdir()) == ["celery", pidbox]
+        assert [p.name for p in (broker.dir / "temporary").iterdir()] == [f"{pidbox}.json"]
+    finally:
+        worker.stop()

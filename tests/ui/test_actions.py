@@ -3,6 +3,8 @@ refused clearly when another process holds the queue; paced jobs can be cancelle
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,71 @@ def test_requeue_selected_matching_and_all(tmp_path: Path, children: Children) -
     asked, landed = act(client, token, [("q", "q"), ("do", "requeue:all")])
     assert "Requeue 1 dead letter?" in asked
     assert _state(path) == ([b"job 1", b"job 4", b"job 0", b"job 2", b"job 3"], [])
+
+
+def _waiting_badge(page: str) -> str:
+    match = re.search(r'data-live="dlq-count">([^<]*)<', page)
+    assert match, "no waiting badge on the page"
+    return match.group(1)
+
+
+def test_the_page_an_action_lands_on_counts_what_is_left(
+    tmp_path: Path, children: Children
+) -> None:
+    # Issue 25: the badge showed the figures the sampler had read while the job ran.
+    path = tmp_path / "q"
+    _build(path)
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    token = client.csrf()
+    assert _waiting_badge(client.get("/dlq?q=q").text) == "5 waiting"
+    for fields, left in (
+        ([("do", "requeue:selected"), ("id", "1"), ("id", "2")], "3 waiting"),
+        ([("do", "purge:selected"), ("id", "3")], "2 waiting"),
+        ([("do", "requeue:all")], "0 waiting"),
+    ):
+        _, landed = act(client, token, [("q", "q"), *fields])
+        assert _waiting_badge(landed) == left, fields
+        assert f"Dead letters ({left.split()[0]})" in client.get("/queue?q=q").text
+
+
+def test_a_dead_letter_s_page_requeues_or_purges_it_when_confirmed(
+    tmp_path: Path, children: Children
+) -> None:
+    path = tmp_path / "q"
+    _build(path)
+    with ledgerq.open(path) as q:
+        failed_at = {m.id: int(m.headers["dlq.last_failure"]) for m in q.dlq.peek(5)}
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    token = client.csrf()
+    page = client.get("/message?q=q&id=2&dlq=1").text
+    # When it failed, as a time (the header's nanoseconds beside it), and why.
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(failed_at[2] // 10**9))
+    assert re.search(rf"<th>Failed</th><td>{shown}</td>", page), page
+    assert f'{failed_at[2]} <span class="muted small">({shown})</span>' in page
+    assert "ValueError: bad" in page
+    # Its own form, with the console's CSRF token: asks first, then does it.
+    form = re.search(r'<form method="post" action="/dlq/action"[^>]*>(.*?)</form>', page, re.S)
+    assert form, "no action form on the dead letter's page"
+    fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form.group(1))
+    assert ("csrf", token) in fields and ("id", "2") in fields
+    buttons = re.findall(r'name="do" value="([^"]+)"', form.group(1))
+    assert buttons == ["requeue:selected", "purge:selected"]
+    without_token = [(k, v) for k, v in fields if k != "csrf"]
+    refused = client.post("/dlq/action", [*without_token, ("do", "purge:selected")])
+    assert refused.status == 403
+    asked = client.post("/dlq/action", [*fields, ("do", "purge:selected")])
+    assert "Purge 1 dead letter?" in asked.text
+    assert 'href="/message?q=q&amp;id=2&amp;dlq=1">Cancel' in asked.text  # back to it
+    assert _state(path)[1] == [b"job %d" % i for i in range(5)]  # asking changed nothing
+    _, landed = act(client, token, [*without_token, ("do", "requeue:selected")])
+    assert "requeued 1 message to q" in landed
+    _, landed = act(
+        client, token, [("q", "q"), ("id", "4"), ("from", "message"), ("do", "purge:selected")]
+    )
+    assert "purged 1 message from the dead-letter queue of q" in landed
+    assert _state(path) == ([b"job 1"], [b"job 0", b"job 2", b"job 4"])
 
 
 def test_purge_asks_first_and_deletes_only_what_it_said(tmp_path: Path, children: Children) -> None:

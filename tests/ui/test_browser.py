@@ -4,15 +4,18 @@ against a real console process over real queues - one of them busy in another pr
 The overview lists the queues (an encrypted one, the console has no key for, marked
 as such), a DLQ filter narrows the list, "requeue all matching"
 moves exactly those messages back (checked through the Python API), and purge asks for
-confirmation (nothing is deleted until it is given).  The same run takes the
-screenshots of docs/ui.md: into ``tmp_path``, or into ``docs/img/`` when
-``LEDGERQ_UPDATE_SCREENSHOTS=1`` asks for it.
+confirmation (nothing is deleted until it is given); the page each action lands on
+counts what is left; a dead letter's own page says when it failed and requeues it; a
+waiting message is on attempt 1 and its headers' control characters show as escapes.
+The same run takes the screenshots of docs/ui.md: into ``tmp_path``, or into
+``docs/img/`` when ``LEDGERQ_UPDATE_SCREENSHOTS=1`` asks for it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +46,9 @@ pytestmark = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK),
     reason=f"no Chromium at {CHROMIUM} (apt-get install chromium); the browser tests need it",
 )
+
+# Headers that would rewrite the page around them if shown as they are (issue 25).
+EVIL_HEADERS = {"evil\u202ekey": "val\u202eue \x1b[31m"}
 
 REASONS = [
     "TimeoutError: payment gateway took 30s",
@@ -88,9 +94,9 @@ def _payments(path: Path) -> None:
             [
                 ledgerq.Item(
                     json.dumps({"payment": i, "amount": 10 + i}).encode(),
-                    headers={"tenant": ("acme", "globex")[i % 2], "kind": "card"},
+                    headers={"tenant": ("acme", "globex")[i % 2], "kind": "card", **extra},
                 )
-                for i in range(50)
+                for i, extra in enumerate([{}] * 49 + [EVIL_HEADERS])
             ]
         )
         for i in range(30):
@@ -176,6 +182,8 @@ def test_the_console_in_a_browser(tmp_path: Path, children: Children, browser: A
     ]
     page.click("button:has-text('Requeue 10 messages')")
     assert "requeued 10 messages to payments" in page.locator("[role=status]").inner_text()
+    badge = page.locator("[data-live=dlq-count]")
+    sync_api.expect(badge).to_have_text("20 waiting")  # what is left, not what was
     waiting, dead = _dead_payloads(root / "payments")
     assert waiting[-10:] == [
         json.dumps({"payment": i, "amount": 10 + i}).encode() for i in range(0, 30, 3)
@@ -207,7 +215,34 @@ def test_the_console_in_a_browser(tmp_path: Path, children: Children, browser: A
         in page.locator("[role=status]").inner_text()
     )
     assert len(_dead_payloads(root / "payments")[1]) == 19
+    sync_api.expect(badge).to_have_text("19 waiting")
+
+    # One dead letter's own page: when it failed (a time, not nanoseconds), and its
+    # own requeue, confirmed like the others.
+    page.locator("table.dead tbody td.num a").first.click()
+    failed = page.locator("table.failure tr", has_text="Failed").locator("td")
+    sync_api.expect(failed).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"))
+    page.click("button:has-text('Requeue this message')")
+    assert page.locator("h1").inner_text() == "Requeue 1 dead letter?"
+    page.click("button:has-text('Requeue 1 message')")
+    assert "requeued 1 message to payments" in page.locator("[role=status]").inner_text()
+    sync_api.expect(badge).to_have_text("18 waiting")
+    assert len(_dead_payloads(root / "payments")[1]) == 18
     assert dialogs == []  # every confirmation is a page of the console, not a pop-up
+
+    # A waiting message: on attempt 1 (as `ledgerq peek` says), its headers' override
+    # and escape characters shown, not obeyed.
+    page.goto(base + "/queue?q=payments")
+    sync_api.expect(
+        page.locator("table.messages tbody tr").first.locator("td").nth(3)
+    ).to_have_text("1")
+    page.goto(base + "/message?q=payments&id=50")
+    sync_api.expect(page.locator("table.headers th", has_text="evil")).to_have_text(
+        "evil\\u202ekey"
+    )
+    sync_api.expect(page.locator("table.headers td", has_text="val")).to_have_text(
+        "val\\u202eue \\x1b[31m"
+    )
 
     # The three pages, with the charts filled by the workload meanwhile.  For the docs'
     # copies the workload runs on long enough to fill the charts (not a synchronisation:
@@ -226,6 +261,9 @@ def test_the_console_in_a_browser(tmp_path: Path, children: Children, browser: A
     boxes.nth(1).check()
     boxes.nth(2).check()
     page.screenshot(path=str(shots / "ui-dlq.png"), full_page=True)
-    for name in ("ui-overview.png", "ui-queue.png", "ui-dlq.png"):
+    page.locator("table.dead tbody td.num a").first.click()
+    sync_api.expect(page.locator("button", has_text="Requeue this message")).to_be_visible()
+    page.screenshot(path=str(shots / "ui-dead-letter.png"), full_page=True)
+    for name in ("ui-overview.png", "ui-queue.png", "ui-dlq.png", "ui-dead-letter.png"):
         assert (shots / name).stat().st_size > 10_000, name
     workload.finish()

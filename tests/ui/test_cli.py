@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from tests._child import child_environment
+import pytest
+
+import ledgerq
+from tests._child import Children, child_environment
+
+from ._console import Client, start_console
 
 _WITHOUT_STARLETTE = """
 import sys
@@ -40,3 +46,18 @@ def test_without_the_ui_extra_it_says_what_to_install(tmp_path: Path) -> None:
     assert result.returncode == 1, result
     assert result.stderr.startswith("ledgerq: error: ")
     assert "pip install 'ledgerq[ui]'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_stops_it_quietly(
+    tmp_path: Path, children: Children, signum: int
+) -> None:
+    """Stopping a server is no error (issue 25: SIGTERM printed 'ledgerq: error:
+    terminated' and exited 143): exit 0, nothing on stderr, as ``ledgerq serve``."""
+    with ledgerq.open(tmp_path / "q") as q:
+        q.enqueue(b"x")
+    console, base = start_console(children, tmp_path)
+    assert Client(base).get("/api/queues").status == 200
+    console.signal(signum)
+    console.expect_exit(0)
+    assert console.stderr_text() == ""

@@ -125,3 +125,52 @@ def test_payloads_are_escaped_and_cut_short(tmp_path: Path, children: Children) 
     big = client.get("/message?q=q&id=2").text
     assert "Showing the first 16,384 of 100,000 bytes" in big
     assert big.count("A" * 1000) <= 17
+
+
+# Characters that rewrite what a page around them says: a right-to-left override, an
+# isolate, a zero-width joiner, ESC (a terminal colour), a backspace, a line separator.
+_REWRITERS = ("\u202e", "\u2067", "\u200d", "\x1b", "\x08", "\u2028")
+
+
+def test_headers_reasons_and_names_show_their_control_characters_escaped(
+    tmp_path: Path, children: Children
+) -> None:
+    name = "evil\u202eeuq"  # a queue directory whose name holds an override too
+    with ledgerq.open(tmp_path / name, max_retries=1) as q:
+        q.enqueue(
+            b"x",
+            headers={"evil\u202ekey": "val\u202eue \x1b[31m", "zw\u200dj": "bs\x08\u2067"},
+            group="g\u202er",
+        )
+        q.enqueue(b"pending", headers={"evil\u202ekey": "second"}, group="g\u202er")
+        m = q.dequeue()
+        assert m is not None
+        q.nack(m.id, "boom \x1b[2J\u2028cleared")
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    q = "evil%E2%80%AEeuq"
+    pages = {
+        "overview": "/",
+        "queue": f"/queue?q={q}",
+        "message": f"/message?q={q}&id=2",
+        "dead letters": f"/dlq?q={q}",
+        "dead letter": f"/message?q={q}&id=1&dlq=1",
+        "filtered": f"/dlq?q={q}&reason=%E2%80%AE&header=evil%E2%80%AEkey%3Dval",
+    }
+    for what, path in pages.items():
+        reply = client.get(path)
+        assert reply.status == 200, (what, reply)
+        raw = [hex(ord(c)) for c in _REWRITERS if c in reply.text]
+        assert raw == [], f"the {what} page sends {raw} as they are"
+    dead = client.get(pages["dead letter"]).text
+    assert "evil\\u202ekey" in dead and "val\\u202eue \\x1b[31m" in dead
+    assert "zw\\u200dj" in dead and "bs\\x08\\u2067" in dead
+    assert "boom \\x1b[2J\\u2028cleared" in dead
+    assert "boom \\x1b[2J\\u2028cleared" in client.get(pages["dead letters"]).text
+    assert "g\\u202er" in client.get(pages["message"]).text
+    assert "evil\\u202eeuq" in client.get("/").text
+    # A form posts the name and the filter back as they are (character references,
+    # which the browser turns back into the characters), not as they are shown.
+    filtered = client.get(pages["filtered"]).text
+    assert 'name="q" value="evil&#x202e;euq"' in filtered
+    assert 'name="reason" value="&#x202e;"' in filtered

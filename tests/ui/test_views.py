@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import ledgerq
 from ledgerq import tools
+from ledgerq.segment.readonly import JournalTail
 from ledgerq.ui import _browse
 from ledgerq.ui._figures import QueueFiles
 from ledgerq.ui._preview import HEX_BYTES, PREVIEW_BYTES, preview, short
+from ledgerq.ui._schedule import ScheduleTail
+from tests._child import child_environment
 
 
 def _dead_letters(path: Path, reasons: list[str]) -> QueueFiles:
@@ -114,3 +122,79 @@ def test_a_message_shows_its_group_and_when_it_may_be_delivered(tmp_path: Path) 
     assert delayed.not_before is not None
     assert later + 3500 * 10**9 < delayed.not_before < later + 3700 * 10**9
     assert [v.group for v in _browse.next_messages(files, 5)] == ["customer-7", None]
+
+
+def test_a_listing_reads_the_journals_and_the_delays_once_not_per_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next messages of a queue with delayed ones (issue 25: each message's
+    not-before time re-read the journals and walked every delayed message, so 500
+    messages of a queue with 50,000 delayed took 5 s)."""
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        q.enqueue_batch(
+            [ledgerq.Item(b"%d" % i, delay=3600.0 if i % 2 else None) for i in range(400)]
+        )
+        q.reader("audit")  # a second reader: its journal is read too
+        retried = q.dequeue()
+        assert retried is not None
+        q.nack(retried.id, "later", delay=3600.0)
+    files = QueueFiles(str(path))
+    files.figures()
+    reads = {"journal": 0, "schedule": 0}
+
+    def counting(kind: str, method: Any) -> Any:
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            reads[kind] += 1
+            return method(self, *args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(JournalTail, "read", counting("journal", JournalTail.read))
+    monkeypatch.setattr(ScheduleTail, "refresh", counting("schedule", ScheduleTail.refresh))
+    per_listing = []
+    for limit in (5, 300):
+        reads.update(journal=0, schedule=0)
+        views = _browse.next_messages(files, limit)
+        assert len(views) == limit
+        per_listing.append(dict(reads))
+    assert per_listing[0] == per_listing[1]  # the same for 5 messages as for 300
+    # One look at the new entries; each journal looked at twice at most (the reader
+    # snapshot, then the delays of every reader).
+    assert per_listing[1]["schedule"] == 1 and per_listing[1]["journal"] <= 4
+    # And what it found is right: the retry delay, the entries' delays, none for the rest.
+    views = {v.id: v for v in _browse.next_messages(files, 300)}
+    assert views[retried.id].not_before is not None
+    assert views[retried.id].not_before > time.time_ns() + 3500 * 10**9
+    assert all((v.not_before is not None) == (v.id % 2 == 0) for v in views.values() if v.id > 1)
+
+
+def test_attempts_count_as_ledgerq_peek_counts_them(tmp_path: Path) -> None:
+    """A message never delivered is on attempt 1, as ``ledgerq peek`` says (issue 25:
+    the console said 0); one nacked once, 2; one in flight, the delivery under way."""
+    path = tmp_path / "q"
+    with ledgerq.open(path, max_retries=5) as q:
+        q.enqueue_batch([b"a", b"b", b"c", b"d"])
+        first = q.dequeue()
+        assert first is not None
+        q.nack(first.id, "once")
+        again = q.dequeue()  # the nacked one, on its second delivery
+        assert again is not None and again.id == first.id and again.attempts == 2
+        q.nack(again.id, "twice")
+        q.dequeue()  # 1 again, on its third: in flight from here on
+        files = QueueFiles(str(path))
+        flying = _browse.find_message(files, first.id)
+        assert flying is not None and (flying.status, flying.attempts) == ("in flight", 3)
+        assert _browse.reader_statuses(files, first.id) == [("default", "in flight", 3)]
+    peeked = subprocess.run(
+        [sys.executable, "-m", "ledgerq.cli", "peek", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=child_environment(),
+    )
+    said = {m["id"]: m["attempts"] for m in map(json.loads, peeked.stdout.splitlines())}
+    assert said == {1: 4, 2: 1, 3: 1, 4: 1}  # 1 came back with the close: a failed delivery
+    files = QueueFiles(str(path))
+    shown = {v.id: v.attempts for v in _browse.next_messages(files, 10)}
+    assert shown == said
