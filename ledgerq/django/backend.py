@@ -198,7 +198,7 @@ class LedgerQBackend(_compat.BaseTaskBackend):
             store = _stores.get(key)
             if store is None:
                 self._prepare()
-                store = ResultStore(config.results_path, ttl_s=config.result_ttl, durable=durable)
+                store = ResultStore(key[0], ttl_s=config.result_ttl, durable=durable)
                 _stores[key] = store
         return store
 
