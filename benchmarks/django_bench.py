@@ -188,7 +188,8 @@ def main() -> None:
             print(f"  {backend}: {rate:,.0f} tasks/s end to end (producer {sends:,.0f}/s)")
     drains = {backend: drain(backend, args.tasks) for backend in args.backends}
     print(
-        "\n| backend | tasks/s end to end (median) | min - max | producer sends/s | drain tasks/s, preloaded |"
+        "\n| backend | tasks/s end to end (median) | min - max | producer sends/s "
+        "| drain tasks/s, preloaded |"
     )
     print("|---|---|---|---|---|")
     for backend, runs in rows.items():

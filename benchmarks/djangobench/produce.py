@@ -8,7 +8,7 @@ import time
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "djangobench.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 

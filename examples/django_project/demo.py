@@ -30,7 +30,6 @@ def main() -> None:
 
     django.setup()
     from django.utils import timezone
-
     from shop.tasks import charge, rebuild_search_index, refund, report, send_receipt
 
     # The web side: enqueue returns at once with a result id to keep.
