@@ -1,10 +1,11 @@
 """Which process ran an attempt, and whether it still lives.
 
-A worker id (``TaskResult.worker_ids``) is ``host:pid:start``: the host name, the process
-id and the process's start time in clock ticks since boot (``/proc/<pid>/stat``, field
-22).  With the start time, a process id the kernel handed out again is not taken for
-the process that ran the attempt; where ``/proc`` is missing the start is 0 and only the
-id is checked.  A reader of a result marked ``RUNNING`` asks :func:`is_gone` about its
+A worker id (``TaskResult.worker_ids``) is ``host:ns:pid:start``: the host name, the
+process's PID namespace (the inode of ``/proc/self/ns/pid``: a container of the same host
+name may see other pids), the process id and the process's start time in clock ticks
+since boot (``/proc/<pid>/stat``, field 22).  With the start time, a process id the
+kernel handed out again is not taken for the process that ran the attempt; where
+``/proc`` is missing, the namespace and the start are 0 and only the id is checked.  A reader of a result marked ``RUNNING`` asks :func:`is_gone` about its
 last worker: a task whose process is gone is not running, whatever the database says
 (it is delivered again, or it went to the dead-letter queue).
 """
@@ -42,12 +43,19 @@ def _start_ticks(pid: int) -> int:
     return int(fields[19])  # field 22 of the whole line: starttime
 
 
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def worker_id() -> str:
     """This process's worker id (computed once per process)."""
     global _mine
     pid = os.getpid()
     if _mine is None or _mine[0] != pid:
-        tail = f":{pid}:{_start_ticks(pid)}"
+        tail = f":{_pid_namespace()}:{pid}:{_start_ticks(pid)}"
         host = socket.gethostname()[: _MAX_WORKER_ID - len(tail)]
         _mine = (pid, host + tail)
     return _mine[1]
@@ -56,14 +64,16 @@ def worker_id() -> str:
 def is_gone(worker: str) -> bool:
     """Whether the process of ``worker`` (a worker id) has ended.
 
-    False when it may live, and for an id of another host or another form: only this
-    machine's processes can be looked at.
+    False when it may live, and for an id of another host, another PID namespace or
+    another form: only the processes this one can see are looked at.
     """
-    parts = worker.rsplit(":", 2)
-    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+    parts = worker.rsplit(":", 3)
+    if len(parts) != 4 or not all(part.isdigit() for part in parts[1:]):
         return False
-    host, pid_text, start_text = parts
+    host, ns_text, pid_text, start_text = parts
     if host != socket.gethostname()[: len(host)] or not host:
+        return False
+    if int(ns_text) != _pid_namespace():
         return False
     pid, start = int(pid_text), int(start_text)
     fields = _stat_fields(pid)

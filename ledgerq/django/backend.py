@@ -16,6 +16,7 @@ backend instance of the process: Django makes one per thread.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import json
 import os
@@ -289,7 +290,8 @@ class LedgerQBackend(_compat.BaseTaskBackend):
                 payload, headers=message.headers(), priority=level_of(task.priority), delay=delay
             )
         except BaseException:
-            self.store.remove(result.id)  # not enqueued: no result either
+            with contextlib.suppress(sqlite3.Error):  # the enqueue's error is the news
+                self.store.remove(result.id)  # not enqueued: no result either
             raise
         _compat.task_enqueued.send(type(self), task_result=result)
         return result

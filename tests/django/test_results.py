@@ -107,7 +107,8 @@ def test_a_worker_id_names_a_live_process_until_it_ends() -> None:
         check=True,
     )
     assert is_gone(child.stdout.strip())  # it exited (its pid may even be reused)
-    host, pid, start = worker_id().rsplit(":", 2)
-    assert is_gone(f"{host}:{pid}:{int(start) + 1}")  # same pid, another process
-    assert not is_gone(f"elsewhere:{pid}:{start}")  # another host: cannot tell
+    host, ns, pid, start = worker_id().rsplit(":", 3)
+    assert is_gone(f"{host}:{ns}:{pid}:{int(start) + 1}")  # same pid, another process
+    assert not is_gone(f"elsewhere:{ns}:{pid}:{start}")  # another host: cannot tell
+    assert not is_gone(f"{host}:{int(ns) + 1}:{pid}:{start}")  # another container's pids
     assert not is_gone("not an id")
