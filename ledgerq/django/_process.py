@@ -5,9 +5,10 @@ process's PID namespace (the inode of ``/proc/self/ns/pid``: a container of the 
 name may see other pids), the process id and the process's start time in clock ticks
 since boot (``/proc/<pid>/stat``, field 22).  With the start time, a process id the
 kernel handed out again is not taken for the process that ran the attempt; where
-``/proc`` is missing, the namespace and the start are 0 and only the id is checked.  A reader of a result marked ``RUNNING`` asks :func:`is_gone` about its
-last worker: a task whose process is gone is not running, whatever the database says
-(it is delivered again, or it went to the dead-letter queue).
+``/proc`` is missing, the namespace and the start are 0 and only the id is checked.
+A reader of a result marked ``RUNNING`` asks :func:`is_gone` about its last worker: a
+task whose process is gone is not running, whatever the database says (it is delivered
+again, or it went to the dead-letter queue).
 """
 
 from __future__ import annotations
