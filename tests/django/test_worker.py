@@ -175,17 +175,20 @@ def test_a_worker_killed_mid_task_runs_the_task_again_in_a_new_worker(site: Site
     assert second.wait_exit() == 0, second.text()
 
 
-def test_a_task_that_kills_its_process_every_time_ends_failed_after_max_retries(
+def test_tasks_whose_deliveries_all_fail_end_failed_after_max_retries_and_stay_in_the_dlq(
     tmp_path: Path,
 ) -> None:
     with Site(tmp_path, {"max_retries": 2}) as site:
-        crashing, retrying = site.enqueue_here(
+        crashing, retrying, hanging = site.enqueue_here(
             [
                 {"task": "tasksapp.tasks.crash", "args": ["c"]},
                 {"task": "tasksapp.tasks.retry_later", "args": ["r"]},
+                {"task": "tasksapp.tasks.wait_for_file", "args": ["never-released"]},
             ]
         )
-        worker = site.worker("worker", "--processes", "1")
+        with ledgerq.open(site.dir / "queues" / "default", shared=True) as queue:
+            queue.enqueue(b"not a task")  # something else put into the queue
+        worker = site.worker("worker", "--processes", "2", "--task-timeout", "1")
         crashed = site.wait_status(crashing, "FAILED")
         assert crashed.attempts == 2 and len(site.marks("c", "started")) == 2
         assert [e.exception_class_path for e in crashed.errors] == [
@@ -196,8 +199,14 @@ def test_a_task_that_kills_its_process_every_time_ends_failed_after_max_retries(
         retried = site.wait_status(retrying, "FAILED")
         assert [e.exception_class_path for e in retried.errors] == ["ledgerq.workers.Retry"] * 2
         assert "not yet" in retried.errors[0].traceback
+        timed_out = site.wait_status(hanging, "FAILED")
+        assert timed_out.attempts == 2 and site.marks("never-released", "done") == []
+        assert "task timed out after 1 s" in timed_out.errors[1].traceback
         with ledgerq.open(site.dir / "queues" / "default", shared=True) as queue:
-            assert len(queue.dlq) == 2  # kept for `ledgerq dlq list` / `requeue`
+            dead = wait_until(lambda: len(queue.dlq) == 4 and queue.dlq.peek(4), "4 dead letters")
+            assert b"not a task" in [m.payload for m in dead]  # nothing dropped
+        wait_until(lambda: "is not a task" in worker.text(), "the keeper's word on it")
+        assert worker.text().count("is not a task") == 1, worker.text()
         worker.proc.send_signal(signal.SIGTERM)
         assert worker.wait_exit() == 0, worker.text()
 
