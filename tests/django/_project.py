@@ -116,7 +116,6 @@ class Site:
 
         self._settings = override_settings(TASKS=self.tasks_setting())
         self._settings.enable()
-        os.environ["LEDGERQ_DJANGO_OUT"] = str(self.out)
         return self
 
     def __exit__(

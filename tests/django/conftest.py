@@ -28,10 +28,17 @@ if importlib.util.find_spec("django") is None or (
 from tests.django._project import PROJECT, Site
 
 sys.path.insert(0, str(PROJECT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testsite.settings")
 
 import django
+from django.conf import settings
 
+# Loaded from the environment variable, which is then taken away again: children of
+# other tests (a Celery worker: its Django fix-up reads it) must not see it.
+os.environ["DJANGO_SETTINGS_MODULE"] = "testsite.settings"
+try:
+    settings.INSTALLED_APPS  # noqa: B018 - loads the settings
+finally:
+    del os.environ["DJANGO_SETTINGS_MODULE"]
 django.setup()
 
 
