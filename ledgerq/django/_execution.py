@@ -95,7 +95,7 @@ class TaskHandler:
         try:
             found = _load(task_message.task_path)
         except Exception as exc:  # ImportError, AttributeError, TypeError: all the same
-            store.finish(stored.id, now_ns=time.time_ns(), error=_error_of(exc))
+            store.finish(stored, now_ns=time.time_ns(), error=_error_of(exc))
             logger.error(
                 "ledgerq_worker: task %s (result %s) cannot be loaded here: %s: %s - "
                 "its result is FAILED",
@@ -120,15 +120,15 @@ class TaskHandler:
             return_json = json.dumps(_compat.normalize_json(value), allow_nan=False)
         except Retry as exc:
             close_old_connections()
-            store.finish(stored.id, now_ns=time.time_ns(), error=_error_of(exc), ready_again=True)
+            store.finish(stored, now_ns=time.time_ns(), error=_error_of(exc), ready_again=True)
             raise
         except BaseException as exc:  # a task that calls sys.exit() failed too
             close_old_connections()
-            final = store.finish(stored.id, now_ns=time.time_ns(), error=_error_of(exc))
+            final = store.finish(stored, now_ns=time.time_ns(), error=_error_of(exc))
             if final is not None:  # sent here, so the framework's log has the traceback
                 _compat.task_finished.send(sender=sender, task_result=build_result(final, task))
             return
         close_old_connections()
-        final = store.finish(stored.id, now_ns=time.time_ns(), return_json=return_json)
+        final = store.finish(stored, now_ns=time.time_ns(), return_json=return_json)
         if final is not None:
             _compat.task_finished.send(sender=sender, task_result=build_result(final, task))

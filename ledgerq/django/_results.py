@@ -29,7 +29,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ledgerq.django._errors import WorkerLostError, class_path
@@ -115,12 +115,14 @@ class StoredResult:
         for attempt in range(len(self.errors) + 1, len(self.worker_ids) + 1):
             self.errors.append((_LOST, f"attempt {attempt} of the task: {why}"))
 
-    def _row(self, ttl_ns: int) -> tuple[Any, ...]:
+    def expires_ns(self, ttl_ns: int) -> int:
+        """When the row may be pruned."""
         if self.status in FINISHED and self.finished_ns is not None:
-            expires = self.finished_ns + ttl_ns
-        else:
-            times = (self.enqueued_ns, self.run_after_ns or 0, self.last_attempt_ns or 0)
-            expires = max(times) + ttl_ns
+            return self.finished_ns + ttl_ns
+        times = (self.enqueued_ns, self.run_after_ns or 0, self.last_attempt_ns or 0)
+        return max(times) + ttl_ns
+
+    def _row(self, ttl_ns: int) -> tuple[Any, ...]:
         return (
             self.id,
             self.backend,
@@ -138,7 +140,7 @@ class StoredResult:
             json.dumps(self.errors),
             self.return_json,
             self.message_id,
-            expires,
+            self.expires_ns(ttl_ns),
         )
 
     @classmethod
@@ -257,6 +259,27 @@ class ResultStore:
         :class:`WorkerLostError`.  A missing row (pruned, or its database lost) is made
         again from the message.
         """
+        # The common case in one statement: the first attempt at a task enqueued here
+        # (its row, never attempted, holds what the message holds).
+        first = StoredResult.of_message(message)
+        first.status, first.worker_ids, first.message_id = RUNNING, [worker], message_id
+        first.started_ns = first.last_attempt_ns = now_ns
+        updated = self._connection().execute(
+            "UPDATE results SET status = ?, started_ns = ?, last_attempt_ns = ?, "
+            "worker_ids = ?, message_id = ?, expires_ns = ? "
+            "WHERE id = ? AND status = 'READY' AND worker_ids = '[]'",
+            (
+                RUNNING,
+                now_ns,
+                now_ns,
+                json.dumps(first.worker_ids),
+                message_id,
+                first.expires_ns(self.ttl_ns),
+                message.result_id,
+            ),
+        )
+        if updated.rowcount == 1:
+            return first
         with self._write() as conn:
             result = self._load(conn, message.result_id) or StoredResult.of_message(message)
             if result.status in FINISHED and result.message_id == message_id:
@@ -277,20 +300,19 @@ class ResultStore:
 
     def finish(
         self,
-        result_id: str,
+        running: StoredResult,
         *,
         now_ns: int,
         return_json: str | None = None,
         error: tuple[str, str] | None = None,
         ready_again: bool = False,
     ) -> StoredResult | None:
-        """End the running attempt: ``SUCCESSFUL`` with ``return_json``, ``FAILED`` with
-        ``error``, or - ``ready_again`` - back to ``READY`` with ``error`` (the task is
-        delivered again).  Returns the result, or None if its row is gone."""
-        with self._write() as conn:
-            result = self._load(conn, result_id)
-            if result is None:
-                return None
+        """End the attempt :meth:`begin_attempt` returned ``running`` for:
+        ``SUCCESSFUL`` with ``return_json``, ``FAILED`` with ``error``, or -
+        ``ready_again`` - back to ``READY`` with ``error`` (the task is delivered again).
+        Returns the result, or None if its row is gone."""
+
+        def end(result: StoredResult) -> StoredResult:
             if error is not None:
                 result.errors.append(error)
             if ready_again:
@@ -299,7 +321,33 @@ class ResultStore:
                 result.status = FAILED if error is not None else SUCCESSFUL
                 result.finished_ns = now_ns
                 result.return_json = return_json
-            self._save(conn, result)
+            return result
+
+        # No one else writes the row of a running attempt: written in one statement from
+        # what this attempt holds, unless the row changed after all (then read again).
+        final = end(replace(running, errors=list(running.errors)))
+        updated = self._connection().execute(
+            "UPDATE results SET status = ?, finished_ns = ?, return_value = ?, errors = ?, "
+            "expires_ns = ? WHERE id = ? AND message_id = ? AND status = 'RUNNING' "
+            "AND worker_ids = ?",
+            (
+                final.status,
+                final.finished_ns,
+                final.return_json,
+                json.dumps(final.errors),
+                final.expires_ns(self.ttl_ns),
+                final.id,
+                final.message_id,
+                json.dumps(final.worker_ids),
+            ),
+        )
+        if updated.rowcount == 1:
+            return final
+        with self._write() as conn:
+            result = self._load(conn, running.id)
+            if result is None:
+                return None
+            self._save(conn, end(result))
             return result
 
     def dead_lettered(self, result_id: str, message_id: int, reason: str, now_ns: int) -> bool:

@@ -43,8 +43,9 @@ def test_results_are_pruned_result_ttl_after_they_finished_or_were_last_due(
 ) -> None:
     for name, days_ago in (("old", 8), ("recent", 6)):
         store.add(StoredResult.of_message(message(name, enqueued_ns=NOW - days_ago * DAY_NS)))
-        store.begin_attempt(message(name), 1, "w", NOW - days_ago * DAY_NS)
-        store.finish(name, now_ns=NOW - days_ago * DAY_NS, return_json="3")
+        running = store.begin_attempt(message(name), 1, "w", NOW - days_ago * DAY_NS)
+        assert running is not None
+        store.finish(running, now_ns=NOW - days_ago * DAY_NS, return_json="3")
     # Never run: kept for result_ttl after the latest of its enqueue and its run_after.
     store.add(
         StoredResult.of_message(
@@ -64,7 +65,7 @@ def test_an_attempt_whose_process_died_is_recorded_at_the_next_one(store: Result
     assert again is not None and again.worker_ids == ["w1", "w2"]
     (lost,) = again.errors
     assert lost[0] == "ledgerq.django.WorkerLostError" and "attempt 1" in lost[1]
-    done = store.finish("r", now_ns=NOW + 2, return_json="3")
+    done = store.finish(again, now_ns=NOW + 2, return_json="3")
     assert done is not None and done.status == "SUCCESSFUL" and done.started_ns == NOW
 
 
@@ -72,8 +73,9 @@ def test_a_redelivery_of_the_message_that_finished_the_task_does_not_run_it_agai
     store: ResultStore,
 ) -> None:
     store.add(StoredResult.of_message(message("r")))
-    store.begin_attempt(message("r"), 7, "w1", NOW)
-    store.finish("r", now_ns=NOW + 1, error=("builtins.ValueError", "..."))
+    running = store.begin_attempt(message("r"), 7, "w1", NOW)
+    assert running is not None
+    store.finish(running, now_ns=NOW + 1, error=("builtins.ValueError", "..."))
     assert store.begin_attempt(message("r"), 7, "w2", NOW + 2) is None  # ack lost
     rerun = store.begin_attempt(message("r"), 8, "w3", NOW + 3)  # requeued: a new message
     assert rerun is not None and rerun.status == "RUNNING" and rerun.finished_ns is None
@@ -112,3 +114,19 @@ def test_a_worker_id_names_a_live_process_until_it_ends() -> None:
     assert not is_gone(f"elsewhere:{ns}:{pid}:{start}")  # another host: cannot tell
     assert not is_gone(f"{host}:{int(ns) + 1}:{pid}:{start}")  # another container's pids
     assert not is_gone("not an id")
+
+
+def test_an_attempt_ends_on_the_row_as_it_is_if_it_changed_meanwhile(store: ResultStore) -> None:
+    store.add(StoredResult.of_message(message("r")))
+    first = store.begin_attempt(message("r"), 7, "w1", NOW)
+    assert first is not None and first.worker_ids == ["w1"]
+    # Another delivery of it began meanwhile (the first process was thought dead).
+    second = store.begin_attempt(message("r"), 7, "w2", NOW + 1)
+    assert second is not None
+    done = store.finish(first, now_ns=NOW + 2, return_json="3")
+    assert done is not None and done.worker_ids == ["w1", "w2"]  # not written over
+    stored = store.get("r")
+    assert stored is not None and stored.status == "SUCCESSFUL" and len(stored.errors) == 1
+    assert store.finish(first, now_ns=NOW + 3) is not None  # its row is there: no error
+    store.remove("r")
+    assert store.finish(first, now_ns=NOW + 4) is None
