@@ -13,9 +13,10 @@ not.
 One row per result.  ``expires_ns`` is when :meth:`ResultStore.prune` may delete it:
 ``result_ttl`` after it finished, or after the last of its enqueue, ``run_after`` and
 last attempt while it has not (so a task waiting a month for its ``run_after`` keeps
-its result).  Every change of a row is a read, then a write, in one transaction, so
-two processes never lose each other's change (a worker's start, the keeper marking a
-dead letter).
+its result).  A change of a row is one ``UPDATE`` conditioned on the row being as the
+writer last saw it (the common cases: a first attempt, the end of an attempt), or else
+a read, then a write, in one transaction: two processes never lose each other's change
+(a worker's start, the keeper marking a dead letter).
 
 Connections belong to one thread of one process: a forked child opens its own (SQLite
 connections must not cross a fork) and never touches its parent's.
