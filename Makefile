@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ledgerq needs Python >= 3.11 (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,ui,celery]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,ui,celery,django]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -3,7 +3,8 @@
 ```
 format  <-  segment  <-  core  <-  features  <-  API (ledgerq/__init__, _*.py, shard, tools)
                                                    ^
-   ways in and out (cli, server, spark, kestrel, ship, workers, aio, metrics, ui, celery):
+   ways in and out (cli, server, spark, kestrel, ship, workers, aio, metrics, ui, celery,
+   django):
    the public API, ledgerq.segment.readonly, and what their allow-list names
 ```
 
@@ -37,6 +38,7 @@ OUTER = {
     },
     "ledgerq.celery": set(),
     "ledgerq.cli": set(),
+    "ledgerq.django": set(),
     "ledgerq.kestrel": set(),
     "ledgerq.metrics": set(),
     "ledgerq.server": set(),

@@ -1,0 +1,1 @@
+"""The Django project of benchmarks/django_bench.py (settings and one no-op task)."""
