@@ -270,12 +270,6 @@ q.close()
 DRAIN_S = 20.0  # a drain that lasts this long was not woken (a woken one: milliseconds)
 
 
-@pytest.mark.xfail(
-    reason="core (issue 25): a shared handle's listeners are woken by the appender's "
-    "write(), before it publishes the tail, and never again for it "
-    "(SharedQueueCore._wake_from_outside does not wait_for_appender as a blocking "
-    "dequeue does); remove this mark with that fix",
-)
 def test_a_consumer_is_woken_by_every_message_another_process_publishes(
     url: str, children: Children
 ) -> None:
