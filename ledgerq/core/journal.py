@@ -287,7 +287,16 @@ class SharedReaderJournal(ReaderJournal):
             length = slot.length
             if length == self.size:
                 return None
-            return self._read_published(length), False
+            if length > self.size:
+                return self._read_published(length), False
+            # Shorter than this handle's view: not what any holder publishes for the file
+            # this handle has - look at the file itself.
+            st = self.has_news()
+            if st is None:
+                return None
+            reread = self.read_new(st)
+            self.generation = max(self.generation, slot.generation)
+            return reread
         self.generation = generation  # replaced (or removed): the new file, whole
         fd = self._reopen()
         try:
@@ -324,10 +333,15 @@ class SharedReaderJournal(ReaderJournal):
         return self._fragment
 
     def replace(self, blob: bytes) -> None:
-        super().replace(blob)
-        # A new file: the others must read it whole (its first record is a checkpoint).
-        slot = self.slot
-        self.generation = max(self.generation, slot.generation if slot is not None else 0) + 1
+        try:
+            super().replace(blob)
+        finally:
+            # A new file (also when the replace raised after the rename: this handle may
+            # append to the new file already): the others must read it whole, from its
+            # checkpoint.  A bump too many only makes them read a file they had.
+            slot = self.slot
+            current = slot.generation if slot is not None else 0
+            self.generation = max(self.generation, current) + 1
 
     def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
         if kind is not StateRecordType.LEASE:

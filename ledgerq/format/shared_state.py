@@ -5,7 +5,8 @@ maps into memory (``segment.shared_page``).  It is coordination, not data: the l
 the reader journals and ``meta.json`` hold the queue; this page saves the handles a
 look at the files, holds the *lock words* of their steps, and is rebuilt from the
 files by the first handle that opens the queue (after any crash, a power cut included).
-Layout (little-endian, version 3: 64 KiB)::
+Layout (little-endian, version 3: 16 KiB - four pages, so that a first handle on a full
+disk finds room for it in the disk reserve)::
 
     offset  size  field
     0       4     magic b"LQSP"
@@ -21,26 +22,26 @@ Layout (little-endian, version 3: 64 KiB)::
     128     8     locking u64         how this session's handles exclude each other:
                                       1 lock words (compare-and-swap), 2 flock files
     136     56    zero
-    192     64    the append lock (a lock block, below)
-    256     256   zero
-    512     254 x 256  reader slots (below), claimed in order
-    65536
+    192     16    the append lock (a lock block, below)
+    208     304   zero
+    512     124 x 128  reader slots (below), claimed in order
+    16384
 
-    lock block (64 bytes: a lock word, and what its waiters sleep on):
+    lock block (16 bytes: a lock word, and what its waiters sleep on):
     0   u64  owner      0: free; 1 (SUSPECT): free, but the last holder could not cut
                         back a failed write - the next one repairs the file; else the id
                         of the handle that holds it (taken by compare-and-swap)
     8   u32  sequence   bumped by a release that finds waiters (what they sleep on)
     12  u32  waiters    handles asleep waiting for it
-    16  48   zero
 
-    reader slot (256 bytes):
-    0   u64  key        non-zero: claimed by the reader named below (xxh64 of the name)
-    8   u8   name length, then the name's bytes (at most 100)
-    128 64   the reader's lock (a lock block)
-    192 u64  journal length      bytes of whole records in readers/<name>.state
-    200 u64  journal generation  bumped whenever the file is replaced or removed
-    208 48   zero
+    reader slot (128 bytes):
+    0   u64  key        non-zero: claimed by the reader named below (xxh64 of its name,
+                        lowest bit set)
+    8   16   the reader's lock (a lock block)
+    24  u64  journal length      bytes of whole records in readers/<name>.state
+    32  u64  journal generation  bumped whenever the file is replaced; bit 63: removed
+    40  u8   name length, then the name's first bytes (at most 87: with the key, a
+             longer name is told apart from another with the same first 87 bytes)
 
     published tail (64 bytes at offset 8):
     0   u64  active_first   first id of the segment appends go to (its file name)
@@ -121,7 +122,7 @@ __all__ = [
 
 SHARED_MAGIC = b"LQSP"
 SHARED_VERSION = 3  # 2: the flock design; 1: format 1 (the tail's checksum CRC-32)
-PAGE_SIZE = 65536
+PAGE_SIZE = 16384
 OLD_PAGE_SIZE = 4096  # versions 1 and 2
 STATE_HEADER = struct.Struct("<4sI")
 assert STATE_HEADER.size == 8
@@ -152,21 +153,22 @@ LOCKING_FLOCK = 2  # flock on the files in shared/ (where atomics cannot be impo
 LOCK_OWNER = 0
 LOCK_SEQUENCE = 8  # u32
 LOCK_WAITERS = 12  # u32
-LOCK_BLOCK_SIZE = 64
+LOCK_BLOCK_SIZE = 16
 LOCK_SUSPECT = 1  # owner value: free, the guarded file to be repaired (no handle id is 1)
 APPEND_LOCK = 192
 
 READER_SLOTS_AT = 512
-READER_SLOT_SIZE = 256
+READER_SLOT_SIZE = 128
 READER_SLOTS = (PAGE_SIZE - READER_SLOTS_AT) // READER_SLOT_SIZE
 SLOT_KEY = 0
-SLOT_NAME = 8  # u8 length, then the bytes
-SLOT_NAME_MAX = 100
-SLOT_LOCK = 128
-SLOT_JOURNAL_LENGTH = 192
-SLOT_JOURNAL_GENERATION = 200
-assert READER_SLOTS == 254
-assert SLOT_NAME + 1 + SLOT_NAME_MAX <= SLOT_LOCK
+SLOT_LOCK = 8
+SLOT_JOURNAL_LENGTH = 24
+SLOT_JOURNAL_GENERATION = 32
+SLOT_NAME = 40  # u8 length, then the bytes
+SLOT_NAME_MAX = 87
+assert READER_SLOTS == 124
+assert SLOT_LOCK + LOCK_BLOCK_SIZE <= SLOT_JOURNAL_LENGTH
+assert SLOT_NAME + 1 + SLOT_NAME_MAX == READER_SLOT_SIZE
 
 
 class SharedTail(NamedTuple):

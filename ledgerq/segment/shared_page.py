@@ -270,10 +270,10 @@ class JournalSlot:
 
 
 def _slot_key(name: str) -> tuple[int, bytes]:
-    """A reader slot's key (non-zero) and the name's bytes."""
+    """A reader slot's key (non-zero: the name's hash) and the name's bytes a slot keeps
+    (its first ``SLOT_NAME_MAX``)."""
     encoded = name.encode()
-    assert len(encoded) <= SLOT_NAME_MAX, "reader names are at most 100 characters"
-    return xxhash.xxh64_intdigest(encoded) | 1, encoded
+    return xxhash.xxh64_intdigest(encoded) | 1, encoded[:SLOT_NAME_MAX]
 
 
 def _slot_name(memory: mmap.mmap, at: int) -> bytes:

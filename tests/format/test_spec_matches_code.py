@@ -426,11 +426,12 @@ def test_shared_state_tables_match_the_layout() -> None:
     reader = {r["field"]: int(r["offset"]) for r in table("shared-reader-slot")}
     assert reader == {
         "key": page.SLOT_KEY,
-        "name_length": page.SLOT_NAME,
         "lock": page.SLOT_LOCK,
         "journal_length": page.SLOT_JOURNAL_LENGTH,
         "journal_generation": page.SLOT_JOURNAL_GENERATION,
+        "name_length": page.SLOT_NAME,
     }
+    assert str(page.SLOT_NAME_MAX) in table("shared-reader-slot")[-1]["meaning"]
     tail_rows = table("shared-tail")
     assert_rows_match_struct(tail_rows, page.TAIL_RECORD)
     assert [r["field"] for r in tail_rows[:7]] == list(page.SharedTail._fields)
