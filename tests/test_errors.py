@@ -26,6 +26,7 @@ _EXAMPLES: dict[type[LedgerQError], tuple[object, ...]] = {
         OSError(errno.ENOSPC, "No space left on device"),
     ),
     DamagedMetaError: ("/data/jobs/meta.json", "cut short: 0 bytes"),
+    ledgerq.QueueBusyError: ("the append lock of /data/jobs is held by process 4242",),
 }
 
 
@@ -112,6 +113,10 @@ def test_the_attributes_users_read_survive() -> None:
         "/data/jobs/segments/1.log",
         "append to",
     )
+    busy = pickle.loads(
+        pickle.dumps(ledgerq.QueueBusyError("busy", holder_pid=4242, held="the append lock"))
+    )
+    assert (busy.holder_pid, busy.held) == (4242, "the append lock")
     unknown = pickle.loads(pickle.dumps(ledgerq.UnknownMessageError("message 7 is not leased")))
     assert isinstance(unknown, KeyError)
     assert str(unknown) == "message 7 is not leased"
