@@ -247,8 +247,15 @@ class _Wakeup:
 
 
 @contextlib.contextmanager
-def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
-    """Route SIGINT/SIGTERM to ``on_signal`` while running (main thread only)."""
+def _signals(on_signal: Callable[[], None], wakeup: _Wakeup) -> Iterator[None]:
+    """Route SIGINT/SIGTERM to ``on_signal`` while running (main thread only).
+
+    The kernel may deliver a signal to any thread of the process - a queue's housekeeper
+    thread, say.  Python then runs the handler only when the main thread next gets to
+    run bytecode, and a main thread asleep in ``wait()`` with no timeout (tasks that
+    block) would never get there: ``set_wakeup_fd`` makes the C-level handler write a
+    byte to the pool's self-pipe, which ``wait()`` watches, whichever thread it ran on.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -256,9 +263,11 @@ def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
         sig: signal.signal(sig, lambda _signum, _frame: on_signal())
         for sig in (signal.SIGINT, signal.SIGTERM)
     }
+    previous_fd = signal.set_wakeup_fd(wakeup.write_fd, warn_on_full_buffer=False)
     try:
         yield
     finally:
+        signal.set_wakeup_fd(previous_fd)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -573,7 +582,7 @@ def run(
 
         announced = False
         try:
-            with _signals(request_stop):
+            with _signals(request_stop, wakeup):
                 while pool.stop_requests < 2:
                     if not pool.stop_requests:
                         pool.lease()

@@ -12,6 +12,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 import ledgerq
 from tests._child import Child, Children, child_environment
 from tests.workers import _handlers
@@ -28,8 +30,26 @@ print("report", r.processed, r.failed, r.crashed, r.released, flush=True)
 """
 
 
-def _start(children: Children, path: Path, handler: str, env: dict[str, str]) -> Child:
-    return children.start(["-c", _OWNER, str(path), handler], env=child_environment(env))
+# The same owner, with SIGTERM blocked in its main thread: the kernel delivers it to
+# another thread (as it may at any time to a queue's housekeeper thread).
+_OWNER_SIGNALLED_ELSEWHERE = """
+import logging, os, signal, sys, threading
+import ledgerq.workers as w
+from tests.workers import _handlers as h
+os.setpgrp()
+logging.basicConfig(stream=sys.stdout, format="%(message)s")
+idle = threading.Event()
+threading.Thread(target=idle.wait, daemon=True).start()  # SIGTERM unblocked here
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+r = w.run(sys.argv[1], getattr(h, sys.argv[2]), processes=2)
+print("report", r.processed, r.failed, r.crashed, r.released, flush=True)
+"""
+
+
+def _start(
+    children: Children, path: Path, handler: str, env: dict[str, str], owner: str = _OWNER
+) -> Child:
+    return children.start(["-c", owner, str(path), handler], env=child_environment(env))
 
 
 def _report(owner: Child) -> list[int]:
@@ -75,13 +95,16 @@ def test_a_signal_to_the_process_group_lets_tasks_finish_and_retries_nothing(
         assert again is not None and again.payload == b"fail" and again.attempts == 2
 
 
+@pytest.mark.parametrize("owner_code", [_OWNER, _OWNER_SIGNALLED_ELSEWHERE], ids=["main", "other"])
 def test_a_second_signal_kills_the_tasks_and_releases_their_messages(
-    tmp_path: Path, children: Children
+    tmp_path: Path, children: Children, owner_code: str
 ) -> None:
+    # "other": a signal delivered to another thread still wakes the pool's main thread,
+    # asleep while its tasks block (a second SIGTERM once went unanswered that way).
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         ids = q.enqueue_batch([b"1", b"2"])
-    owner = _start(children, path, "block", {})
+    owner = _start(children, path, "block", {}, owner_code)
     assert [owner.line().split()[0] for _ in range(2)] == ["running", "running"]
     owner.signal(signal.SIGTERM)
     owner.wait_for("ledgerq worker: stopping:")  # seen: the next one is a second signal
