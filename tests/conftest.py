@@ -17,3 +17,11 @@ def children(tmp_path: Path) -> Iterator[Children]:
     running = Children(tmp_path)
     yield running
     running.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n`` (make test), every Spark test runs in one worker: each worker
+    would otherwise start its own JVM (~6 s and 1 GiB) for the session's Spark."""
+    for item in items:
+        if item.nodeid.startswith("tests/spark/"):
+            item.add_marker(pytest.mark.xdist_group("spark"))

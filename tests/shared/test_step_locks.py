@@ -183,15 +183,17 @@ def test_a_child_forked_while_a_lock_is_held_cannot_hold_it(tmp_path: Path) -> N
                     said = "no error"
                 except ledgerq.ForkedQueueError:
                     said = "forked"
+                os.write(write_end, (said + "\n").encode())
+                # Its own handle waits for the parent's append (the open, or the
+                # enqueue: both take the append lock), then works.
                 with ledgerq.open(path, shared=True, lock_timeout=30) as own:
-                    os.write(write_end, (said + " waiting\n").encode())
-                    own.enqueue(b"from the child")  # waits for the parent's append
+                    own.enqueue(b"from the child")
                 os.write(write_end, b"enqueued\n")
             finally:
                 os._exit(0)
         os.close(write_end)
         with os.fdopen(read_end, "rb") as pipe:
-            assert pipe.readline() == b"forked waiting\n"
+            assert pipe.readline() == b"forked\n"
             release.set()
             holder.join(30)
             assert pipe.readline() == b"enqueued\n"

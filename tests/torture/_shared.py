@@ -90,7 +90,7 @@ ROSTER = ("producer", "producer", "consumer", "consumer", "mixed", "audit")
 # here and the measured latencies are reported (docs/reliability.md).
 RECLAIM_BOUND_S = 3.0
 PROGRESS_BOUND_S = 30.0
-SELF_KILL_WAIT_S = 4.0
+SELF_KILL_WAIT_S = 15.0
 _NTH = {"anywhere": 200, "open": 40, "dlq_move": 12, "rotation": 8, "compaction": 6}
 _EVERYTHING = 1 << 30
 AUDIT = "audit"

@@ -223,10 +223,11 @@ def test_a_timed_out_task_waits_the_retry_policy_and_dead_letters(
         assert message_id == only
         started[attempt] = at_ns
     assert sorted(started) == [1, 2]
-    # Killed at 0.3 s, then the retry policy's 0.5 s before the next delivery (the idle
-    # child would have taken it at once).
+    # Killed 0.3 s after it was handed out (the handler notes its start a little later,
+    # later still on a busy machine), then the retry policy's 0.5 s before the next
+    # delivery (the idle child would have taken it at once): at least 0.5 s apart.
     waited = (started[2] - started[1]) / 1e9
-    assert waited >= 0.75, f"delivered again after {waited:.3f} s"
+    assert waited >= 0.5, f"delivered again after {waited:.3f} s"
     with ledgerq.open(path, max_retries=2) as q:
         (dead,) = q.dlq.peek(5)
         assert int(dead.headers["dlq.original_id"]) == only
