@@ -21,11 +21,12 @@ from types import FrameType
 import click
 
 import ledgerq
+from ledgerq.cli._bench import bench
 from ledgerq.cli._common import EXIT_OUTPUT_CLOSED, OutputClosed
 from ledgerq.cli._config import config
 from ledgerq.cli._dlq import dlq
 from ledgerq.cli._messages import dequeue, enqueue, peek, stats
-from ledgerq.cli._services import bench, import_kestrel, serve, ship, worker
+from ledgerq.cli._services import import_kestrel, serve, ship, worker
 from ledgerq.cli._tools import compact, dump, rekey, verify
 from ledgerq.cli._ui import ui
 

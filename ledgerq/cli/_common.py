@@ -28,7 +28,6 @@ __all__ = [
     "EXIT_OUTPUT_CLOSED",
     "PAYLOAD_MODES",
     "CliError",
-    "NotImplementedYetError",
     "OutputClosed",
     "OutputClosedError",
     "Seconds",
@@ -77,12 +76,6 @@ class CliError(click.ClickException):
     """A failure to report as one ``ledgerq: error: ...`` line; exits 1."""
 
     exit_code = EXIT_ERROR
-
-
-class NotImplementedYetError(CliError):
-    """A command that exists in ``--help`` but comes with a later issue; exits 2."""
-
-    exit_code = EXIT_USAGE
 
 
 class OutputClosed(Exception):

@@ -1,10 +1,9 @@
-"""Long-running and tool commands: worker, serve, import-kestrel, ship, bench."""
+"""Long-running and tool commands: worker, serve, import-kestrel, ship."""
 
 from __future__ import annotations
 
 import importlib
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +13,6 @@ import click
 from ledgerq.cli._common import (
     ByteSize,
     CliError,
-    NotImplementedYetError,
     OutputClosed,
     Seconds,
     for_one_run,
@@ -32,7 +30,7 @@ from ledgerq.cli._common import (
 )
 from ledgerq.cli._keys import server_key_file_option
 
-__all__ = ["bench", "import_kestrel", "serve", "ship", "worker"]
+__all__ = ["import_kestrel", "serve", "ship", "worker"]
 
 
 def load_handler(spec: str) -> Callable[..., Any]:
@@ -524,18 +522,3 @@ def ship(
                 write_line(f"damaged: {name}:{offset}: {length} bytes copied as they are")
             for note in report.notes:
                 write_line(f"note: {note}")
-
-
-@click.command(
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(args: tuple[str, ...]) -> int:
-    """Run the benchmarks (benchmarks/run.py of a ledgerq checkout, with ARGS)."""
-    script = os.path.join("benchmarks", "run.py")
-    if os.path.isfile(script):
-        return subprocess.call([sys.executable, script, *args])
-    raise NotImplementedYetError(
-        "the benchmarks live in a ledgerq checkout: run `ledgerq bench` (or `make bench`) "
-        "from its top directory"
-    )

@@ -54,8 +54,14 @@ _IDLE_WATCH_S = 1.0
 _POLL_MIN_S = 0.005
 _POLL_MAX_S = 0.2
 
-# "auto": inotify where it works, else polling; "poll": always poll (tests, odd systems).
-WATCH_MODE = "auto"
+# How a process's housekeeper watches the queues its handles wait on: inotify where it
+# works, else polling; LEDGERQ_WATCH=poll always polls (file systems whose inotify
+# misses other machines' or containers' writes, and the tests of the polling path).
+WATCH_ENV = "LEDGERQ_WATCH"
+
+
+def _watch_polls() -> bool:
+    return os.environ.get(WATCH_ENV, "").strip().lower() == "poll"
 
 
 class _Watch:
@@ -66,7 +72,7 @@ class _Watch:
         self.inotify: list[InotifyWatcher] = []
         self.interval = _POLL_MIN_S
         self.next_poll = 0.0
-        if WATCH_MODE != "poll":
+        if not _watch_polls():
             try:
                 self.inotify = [
                     InotifyWatcher(os.path.join(path, SEGMENTS_DIR), suffix=LOG_SUFFIX),

@@ -1,10 +1,10 @@
 """What the console changes: requeue and purge dead letters, each as a job.
 
 An action opens the queue for what it does and closes it at once - never across a
-request, never while the page is looked at.  It opens the queue in shared mode when
-this ledgerq has it (``ledgerq.open(path, shared=True)``: any number of processes at
-once), so it works beside the application; without shared mode, a queue another
-process holds is refused with a message that says so, and nothing happens.
+request, never while the page is looked at.  It opens the queue in shared mode
+(``ledgerq.open(path, shared=True)``: any number of processes at once), so it works
+beside the application's shared handles; a queue another process holds exclusively is
+refused with a message that says so, and nothing happens.
 
 Every action runs as a :class:`Job` in a thread of its own: the request that starts
 it waits a moment for it and reports the outcome, and a long one - a requeue paced at
@@ -17,7 +17,6 @@ key does not open is refused before anything is opened (``_encryption``).
 
 from __future__ import annotations
 
-import inspect
 import secrets
 import threading
 import time
@@ -40,7 +39,6 @@ __all__ = [
     "JobBoard",
     "Scope",
     "Verb",
-    "opens_shared",
     "queue_for_action",
 ]
 
@@ -53,34 +51,32 @@ class ActionRefused(Exception):
     """An action that cannot be done now; its text says why, for the page."""
 
 
-def opens_shared() -> bool:
-    """Whether ``ledgerq.open`` takes ``shared=True`` (many processes on one queue)."""
-    return "shared" in inspect.signature(ledgerq.open).parameters
-
-
 @contextmanager
 def queue_for_action(
     path: str, name: str, *, encryption_key: bytes | None = None
 ) -> Iterator[ledgerq.Queue]:
     """The queue at ``path`` opened for one action, closed when it ends.
 
-    Shared when this ledgerq can (see the module); its stored options are used and
-    left as they are; ``encryption_key`` for an encrypted queue.  Raises
-    :class:`ActionRefused` when another process holds it.
+    Shared (see the module); its stored options are used and left as they are;
+    ``encryption_key`` for an encrypted queue.  Raises :class:`ActionRefused` when
+    another process holds it exclusively (or keeps it locked past the open's
+    ``lock_timeout``).
     """
-    kwargs: dict[str, Any] = {"remember_options": False, "encryption_key": encryption_key}
-    if opens_shared():
-        kwargs["shared"] = True
+    kwargs: dict[str, Any] = {
+        "remember_options": False,
+        "encryption_key": encryption_key,
+        "shared": True,
+    }
     try:
         queue = ledgerq.open(path, **kwargs)
-    except ledgerq.QueueLockedError:
+    except ledgerq.QueueLockedError as exc:
         how = (
-            "in the other mode"
-            if opens_shared()
-            else "exclusively (this ledgerq has no shared mode)"
+            "which holds it exclusively"
+            if exc.held_by == "exclusive"
+            else "which did not let it in within its lock timeout (stopped, or very slow)"
         )
         raise ActionRefused(
-            f"the queue {name} is open in another process, which holds it {how}; "
+            f"the queue {name} is open in another process, {how}; "
             "nothing was changed - try again once it is closed"
         ) from None
     try:

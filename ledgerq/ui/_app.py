@@ -39,7 +39,7 @@ from starlette.staticfiles import StaticFiles
 import ledgerq
 from ledgerq import tools
 from ledgerq.ui import _browse
-from ledgerq.ui._actions import Action, ActionRefused, Job, JobBoard, Verb, opens_shared
+from ledgerq.ui._actions import Action, ActionRefused, Job, JobBoard, Verb
 from ledgerq.ui._actions import Scope as ActionScope
 from ledgerq.ui._catalog import Catalog
 from ledgerq.ui._charts import Series, chart, format_rate, span_text, sparkline
@@ -145,7 +145,6 @@ class Console:
             refresh_s=REFRESH_S,
             history_text=span_text(self.history_s),
             url=url,
-            shared=opens_shared(),
             **context,
         )
         return HTMLResponse(page, status_code=status)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 import ledgerq
 from ledgerq import Item
+from tests.clocks import SteppedClock
 
 
 def test_duplicate_inside_window_returns_original_id(tmp_path: Path) -> None:
@@ -40,12 +40,13 @@ def test_dedup_inside_one_batch(tmp_path: Path) -> None:
 
 
 def test_window_expires(tmp_path: Path) -> None:
-    with ledgerq.open(tmp_path / "q", dedup_window=0.01) as q:
+    clock = SteppedClock()
+    with ledgerq.open(tmp_path / "q", dedup_window=10, clock=clock) as q:
         first = q.enqueue(b"a", dedup_id="k")
-        deadline = time.time_ns() + 20_000_000
-        while time.time_ns() < deadline:  # let the 10 ms window pass
-            time.sleep(0.005)
-        assert q.enqueue(b"a", dedup_id="k") != first
+        clock.elapse(9.9)
+        assert q.enqueue(b"a", dedup_id="k") == first  # inside the window: a duplicate
+        clock.elapse(0.2)
+        assert q.enqueue(b"a", dedup_id="k") != first  # the window has passed
 
 
 def test_max_entries_evicts_oldest(tmp_path: Path) -> None:

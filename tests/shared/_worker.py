@@ -87,9 +87,7 @@ def main(argv: list[str]) -> None:
     own = {"base", "count", "batch", "keep", "nack", "n", "timeout", "poll", "size", "seed"}
     mine = {k: settings.pop(k) for k in list(settings) if k in own}
     if mine.get("poll"):
-        from ledgerq.core import shared_process
-
-        shared_process.WATCH_MODE = "poll"
+        os.environ["LEDGERQ_WATCH"] = "poll"  # read by the housekeeper's first watch
     q = ledgerq.open(path, shared=True, **settings)  # type: ignore[arg-type]
     emit(f"READY {q.handle_id:016x} {os.getpid()}")  # type: ignore[attr-defined]
     rng = random.Random(int(mine.get("seed", 0)))  # type: ignore[arg-type]

@@ -7,10 +7,7 @@ import re
 import time
 from pathlib import Path
 
-import pytest
-
 import ledgerq
-from ledgerq.ui._actions import opens_shared
 from tests._child import Children
 
 from ._console import Client, act, start_console
@@ -155,8 +152,7 @@ sys.stdin.readline()
 def test_an_action_on_a_queue_held_elsewhere_is_refused_and_changes_nothing(
     tmp_path: Path, children: Children
 ) -> None:
-    # An exclusive holder excludes the console's open in either mode (shared mode, where
-    # ledgerq has it, and exclusive opens exclude each other).
+    # An exclusive holder excludes the console's shared open.
     path = tmp_path / "q"
     _build(path)
     holder = children.start(["-c", _HOLDER, str(path), "exclusive"])
@@ -177,8 +173,6 @@ def test_an_action_on_a_queue_held_elsewhere_is_refused_and_changes_nothing(
 def test_with_shared_mode_an_action_works_beside_a_shared_holder(
     tmp_path: Path, children: Children
 ) -> None:
-    if not opens_shared():
-        pytest.skip("this ledgerq has no shared mode (ledgerq.open(path, shared=True))")
     path = tmp_path / "q"
     _build(path)
     holder = children.start(["-c", _HOLDER, str(path), "shared"])
