@@ -160,6 +160,8 @@ def _child_main(handler: Handler, conn: Connection, owner_pid: int, measure_memo
     # SIG_IGN, so the handler's own subprocesses keep the default actions.
     signal.signal(signal.SIGINT, _leave_to_owner)
     signal.signal(signal.SIGTERM, _leave_to_owner)
+    with contextlib.suppress(ValueError):  # forked with the owner's: its pipe is not ours
+        signal.set_wakeup_fd(-1)
     while True:
         try:
             message = conn.recv()

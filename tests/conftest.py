@@ -19,6 +19,7 @@ def children(tmp_path: Path) -> Iterator[Children]:
     running.close()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (make test), every Spark test runs in one worker: each worker
     would otherwise start its own JVM (~6 s and 1 GiB) for the session's Spark."""
