@@ -5,9 +5,12 @@ Every column but ``payload`` is optional.  Each row of :data:`COLUMNS` says whic
 types a column takes (checked against the DataFrame's schema on the driver, before any
 task runs), how a task normalises and checks its values (an Arrow kernel per batch, so
 a bad value fails its task and nothing is published), the Arrow type staged files hold
-it in, and which keyword of :class:`ledgerq.Item` it becomes at commit.  A delivery
-feature that gains an ``Item`` keyword is one more row (``unique_key`` would be
-``Column("unique_key", _TEXT, "a string", _utf8_text, "unique_key")``).
+it in, which keyword of :class:`ledgerq.Item` it becomes at commit, and whether it
+chooses the row's shard (the first routing column a row has a value in, in table order,
+as ``open_sharded`` routes).  A delivery feature that gains an ``Item`` keyword is one
+more row, e.g. ``Column("unique_key", _TEXT, "a string", _unique_key, "unique_key")``
+(with its check) - placed among the routing columns with ``routes=True`` if
+``open_sharded`` routes by it.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from ledgerq import Item
 from ledgerq._errors import ConfigError
 from ledgerq._options import MAX_SECONDS
 
-__all__ = ["COLUMNS", "Column", "check_columns", "items", "normalize"]
+__all__ = ["COLUMNS", "ROUTED_BY", "Column", "check_columns", "items", "normalize"]
 
 _INTS = (ByteType, ShortType, IntegerType, LongType)
 _NUMBERS = (*_INTS, FloatType, DoubleType, DecimalType)
@@ -59,7 +62,8 @@ class Column:
 
     ``accepts``: the Spark types; ``what``: them in words, for errors; ``normalize``:
     the task's check and conversion (None: the column only routes rows and is not
-    staged); ``item``: the :class:`ledgerq.Item` keyword it fills at commit.
+    staged); ``item``: the :class:`ledgerq.Item` keyword it fills at commit;
+    ``routes``: whether it chooses the row's shard.
     """
 
     name: str
@@ -67,6 +71,7 @@ class Column:
     what: str
     normalize: Normalize | None
     item: str | None
+    routes: bool = False
 
 
 def _fail(bad: pa.Array, message: str, where: str) -> None:
@@ -145,11 +150,14 @@ COLUMNS: dict[str, Column] = {
         Column("ttl", _NUMBERS, "a number of seconds", _seconds("ttl", zero_ok=False), "ttl"),
         Column("delay", _NUMBERS, "a number of seconds", _seconds("delay", zero_ok=True), "delay"),
         Column("deliver_at", (TimestampType,), "a timestamp", _deliver_at, "delay"),
-        Column("group", _TEXT, "a string", _group, "group"),
-        Column("dedup_id", _TEXT_OR_BYTES, "string or binary", _dedup_id, "dedup_id"),
-        Column("key", _TEXT_OR_BYTES, "string or binary", None, None),  # routing only
+        # The routing columns, in the order open_sharded routes by them: a group's order
+        # holds inside one shard, and a dedup id is deduplicated in one.
+        Column("key", _TEXT_OR_BYTES, "string or binary", None, None, routes=True),
+        Column("group", _TEXT, "a string", _group, "group", routes=True),
+        Column("dedup_id", _TEXT_OR_BYTES, "string or binary", _dedup_id, "dedup_id", routes=True),
     )
 }
+ROUTED_BY = tuple(c.name for c in COLUMNS.values() if c.routes)
 
 
 def _described() -> str:

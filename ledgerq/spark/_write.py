@@ -58,7 +58,7 @@ from ledgerq.shard import (
     shard_index,
     write_shard_count,
 )
-from ledgerq.spark._columns import check_columns, items, normalize
+from ledgerq.spark._columns import ROUTED_BY, check_columns, items, normalize
 from ledgerq.spark._plan import encryption_key_option
 
 __all__ = ["STAGING_DIR", "LedgerqWriter", "StagedFile", "StagedTask"]
@@ -67,9 +67,6 @@ logger = logging.getLogger("ledgerq")
 
 STAGING_DIR = "_ledgerq_staging"  # under root; "_" hides it from readers (Spark's rule)
 _DEFAULT_SHARDS = 8
-# The columns that choose a row's shard, first given first, as open_sharded routes: a
-# group's order holds inside one shard, and a dedup id is deduplicated in one.
-ROUTED_BY = ("key", "group", "dedup_id")
 _DEFAULT_LOCK_TIMEOUT_S = 30.0
 # Keyword arguments of ledgerq.open that are not queue options, and why a write
 # takes none of them as queue.<name>.
