@@ -5,18 +5,20 @@ The rows go into the shards of a sharded queue under ``root`` - the directories
 recorded in ``root/[prefix.]ledgerq-shards.json``), so ``open_sharded(root, shards)``
 and the Spark reader both see what a job wrote.  A row with a ``key`` goes to shard
 ``xxh3_64(key) % shards`` (as ``open_sharded`` routes it); without a key, to the shard
-of its ``dedup_id`` if it has one, else to shard ``partition % shards``.
+of its ``group``, else of its ``dedup_id``, else to shard ``partition % shards``.
 
-A ledgerq queue has one owner at a time (its lock), and a job must not leave half of
-itself visible, so a write has two phases:
+A job must not leave half of itself visible, and its tasks must not contend for the
+queues, so a write has two phases:
 
 1. **Tasks stage.**  Each task (``write``, on an executor) splits its rows by shard and
    writes each shard's rows to its own Arrow IPC file under
    ``root/_ledgerq_staging/<job>/`` (temp file, fsync, rename, fsync of the directory).
-   Nothing is visible to consumers yet, and tasks never contend for a queue's lock.
+   Nothing is visible to consumers yet, and tasks never open a queue.
 2. **The driver publishes.**  ``commit`` (on the driver, once every task succeeded)
-   opens *every* shard queue first - waiting up to ``lock_timeout`` seconds for a lock
-   another process holds - then appends each staged file with one ``enqueue_batch``
+   opens *every* shard queue first, in shared mode, so beside the processes that use
+   them (``ledgerq.open(path, shared=True)``, worker pools) - waiting up to
+   ``lock_timeout`` seconds for a handle that holds one exclusively - then appends each
+   staged file with one ``enqueue_batch``
    (all-or-nothing, one write), fsyncs each shard and closes it, and deletes the
    staging directory.  If any shard cannot be opened, nothing is published.
 
@@ -28,6 +30,7 @@ whole (never a torn batch), and the staging directory is left for inspection.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -41,24 +44,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
-from pyspark.sql.types import (
-    BinaryType,
-    ByteType,
-    DataType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    ShortType,
-    StringType,
-    StructType,
-)
+from pyspark.sql.types import StructType
 
 import ledgerq
-from ledgerq import Item, Options
+from ledgerq import Options
 from ledgerq._errors import ConfigError, QueueLockedError
+from ledgerq._options import MAX_SECONDS
 from ledgerq.segment.files import fsync_dir
 from ledgerq.shard import (
     existing_shard_counts,
@@ -67,6 +58,7 @@ from ledgerq.shard import (
     shard_index,
     write_shard_count,
 )
+from ledgerq.spark._columns import ROUTED_BY, check_columns, items, normalize
 from ledgerq.spark._plan import encryption_key_option
 
 __all__ = ["STAGING_DIR", "LedgerqWriter", "StagedFile", "StagedTask"]
@@ -76,26 +68,17 @@ logger = logging.getLogger("ledgerq")
 STAGING_DIR = "_ledgerq_staging"  # under root; "_" hides it from readers (Spark's rule)
 _DEFAULT_SHARDS = 8
 _DEFAULT_LOCK_TIMEOUT_S = 30.0
-_INTS = (ByteType, ShortType, IntegerType, LongType)
-_NUMBERS = (*_INTS, FloatType, DoubleType, DecimalType)
-_TEXT_OR_BYTES = (StringType, BinaryType)
-_COLUMNS: dict[str, tuple[type[DataType], ...]] = {
-    "payload": _TEXT_OR_BYTES,
-    "headers": (MapType,),
-    "priority": _INTS,
-    "ttl": _NUMBERS,
-    "key": _TEXT_OR_BYTES,
-    "dedup_id": _TEXT_OR_BYTES,
+# Keyword arguments of ledgerq.open that are not queue options, and why a write
+# takes none of them as queue.<name>.
+_NOT_QUEUE_OPTIONS = {
+    "shared": "a ledgerq write always opens its queues in shared mode, beside the processes "
+    "that use them; drop the option",
+    "lock_timeout": "give the writer option lock_timeout (seconds) instead",
+    "encryption_key": "give the key as the writer option encryption_key_hex (64 hex digits)",
+    "remember_options": "a write stores the queue.* options it is given, as ledgerq.open does",
+    "clock": "a write uses the system clock",
 }
-_STAGED: dict[
-    str, pa.DataType | None
-] = {  # the Arrow types staged files hold, whatever the DataFrame's types were
-    "payload": pa.binary(),
-    "headers": pa.map_(pa.string(), pa.string()),
-    "priority": pa.int32(),
-    "ttl": pa.float64(),
-    "dedup_id": None,  # kept as it comes: str and bytes dedup ids are different ids
-}
+_EXAMPLES = "queue.segment_size=1048576, queue.sync=always, queue.dedup_window=600"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,42 +100,49 @@ class StagedTask(WriterCommitMessage):
     files: tuple[StagedFile, ...]
 
 
-def _check_columns(schema: StructType) -> None:
-    names = [f.name for f in schema.fields]
-    unknown = [n for n in names if n not in _COLUMNS]
-    if unknown:
-        raise ConfigError(
-            f"a ledgerq write got unexpected column(s) {', '.join(unknown)}; it takes payload "
-            "(binary or string) and optionally headers (map<string,string>), priority (int "
-            "0-2), ttl (seconds), key (string or binary) and dedup_id (string or binary)"
-        )
-    if "payload" not in names:
-        raise ConfigError("a ledgerq write needs a payload column (binary or string)")
-    for f in schema.fields:
-        if not isinstance(f.dataType, _COLUMNS[f.name]):
-            raise ConfigError(
-                f"column {f.name} has type {f.dataType.simpleString()}, which a "
-                "ledgerq write cannot take (see docs/spark.md)"
-            )
-        if f.name == "headers":
-            mt = f.dataType
-            assert isinstance(mt, MapType)
-            if not (isinstance(mt.keyType, StringType) and isinstance(mt.valueType, StringType)):
-                raise ConfigError("column headers must be map<string,string>")
+def _queue_option_names() -> list[str]:
+    return sorted(f.name for f in dataclasses.fields(Options) if f.name not in _NOT_QUEUE_OPTIONS)
 
 
 def _queue_options(options: Mapping[str, str]) -> dict[str, Any]:
-    """``queue.<name>`` writer options, for ``ledgerq.open`` of the shard queues."""
+    """``queue.<name>`` writer options, for ``ledgerq.open`` of the shard queues.
+
+    Values are parsed as JSON, else taken as strings.  Raises :class:`ConfigError`
+    naming the option for an unknown one or a bad value, before anything is written.
+    """
     found: dict[str, Any] = {}
+    raws: dict[str, str] = {}
+    valid = _queue_option_names()
     for raw_name, raw in options.items():
         name = raw_name.lower()
         if not name.startswith("queue."):
             continue
+        option = name.removeprefix("queue.")
+        if option in _NOT_QUEUE_OPTIONS:
+            raise ConfigError(f"option {name} is not taken: {_NOT_QUEUE_OPTIONS[option]}")
+        if option not in valid:
+            raise ConfigError(
+                f"unknown option {name}; the queue.* options are those of ledgerq.open: "
+                f"{', '.join('queue.' + v for v in valid)}"
+            )
         try:
             value: Any = json.loads(raw)
         except ValueError:
             value = raw  # a plain string such as sync=always
-        found[name.removeprefix("queue.")] = value
+        try:
+            Options(**{option: value})
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"option {name}={raw!r} is invalid: {exc} (values are read as JSON, "
+                f"else as text: {_EXAMPLES})"
+            ) from None
+        found[option] = value
+        raws[name] = raw
+    try:
+        Options(**found)  # the options one by one were fine; together?
+    except (ConfigError, TypeError, ValueError) as exc:
+        given = ", ".join(f"{k}={v!r}" for k, v in sorted(raws.items()))
+        raise ConfigError(f"the options {given} do not go together: {exc}") from None
     return found
 
 
@@ -209,19 +199,12 @@ class LedgerqWriter(DataSourceArrowWriter):
                 f"{root} already holds shard directories of prefix {prefix!r} for "
                 f"{', '.join(map(str, sorted(existing)))} shards, not {shards}"
             )
-        try:
-            lock_timeout = float(options.get("lock_timeout", _DEFAULT_LOCK_TIMEOUT_S))
-        except ValueError:
-            raise ConfigError("option lock_timeout must be a number of seconds") from None
+        lock_timeout = _lock_timeout(options.get("lock_timeout"))
         queue_options = _queue_options(options)
         key = encryption_key_option(options)  # the shard queues are encrypted with it
         if key is not None:
             queue_options["encryption_key"] = key
-        try:
-            Options(**queue_options)  # ConfigError for a bad value
-        except TypeError as exc:
-            raise ConfigError(f"invalid queue.* option: {exc}") from None
-        _check_columns(schema)
+        check_columns(schema)
         return cls(os.path.abspath(root), shards, prefix, queue_options, lock_timeout)
 
     @property
@@ -255,7 +238,7 @@ class LedgerqWriter(DataSourceArrowWriter):
     def _stage(
         self, batch: pa.RecordBatch, partition: int, attempt: int, sinks: dict[int, _Sink]
     ) -> None:
-        staged = _normalize(batch, partition)
+        staged = normalize(batch, f"partition {partition}")
         for shard, rows in self._route(batch, partition).items():
             part = staged if rows is None else staged.take(pa.array(rows, pa.int64()))
             sink = sinks.get(shard)
@@ -267,16 +250,13 @@ class LedgerqWriter(DataSourceArrowWriter):
     def _route(self, batch: pa.RecordBatch, partition: int) -> dict[int, list[int] | None]:
         """Rows per shard (None: every row of the batch)."""
         fallback = partition % self.shards
-        keys = _column(batch, "key")
-        dedup = _column(batch, "dedup_id")
-        if keys is None and dedup is None:
+        columns = [c for c in (_column(batch, name) for name in ROUTED_BY) if c is not None]
+        if not columns:
             return {fallback: None}
-        key_values = keys.to_pylist() if keys is not None else [None] * batch.num_rows
-        dedup_values = dedup.to_pylist() if dedup is not None else [None] * batch.num_rows
         shards = self.shards
         groups: dict[int, list[int]] = {}
-        for row, (key, dedup_id) in enumerate(zip(key_values, dedup_values, strict=True)):
-            chosen = key if key is not None else dedup_id
+        for row, values in enumerate(zip(*(c.to_pylist() for c in columns), strict=True)):
+            chosen = next((v for v in values if v is not None), None)  # the first one given
             shard = fallback if chosen is None else shard_index(chosen, shards)
             groups.setdefault(shard, []).append(row)
         if len(groups) == 1:
@@ -316,7 +296,12 @@ class LedgerqWriter(DataSourceArrowWriter):
         )
 
     def _open_all(self) -> list[Any]:
-        """Open every shard queue, waiting for locks; all or none."""
+        """Open every shard queue in shared mode, waiting for exclusive holders; all or none.
+
+        Shared, so that the write runs beside the processes that use the queues
+        (``ledgerq.open(path, shared=True)``, worker pools); only a handle that holds a
+        queue exclusively keeps the write out, for up to ``lock_timeout`` seconds.
+        """
         opened: list[Any] = []
         deadline = time.monotonic() + self.lock_timeout
         try:
@@ -325,18 +310,37 @@ class LedgerqWriter(DataSourceArrowWriter):
                 delay = 0.01
                 while True:
                     try:
-                        opened.append(ledgerq.open(path, **self.queue_options))
+                        queue = ledgerq.open(
+                            path, shared=True, lock_timeout=self.lock_timeout, **self.queue_options
+                        )
                         break
-                    except QueueLockedError:
+                    except QueueLockedError as exc:
                         if time.monotonic() >= deadline:
-                            raise
-                        time.sleep(delay)
+                            raise self._locked(path, exc) from exc
+                        time.sleep(delay)  # a poll of the lock: nothing to wait on across processes
                         delay = min(delay * 2, 0.5)
+                opened.append(queue)
         except BaseException:
             for q in opened:
                 q.close()
             raise
         return opened
+
+    def _locked(self, path: str, exc: QueueLockedError) -> QueueLockedError:
+        """The error of a shard that stayed locked: what holds it and what to do, for Spark."""
+        if exc.held_by != "exclusive":
+            return exc
+        return QueueLockedError(
+            path,
+            held_by="exclusive",
+            detail=(
+                "is open exclusively by another handle (ledgerq.open without shared=True, "
+                f"in this or another process); the write waited {self.lock_timeout:g} s "
+                "(option lock_timeout) and published nothing. A ledgerq write opens its "
+                "queues in shared mode: open the other handles with shared=True to use "
+                "them beside it, or close them, then write again"
+            ),
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Delete the job's staged files: nothing of it was published."""
@@ -345,11 +349,16 @@ class LedgerqWriter(DataSourceArrowWriter):
         logger.warning("ledgerq: write to %s aborted; its staged rows were deleted", self.root)
 
 
-def _remove_if_empty(path: str) -> None:
+def _lock_timeout(raw: str | None) -> float:
+    if raw is None:
+        return _DEFAULT_LOCK_TIMEOUT_S
     try:
-        os.rmdir(path)
-    except OSError:
-        pass  # another job is staging there, or it is gone already
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= MAX_SECONDS:  # NaN and infinity too
+        raise ConfigError(f"option lock_timeout must be a number of seconds above 0, got {raw!r}")
+    return seconds
 
 
 def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
@@ -357,41 +366,11 @@ def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
     return None if index < 0 else batch.column(index)
 
 
-def _normalize(batch: pa.RecordBatch, partition: int) -> pa.RecordBatch:
-    """The staged columns of a batch, in their staged types; checks what enqueue would."""
-    arrays, fields = [], []
-    for name, kind in _STAGED.items():
-        column = _column(batch, name)
-        if column is None:
-            continue
-        if name == "ttl":
-            column = column.cast(pa.float64())
-            bad = pc.less_equal(column, 0.0)
-            if pc.any(bad).as_py():
-                raise ValueError(
-                    f"ttl must be a positive number of seconds (partition {partition})"
-                )
-        elif name == "priority":
-            column = column.cast(pa.int32())
-            bad = pc.or_(pc.less(column, 0), pc.greater(column, 2))
-            if pc.any(bad).as_py():
-                raise ValueError(
-                    f"priority must be 0 (LOW), 1 (MEDIUM) or 2 (HIGH) (partition {partition})"
-                )
-        elif name == "headers":
-            column = column.cast(kind)
-            if column.items.null_count:
-                raise ValueError(f"header values must not be null (partition {partition})")
-        elif name == "dedup_id":
-            kind = pa.binary() if pa.types.is_binary(column.type) else pa.string()
-            column = column.cast(kind)
-        else:
-            column = column.cast(kind)
-        if name == "payload" and column.null_count:
-            raise ValueError(f"payload must not be null (partition {partition})")
-        arrays.append(column)
-        fields.append(pa.field(name, kind))
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+def _remove_if_empty(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass  # another job is staging there, or it is gone already
 
 
 class _Sink:
@@ -433,29 +412,6 @@ class _Sink:
 
 
 def _items(path: str) -> list[Any]:
-    """The messages of a staged file, for ``enqueue_batch`` (bytes when payload-only)."""
+    """The messages of a staged file, for ``enqueue_batch``."""
     with pa.memory_map(path) as source:
-        table = pa.ipc.open_file(source).read_all()
-    payloads: list[Any] = table.column("payload").to_pylist()
-    if table.num_columns == 1:
-        return payloads
-    names = table.column_names
-    headers = table.column("headers").to_pylist() if "headers" in names else None
-    priority = table.column("priority").to_pylist() if "priority" in names else None
-    ttl = table.column("ttl").to_pylist() if "ttl" in names else None
-    dedup = table.column("dedup_id").to_pylist() if "dedup_id" in names else None
-    items: list[Any] = []
-    for i, payload in enumerate(payloads):
-        h = headers[i] if headers is not None else None
-        p = priority[i] if priority is not None else None
-        d = dedup[i] if dedup is not None else None
-        items.append(
-            Item(
-                payload,
-                headers=dict(h) if h else None,
-                priority=1 if p is None else p,
-                ttl=ttl[i] if ttl is not None else None,
-                dedup_id=d,
-            )
-        )
-    return items
+        return items(pa.ipc.open_file(source).read_all())

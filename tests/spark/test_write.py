@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,9 @@ def test_a_shard_held_open_elsewhere_blocks_the_whole_commit(spark: Any, tmp_pat
     holder = ledgerq.open(tmp_path / shard_dir_name("", 2, 1))  # a consumer owns shard 1
     try:
         with pytest.raises(
-            Exception, match=r"QueueLockedError.*open exclusively by another handle"
+            Exception,
+            match=r"QueueLockedError.*open exclusively by another handle.*waited 0.5 s"
+            r".*opens its queues in shared mode",
         ):
             df.write.format("ledgerq").mode("append").option("lock_timeout", "0.5").save(
                 str(tmp_path)
@@ -134,3 +137,74 @@ def test_a_shard_held_open_elsewhere_blocks_the_whole_commit(spark: Any, tmp_pat
     assert not (tmp_path / STAGING_DIR).exists(), "Spark aborts a failed commit"
     df.write.format("ledgerq").mode("append").save(str(tmp_path))
     assert sum(len(m) for m in _messages(tmp_path, 2).values()) == 40
+
+
+def test_delivery_columns_reach_the_queues(spark: Any, tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    hour = timedelta(hours=1)
+    rows = [  # payload, group, delay, deliver_at, dedup_id, priority, ttl, headers
+        ("a1", "a", None, None, None, None, None, None),
+        ("a2", "a", None, None, None, None, None, None),  # held until a1 is acked
+        ("later", None, 3600.0, None, None, None, None, None),
+        ("due", None, None, now - hour, None, None, None, None),  # past: delivered now
+        ("future", None, None, now + hour, None, None, None, None),
+        ("dup1", None, None, None, "d", None, None, None),
+        ("dup2", None, None, None, "d", None, None, None),  # the same dedup id: dropped
+        ("plain", None, 0.0, None, None, 2, 60.0, {"h": "v"}),
+    ]
+    schema = (
+        "payload string, group string, delay double, deliver_at timestamp, "
+        "dedup_id string, priority int, ttl double, headers map<string,string>"
+    )
+    df = spark.createDataFrame(rows, schema).coalesce(1)
+    df.write.format("ledgerq").mode("append").option("shards", "2").option(
+        "queue.dedup_window", "600"
+    ).save(str(tmp_path))
+    got: dict[str, ledgerq.Message] = {}
+    order = []
+    with ledgerq.open_sharded(tmp_path, 2) as sq:
+        while (m := sq.dequeue()) is not None:
+            got[m.payload.decode()] = m
+            order.append(m.payload.decode())
+            sq.ack(m.id)
+        assert sq.stats().delayed == 2
+    assert sorted(got) == ["a1", "a2", "due", "dup1", "plain"]
+    assert order.index("a1") < order.index("a2") and got["a2"].group == "a"
+    plain = got["plain"]
+    assert (int(plain.priority), plain.headers) == (2, {"h": "v"})
+    assert plain.expires_at is not None and 59e9 < plain.expires_at - plain.timestamp <= 60e9
+    assert {m.group for m in got.values()} == {"a", None}
+    # ... and the reader shows the future messages' delivery times
+    back = spark.read.format("ledgerq").load(str(tmp_path)).where("deliver_at is not null")
+    due = {r["payload"].decode(): r["deliver_at"] for r in back.collect()}
+    assert sorted(due) == ["future", "later"]
+    assert abs(due["future"].replace(tzinfo=UTC) - (now + hour)) < timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(
+    ("schema", "error"),
+    [
+        ("payload binary, delay string", "column delay has type string; .* a number of seconds"),
+        ("payload binary, deliver_at string", "column deliver_at has type string; .* timestamp"),
+        ("payload binary, group int", "column group has type int; .* as a string"),
+        ("payload binary, headers map<string,int>", "column headers .* map<string,string>"),
+    ],
+)
+def test_a_column_of_a_wrong_type_fails_before_any_task(
+    spark: Any, tmp_path: Path, schema: str, error: str
+) -> None:
+    df = spark.createDataFrame([], schema)
+    with pytest.raises(Exception, match=error):
+        df.write.format("ledgerq").mode("append").save(str(tmp_path))
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_bad_delivery_value_fails_its_task_and_publishes_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    rows = [(b"ok", 1.0, None), (b"both", 1.0, datetime.now(UTC))]
+    df = spark.createDataFrame(rows, "payload binary, delay double, deliver_at timestamp")
+    with pytest.raises(Exception, match="both a delay and a deliver_at"):
+        df.write.format("ledgerq").mode("append").option("shards", "2").save(str(tmp_path))
+    assert not (tmp_path / STAGING_DIR).exists()
+    assert sum(len(m) for m in _messages(tmp_path, 2).values()) == 0
