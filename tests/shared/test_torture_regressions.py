@@ -58,3 +58,64 @@ def test_retention_repairs_a_dead_appenders_tail_before_it_publishes(
     assert got[-2:] == [(orphan, b"written, never published"), (after, b"after")]
     ids = [msg.id for msg in ledgerq.follow(path, timeout=0.05)]
     assert ids == sorted(set(ids))
+
+
+def test_a_handle_closing_with_leases_publishes_a_head_before_them(tmp_path: Path) -> None:
+    # Issue 25 item 7.  ``a`` holds message 1 and has read (and acked) far past it; it
+    # closes: its lease comes back to the others (RECLAIM), and the head it publishes
+    # must not pass it - it did (the leases were dropped first), so retention deleted
+    # the segment of a message the others had to deliver again: never delivered, lost.
+    path = tmp_path / "q"
+    options = {"segment_size": 256, "max_retries": 0}
+    a = ledgerq.open(path, shared=True, **options)
+    b = ledgerq.open(path, shared=True, **options)
+    try:
+        other = b.reader("other")
+        ids = [a.enqueue(b"message %02d" % n + b"." * 40) for n in range(30)]
+        for _ in ids[:-1]:  # the other reader past the first segments, but for the last
+            msg = other.dequeue()
+            assert msg is not None
+            other.ack(msg.id)
+        last = other.dequeue()
+        assert last is not None
+        held = a.dequeue()
+        assert held is not None and held.id == ids[0]
+        while (msg := a.dequeue()) is not None:
+            a.ack(msg.id)
+        a.close()  # its lease of message 1 back to the others
+        other.ack(last.id)  # retention: the readers' published heads
+        again = b.dequeue()
+        assert again is not None and again.id == ids[0], "the closed handle's lease is lost"
+        assert again.attempts == 2 and again.payload == held.payload
+        b.ack(again.id)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_priorities_a_discard_does_not_read_past_the_records_still_to_apply(
+    tmp_path: Path,
+) -> None:
+    # Issue 25 item 7 (the campaigns with priorities).  ``a`` has read ids 1-2.  ``b``
+    # leases 2 and 3, then acks 3.  Catching up, ``a`` discards 2 from its priority
+    # index; the index read the log on to do so - 3 and 4, 3 not yet known as leased -
+    # and the records after were applied as if ``a`` had not read 3: 3 stayed available
+    # in ``a``'s index, leased to two handles at once, delivered again once acked.
+    path = tmp_path / "q"
+    a = ledgerq.open(path, shared=True, priorities=True)
+    b = ledgerq.open(path, shared=True, priorities=True)
+    try:
+        first, second = a.enqueue(b"1"), a.enqueue(b"2")
+        msg = a.dequeue()
+        assert msg is not None and msg.id == first  # a's index holds 2, its cursor at 3
+        a.ack(first)
+        third, fourth = b.enqueue(b"3"), b.enqueue(b"4")
+        assert [m.id for m in b.dequeue_batch(2)] == [second, third]
+        b.ack(third)
+        assert [m.id for m in a.dequeue_batch(10)] == [fourth]
+        b.ack(second)
+        a.ack(fourth)
+        assert a.dequeue() is None and b.dequeue() is None
+    finally:
+        a.close()
+        b.close()
