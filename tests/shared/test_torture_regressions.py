@@ -9,6 +9,12 @@ appender's bytes outside it - with the word cleared.  The next appender then wro
 after those bytes under ids they already carry: a returned enqueue skipped as a
 corrupt region by every reader (found by a campaign of ``python -m tests.torture
 --shared``: ``kill -9 left a corrupt region``).
+
+Issue 25 item 7 (the shared torture with a visibility timeout, and the in-process fuzz
+of ``tests/torture/_shared_fuzz.py``): a closing handle's published head passing its
+own returned leases; the priority index reading the log while other handles' records
+were applied; a process preempted while it started its clock expiring others' leases
+early.  See docs/reliability.md, bugs 36-38.
 """
 
 from __future__ import annotations
@@ -119,3 +125,53 @@ def test_priorities_a_discard_does_not_read_past_the_records_still_to_apply(
     finally:
         a.close()
         b.close()
+
+
+class _Machine:
+    """The time of one machine: monotonic and wall clocks moving together."""
+
+    mono = 5_000_000_000_000
+
+
+class _ProcessClock:
+    """A process's view of it; ``preempted``: while it opens, the process waits that
+    long (ns) before every read of the wall clock, as a loaded machine may make it."""
+
+    def __init__(self, preempted: int = 0) -> None:
+        self.preempted = preempted
+
+    def monotonic_ns(self) -> int:
+        return _Machine.mono
+
+    def time_ns(self) -> int:
+        _Machine.mono += self.preempted
+        return 1_800_000_000_000_000_000 + _Machine.mono
+
+
+def test_a_process_preempted_while_it_opened_does_not_expire_leases_early(
+    tmp_path: Path,
+) -> None:
+    # Issue 25 item 7 (the campaigns that found leases taken long before their
+    # timeout).  ``late`` was preempted for 0.3 s between its first reads of the
+    # monotonic and wall clocks: its queue time ran 0.3 s ahead, and it took the
+    # others' leases (whose deadlines are written in the holder's queue time) 0.3 s
+    # early: here 0.2 s after a dequeue with a 0.5 s timeout.
+    path = tmp_path / "q"
+    options = {"visibility_timeout": 0.5, "max_retries": 0}
+    holder = ledgerq.open(path, shared=True, clock=_ProcessClock(), **options)
+    late_clock = _ProcessClock(300_000_000)
+    late = ledgerq.open(path, shared=True, clock=late_clock, **options)
+    late_clock.preempted = 0
+    try:
+        holder.enqueue(b"work")
+        msg = holder.dequeue()
+        assert msg is not None
+        _Machine.mono += 200_000_000
+        assert late.dequeue() is None, "a lease taken 0.2 s into its 0.5 s timeout"
+        _Machine.mono += 310_000_000
+        again = late.dequeue()
+        assert again is not None and again.id == msg.id and again.attempts == 2
+        late.ack(again.id)
+    finally:
+        holder.close()
+        late.close()
