@@ -40,6 +40,13 @@ on one queue" or of docs/reliability.md's kill -9 guarantees):
   final drain, on the main reader, and acked or delivered on the named reader;
 * bytes: every message delivered carries the payload, headers and priority of a token
   its id was returned for (or of an enqueue whose report the kill cut off).
+
+With a ``visibility_timeout`` (``--option visibility_timeout=0.5``) consumers dawdle
+past it now and then, and a lease is certain only until the earliest moment its
+deadline can pass (its dequeue's start + the timeout), unless its ack or nack returned;
+an ack or nack that raised ``UnknownMessageError`` (reported ``U``) must come after that
+moment.  The rest holds as it is: an expired or nacked message must be leased again,
+dead-lettered (never, with ``max_retries=0``) or in the final drain.
 """
 
 from __future__ import annotations

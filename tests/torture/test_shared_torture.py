@@ -32,13 +32,13 @@ def test_random_kills_with_leases_expiring_in_live_and_dead_hands(tmp_path: Path
     # with max_retries=0 nothing is dead-lettered: everything nacked or expired comes back.
     totals = run_shared_rounds(
         tmp_path,
-        3,
+        2,
         seed=9,
-        per_campaign=3,
+        per_campaign=2,
         target="random",
         overrides={"visibility_timeout": 0.25, "max_retries": 0},
     )
-    assert totals.rounds == 3 and totals.counts["nack"] > 0
+    assert totals.rounds == 2 and totals.counts["nack"] > 0
     assert totals.counts["expired_settles"] > 0, dict(totals.counts)
     assert totals.counts["dlq_moves"] == 0
 
