@@ -14,11 +14,13 @@ Issue 25 item 7 (the shared torture with a visibility timeout, and the in-proces
 of ``tests/torture/_shared_fuzz.py``): a closing handle's published head passing its
 own returned leases; the priority index reading the log while other handles' records
 were applied; a process preempted while it started its clock expiring others' leases
-early.  See docs/reliability.md, bugs 36-38.
+early; a journal replaced by a holder that died before publishing it, read by the
+others as the old file.  See docs/reliability.md, bugs 36-39.
 """
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import ledgerq
@@ -175,3 +177,48 @@ def test_a_process_preempted_while_it_opened_does_not_expire_leases_early(
     finally:
         holder.close()
         late.close()
+
+
+_COMPACT_AND_DIE_AFTER_THE_RENAME = """
+import os, signal, sys, ledgerq
+from ledgerq.segment import files
+q = ledgerq.open(sys.argv[1], shared=True)
+for _ in range(5):
+    q.ack(q.dequeue().id)
+real = os.replace
+def replace_then_die(src, dst):
+    real(src, dst)
+    if dst.endswith(".state"):  # the reader's journal: its checkpoint is in place
+        os.kill(os.getpid(), signal.SIGKILL)
+files.os.replace = replace_then_die
+q.compact()
+"""
+
+
+def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation(
+    tmp_path: Path, children: Children
+) -> None:
+    # Issue 25 item 7 (campaign 50101504: a handle killed inside a reader-journal
+    # checkpoint, acked messages delivered again).  The killed handle's checkpoint was
+    # in place, its new generation never published; the next holder (``a``) read the
+    # new file (the lock said its holder died) and published its length under the old
+    # generation - so ``b``, at that generation, read on in the old, unlinked file: it
+    # missed what the checkpoint holds (the child's acks: message 1 delivered again),
+    # and wrote its own records where nobody reads them.
+    path = tmp_path / "q"
+    a = ledgerq.open(path, shared=True)
+    b = ledgerq.open(path, shared=True)
+    try:
+        ids = [a.enqueue(b"m%d" % n) for n in range(20)]
+        dying = children.start(["-c", _COMPACT_AND_DIE_AFTER_THE_RENAME, str(path)])
+        assert dying.wait() == -signal.SIGKILL, dying.failure("did not die in its compaction")
+        assert a.stats().readers["default"].acked == 5  # a repairs: the new file, whole
+        for message_id in ids[5:]:
+            msg = b.dequeue()
+            assert msg is not None and msg.id == message_id
+            b.ack(msg.id)
+        assert a.dequeue() is None, "a handle went on reading a replaced journal"
+        assert a.stats().readers["default"].acked == 20
+    finally:
+        a.close()
+        b.close()
