@@ -155,11 +155,7 @@ class Proc:
 
     def last_stamp_ns(self) -> int:
         """The time of its last stamped report: it was alive then."""
-        for line in reversed(list(self.lines)):
-            fields = line.split()
-            if fields[0] in ("B", "E", "L", "A", "N", "U", "D", "Z"):
-                return int(fields[1])
-        return 0
+        return _last_stamp_ns(list(self.lines))
 
     def kill_now(self) -> None:
         self.death_ns = self.noticed_ns = time.monotonic_ns()
@@ -173,6 +169,15 @@ class Proc:
         if self.death_ns is None:
             self.death_ns = self.noticed_ns
         return self.child.finish()
+
+
+def _last_stamp_ns(lines: list[str]) -> int:
+    """The time of the last stamped report of ``lines`` (0: none)."""
+    for line in reversed(lines):
+        fields = line.split()
+        if fields[0] in ("B", "E", "L", "A", "N", "U", "D", "Z"):
+            return int(fields[1])
+    return 0
 
 
 # ---------------------------------------------------------------------- the invariants
@@ -297,7 +302,9 @@ class Ledger:
             # A live child's reports arrive on its own pipe, so the start of its ack may
             # be written and not read yet: what is certain is that it held the lease at
             # its last report read so far (reports are stamped in order).
-            last = proc.last_stamp_ns()
+            # (From the lines parsed: a later read of proc.lines holds more reports -
+            # a release this parse has not seen would look like a lease held on.)
+            last = _last_stamp_ns(lines)
             for lease in held.values():
                 lease.until_ns = max(lease.held_ns, min(lease.until_ns, last))
 
