@@ -222,3 +222,34 @@ def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation(
     finally:
         a.close()
         b.close()
+
+
+def test_priorities_a_message_nacked_in_a_catch_up_is_delivered_again(tmp_path: Path) -> None:
+    # Issue 25 item 7's loss itself (bug 37): ``a`` has read ids 1-2; ``b`` leases 3
+    # (high priority), then 2, then nacks 3.  ``a``'s catch-up: 3 noted leased, then
+    # discarding 2 read the log on (3 passed over as leased, 4 indexed), then the NACK
+    # of 3 was taken as for an id not read yet - so nothing gave it back: nacked, never
+    # delivered again by ``a``, and the head ``a`` publishes may pass it.
+    path = tmp_path / "q"
+    a = ledgerq.open(path, shared=True, priorities=True)
+    b = ledgerq.open(path, shared=True, priorities=True)
+    try:
+        first = a.enqueue(b"1")
+        second = a.enqueue(b"2")
+        msg = a.dequeue()
+        assert msg is not None and msg.id == first
+        a.ack(first)
+        third = b.enqueue(b"3", priority=ledgerq.Priority.HIGH)
+        fourth = b.enqueue(b"4")
+        leased = b.dequeue(), b.dequeue()
+        assert [m.id for m in leased if m is not None] == [third, second]
+        b.nack(third, "failed")
+        got = a.dequeue_batch(10)
+        assert [m.id for m in got] == [third, fourth], "the nacked message was passed over"
+        assert got[0].attempts == 2
+        for m in got:
+            a.ack(m.id)
+        b.ack(second)
+    finally:
+        a.close()
+        b.close()
