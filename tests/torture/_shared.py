@@ -376,7 +376,13 @@ class Ledger:
                     "began: its lease was taken before its visibility timeout could pass",
                 )
         for (reader, message_id), leases in by_message.items():
-            leases.sort(key=lambda lease: lease.held_ns)
+            if self.visibility_ns is None:
+                leases.sort(key=lambda lease: lease.held_ns)
+            else:
+                # In the order they were decided, which the attempts count (under the
+                # reader's lock): a dequeue preempted after it decided may return after
+                # the next lease of its message, decided once its own had expired.
+                leases.sort(key=lambda lease: (lease.attempts, lease.held_ns))
             acked_at = self.acks[reader].get(message_id)
             for n, lease in enumerate(leases):
                 self.require(

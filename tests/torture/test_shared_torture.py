@@ -181,3 +181,16 @@ def test_the_checker_finds_a_nacked_message_never_delivered_again() -> None:
     ledger = _ledger(nacked, visibility_timeout=0.5)
     with pytest.raises(ModelError, match="lost on reader -"):
         ledger.check_final({"-": [], "audit": []}, [], [1, 9])
+
+
+def test_the_checker_orders_expiring_leases_by_their_attempts() -> None:
+    # A dequeue that decided (attempt 3) and was preempted for more than the timeout
+    # returns after the lease decided once its own had expired (attempt 4).
+    ms = 1_000_000
+    slow = _Dead(0, ["B 0 deq 1", f"L {700 * ms} - 1 3 1", f"Z {700 * ms}"])
+    slow.lines += [f"B {701 * ms} ack - 1", f"U {702 * ms} - 1", f"Z {702 * ms}"]
+    other = _Dead(1, [f"B {600 * ms} deq 1", f"L {601 * ms} - 1 4 1", f"Z {601 * ms}"])
+    _ledger(slow, other, visibility_timeout=0.1).check()
+    again = _Dead(1, [f"B {600 * ms} deq 1", f"L {601 * ms} - 1 3 1", f"Z {601 * ms}"])
+    with pytest.raises(ModelError, match="failed delivery"):
+        _ledger(slow, again, visibility_timeout=0.1).check()
