@@ -198,6 +198,7 @@ class Lease:
     settled: str = ""
     outcome: str = ""  # "ok": its ack/nack returned; "lost": it raised UnknownMessageError
     lost_ns: int = 0  # when the ack/nack that raised reported it
+    lost_why: str = ""  # what its UnknownMessageError said
 
 
 # With a visibility timeout, a lease is certain only until the earliest moment its
@@ -287,6 +288,7 @@ class Ledger:
                     self.acks[f[1]][int(f[2])] = int(f[0])
                 elif kind == "U":
                     settling.lost_ns = int(f[0])
+                    settling.lost_why = " ".join(f[3:])
                     self.counts["expired_settles"] += 1
             elif kind == "D":
                 self.dead_lettered.setdefault((f[4], int(f[2])), False)
@@ -373,7 +375,8 @@ class Ledger:
                     f"child {lease.proc}'s {lease.settled} of message {lease.message_id} on "
                     f"reader {lease.reader} raised UnknownMessageError "
                     f"{(lease.lost_ns - lease.start_ns) / 1e6:.0f} ms after its dequeue "
-                    "began: its lease was taken before its visibility timeout could pass",
+                    "began: its lease was taken before its visibility timeout could pass "
+                    f"({lease.lost_why or 'no reason reported'})",
                 )
         for (reader, message_id), leases in by_message.items():
             if self.visibility_ns is None:

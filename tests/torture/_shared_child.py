@@ -25,7 +25,7 @@ children:
     L <t1> <reader> <id> <attempts> <token>  a lease returned (reader ``-``: the main one)
     A <t1> <reader> <id>                 an ack returned
     N <t1> <reader> <id>                 a nack returned
-    U <t1> <reader> <id>                 an ack or nack raised UnknownMessageError: the
+    U <t1> <reader> <id> <why...>        an ack or nack raised UnknownMessageError: the
                                          lease had expired (only with a visibility timeout)
     D <t1> <dlq id> <original id> <token> <reader>  a message was written to the DLQ
     Z <t1>                               the operation returned
@@ -178,7 +178,8 @@ class SharedWorkload:
                 emit(f"X lease of {message_id} lost: {exc}\n")
                 raise
             # It may have expired: the parent judges by the times (and it must come back).
-            emit(f"U {now()} {self.reader_name} {message_id}\n")
+            why = str(exc).split(": ")[-1].replace("\n", " ")[:120]
+            emit(f"U {now()} {self.reader_name} {message_id} {why}\n")
             return
         emit(f"{'N' if nack else 'A'} {now()} {self.reader_name} {message_id}\n")
 
