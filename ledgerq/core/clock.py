@@ -38,6 +38,9 @@ from typing import Protocol, runtime_checkable
 
 __all__ = ["SYSTEM_CLOCK", "Clock", "QueueClock", "SystemClock", "check_clock"]
 
+_CLOCK_SAMPLES = 8  # reads of the wall clock at most, to start a queue's clock
+_CLOSE_NS = 200_000  # monotonic reads this close around it: the wall clock is taken
+
 
 @runtime_checkable
 class Clock(Protocol):
@@ -91,8 +94,22 @@ class QueueClock:
     def __init__(self, source: Clock, floor_ns: int) -> None:
         """Start at the later of ``source``'s wall clock and ``floor_ns`` (the newest
         time the queue has stored)."""
-        monotonic = source.monotonic_ns()
-        self.offset_ns = max(source.time_ns(), floor_ns) - monotonic
+        # The wall clock is read between two reads of the monotonic one, and again if
+        # they are far apart: a process preempted between its reads (a loaded machine)
+        # started its clock ahead by the time it waited, and the processes of a shared
+        # queue compare each other's lease deadlines with their own clocks - it expired
+        # the others' leases that much early (issue 25 item 7: 230 ms of a 250 ms lease).
+        wall, after, gap = 0, 0, -1
+        for _ in range(_CLOCK_SAMPLES):
+            before = source.monotonic_ns()
+            read = source.time_ns()
+            later = source.monotonic_ns()
+            if gap < 0 or later - before < gap:
+                wall, after, gap = read, later, later - before
+            if gap <= _CLOSE_NS:
+                break
+        # (Against ``after``: the wall clock was read before it, so never ahead.)
+        self.offset_ns = max(wall, floor_ns) - after
         self.monotonic_ns = source.monotonic_ns
 
     def now_ns(self) -> int:

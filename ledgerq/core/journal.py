@@ -281,6 +281,11 @@ class SharedReaderJournal(ReaderJournal):
             caught_up = self.read_new(st)
             if slot is not None:
                 self.generation = max(self.generation, slot.generation)
+                if caught_up[1]:
+                    # Replaced by a holder that died before it published so: a new
+                    # generation, or the others go on with the file they have (same
+                    # generation, a length to read in it that it does not hold).
+                    self.generation += 1
             return caught_up
         generation = slot.generation
         if generation == self.generation:
@@ -295,7 +300,7 @@ class SharedReaderJournal(ReaderJournal):
             if st is None:
                 return None
             reread = self.read_new(st)
-            self.generation = max(self.generation, slot.generation)
+            self.generation = max(self.generation, slot.generation) + (1 if reread[1] else 0)
             return reread
         self.generation = generation  # replaced (or removed): the new file, whole
         fd = self._reopen()

@@ -869,11 +869,13 @@ class SharedReaderCore(ReaderCore):
             except QueueClosedError:
                 return
             try:
+                # The head before the leases go: they come back (RECLAIM) for the others,
+                # and a head published past them would let retention delete them.
+                self.publish_head()
                 if self._leased:
                     ids = sorted(self._leased)
                     self.journal.append_reclaim(self.holder, _GONE, ids)  # type: ignore[attr-defined]
                     self._leased.clear()
-                self.publish_head()
             finally:
                 self._leave()
             self.journal.commit.sync_now()

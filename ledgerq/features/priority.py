@@ -167,7 +167,13 @@ class PrioritySelector:
         heapq.heappush(level.returned, (entry.id, entry.timestamp, entry))
 
     def discard(self, message_id: int) -> bool:
-        level = self._holder(message_id)
+        # Without reading the log further: a shared handle discards while it applies
+        # other handles' records, and decides per id, by its cursor, between this and
+        # passing over an id not read yet.  A read here would move the cursor past ids
+        # the records after this one lease, settle or give back - leased twice, acked
+        # and delivered again, a nacked one never again (issue 25 item 7).  An id not
+        # read yet is not held: the cursor's caller deals with it.
+        level = self._holder(message_id, pull=False)
         if level is None:
             return False
         level.discarded.add(message_id)
@@ -176,9 +182,11 @@ class PrioritySelector:
     def holds(self, message_id: int) -> bool:
         return self._holder(message_id) is not None
 
-    def _holder(self, message_id: int) -> _Level | None:
-        """The level holding ``message_id`` available, if any."""
-        self._pull()
+    def _holder(self, message_id: int, *, pull: bool = True) -> _Level | None:
+        """The level holding ``message_id`` available, if any (``pull``: after reading
+        what the cursor has not read yet)."""
+        if pull:
+            self._pull()
         for level in self._levels:
             if message_id not in level.discarded and level.holds(message_id):
                 return level

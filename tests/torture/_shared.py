@@ -40,6 +40,13 @@ on one queue" or of docs/reliability.md's kill -9 guarantees):
   final drain, on the main reader, and acked or delivered on the named reader;
 * bytes: every message delivered carries the payload, headers and priority of a token
   its id was returned for (or of an enqueue whose report the kill cut off).
+
+With a ``visibility_timeout`` (``--option visibility_timeout=0.5``) consumers dawdle
+past it now and then, and a lease is certain only until the earliest moment its
+deadline can pass (its dequeue's start + the timeout), unless its ack or nack returned;
+an ack or nack that raised ``UnknownMessageError`` (reported ``U``) must come after that
+moment.  The rest holds as it is: an expired or nacked message must be leased again,
+dead-lettered (never, with ``max_retries=0``) or in the final drain.
 """
 
 from __future__ import annotations
@@ -148,11 +155,7 @@ class Proc:
 
     def last_stamp_ns(self) -> int:
         """The time of its last stamped report: it was alive then."""
-        for line in reversed(list(self.lines)):
-            fields = line.split()
-            if fields[0] in ("B", "E", "L", "A", "N", "D", "Z"):
-                return int(fields[1])
-        return 0
+        return _last_stamp_ns(list(self.lines))
 
     def kill_now(self) -> None:
         self.death_ns = self.noticed_ns = time.monotonic_ns()
@@ -166,6 +169,15 @@ class Proc:
         if self.death_ns is None:
             self.death_ns = self.noticed_ns
         return self.child.finish()
+
+
+def _last_stamp_ns(lines: list[str]) -> int:
+    """The time of the last stamped report of ``lines`` (0: none)."""
+    for line in reversed(lines):
+        fields = line.split()
+        if fields[0] in ("B", "E", "L", "A", "N", "U", "D", "Z"):
+            return int(fields[1])
+    return 0
 
 
 # ---------------------------------------------------------------------- the invariants
@@ -184,13 +196,26 @@ class Lease:
     # its last report read so far
     until_ns: float = float("inf")
     settled: str = ""
+    outcome: str = ""  # "ok": its ack/nack returned; "lost": it raised UnknownMessageError
+    lost_ns: int = 0  # when the ack/nack that raised reported it
+    lost_why: str = ""  # what its UnknownMessageError said
+
+
+# With a visibility timeout, a lease is certain only until the earliest moment its
+# deadline can pass: the deadline is set between the dequeue's start and its return,
+# so no earlier than start_ns + timeout (each process's queue clock ticks with the
+# monotonic one; this slack covers the microseconds their origins may differ by).
+_CLOCK_SLACK_NS = 10_000_000
 
 
 class Ledger:
     """Every report of every child of a campaign, and the checks over them."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, visibility_timeout: float | None = None) -> None:
         self.where = where
+        self.visibility_ns = (
+            int(visibility_timeout * 1e9) - _CLOCK_SLACK_NS if visibility_timeout else None
+        )
         self._reset()
 
     def _reset(self) -> None:
@@ -224,12 +249,13 @@ class Ledger:
         op: list[str] = []
         op_lines: list[str] = []
         held: dict[tuple[str, int], Lease] = {}
+        settling: Lease | None = None  # the lease the current ack/nack settles
         for line in lines:
             kind, *f = line.split()
             if kind == "X":
                 raise self.fail(f"child {proc.number} ({proc.role}) raised: {line[2:500]}")
             if kind == "B":
-                op, op_lines = f, []
+                op, op_lines, settling = f, [], None
                 self.counts[f[1]] += 1
                 if f[1] in ("ack", "nack"):
                     lease = held.pop((f[2], int(f[3])), None)
@@ -237,6 +263,7 @@ class Ledger:
                     assert lease is not None
                     lease.until_ns = int(f[0])
                     lease.settled = f[1]
+                    settling = lease
             elif kind == "Z":
                 op = []
             elif kind == "E":
@@ -246,9 +273,23 @@ class Ledger:
                     f[1], int(f[2]), int(f[3]), int(f[4]), proc.number, int(op[0]), int(f[0])
                 )
                 self.leases.append(lease)
+                # Leased again by its holder: the old lease expired (its span ends by the
+                # earliest moment it could, checked against this one in _check_leases).
+                held.pop((f[1], lease.message_id), None)
                 held[(f[1], lease.message_id)] = lease
-            elif kind == "A":
-                self.acks[f[1]][int(f[2])] = int(f[0])
+            elif kind in ("A", "N", "U"):
+                self.require(
+                    settling is not None and settling.message_id == int(f[2]),
+                    f"child {proc.number}: {line!r} outside the ack/nack of that message",
+                )
+                assert settling is not None
+                settling.outcome = "lost" if kind == "U" else "ok"
+                if kind == "A":
+                    self.acks[f[1]][int(f[2])] = int(f[0])
+                elif kind == "U":
+                    settling.lost_ns = int(f[0])
+                    settling.lost_why = " ".join(f[3:])
+                    self.counts["expired_settles"] += 1
             elif kind == "D":
                 self.dead_lettered.setdefault((f[4], int(f[2])), False)
                 self.counts["dlq_moves"] += 1
@@ -263,14 +304,18 @@ class Ledger:
             # A live child's reports arrive on its own pipe, so the start of its ack may
             # be written and not read yet: what is certain is that it held the lease at
             # its last report read so far (reports are stamped in order).
-            last = proc.last_stamp_ns()
+            # (From the lines parsed: a later read of proc.lines holds more reports -
+            # a release this parse has not seen would look like a lease held on.)
+            last = _last_stamp_ns(lines)
             for lease in held.values():
                 lease.until_ns = max(lease.held_ns, min(lease.until_ns, last))
 
     def _cut(self, op: list[str], lines: list[str]) -> None:
         """Note what the operation a kill interrupted may or may not have done."""
         name = op[1]
-        if name in ("ack", "nack") and not any(line.startswith(("A ", "N ")) for line in lines):
+        if name in ("ack", "nack") and not any(
+            line.startswith(("A ", "N ", "U ")) for line in lines
+        ):
             self.doubt[op[2]].add(int(op[3]))
         elif name == "enq" and op[3] != "-":
             self.keys_cut[op[3]] += 1
@@ -311,12 +356,36 @@ class Ledger:
         self.require(not both, f"ids returned for a dedup id and for another enqueue: {both}")
         self.counts["dedup_hits"] = sum(1 for e in self.enqueues if e[2] != "-") - len(keyed)
 
+    def _certain_until(self, lease: Lease) -> float:
+        """Until when ``lease`` was certainly held (its visibility timeout may end it)."""
+        if self.visibility_ns is None or lease.outcome == "ok":
+            # An ack or nack that returned found the lease still held when it decided.
+            return lease.until_ns
+        return min(lease.until_ns, lease.start_ns + self.visibility_ns)
+
     def _check_leases(self) -> None:
         by_message: dict[tuple[str, int], list[Lease]] = defaultdict(list)
         for lease in self.leases:
             by_message[(lease.reader, lease.message_id)].append(lease)
+            if lease.outcome == "lost":
+                # Only an expiry ends a live holder's lease: not before the timeout.
+                self.require(
+                    self.visibility_ns is not None
+                    and lease.lost_ns >= lease.start_ns + self.visibility_ns,
+                    f"child {lease.proc}'s {lease.settled} of message {lease.message_id} on "
+                    f"reader {lease.reader} raised UnknownMessageError "
+                    f"{(lease.lost_ns - lease.start_ns) / 1e6:.0f} ms after its dequeue "
+                    "began: its lease was taken before its visibility timeout could pass "
+                    f"({lease.lost_why or 'no reason reported'})",
+                )
         for (reader, message_id), leases in by_message.items():
-            leases.sort(key=lambda lease: lease.held_ns)
+            if self.visibility_ns is None:
+                leases.sort(key=lambda lease: lease.held_ns)
+            else:
+                # In the order they were decided, which the attempts count (under the
+                # reader's lock): a dequeue preempted after it decided may return after
+                # the next lease of its message, decided once its own had expired.
+                leases.sort(key=lambda lease: (lease.attempts, lease.held_ns))
             acked_at = self.acks[reader].get(message_id)
             for n, lease in enumerate(leases):
                 self.require(
@@ -326,10 +395,12 @@ class Ledger:
                 )
                 if n:
                     before = leases[n - 1]
+                    until = self._certain_until(before)
                     self.require(
-                        before.until_ns <= lease.held_ns,
+                        until <= lease.held_ns,
                         f"message {message_id} leased to two live handles at once on reader "
-                        f"{reader}: child {before.proc} (held {before.held_ns}-{before.until_ns}) "
+                        f"{reader}: child {before.proc} (held {before.held_ns}-{until}, "
+                        f"{before.settled or 'unsettled'} {before.outcome or '-'}) "
                         f"and child {lease.proc} (from {lease.held_ns})",
                     )
                     self.require(
@@ -477,7 +548,10 @@ class Campaign:
         self.workdir = workdir
         self.seed = seed
         self.result = SharedResult(seed, self.options)
-        self.ledger = Ledger(f"shared campaign seed={seed} options={self.options}")
+        self.ledger = Ledger(
+            f"shared campaign seed={seed} options={self.options}",
+            self.options.get("visibility_timeout"),
+        )
         self.procs: list[Proc] = []
         self.roster: list[Proc] = []
         self.parent_enqueues: list[tuple[int, int]] = []
@@ -703,7 +777,8 @@ class Campaign:
         self.ledger.load(self.procs, self.parent_enqueues)
         log_ids = [msg.id for msg in ledgerq.follow(self.path, timeout=0.05)]
         drained: dict[str, list[ledgerq.Message]] = {MAIN: [], AUDIT: []}
-        with ledgerq.open(self.path, **self.options) as q:
+        # No visibility timeout for the drain: its own leases must not expire under load.
+        with ledgerq.open(self.path, **{**self.options, "visibility_timeout": None}) as q:
             self.ledger.require(q.stats().corrupt_skipped == 0, "kill -9 left a corrupt region")
             for name, reader in ((MAIN, q), (AUDIT, q.reader(AUDIT))):
                 while batch := reader.dequeue_batch(64):  # type: ignore[attr-defined]

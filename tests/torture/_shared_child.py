@@ -25,8 +25,14 @@ children:
     L <t1> <reader> <id> <attempts> <token>  a lease returned (reader ``-``: the main one)
     A <t1> <reader> <id>                 an ack returned
     N <t1> <reader> <id>                 a nack returned
+    U <t1> <reader> <id> <why...>        an ack or nack raised UnknownMessageError: the
+                                         lease had expired (only with a visibility timeout)
     D <t1> <dlq id> <original id> <token> <reader>  a message was written to the DLQ
     Z <t1>                               the operation returned
+
+With a ``visibility_timeout``, a consumer now and then holds its leases for up to twice
+that long before its next step (``B <t0> dawdle <ms>``: slow work), so leases expire in
+the hands of live processes as well as dead ones.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ class SharedWorkload:
         self.dedup = self.options.get("dedup_window") is not None
         self.keys = [f"k{i}" for i in range(config.get("keys", 40))]
         self.nack_share: float = config.get("nack", 0.25)
+        self.visibility: float | None = self.options.get("visibility_timeout")
         self.q = ledgerq.open(config["path"], shared=True, **self.options)
         self.reader: Any = self.q.reader(AUDIT) if self.role == AUDIT else self.q
         self.reader_name = AUDIT if self.role == AUDIT else "-"
@@ -150,31 +157,45 @@ class SharedWorkload:
                 emit(f"X message {msg.id} (token {token}): {problem}\n")
                 raise AssertionError(problem)
             lines.append(f"L {t1} {self.reader_name} {msg.id} {msg.attempts} {token}\n")
-            self.leased.append(msg.id)
+            if msg.id not in self.leased:  # (else its lease expired and came back here)
+                self.leased.append(msg.id)
         if lines:
             emit("".join(lines))
 
     def settle(self) -> None:
         """Ack (or, on the main reader, sometimes nack) one held lease."""
         message_id = self.leased.pop(self.rng.randrange(len(self.leased)))
-        if self.role != AUDIT and self.rng.random() < self.nack_share:
-            emit(f"B {now()} nack {self.reader_name} {message_id}\n")
-            self.reader.nack(message_id, f"nack:{message_id}")
-            emit(f"N {now()} {self.reader_name} {message_id}\n")
-        else:
-            emit(f"B {now()} ack {self.reader_name} {message_id}\n")
-            try:
+        nack = self.role != AUDIT and self.rng.random() < self.nack_share
+        emit(f"B {now()} {'nack' if nack else 'ack'} {self.reader_name} {message_id}\n")
+        try:
+            if nack:
+                self.reader.nack(message_id, f"nack:{message_id}")
+            else:
                 self.reader.ack(message_id)
-            except ledgerq.UnknownMessageError as exc:
+        except ledgerq.UnknownMessageError as exc:
+            if self.visibility is None:
                 # Our lease was taken from us: say why (the parent fails the run).
                 emit(f"X lease of {message_id} lost: {exc}\n")
                 raise
-            emit(f"A {now()} {self.reader_name} {message_id}\n")
+            # It may have expired: the parent judges by the times (and it must come back).
+            why = str(exc).split(": ")[-1].replace("\n", " ")[:120]
+            emit(f"U {now()} {self.reader_name} {message_id} {why}\n")
+            return
+        emit(f"{'N' if nack else 'A'} {now()} {self.reader_name} {message_id}\n")
+
+    def dawdle(self) -> None:
+        """Hold the leases a while (slow work): long enough, often, for them to expire."""
+        assert self.visibility is not None
+        seconds = self.rng.uniform(0.0, 2.0 * self.visibility)
+        emit(f"B {now()} dawdle {int(seconds * 1000)}\n")
+        time.sleep(seconds)
 
     def consume(self) -> None:
         # Mostly settle what is held at once; keep up to a few leases across steps so
         # that a kill often finds this handle holding leases.
-        if len(self.leased) > 3 or (self.leased and self.rng.random() < 0.6):
+        if self.visibility is not None and self.leased and self.rng.random() < 0.02:
+            self.dawdle()
+        elif len(self.leased) > 3 or (self.leased and self.rng.random() < 0.6):
             self.settle()
         else:
             self.dequeue()

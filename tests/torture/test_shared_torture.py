@@ -25,6 +25,24 @@ def test_random_kills_of_processes_sharing_a_queue(tmp_path: Path) -> None:
     assert totals.counts["dlq_moves"] > 0
 
 
+def test_random_kills_with_leases_expiring_in_live_and_dead_hands(tmp_path: Path) -> None:
+    # Issue 25 item 7's settings, shorter: consumers dawdle past the visibility timeout
+    # now and then, so leases expire in live hands (their ack or nack then raises
+    # UnknownMessageError, which the checker judges by the times) as well as dead ones;
+    # with max_retries=0 nothing is dead-lettered: everything nacked or expired comes back.
+    totals = run_shared_rounds(
+        tmp_path,
+        2,
+        seed=9,
+        per_campaign=2,
+        target="random",
+        overrides={"visibility_timeout": 0.25, "max_retries": 0},
+    )
+    assert totals.rounds == 2 and totals.counts["nack"] > 0
+    assert totals.counts["expired_settles"] > 0, dict(totals.counts)
+    assert totals.counts["dlq_moves"] == 0
+
+
 @pytest.mark.parametrize("target", ["append", "compaction"])
 def test_processes_killed_inside_the_shared_engine(tmp_path: Path, target: str) -> None:
     totals = run_shared_rounds(tmp_path, 2, seed=5, per_campaign=2, target=target)
@@ -58,8 +76,8 @@ class _Dead:
         return Proc.last_stamp_ns(self)  # type: ignore[arg-type]
 
 
-def _ledger(*procs: _Dead) -> Ledger:
-    ledger = Ledger("test")
+def _ledger(*procs: _Dead, visibility_timeout: float | None = None) -> Ledger:
+    ledger = Ledger("test", visibility_timeout)
     ledger.load(list(procs), [(1, 1)])  # type: ignore[arg-type]
     return ledger
 
@@ -112,3 +130,67 @@ def test_the_checker_finds_a_lost_enqueue() -> None:
     ledger = _ledger(_Dead(0, ["B 1 enq 5 -", "E 2 9 5 -", "Z 3"]))
     with pytest.raises(ModelError, match="lost on reader -"):
         ledger.check_final({"-": [], "audit": []}, [], [9])
+
+
+def test_the_checker_accepts_a_lease_that_expired_in_a_live_holder() -> None:
+    # A 100 ms timeout.  The holder dawdles; the other takes the message after the
+    # earliest moment its deadline could pass; the holder's ack then raises.
+    ms = 1_000_000
+    holder = _Dead(
+        0,
+        [
+            *("B 0 deq 1", f"L {ms} - 1 1 1", f"Z {ms}"),
+            *(f"B {2 * ms} dawdle 300", f"Z {300 * ms}"),
+            *(f"B {301 * ms} ack - 1", f"U {302 * ms} - 1", f"Z {302 * ms}"),
+        ],
+        alive=True,
+    )
+    other = _Dead(1, [f"B {200 * ms} deq 1", f"L {201 * ms} - 1 2 1", f"Z {201 * ms}"])
+    ledger = _ledger(holder, other, visibility_timeout=0.1)
+    ledger.check()
+    assert ledger.counts["expired_settles"] == 1
+    # Without a timeout the refused ack is a lost lease; with one, a lease taken (or an
+    # ack refused) before the timeout could have passed is a broken promise too.
+    with pytest.raises(ModelError, match="before its visibility timeout"):
+        _ledger(holder, other).check()
+    early = _Dead(1, [f"B {50 * ms} deq 1", f"L {51 * ms} - 1 2 1", f"Z {51 * ms}"])
+    with pytest.raises(ModelError, match="two live handles"):
+        _ledger(holder, early, visibility_timeout=0.1).check()
+    refused = _Dead(0, ["B 0 deq 1", f"L {ms} - 1 1 1", f"Z {ms}"])
+    refused.lines += [f"B {2 * ms} nack - 1", f"U {3 * ms} - 1", f"Z {3 * ms}"]
+    with pytest.raises(ModelError, match="before its visibility timeout"):
+        _ledger(refused, visibility_timeout=0.1).check()
+
+
+def test_the_checker_finds_an_ack_that_returned_after_another_lease() -> None:
+    # An ack that returned decided while the lease was held: another handle must not
+    # have leased the message before that ack began, visibility timeout or not.
+    ms = 1_000_000
+    holder = _Dead(0, ["B 0 deq 1", f"L {ms} - 1 1 1", f"Z {ms}"], alive=True)
+    holder.lines += [f"B {400 * ms} ack - 1", f"A {401 * ms} - 1", f"Z {401 * ms}"]
+    other = _Dead(1, [f"B {200 * ms} deq 1", f"L {201 * ms} - 1 2 1", f"Z {201 * ms}"])
+    with pytest.raises(ModelError, match="two live handles"):
+        _ledger(holder, other, visibility_timeout=0.1).check()
+
+
+def test_the_checker_finds_a_nacked_message_never_delivered_again() -> None:
+    # Issue 25 item 7: dequeued, nacked (the nack returned), with max_retries=0 never
+    # dead-lettered: it must be leased again, or be in the final drain.
+    nacked = _Dead(0, ["B 1 enq 5 -", "E 2 9 5 -", "Z 3", "B 4 deq 1", "L 5 - 9 1 5", "Z 6"])
+    nacked.lines += ["B 7 nack - 9", "N 8 - 9", "Z 9"]
+    ledger = _ledger(nacked, visibility_timeout=0.5)
+    with pytest.raises(ModelError, match="lost on reader -"):
+        ledger.check_final({"-": [], "audit": []}, [], [1, 9])
+
+
+def test_the_checker_orders_expiring_leases_by_their_attempts() -> None:
+    # A dequeue that decided (attempt 3) and was preempted for more than the timeout
+    # returns after the lease decided once its own had expired (attempt 4).
+    ms = 1_000_000
+    slow = _Dead(0, ["B 0 deq 1", f"L {700 * ms} - 1 3 1", f"Z {700 * ms}"])
+    slow.lines += [f"B {701 * ms} ack - 1", f"U {702 * ms} - 1", f"Z {702 * ms}"]
+    other = _Dead(1, [f"B {600 * ms} deq 1", f"L {601 * ms} - 1 4 1", f"Z {601 * ms}"])
+    _ledger(slow, other, visibility_timeout=0.1).check()
+    again = _Dead(1, [f"B {600 * ms} deq 1", f"L {601 * ms} - 1 3 1", f"Z {601 * ms}"])
+    with pytest.raises(ModelError, match="failed delivery"):
+        _ledger(slow, again, visibility_timeout=0.1).check()
