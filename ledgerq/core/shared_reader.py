@@ -415,15 +415,15 @@ class SharedReaderCore(ReaderCore):
                 self._own_deadline_ns[entry.id] = deadline
         return taken
 
-    @in_step
     def take_one(self, now: float, now_ns: int, deadline_ns: int = 0) -> tuple[Entry, int] | None:
-        if self._foreign_deadlines and self._foreign_deadlines[0][0] <= now_ns:
-            self._expire_foreign(now_ns)
-        deadline = now_ns + self._visibility_ns if self._visibility_ns else 0
-        taken = super().take_one(now, now_ns, deadline)
-        if deadline and taken is not None:
-            self._own_deadline_ns[taken[0].id] = deadline
-        return taken
+        with self.session:  # (not @in_step: the polling hot path saves its wrapper's call)
+            if self._foreign_deadlines and self._foreign_deadlines[0][0] <= now_ns:
+                self._expire_foreign(now_ns)
+            deadline = now_ns + self._visibility_ns if self._visibility_ns else 0
+            taken = super().take_one(now, now_ns, deadline)
+            if deadline and taken is not None:
+                self._own_deadline_ns[taken[0].id] = deadline
+            return taken
 
     def _expire_foreign(self, now_ns: int) -> None:
         """Void the other handles' leases whose visibility timeout passed (lock held)."""
@@ -523,9 +523,9 @@ class SharedReaderCore(ReaderCore):
             self.check_leased(message_id)
         return super().ack(ids)
 
-    @in_step
     def ack_one(self, message_id: int) -> int:
-        return super().ack_one(message_id)
+        with self.session:  # (not @in_step: the hot path saves its wrapper's call)
+            return super().ack_one(message_id)
 
     @in_step
     def nack(self, ids: list[int], reason: str, now_ns: int, delay_ns: int | None = None) -> int:

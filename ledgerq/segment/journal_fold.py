@@ -47,7 +47,7 @@ from typing import Protocol
 
 from ledgerq.format.reader_state import Checkpoint, StateRecordType
 
-__all__ = ["FoldTables", "JournalSink", "StateRecord", "finish_counter", "fold_records"]
+__all__ = ["FoldTables", "JournalSink", "StateRecord", "fold_records"]
 
 # One record of a journal: its type, its u64 fields (the ids of LEASE ... RELEASE; the
 # holder, deadline or cause, then the ids, of LEASE_BY, RECLAIM and TOUCH; the due time,
@@ -119,12 +119,6 @@ class JournalSink(Protocol):
         ...
 
 
-def finish_counter(kind: StateRecordType) -> str:
-    """The counter a finishing record (ACK, DEAD_LETTER, EXPIRE) counts in."""
-    # (branches, not a dict keyed by the enum: an enum's hash is Python code)
-    return "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
-
-
 def fold_records(records: Iterable[StateRecord], sink: JournalSink) -> None:
     """Fold ``records`` (in journal order) into ``sink``; see the module for the rules."""
     deliveries, not_before, counters = sink.fold_tables()
@@ -176,6 +170,7 @@ def fold_records(records: Iterable[StateRecord], sink: JournalSink) -> None:
             if not_before:
                 for message_id in body:
                     not_before.pop(message_id, None)
-            counter = finish_counter(kind)
+            # (branches, not a dict keyed by the enum: an enum's hash is Python code)
+            counter = "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
             counters[counter] = counters.get(counter, 0) + len(body)
             sink.on_finish(kind, body)

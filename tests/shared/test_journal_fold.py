@@ -175,7 +175,7 @@ def _assert_agree(run: _Run, state: ReaderState) -> None:
 
 
 @settings(
-    max_examples=30,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
