@@ -249,10 +249,10 @@ class SharedReaderJournal(ReaderJournal):
     append of this handle is cut back as in exclusive mode (:class:`AppendLog`).
 
     A lease is written as LEASE_BY (this handle's id as the holder, and the deadline
-    the call passes to :meth:`append_lease`); checkpoints carry the live leases and the file is
-    version 2.  Another handle's compaction replaces the file: the descriptor then
-    refers to a file with no name left (``st_nlink == 0``), and :meth:`read_new` starts
-    over from the new file.
+    the call passes to :meth:`append_lease`); checkpoints carry the live leases and the
+    file is version 2.  Another handle's compaction replaces the file: the descriptor
+    then refers to a file with no name left (``st_nlink == 0``), and :meth:`read_new`
+    starts over from the new file.
 
     With a :attr:`slot` in the state page (``segment.shared_page.JournalSlot``), the
     holder of the reader's lock publishes there the length of the file's whole records

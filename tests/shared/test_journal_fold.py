@@ -2,7 +2,9 @@
 
 A live shared reader folds the records other handles append into its cursor, selector
 and lease tables; ``ReaderState`` (the queue's recovery, verify, the console, Spark)
-folds the same file read-only.  Random record sequences - written by other handles,
+folds the same file read-only, whole (``replay_reader``: recovery, verify, Spark) or
+incrementally across compactions (``JournalTail``: the console, ship).  Random record
+sequences - written by other handles,
 with compactions (a random checkpoint replacing the file) between them - must leave
 both with the same deliveries, NOT_BEFORE times, counters, finished ids and leases.
 
@@ -33,7 +35,8 @@ from ledgerq.format.reader_state import (
     encode_reclaim_record,
     encode_touch_record,
 )
-from ledgerq.segment.readonly_state import ReaderState, replay_reader
+from ledgerq.segment.naming import reader_state_path
+from ledgerq.segment.readonly_state import JournalTail, ReaderState, replay_reader
 
 N = 6  # messages in the queue
 IDS = st.lists(st.integers(1, N), min_size=1, max_size=3, unique=True).map(sorted)
@@ -192,6 +195,8 @@ def test_live_reader_and_read_only_replay_agree(
 ) -> None:
     path = tempfile.mkdtemp(prefix="lq-fold-")
     run = _Run(path, *own)
+    tail = JournalTail(reader_state_path(path, "default"))
+    followed = ReaderState()
     try:
         for records, checkpoint in runs:
             for record in records:
@@ -200,6 +205,11 @@ def test_live_reader_and_read_only_replay_agree(
                 run.compact(checkpoint)
             run.live.catch_up()
             _assert_agree(run, replay_reader(path, "default"))
+            news = tail.read()
+            if tail.restarted:
+                followed = ReaderState()  # (as the console: a new file is read whole)
+            followed.apply(news)
+            _assert_agree(run, followed)
     finally:
         run.close()
         shutil.rmtree(path, ignore_errors=True)
