@@ -188,6 +188,18 @@ class ReaderJournal(AppendLog):
             self.size += _ONE_ID_RECORD_SIZE
         return self.commit.note_write()
 
+    def append_lease(self, ids: list[int], deadline_ns: int) -> int:
+        """Append the LEASE of ``ids``; return the durability ticket.
+
+        ``deadline_ns`` is the leases' visibility deadline (the queue's time; 0: none),
+        which only shared mode journals (its LEASE_BY records, the holders' deadlines).
+        """
+        return self.append(_LEASE, ids)
+
+    def append_lease_one(self, message_id: int, deadline_ns: int) -> int:
+        """:meth:`append_lease` of one id (the dequeue hot path)."""
+        return self.append_one(_LEASE, message_id)
+
     def postpone_compaction(self) -> None:
         """A compaction failed: try again once the journal has grown some more."""
         if self._low_space:
@@ -236,11 +248,11 @@ class SharedReaderJournal(ReaderJournal):
     a handle that died while appending (it held the lock): they are cut.  A failed
     append of this handle is cut back as in exclusive mode (:class:`AppendLog`).
 
-    A LEASE is written as LEASE_BY (this handle's id as the holder, and
-    :attr:`lease_deadline_ns`); checkpoints carry the live leases and the file is
-    version 2.  Another handle's compaction replaces the file: the descriptor then
-    refers to a file with no name left (``st_nlink == 0``), and :meth:`read_new` starts
-    over from the new file.
+    A lease is written as LEASE_BY (this handle's id as the holder, and the deadline
+    the call passes to :meth:`append_lease`); checkpoints carry the live leases and the
+    file is version 2.  Another handle's compaction replaces the file: the descriptor
+    then refers to a file with no name left (``st_nlink == 0``), and :meth:`read_new`
+    starts over from the new file.
 
     With a :attr:`slot` in the state page (``segment.shared_page.JournalSlot``), the
     holder of the reader's lock publishes there the length of the file's whole records
@@ -256,7 +268,6 @@ class SharedReaderJournal(ReaderJournal):
     def __init__(self, path: str, holder: int) -> None:
         super().__init__(path)
         self.holder = holder
-        self.lease_deadline_ns = 0  # the deadline of the LEASE_BY records written next
         self.slot: JournalSlot | None = None  # where the length is published, if anywhere
         self.generation = 0  # of the file this handle appends to (the slot's, or ahead)
 
@@ -348,18 +359,18 @@ class SharedReaderJournal(ReaderJournal):
             current = slot.generation if slot is not None else 0
             self.generation = max(self.generation, current) + 1
 
-    def append(self, kind: StateRecordType, ids: list[int] | tuple[int, ...]) -> int:
-        if kind is not StateRecordType.LEASE:
-            return super().append(kind, ids)
-        self.append_record(encode_lease_by_record(self.holder, self.lease_deadline_ns, ids))
+    def append_lease(self, ids: list[int], deadline_ns: int) -> int:
+        """Append the LEASE_BY of ``ids``: this handle holds them until ``deadline_ns``
+        (0: no visibility timeout)."""
+        self.append_record(encode_lease_by_record(self.holder, deadline_ns, ids))
+        return self.commit.note_write()
+
+    def append_lease_one(self, message_id: int, deadline_ns: int) -> int:
+        self.append_record(encode_lease_by_one(self.holder, deadline_ns, message_id))
         return self.commit.note_write()
 
     def append_one(self, kind: StateRecordType, message_id: int) -> int:
-        if kind is _LEASE:
-            record = encode_lease_by_one(self.holder, self.lease_deadline_ns, message_id)
-        else:
-            record = encode_id_record(kind, message_id)
-        self.append_record(record)
+        self.append_record(encode_id_record(kind, message_id))
         return self.commit.note_write()
 
     def append_reclaim(self, holder: int, cause: ReclaimCause, ids: list[int]) -> int:

@@ -67,7 +67,6 @@ __all__ = ["Reader", "ReaderCore", "ReaderHooks", "entry_to_message", "initial_c
 
 logger = logging.getLogger("ledgerq")
 
-_LEASE = StateRecordType.LEASE
 _ACK = StateRecordType.ACK
 _NACK = StateRecordType.NACK
 _DEAD = StateRecordType.DEAD_LETTER
@@ -237,10 +236,16 @@ class ReaderCore:
 
     # ------------------------------------------------------------------ delivery
 
-    def take(self, n: int, now: float, now_ns: int) -> list[tuple[Entry, int]]:
-        """Lease up to ``n`` entries; return each with its attempt number."""
+    def take(
+        self, n: int, now: float, now_ns: int, deadline_ns: int = 0
+    ) -> list[tuple[Entry, int]]:
+        """Lease up to ``n`` entries; return each with its attempt number.
+
+        ``deadline_ns``: the leases' visibility deadline in the queue's time, for the
+        journal (0: none; only shared mode's journal keeps it).
+        """
         if n == 1:
-            one = self.take_one(now, now_ns)
+            one = self.take_one(now, now_ns, deadline_ns)
             return [one] if one is not None else []
         if self._deadlines:
             self.expire_leases(now, now_ns)
@@ -253,14 +258,14 @@ class ReaderCore:
                 chosen.append(entry)
             if not chosen:
                 return []
-            self.journal.append(_LEASE, [e.id for e in chosen])
+            self.journal.append_lease([e.id for e in chosen], deadline_ns)
         except BaseException:
             for entry in chosen:  # nothing was leased: keep them available
                 self._selector.give_back(entry)
             raise
         return [self._lease(entry, now) for entry in chosen]
 
-    def take_one(self, now: float, now_ns: int) -> tuple[Entry, int] | None:
+    def take_one(self, now: float, now_ns: int, deadline_ns: int = 0) -> tuple[Entry, int] | None:
         """:meth:`take` for one entry, without the lists (the polling hot path)."""
         if self._deadlines:
             self.expire_leases(now, now_ns)
@@ -268,7 +273,7 @@ class ReaderCore:
         if entry is None:
             return None
         try:
-            self.journal.append_one(_LEASE, entry.id)
+            self.journal.append_lease_one(entry.id, deadline_ns)
         except BaseException:
             self._selector.give_back(entry)  # nothing was leased: keep it available
             raise

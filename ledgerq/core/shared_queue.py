@@ -795,12 +795,12 @@ class SharedQueueCore(QueueCore):
                 raise KeyError(name)
             core = reader._core
             assert isinstance(core, SharedReaderCore)
-            core._enter()
+            core.session.enter()
         try:
             yield
         finally:
             with self._lock:
-                core._leave()
+                core.session.leave()
 
     def _foreign_holders(self) -> set[int]:
         """The other handles this handle knows to hold leases (for the housekeeper)."""
@@ -1146,12 +1146,12 @@ class SharedQueueCore(QueueCore):
             for name in sorted(self._cores):
                 core = self._cores[name]
                 assert isinstance(core, SharedReaderCore)
-                core._enter()
+                core.session.enter()
                 entered.append(core)
             yield
         finally:
             for core in reversed(entered):
-                core._leave()
+                core.session.leave()
 
     def _write_drafts(
         self, manager: SharedSegmentManager, to_write: list[Draft], now: int
@@ -1281,7 +1281,7 @@ class SharedQueueCore(QueueCore):
         try:
             for core in cores:
                 assert isinstance(core, SharedReaderCore)
-                core._enter()
+                core.session.enter()
                 entered.append(core)
             manager.lock_appends()
             try:
@@ -1294,7 +1294,7 @@ class SharedQueueCore(QueueCore):
                 manager.unlock_appends()
         finally:
             for core in reversed(entered):
-                core._leave()
+                core.session.leave()
 
     def _open_readers_on_disk(self) -> None:
         """Open the readers other handles created since this one opened."""

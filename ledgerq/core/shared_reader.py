@@ -4,14 +4,17 @@ Each shared handle keeps its own :class:`SharedReaderCore` per reader: the in-me
 state of :class:`~ledgerq.core.reader.ReaderCore` (a cursor over the log, the
 selector, the leases, delivery counts), kept equal to what the reader's journal says
 by *catching up* before every decision.  A step of the reader - a dequeue, an ack, a
-nack, ``len``, ``stats`` - is a *section*:
+nack, ``len``, ``stats`` - is a *section*, entered and left by the handle's
+:class:`~ledgerq.core.reader_session.ReaderSession` (``with self.session``, or a method
+marked ``@in_step``):
 
 1. take the reader's lock (``segment.steplock``: a lock word in its slot of the state
    page, or ``flock`` of ``shared/<name>.reader``), waiting at most the handle's budget;
 2. bring the log's view up to date (the state page: one read) and read the records
    the other handles appended to the journal since this handle's offset - the page
-   says how far the journal's whole records go - applying each to the in-memory state
-   (:meth:`_apply`);
+   says how far the journal's whole records go - folding them into the in-memory state
+   (:meth:`_apply`: ``segment.journal_fold``'s fold, the one ``ReaderState`` replays
+   with, this core its sink);
 3. decide and write this handle's own record (nobody else writes meanwhile, so it
    lands at the offset this handle knows, which then moves past it);
 4. publish the journal's new length, and release the lock.
@@ -35,14 +38,15 @@ import heapq
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from ledgerq._errors import QueueClosedError, UnknownMessageError
 from ledgerq._types import ReaderStats
 from ledgerq.core.clock import QueueClock
 from ledgerq.core.delays import NEVER_NS
-from ledgerq.core.journal import ReaderRemovedError, SharedReaderJournal
+from ledgerq.core.journal import SharedReaderJournal
 from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, ReaderCore, ReaderHooks
+from ledgerq.core.reader_session import ReaderSession, in_step
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import (
@@ -52,8 +56,8 @@ from ledgerq.format.reader_state import (
 )
 from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.files import StorageError
+from ledgerq.segment.journal_fold import FoldTables, StateRecord, fold_records
 from ledgerq.segment.lock import LockFile
-from ledgerq.segment.readonly_state import StateRecord
 from ledgerq.segment.shared_manager import SharedSegmentManager
 from ledgerq.segment.shared_page import JournalSlot
 from ledgerq.segment.steplock import StepLock
@@ -62,16 +66,8 @@ __all__ = ["SharedReaderCore", "read_published_head"]
 
 logger = logging.getLogger("ledgerq")
 
-_LEASE = StateRecordType.LEASE
-_LEASE_BY = StateRecordType.LEASE_BY
-_RECLAIM = StateRecordType.RECLAIM
-_NOT_BEFORE = StateRecordType.NOT_BEFORE
-_TOUCH = StateRecordType.TOUCH
 _HAS_GROUP = int(EntryFlags.HAS_GROUP)
-_NACK = StateRecordType.NACK
-_RELEASE = StateRecordType.RELEASE
 _ACK = StateRecordType.ACK
-_EXPIRE = StateRecordType.EXPIRE
 _DATA = int(RecordType.DATA)
 _GONE = ReclaimCause.GONE
 _EXPIRED = ReclaimCause.TIMED_OUT
@@ -113,10 +109,9 @@ class SharedReaderCore(ReaderCore):
         retry_policy: RetryPolicy | None = None,
     ) -> None:
         self._lock_file = lock
-        self._step = step
         self._shared_journal = journal
         self._shared_manager = manager
-        self._depth = 0
+        self.session = ReaderSession(name, step, journal, manager, self._apply)
         self._clock = clock
         self.holder = journal.holder
         self._visibility_ns = (
@@ -128,8 +123,8 @@ class SharedReaderCore(ReaderCore):
         self._own_deadline_ns: dict[int, int] = {}  # our leases' deadlines, for checkpoints
         self._lost: dict[int, str] = {}  # our leases that ended elsewhere: why (for the error)
         self._fail_reason: dict[int, str] = {}  # why a reclaimed lease failed (its report)
-        step.acquire()  # (a repair is this load: it reads the whole file)
-        self._depth = 1
+        self._back: set[int] = set()  # (of a catch-up: see the fold's sink below)
+        self.session.enter_to_load()
         try:
             manager.refresh()
             super().__init__(
@@ -159,47 +154,14 @@ class SharedReaderCore(ReaderCore):
             if slot is not None:
                 journal.attach_slot(slot)
         finally:
-            self._depth = 0
-            if journal.publish():
-                step.mark_suspect()
-            step.release()
+            self.session.leave()
 
     # ------------------------------------------------------------------ sections
 
-    def _enter(self) -> None:
-        if self._depth:
-            self._depth += 1
-            return
-        step = self._step
-        repair = step.acquire()
-        self._depth = 1
-        try:
-            self._manager.refresh()
-            news = self._shared_journal.changes(repair=repair)
-            if news is not None and news[0]:
-                self._apply(*news)
-        except BaseException as exc:
-            self._depth = 0
-            if repair:
-                step.mark_suspect()  # not repaired: the next holder tries again
-            step.release()
-            if isinstance(exc, ReaderRemovedError):
-                raise QueueClosedError(
-                    f"reader {self.name!r} was removed (remove_reader) by another handle"
-                ) from None
-            raise
-
-    def _leave(self) -> None:
-        self._depth -= 1
-        if not self._depth:
-            if self._shared_journal.publish():
-                self._step.mark_suspect()
-            self._step.release()
-
     def catch_up(self) -> None:
-        """Apply what the other handles wrote (a section of its own)."""
-        self._enter()
-        self._leave()
+        """Apply what the other handles wrote (a step of its own)."""
+        with self.session:
+            pass
 
     # ------------------------------------------------------------------ applying records
 
@@ -216,103 +178,102 @@ class SharedReaderCore(ReaderCore):
             while len(self._lost) > 10_000:
                 del self._lost[next(iter(self._lost))]
 
-    def _apply(self, records: Iterable[StateRecord], restarted: bool) -> None:
-        """Fold other handles' records into the state (the reader lock held)."""
-        foreign = self._foreign
-        deliveries = self._deliveries
-        reported = self._reported
-        counters = self.counters
-        selector = self._selector
-        cursor_next = self._cursor.next_id
-        back: set[int] = set()  # ids available again behind the cursor: given back at the end
-        me = self.holder
-        for kind, body, checkpoint, _ in records:
-            if checkpoint is not None:
-                self._rebuild(checkpoint)
-                foreign = self._foreign
-                deliveries, reported, counters = self._deliveries, self._reported, self.counters
-                selector, cursor_next = self._selector, self._cursor.next_id
-                back.clear()
-                continue
-            if kind is _LEASE_BY or kind is _LEASE:
-                if kind is _LEASE_BY:
-                    holder, deadline, ids = body[0], body[1], body[2:]
-                else:
-                    holder, deadline, ids = 0, 0, body
-                for message_id in ids:
-                    before = deliveries.get(message_id, 0)
-                    deliveries[message_id] = before + 1
-                    # The leaser reported the failures before it (or learnt of them).
-                    if reported.get(message_id, 0) < before:
-                        reported[message_id] = before
-                    back.discard(message_id)
-                    self._not_before.pop(message_id, None)
-                    if message_id in self._leased and holder != me:
-                        self._revoke(message_id, "another handle leased it after it expired")
-                    if message_id < cursor_next:
-                        selector.discard(message_id)
-                    self._note_foreign(message_id, holder, deadline)
-            elif kind is _NACK:
-                # Not marked reported: the nacker may have died between its NACK and the
-                # move to the DLQ that the failure called for; the next taker reports the
-                # failure again (same count: at worst the retry log hears of it twice).
-                counters["nacked"] += len(body)
-                for message_id in body:
-                    foreign.pop(message_id, None)
-                    if message_id < cursor_next:
-                        back.add(message_id)
-            elif kind is _RELEASE:
-                for message_id in body:
-                    count = deliveries.get(message_id, 0) - 1
-                    if count > 0:
-                        deliveries[message_id] = count
-                    else:
-                        deliveries.pop(message_id, None)
-                    if reported.get(message_id, 0) > count:
-                        reported[message_id] = max(count, 0)
-                    foreign.pop(message_id, None)
-                    if message_id < cursor_next:
-                        back.add(message_id)
-            elif kind is _RECLAIM:
-                holder, cause, ids = body[0], body[1], body[2:]
-                self._apply_reclaim(holder, cause, ids, back, cursor_next)
-            elif kind is _TOUCH:
-                holder, deadline = body[0], body[1]
-                for message_id in body[2:]:
-                    held = self._foreign.get(message_id)
-                    if held is not None and held[0] == holder:
-                        self._note_foreign(message_id, holder, deadline)
-            elif kind is _NOT_BEFORE:
-                # Another handle's failed delivery (or delayed release) waits: its NACK
-                # or RELEASE just before made it available - park it instead.
-                due = body[0]
-                for message_id in body[1:]:
-                    self._not_before[message_id] = due
-                    reported[message_id] = deliveries.get(message_id, 0)
-                    if message_id in back:
-                        back.discard(message_id)
-                        self._park(due, message_id)
-            else:  # ACK, DEAD_LETTER, EXPIRE: finished
-                counter = (
-                    "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
-                )
-                counters[counter] = counters.get(counter, 0) + len(body)
-                for message_id in body:
-                    foreign.pop(message_id, None)
-                    back.discard(message_id)
-                    if message_id in self._leased:
-                        self._revoke(message_id, "another handle settled it")
-                    if message_id < cursor_next:
-                        selector.discard(message_id)
-                    else:
-                        self._skip.add(message_id)
-                    self._forget(message_id)
-        self._give_back_ids(back)
+    def _apply(self, records: Iterable[StateRecord]) -> None:
+        """Fold other handles' records into the state (the reader lock held): the one
+        fold (``segment.journal_fold``), this core its sink."""
+        self._back = set()
+        fold_records(records, self)
+        self._give_back_ids(self._back)
         self._fast_forward()
+
+    # The sink of the fold (``JournalSink``).  The fold has counted the deliveries,
+    # NOT_BEFORE times and counters; these keep the cursor, the selector and the lease
+    # tables in step.  Ids available again behind the cursor are collected in
+    # ``_back``, given back (read back by id) once the records are applied.
+
+    def fold_tables(self) -> FoldTables:
+        return self._deliveries, self._not_before, self.counters
+
+    def on_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self._rebuild(checkpoint)
+        self._back.clear()
+
+    def on_lease(self, holder: int, deadline_ns: int, ids: Sequence[int]) -> None:
+        deliveries, reported, back = self._deliveries, self._reported, self._back
+        leased, selector = self._leased, self._selector
+        cursor_next = self._cursor.next_id
+        for message_id in ids:
+            # The leaser reported the failures before it (or learnt of them).
+            before = deliveries[message_id] - 1
+            if reported.get(message_id, 0) < before:
+                reported[message_id] = before
+            back.discard(message_id)
+            if message_id in leased and holder != self.holder:
+                self._revoke(message_id, "another handle leased it after it expired")
+            if message_id < cursor_next:
+                selector.discard(message_id)
+            self._note_foreign(message_id, holder, deadline_ns)
+
+    def on_touch(self, holder: int, deadline_ns: int, ids: Sequence[int]) -> None:
+        for message_id in ids:
+            held = self._foreign.get(message_id)
+            if held is not None and held[0] == holder:
+                self._note_foreign(message_id, holder, deadline_ns)
+
+    def on_reclaim(self, holder: int, cause: int, ids: Sequence[int]) -> None:
+        self._apply_reclaim(holder, cause, ids, self._back, self._cursor.next_id)
+
+    def on_nack(self, ids: Sequence[int]) -> None:
+        # Not marked reported: the nacker may have died between its NACK and the move to
+        # the DLQ that the failure called for; the next taker reports the failure again
+        # (same count: at worst the retry log hears of it twice).
+        self._make_available(ids)
+
+    def on_release(self, ids: Sequence[int]) -> None:
+        deliveries, reported = self._deliveries, self._reported
+        for message_id in ids:
+            count = deliveries.get(message_id, 0)  # (the fold took the lease's back)
+            if reported.get(message_id, 0) > count:
+                reported[message_id] = count
+        self._make_available(ids)
+
+    def _make_available(self, ids: Sequence[int]) -> None:
+        foreign, back = self._foreign, self._back
+        cursor_next = self._cursor.next_id
+        for message_id in ids:
+            foreign.pop(message_id, None)
+            if message_id < cursor_next:
+                back.add(message_id)
+
+    def on_not_before(self, due_ns: int, ids: Sequence[int]) -> None:
+        # Another handle's failed delivery (or delayed release) waits: its NACK or
+        # RELEASE just before made it available - park it instead.
+        deliveries, reported, back = self._deliveries, self._reported, self._back
+        for message_id in ids:
+            reported[message_id] = deliveries.get(message_id, 0)
+            if message_id in back:
+                back.discard(message_id)
+                self._park(due_ns, message_id)
+
+    def on_finish(self, kind: StateRecordType, ids: Sequence[int]) -> None:
+        foreign, back, leased, selector = self._foreign, self._back, self._leased, self._selector
+        cursor_next = self._cursor.next_id
+        for message_id in ids:
+            foreign.pop(message_id, None)
+            back.discard(message_id)
+            if message_id in leased:
+                self._revoke(message_id, "another handle settled it")
+            if message_id < cursor_next:
+                selector.discard(message_id)
+            else:
+                self._skip.add(message_id)
+            self._forget(message_id)
 
     def _apply_reclaim(
         self, holder: int, cause: int, ids: Iterable[int], back: set[int], cursor_next: int
     ) -> None:
+        """Void ``holder``'s leases of ``ids`` (only those it still holds): available
+        again, behind the cursor into ``back``, each a failed delivery."""
         reason = _TIMED_OUT if cause == _EXPIRED else _LOST_LEASE
         for message_id in ids:
             lease = self._foreign.get(message_id)
@@ -438,33 +399,31 @@ class SharedReaderCore(ReaderCore):
 
     # ------------------------------------------------------------------ delivery
 
-    def take(self, n: int, now: float, now_ns: int) -> list[tuple[Entry, int]]:
-        self._enter()
-        try:
-            self._expire_foreign(now_ns)
-            deadline = now_ns + self._visibility_ns if self._visibility_ns else 0
-            self.journal.lease_deadline_ns = deadline  # type: ignore[attr-defined]
-            taken = super().take(n, now, now_ns)
-            if deadline:
-                for entry, _ in taken:
-                    self._own_deadline_ns[entry.id] = deadline
-            return taken
-        finally:
-            self._leave()
+    # A lease's deadline (the queue's time) goes in its LEASE_BY record, for the other
+    # handles to judge its visibility timeout: ``now_ns`` plus this handle's timeout, or
+    # 0 - computed here, whatever ``deadline_ns`` the base class's call passed on.
 
-    def take_one(self, now: float, now_ns: int) -> tuple[Entry, int] | None:
-        self._enter()
-        try:
+    @in_step
+    def take(
+        self, n: int, now: float, now_ns: int, deadline_ns: int = 0
+    ) -> list[tuple[Entry, int]]:
+        self._expire_foreign(now_ns)
+        deadline = now_ns + self._visibility_ns if self._visibility_ns else 0
+        taken = super().take(n, now, now_ns, deadline)
+        if deadline:
+            for entry, _ in taken:
+                self._own_deadline_ns[entry.id] = deadline
+        return taken
+
+    def take_one(self, now: float, now_ns: int, deadline_ns: int = 0) -> tuple[Entry, int] | None:
+        with self.session:  # (not @in_step: the polling hot path saves its wrapper's call)
             if self._foreign_deadlines and self._foreign_deadlines[0][0] <= now_ns:
                 self._expire_foreign(now_ns)
             deadline = now_ns + self._visibility_ns if self._visibility_ns else 0
-            self.journal.lease_deadline_ns = deadline  # type: ignore[attr-defined]
-            taken = super().take_one(now, now_ns)
+            taken = super().take_one(now, now_ns, deadline)
             if deadline and taken is not None:
                 self._own_deadline_ns[taken[0].id] = deadline
             return taken
-        finally:
-            self._leave()
 
     def _expire_foreign(self, now_ns: int) -> None:
         """Void the other handles' leases whose visibility timeout passed (lock held)."""
@@ -476,7 +435,7 @@ class SharedReaderCore(ReaderCore):
                 expired.setdefault(holder, []).append(message_id)
         back: set[int] = set()
         for holder, ids in expired.items():
-            self.journal.append_reclaim(holder, _EXPIRED, ids)  # type: ignore[attr-defined]
+            self._shared_journal.append_reclaim(holder, _EXPIRED, ids)
             self._apply_reclaim(holder, _EXPIRED, ids, back, self._cursor.next_id)
         self._give_back_ids(back)
 
@@ -495,9 +454,7 @@ class SharedReaderCore(ReaderCore):
         if not expired:
             return
         try:
-            self.journal.append_reclaim(  # type: ignore[attr-defined]
-                self.holder, _EXPIRED, list(expired)
-            )
+            self._shared_journal.append_reclaim(self.holder, _EXPIRED, list(expired))
         except BaseException:
             for message_id, lease in expired.items():  # still ours: expire them next time
                 heapq.heappush(deadlines, (now, message_id, lease[1]))
@@ -544,160 +501,124 @@ class SharedReaderCore(ReaderCore):
         foreign = clock.lease_time() + (heap[0][0] - clock.now_ns()) / 1e9
         return foreign if own is None else min(own, foreign)
 
+    @in_step
     def check_leased(self, message_id: int) -> None:
-        self._enter()
-        try:
-            if message_id not in self._leased:
-                why = self._lost.get(message_id)
-                if why is not None:
-                    raise UnknownMessageError(
-                        f"message {message_id} is no longer leased by this handle of reader "
-                        f"{self.name!r}: {why}"
-                    )
-                if message_id in self._foreign:
-                    raise UnknownMessageError(
-                        f"message {message_id} is leased by another handle of reader "
-                        f"{self.name!r}, not by this one"
-                    )
-                super().check_leased(message_id)
-        finally:
-            self._leave()
+        if message_id not in self._leased:
+            why = self._lost.get(message_id)
+            if why is not None:
+                raise UnknownMessageError(
+                    f"message {message_id} is no longer leased by this handle of reader "
+                    f"{self.name!r}: {why}"
+                )
+            if message_id in self._foreign:
+                raise UnknownMessageError(
+                    f"message {message_id} is leased by another handle of reader "
+                    f"{self.name!r}, not by this one"
+                )
+            super().check_leased(message_id)
 
+    @in_step
     def ack(self, ids: list[int]) -> int:
-        self._enter()
-        try:
-            for message_id in ids:
-                self.check_leased(message_id)
-            return super().ack(ids)
-        finally:
-            self._leave()
+        for message_id in ids:
+            self.check_leased(message_id)
+        return super().ack(ids)
 
     def ack_one(self, message_id: int) -> int:
-        self._enter()
-        try:
+        with self.session:  # (not @in_step: the hot path saves its wrapper's call)
             return super().ack_one(message_id)
-        finally:
-            self._leave()
 
+    @in_step
     def nack(self, ids: list[int], reason: str, now_ns: int, delay_ns: int | None = None) -> int:
-        self._enter()
-        try:
-            for message_id in ids:
-                self.check_leased(message_id)
-            return super().nack(ids, reason, now_ns, delay_ns)
-        finally:
-            self._leave()
+        for message_id in ids:
+            self.check_leased(message_id)
+        return super().nack(ids, reason, now_ns, delay_ns)
 
+    @in_step
     def release(self, ids: list[int], due_ns: int | None = None) -> int:
-        self._enter()
-        try:
-            for message_id in ids:
-                self.check_leased(message_id)
-            ticket = super().release(ids, due_ns)
-            for message_id in ids:
-                self._own_deadline_ns.pop(message_id, None)
-            return ticket
-        finally:
-            self._leave()
+        for message_id in ids:
+            self.check_leased(message_id)
+        ticket = super().release(ids, due_ns)
+        for message_id in ids:
+            self._own_deadline_ns.pop(message_id, None)
+        return ticket
 
+    @in_step
     def touch(
         self, message_id: int, seconds: float | None, now: float, now_ns: int
     ) -> float | None:
         """Extend this handle's lease, and tell the others (a TOUCH record) first."""
-        self._enter()
-        try:
-            self.check_leased(message_id)
-            if seconds is None:
-                if not self._visibility_ns:
-                    return None
-                seconds = self._visibility_ns / 1e9
-            deadline_ns = now_ns + int(seconds * 1_000_000_000)
-            self._shared_journal.append_touch(deadline_ns, [message_id])
-            self._own_deadline_ns[message_id] = deadline_ns
-            return super().touch(message_id, seconds, now, now_ns)
-        finally:
-            self._leave()
+        self.check_leased(message_id)
+        if seconds is None:
+            if not self._visibility_ns:
+                return None
+            seconds = self._visibility_ns / 1e9
+        deadline_ns = now_ns + int(seconds * 1_000_000_000)
+        self._shared_journal.append_touch(deadline_ns, [message_id])
+        self._own_deadline_ns[message_id] = deadline_ns
+        return super().touch(message_id, seconds, now, now_ns)
 
+    @in_step
     def settle_any(self, message_id: int) -> bool:
-        self._enter()
-        try:
-            if message_id not in self._foreign:
-                return super().settle_any(message_id)
-            self.journal.append(_ACK, [message_id])
-            del self._foreign[message_id]
-            if message_id >= self._cursor.next_id:
-                self._skip.add(message_id)
-            self._forget(message_id)
-            self.counters["acked"] += 1
-            return True
-        finally:
-            self._leave()
+        if message_id not in self._foreign:
+            return super().settle_any(message_id)
+        self.journal.append(_ACK, [message_id])
+        del self._foreign[message_id]
+        if message_id >= self._cursor.next_id:
+            self._skip.add(message_id)
+        self._forget(message_id)
+        self.counters["acked"] += 1
+        return True
 
+    @in_step
     def purge(self, wanted: set[int] | None = None) -> tuple[list[int], int]:
-        self._enter()
-        try:
-            return super().purge(wanted)
-        finally:
-            self._leave()
+        return super().purge(wanted)
 
     def _may_purge(self, message_id: int, parked: set[int]) -> bool:
         # Another handle's lease is not purged either: its holder acks it.
         return message_id not in self._foreign and super()._may_purge(message_id, parked)
 
+    @in_step
     def drop_segment(self, first_id: int, last_id: int) -> tuple[int, int]:
-        self._enter()
-        try:
-            start = self._cursor.next_id
-            behind = [i for i in self._foreign if i <= last_id]
-            for message_id in behind:
-                del self._foreign[message_id]
-            lost, leased = super().drop_segment(first_id, last_id)
-            # Foreign leases the cursor had passed are not counted by the base class.
-            extra = sum(1 for i in behind if i < start)
-            self.counters["dropped"] = self.counters.get("dropped", 0) + extra
-            return lost + extra, leased + len(behind)
-        finally:
-            self._leave()
+        start = self._cursor.next_id
+        behind = [i for i in self._foreign if i <= last_id]
+        for message_id in behind:
+            del self._foreign[message_id]
+        lost, leased = super().drop_segment(first_id, last_id)
+        # Foreign leases the cursor had passed are not counted by the base class.
+        extra = sum(1 for i in behind if i < start)
+        self.counters["dropped"] = self.counters.get("dropped", 0) + extra
+        return lost + extra, leased + len(behind)
 
+    @in_step
     def seek(self, target: int) -> None:
-        self._enter()
-        try:
-            for message_id in list(self._leased):
-                self._lost[message_id] = "the reader was moved (seek)"
-            self._foreign = {}
-            self._foreign_deadlines = []
-            self._own_deadline_ns = {}
-            self._fail_reason = {}
-            super().seek(target)
-            self.publish_head(moved=True)
-        finally:
-            self._leave()
+        for message_id in list(self._leased):
+            self._lost[message_id] = "the reader was moved (seek)"
+        self._foreign = {}
+        self._foreign_deadlines = []
+        self._own_deadline_ns = {}
+        self._fail_reason = {}
+        super().seek(target)
+        self.publish_head(moved=True)
 
+    @in_step
     def leased_entries(self) -> list[Entry]:
-        self._enter()
-        try:
-            entries = super().leased_entries()
-            for message_id in sorted(self._foreign):
-                entry = self._manager.read_entry(message_id)
-                if entry is not None:
-                    entries.append(entry)
-            return entries
-        finally:
-            self._leave()
+        entries = super().leased_entries()
+        for message_id in sorted(self._foreign):
+            entry = self._manager.read_entry(message_id)
+            if entry is not None:
+                entries.append(entry)
+        return entries
 
+    @in_step
     def reclaim_holder(self, holder: int) -> int:
         """Return the leases of ``holder`` (a dead handle) as failed deliveries; how many."""
-        self._enter()
-        try:
-            ids = sorted(i for i, (h, _) in self._foreign.items() if h == holder)
-            if ids:
-                self.journal.append_reclaim(holder, _GONE, ids)  # type: ignore[attr-defined]
-                back: set[int] = set()
-                self._apply_reclaim(holder, _GONE, ids, back, self._cursor.next_id)
-                self._give_back_ids(back)
-            return len(ids)
-        finally:
-            self._leave()
+        ids = sorted(i for i, (h, _) in self._foreign.items() if h == holder)
+        if ids:
+            self._shared_journal.append_reclaim(holder, _GONE, ids)
+            back: set[int] = set()
+            self._apply_reclaim(holder, _GONE, ids, back, self._cursor.next_id)
+            self._give_back_ids(back)
+        return len(ids)
 
     def foreign_holders(self) -> set[int]:
         """The handles this state says hold leases (as of the last catch-up)."""
@@ -705,26 +626,20 @@ class SharedReaderCore(ReaderCore):
 
     # ------------------------------------------------------------------ reading ahead
 
+    @in_step
     def peek(self, n: int, now_ns: int) -> list[Entry]:
-        self._enter()
-        try:
-            return super().peek(n, now_ns)
-        finally:
-            self._leave()
+        return super().peek(n, now_ns)
 
     def deliveries(self, message_id: int) -> int:
         return self._deliveries.get(message_id, 0)
 
+    @in_step
     def pending(self) -> int:
-        self._enter()
-        try:
-            unread = super().pending()
-            start = self._cursor.next_id
-            ahead = sum(1 for i in self._foreign if i >= start)
-            ahead += sum(1 for i in self._leased if i >= start)
-            return max(unread - ahead, 0)
-        finally:
-            self._leave()
+        unread = super().pending()
+        start = self._cursor.next_id
+        ahead = sum(1 for i in self._foreign if i >= start)
+        ahead += sum(1 for i in self._leased if i >= start)
+        return max(unread - ahead, 0)
 
     def in_flight(self) -> int:
         return len(self._leased) + len(self._foreign)
@@ -750,15 +665,13 @@ class SharedReaderCore(ReaderCore):
                 head = lowest
         return head
 
+    @in_step
     def stats(self, now_ns: int) -> ReaderStats:
-        self._enter()
-        try:
-            return super().stats(now_ns)
-        finally:
-            self._leave()
+        return super().stats(now_ns)
 
     # ------------------------------------------------------------------ persistence
 
+    @in_step
     def publish_head(self, *, moved: bool = False) -> None:
         """Write this reader's head where retention reads it.
 
@@ -766,19 +679,15 @@ class SharedReaderCore(ReaderCore):
         applied); and the published value only grows - another handle's cursor may lag
         this one's - except when the reader ``moved`` (seek), which sets it.
         """
-        self._enter()
+        head = self.head
+        if not moved:
+            published = read_published_head(self._lock_file)
+            if published is not None and published > head:
+                return
         try:
-            head = self.head
-            if not moved:
-                published = read_published_head(self._lock_file)
-                if published is not None and published > head:
-                    return
-            try:
-                os.pwrite(self._lock_file.fd, _HEAD.pack(head), 0)
-            except OSError as exc:
-                self._head_not_published(head, moved, exc)
-        finally:
-            self._leave()
+            os.pwrite(self._lock_file.fd, _HEAD.pack(head), 0)
+        except OSError as exc:
+            self._head_not_published(head, moved, exc)
 
     def _head_not_published(self, head: int, moved: bool, exc: OSError) -> None:
         """Decide what a refused write of the published head means (a full disk: a new
@@ -806,56 +715,51 @@ class SharedReaderCore(ReaderCore):
             exc,
         )
 
+    @in_step
     def checkpoint(self, *, version: int = 2, keep_leases: bool = True) -> None:
         """Rewrite the journal as one checkpoint (see ``ReaderCore``), in a section.
 
         ``keep_leases`` False: every lease is lost (the last handle closing) - they stay
         unfinished, so their messages come again, each a failed delivery.
         """
-        self._enter()
-        try:
-            head = self.head
-            if head > self._cursor.next_id:
-                # Everything between the cursor and the head is finished (other handles'
-                # acks ahead of it): move the cursor there before dropping those ids.
-                self._done.update(i for i in self._skip if i < head)
-                try:
-                    self._cursor.seek(head)  # (reads the segments: EIO opening one)
-                except StorageError:
-                    raise
-                except OSError as exc:
-                    where = exc.filename or self._manager.directory
-                    raise StorageError("read", where, exc) from exc
-            self._prune_done()
-            self._skip = {i for i in self._skip if i >= head}
-            done = sorted(self._done | self._skip)
-            deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
-            leases: list[tuple[int, int, int]] = []
-            if keep_leases:
-                leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
-                leases.extend((i, h, deadline) for i, (h, deadline) in self._foreign.items())
-                leases.sort()
-            not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
-            self.journal.rewrite(
-                Checkpoint(head, done, deliveries, dict(self.counters), leases, not_before)
-            )
-        finally:
-            self._leave()
+        head = self.head
+        if head > self._cursor.next_id:
+            # Everything between the cursor and the head is finished (other handles'
+            # acks ahead of it): move the cursor there before dropping those ids.
+            self._done.update(i for i in self._skip if i < head)
+            try:
+                self._cursor.seek(head)  # (reads the segments: EIO opening one)
+            except StorageError:
+                raise
+            except OSError as exc:
+                where = exc.filename or self._manager.directory
+                raise StorageError("read", where, exc) from exc
+        self._prune_done()
+        self._skip = {i for i in self._skip if i >= head}
+        done = sorted(self._done | self._skip)
+        deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
+        leases: list[tuple[int, int, int]] = []
+        if keep_leases:
+            leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
+            leases.extend((i, h, deadline) for i, (h, deadline) in self._foreign.items())
+            leases.sort()
+        not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
+        self.journal.rewrite(
+            Checkpoint(head, done, deliveries, dict(self.counters), leases, not_before)
+        )
 
     def maybe_compact(self) -> None:
         # Compact early while the queue's disk reserve is spent - by any handle: this
         # journal must not grow into the room it freed for the acks (see set_low_space).
         self.journal.set_low_space(self._shared_manager.reserve_spent)
         if self.journal.wants_compaction:
-            self._enter()
-            try:
-                if self.journal.wants_compaction:  # unless another handle just did
-                    self.checkpoint()
-            except StorageError as exc:
-                self.journal.postpone_compaction()
-                logger.warning("ledgerq: could not compact a reader's state (%s)", exc)
-            finally:
-                self._leave()
+            with self.session:
+                try:
+                    if self.journal.wants_compaction:  # unless another handle just did
+                        self.checkpoint()
+                except StorageError as exc:
+                    self.journal.postpone_compaction()
+                    logger.warning("ledgerq: could not compact a reader's state (%s)", exc)
 
     def close(self) -> None:
         """Return this handle's leases (RECLAIM: failed deliveries), make the journal
@@ -863,21 +767,22 @@ class SharedReaderCore(ReaderCore):
 
         A reader another handle removed has nothing left to return.
         """
+        session = self.session
         try:
             try:
-                self._enter()
+                session.enter()
             except QueueClosedError:
-                return
+                return  # (removed: only the entry tells, not what the step does)
             try:
                 # The head before the leases go: they come back (RECLAIM) for the others,
                 # and a head published past them would let retention delete them.
                 self.publish_head()
                 if self._leased:
                     ids = sorted(self._leased)
-                    self.journal.append_reclaim(self.holder, _GONE, ids)  # type: ignore[attr-defined]
+                    self._shared_journal.append_reclaim(self.holder, _GONE, ids)
                     self._leased.clear()
             finally:
-                self._leave()
+                session.leave()
             self.journal.commit.sync_now()
         finally:
             self.journal.close()
@@ -890,9 +795,10 @@ class SharedReaderCore(ReaderCore):
         logged, the journal synced as it is (the next session's first handle drops the
         leases it holds).
         """
+        session = self.session
         try:
             try:
-                self._enter()
+                session.enter()
             except QueueClosedError:
                 return
             try:
@@ -906,7 +812,7 @@ class SharedReaderCore(ReaderCore):
                 self._leased.clear()
                 self._foreign = {}
             finally:
-                self._leave()
+                session.leave()
             self.journal.commit.sync_now()
         finally:
             self.journal.close()

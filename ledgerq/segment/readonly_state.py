@@ -2,8 +2,10 @@
 
 One replay serves the queue's own recovery (``core.journal.ReaderJournal.load``) and
 every reader that works without the queue's lock (``ledgerq ship``'s durable heads,
-the Spark source's ``state`` column, ``ledgerq verify``): the rules below live here
-only.  The record format is ``ledgerq.format.reader_state``.
+the Spark source's ``state`` column, ``ledgerq verify``, the console): the reading
+rules below live here only, and the fold of the records into state is
+``segment.journal_fold``'s (which the live shared reader folds with too).  The record
+format is ``ledgerq.format.reader_state``.
 
 What a replay may rely on from the owner:
 
@@ -30,7 +32,7 @@ the cap counts as damage (the safe answer: nothing is cut that might hold acks).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ledgerq._errors import CorruptionError
 from ledgerq.format.checksum import Checksum, checksum, recovery_crc_allowance
@@ -48,6 +50,7 @@ from ledgerq.format.reader_state import (
     state_checksum,
     state_file_version,
 )
+from ledgerq.segment.journal_fold import FoldTables, StateRecord, fold_records
 from ledgerq.segment.naming import list_reader_names, reader_state_path
 
 __all__ = [
@@ -63,12 +66,6 @@ __all__ = [
     "replay_reader",
 ]
 
-# One record of a journal: its type, its u64 fields (the ids of LEASE ... RELEASE; the
-# holder, deadline or cause, then the ids, of LEASE_BY and RECLAIM; empty for a CHECKPOINT),
-# its Checkpoint (None for the others) and its offset in the file.  A plain tuple: the
-# queue replays many of them when it opens.
-StateRecord = tuple[StateRecordType, tuple[int, ...], Checkpoint | None, int]
-
 # What to do about damage in the middle: called with the file offset of the bad bytes,
 # the offset where valid records go on (-1: none found within the allowance) and what
 # is wrong; return True to go on reading there (``ledgerq verify``), False to stop.
@@ -82,15 +79,6 @@ HEADER_ADVICE = (
     "retained message (at-least-once: what it had finished is delivered again, nothing is "
     "lost), or restore the file from a backup"
 )
-_LEASE = StateRecordType.LEASE
-_NACK = StateRecordType.NACK
-_ACK = StateRecordType.ACK
-_EXPIRE = StateRecordType.EXPIRE
-_RELEASE = StateRecordType.RELEASE
-_LEASE_BY = StateRecordType.LEASE_BY
-_RECLAIM = StateRecordType.RECLAIM
-_NOT_BEFORE = StateRecordType.NOT_BEFORE
-_TOUCH = StateRecordType.TOUCH
 
 
 def next_record_after(data: bytes, pos: int, crc: Checksum = checksum) -> int:
@@ -274,7 +262,8 @@ class JournalTail:
 
 
 class ReaderState:
-    """One reader's state as its journal says: the fold of its records.
+    """One reader's state as its journal says: the fold of its records
+    (:func:`~ledgerq.segment.journal_fold.fold_records`, whose sink it is).
 
     ``head``: every id below it is done; ``done``: ids acked (or dead-lettered, or
     expired) out of order; ``deliveries``: times each unfinished id was delivered
@@ -284,7 +273,8 @@ class ReaderState:
     checkpoint lists (a checkpoint's deliveries are counts, not live leases; none is
     live once the queue has closed cleanly); ``holders``: of those, the ones a
     shared-mode handle holds (LEASE_BY, or a checkpoint's leases), as
-    ``id -> (holder, deadline_ns)`` - live only while that handle is; ``not_before``:
+    ``id -> (holder, deadline_ns)`` - live only while that handle is, and void by a
+    RECLAIM of that holder (not of another); ``not_before``:
     ``id -> due_ns`` of failed deliveries retried no earlier than that (NOT_BEFORE),
     until the id is leased again or finished.
     """
@@ -301,85 +291,70 @@ class ReaderState:
         self.not_before: dict[int, int] = {}
 
     def apply(self, records: Iterable[StateRecord]) -> None:
-        """Fold ``records`` (in journal order) into this state."""
-        done, deliveries, counters, leased = self.done, self.deliveries, self.counters, self.leased
+        """Fold ``records`` (in journal order) into this state (``journal_fold``)."""
+        fold_records(records, self)
+
+    # ------------------------------------------------------------------ the fold's sink
+
+    def fold_tables(self) -> FoldTables:
+        return self.deliveries, self.not_before, self.counters
+
+    def on_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self.head = checkpoint.head
+        self.done = set(checkpoint.done)
+        self.deliveries = dict(checkpoint.deliveries)
+        self.counters = dict(checkpoint.counters)
+        self.holders = {i: (h, d) for i, h, d in checkpoint.leases}
+        self.leased = set(self.holders)
+        self.not_before = dict(checkpoint.not_before)
+
+    def on_lease(self, holder: int, deadline_ns: int, ids: Sequence[int]) -> None:
+        self.leased.update(ids)
+        if holder:
+            lease = (holder, deadline_ns)
+            holders = self.holders
+            for message_id in ids:
+                holders[message_id] = lease
+        elif self.holders:
+            for message_id in ids:  # (a plain LEASE: the newest lease has no holder)
+                self.holders.pop(message_id, None)
+
+    def on_touch(self, holder: int, deadline_ns: int, ids: Sequence[int]) -> None:
         holders = self.holders
-        not_before = self.not_before
-        for kind, body, checkpoint, _ in records:
-            if checkpoint is not None:
-                not_before = self.not_before = dict(checkpoint.not_before)
-                self.head = checkpoint.head
-                done = self.done = set(checkpoint.done)
-                deliveries = self.deliveries = dict(checkpoint.deliveries)
-                counters = self.counters = dict(checkpoint.counters)
-                holders = self.holders = {i: (h, d) for i, h, d in checkpoint.leases}
-                leased = self.leased = set(holders)
-                continue
-            if kind is _LEASE:
-                for message_id in body:
-                    deliveries[message_id] = deliveries.get(message_id, 0) + 1
-                leased.update(body)
-                if not_before:
-                    for message_id in body:
-                        not_before.pop(message_id, None)
-            elif kind is _LEASE_BY:
-                lease = (body[0], body[1])
-                for message_id in body[2:]:
-                    deliveries[message_id] = deliveries.get(message_id, 0) + 1
-                    holders[message_id] = lease
-                    leased.add(message_id)
-                    not_before.pop(message_id, None)
-            elif kind is _NOT_BEFORE:
-                due = body[0]
-                for message_id in body[1:]:
-                    not_before[message_id] = due
-            elif kind is _TOUCH:
-                # A holder extended its leases: the ones it still holds last longer.
-                holder = body[0]
-                for message_id in body[2:]:
-                    held = holders.get(message_id)
-                    if held is not None and held[0] == holder:
-                        holders[message_id] = (holder, body[1])
-            elif kind is _RECLAIM:
-                # Void leases: the messages are unfinished and available again; each
-                # lease stays counted as a delivery (a failed one, like a lost lease).
-                for message_id in body[2:]:
-                    leased.discard(message_id)
-                    holders.pop(message_id, None)
-            elif kind is _NACK:
-                leased.difference_update(body)
-                if holders:
-                    for message_id in body:
-                        holders.pop(message_id, None)
-                counters["nacked"] = counters.get("nacked", 0) + len(body)
-            elif kind is _RELEASE:
-                # Given back unused: the LEASE before it did not count as a delivery, so
-                # the next one has the same attempt number and a crash after this record
-                # is no failed delivery of that lease.  A count already 0 (a checkpoint
-                # that cannot hold the lease it follows) stays 0.
-                for message_id in body:
-                    count = deliveries.get(message_id, 0) - 1
-                    if count > 0:
-                        deliveries[message_id] = count
-                    else:
-                        deliveries.pop(message_id, None)
-                    holders.pop(message_id, None)
-                leased.difference_update(body)
-            else:  # ACK, DEAD_LETTER, EXPIRE: done for this reader, and counted
-                for message_id in body:
-                    done.add(message_id)
-                    deliveries.pop(message_id, None)
-                    if not_before:
-                        not_before.pop(message_id, None)
-                leased.difference_update(body)
-                if holders:
-                    for message_id in body:
-                        holders.pop(message_id, None)
-                # (branches, not a dict keyed by the enum: an enum's hash is Python code)
-                counter = (
-                    "acked" if kind is _ACK else "expired" if kind is _EXPIRE else "dead_lettered"
-                )
-                counters[counter] = counters.get(counter, 0) + len(body)
+        for message_id in ids:
+            held = holders.get(message_id)
+            if held is not None and held[0] == holder:
+                holders[message_id] = (holder, deadline_ns)
+
+    def on_reclaim(self, holder: int, cause: int, ids: Sequence[int]) -> None:
+        # Only the leases ``holder`` still holds: one another handle took since (after
+        # this one's deadline passed) is that handle's, and stays.
+        holders, leased = self.holders, self.leased
+        for message_id in ids:
+            held = holders.get(message_id)
+            if held is not None and held[0] == holder:
+                del holders[message_id]
+                leased.discard(message_id)
+
+    def on_nack(self, ids: Sequence[int]) -> None:
+        self._end_leases(ids)
+
+    def on_release(self, ids: Sequence[int]) -> None:
+        self._end_leases(ids)
+
+    def on_not_before(self, due_ns: int, ids: Sequence[int]) -> None:
+        pass  # (the fold keeps the table)
+
+    def on_finish(self, kind: StateRecordType, ids: Sequence[int]) -> None:
+        self.done.update(ids)
+        self._end_leases(ids)
+
+    def _end_leases(self, ids: Sequence[int]) -> None:
+        self.leased.difference_update(ids)
+        holders = self.holders
+        if holders:
+            for message_id in ids:
+                holders.pop(message_id, None)
 
     def unfinished_in(self, first: int, last: int) -> int:
         """How many of ids ``first..last`` the reader has not finished (at or above its

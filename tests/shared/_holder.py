@@ -33,11 +33,11 @@ def main(path: str, what: str, then: str) -> None:
         assert leased is not None, "the test enqueues a message first"
         _say(f"L {leased.id}")
         core = q._default._core  # type: ignore[attr-defined]
-        core._enter()
+        core.session.enter()
         if then == "tear":  # the first half of the ACK this step would have written
             record = encode_id_record(StateRecordType.ACK, leased.id)
             os.write(core._shared_journal._fd, record[: len(record) // 2])
-        leave = core._leave
+        leave = core.session.leave
     else:
         manager = q._manager  # type: ignore[attr-defined]
         manager.lock_appends()
