@@ -47,6 +47,7 @@ from ledgerq.core.args import (
     check_reader_start,
     check_timeout,
     check_ttl,
+    check_unique_key,
 )
 from ledgerq.core.backlog import Backlog, written_sizes
 from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
@@ -475,8 +476,12 @@ class QueueCore(Closing):
             base = getattr(Feature, name)
             return [f for f in self._features if getattr(type(f), name) is not base]
 
+        def looking_at_plain(features: list[Feature]) -> list[Feature]:
+            return [f for f in features if not f.ignores_plain]
+
         self._transformers = overriding("transform")
         self._admitters = overriding("admit")
+        self._preparers = overriding("before_append")
         # No hook looks at a plain enqueue (bytes, no option): it may skip Draft building.
         self._max_size = self.options.max_message_size
         opts = self.options
@@ -485,7 +490,10 @@ class QueueCore(Closing):
             self._backlog = Backlog(opts.max_pending, opts.max_pending_bytes)
         # The plain paths skip admission: a bounded queue takes the checked one.
         self._plain_path = not (
-            self._transformers or self._admitters or overriding("appended") or self._backlog
+            self._transformers
+            or looking_at_plain(self._admitters)
+            or looking_at_plain(overriding("appended"))
+            or self._backlog
         )
         # The encoders of the plain paths: an encrypted queue's seal the entries.
         sealer = self._sealer
@@ -635,6 +643,17 @@ class QueueCore(Closing):
         """
         return self._make_room()
 
+    def reader_cores(self) -> list[ReaderCore]:
+        """Every reader of the queue, for a feature that asks whether all of them are done
+        with a message (unique keys; lock held).  An exclusive queue has opened every
+        reader on disk; a shared handle's append that needs them holds them all."""
+        return list(self._cores.values())
+
+    def entry_of(self, message_id: int) -> Entry | None:
+        """The log's entry ``message_id``, or None if the log does not hold it (lock held)."""
+        entry = LogCursor(self._manager, message_id).next()
+        return entry if entry is not None and entry.id == message_id else None
+
     def note_corrupt_skipped(self, count: int) -> None:
         """Count damaged records a feature skipped in its own files (``stats()``)."""
         self._tally.corrupt_skipped += count
@@ -725,6 +744,7 @@ class QueueCore(Closing):
         delay: object = None,
         group: object = None,
         sizes: list[int] | None = None,
+        unique_key: object = None,
     ) -> Draft:
         """Validate one message and build its draft; append its payload size (as given,
         before any feature changes it) to ``sizes`` if given - for a bounded queue."""
@@ -745,6 +765,7 @@ class QueueCore(Closing):
             # A delay of 0 is no delay: the entry stays plain (and readable by any ledgerq).
             int(delay_seconds * _NS) if delay_seconds else None,
             check_group(group),
+            check_unique_key(unique_key),
         )
         for feature in self._transformers:
             feature.transform(draft)
@@ -761,6 +782,7 @@ class QueueCore(Closing):
         delay: float | None = None,
         group: str | None = None,
         timeout: float | None = 0,
+        unique_key: str | None = None,
     ) -> int:
         """Append one message; return its id.
 
@@ -771,6 +793,10 @@ class QueueCore(Closing):
         With ``group`` (a str of 1 to 255 bytes of UTF-8) it is delivered after the
         earlier messages of its group are acked, dead-lettered or expired, one at a
         time; other groups and messages without one are not held up.
+        With ``unique_key`` (a str of 1 to 1024 bytes of UTF-8) it is a unique job:
+        while a message enqueued with that key is not yet acked, dead-lettered,
+        expired or dropped by every reader, nothing is added and that message's id is
+        returned - across processes (shared mode), reopens and crashes.
         Raises ``TypeError``/``ValueError`` for bad arguments and
         :class:`MessageTooLargeError` before anything is written.
 
@@ -787,6 +813,7 @@ class QueueCore(Closing):
             and ttl is None
             and dedup_id is None
             and group is None
+            and unique_key is None
             and self._plain_path
             and len(payload) <= self._max_size
             and timeout == 0
@@ -798,7 +825,9 @@ class QueueCore(Closing):
             if (type(delay) is float or type(delay) is int) and 0 < delay <= MAX_SECONDS:
                 return self._append_plain(payload, int(delay * _NS))
         sizes: list[int] | None = [] if self._backlog is not None else None
-        draft = self._prepare(payload, headers, priority, ttl, dedup_id, delay, group, sizes)
+        draft = self._prepare(
+            payload, headers, priority, ttl, dedup_id, delay, group, sizes, unique_key
+        )
         return self._append([draft], sizes, timeout)[0]
 
     # The three append paths below (one plain payload, a plain batch, drafts with
@@ -909,6 +938,7 @@ class QueueCore(Closing):
                         item.delay,
                         item.group,
                         sizes,
+                        item.unique_key,
                     )
                 )
             else:
@@ -946,6 +976,8 @@ class QueueCore(Closing):
                 records = self._encode_drafts(to_write, first, now)
                 if first + count > self._reserved_until:
                     self._reserve_ids(first + count)
+                for feature in self._preparers:
+                    feature.before_append()
                 self._manager.append(records, [len(r) for r in records], first, now)
             except BaseException:
                 for feature in self._admitters:
@@ -1003,6 +1035,10 @@ class QueueCore(Closing):
                     found = feature.admit(draft, now, candidate)
                     if found is not None:
                         existing[position] = found
+                        for earlier in self._admitters:  # they admitted it: not written
+                            if earlier is feature:
+                                break
+                            earlier.unadmit(draft)
                         break
                 else:
                     fresh.append(draft)

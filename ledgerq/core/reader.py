@@ -1047,6 +1047,12 @@ class ReaderCore:
         """Messages leased and not yet acked or nacked."""
         return len(self._leased)
 
+    def is_finished(self, message_id: int) -> bool:
+        """Whether this reader is done with ``message_id`` (acked, dead-lettered, expired,
+        dropped, purged; or below its head: never to be delivered again), for unique keys.
+        An id at or past the head that the log does not hold counts as not finished."""
+        return message_id in self._done or message_id in self._skip or message_id < self.head
+
     def finished_from(self, first: int) -> set[int]:
         """The ids >= ``first`` already finished (acked, dead-lettered, expired), in this
         run or an earlier one: out of order, above the head (for a bounded queue)."""

@@ -1096,7 +1096,7 @@ class SharedQueueCore(QueueCore):
             while True:
                 if self._closed:
                     self._ensure_open()
-                with self._readers_held():
+                with self._readers_held(drafts):
                     manager = self._begin_append()
                     try:
                         now = self._now_ns(manager)
@@ -1130,11 +1130,13 @@ class SharedQueueCore(QueueCore):
         fresh_ids = iter(range(first, first + count))
         return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
 
-    def _readers_held(self) -> contextlib.AbstractContextManager[None]:
+    def _readers_held(self, drafts: list[Draft]) -> contextlib.AbstractContextManager[None]:
         """A bounded queue's appends hold every reader (in name order, before the append
         lock, as every step takes them): the backlog they count cannot shrink or grow
-        under the check, and two handles cannot both take the last room."""
-        if self._backlog is None:
+        under the check, and two handles cannot both take the last room.  So do the
+        appends of unique jobs: whether a key's message is finished is the readers' say,
+        and an ack in another process just before must count (features/unique.py)."""
+        if self._backlog is None and all(d.unique_key is None for d in drafts):
             return contextlib.nullcontext()
         return self._holding_every_reader()
 
@@ -1165,6 +1167,8 @@ class SharedQueueCore(QueueCore):
             records = self._encode_drafts(to_write, first, now)
             if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
                 self._reserve_ids(first + count)
+            for feature in self._preparers:
+                feature.before_append()
             manager.append(records, [len(r) for r in records], first, now)
         except BaseException:
             for feature in self._admitters:

@@ -1,0 +1,332 @@
+"""Unique jobs: ``enqueue(..., unique_key=)`` adds nothing, and returns the id of the
+message that holds the key, while that message is unfinished.
+
+A key is *held* by the last message enqueued with it until every reader of the queue
+is done with that message: acked, dead-lettered, expired (past its TTL) or dropped
+(retention, purge) - the rule that holds back retention and bounds ``max_pending``.
+Pending, delayed, leased and waiting-for-a-retry all hold the key.  Whether a message
+is finished is asked of the readers' own state when the key comes again (and by a
+sweep that forgets finished keys), so acks, dead-letters and expiries need no hook.
+
+The table maps a 16-byte digest of the key (xxh3-128; on an encrypted queue a keyed
+HMAC, as dedup ids: the file must not confirm a guessed key) to the message id.  It
+lives in ``features/unique.log`` (framed msgpack records ``[digest, id, timestamp_ns,
+expires_ns]``, format/feature_state.py; timestamp -1: known to be written), created at
+the first unique enqueue, so a queue that never uses the feature has no file and its
+enqueues pay nothing.
+
+Why a feature file and not a field of the entry: the entry's flags byte is full (every
+bit has a meaning since format 2), so a key in the entry means a new entry format, and
+rebuilding the held keys from the log would read every unfinished message at each open
+- recovery reads only state files and the last segment's tail (docs/architecture.md).
+
+Crash safety.  The record is written *before* the message, under the same lock: a
+returned enqueue has both, and a kill -9 at any instant never leaves a written message
+whose key is not held.  A kill between the two leaves a record whose message was never
+written; so a record read back from the file (at open, or another process's) is
+*unverified* until the message it names is found in the log with the record's exact
+timestamp - done once, the first time the key comes again, by one indexed read.  (Ids
+are never reused, and an id another handle took after a dead one carries another
+timestamp.)  A message write that fails cuts its records back.
+
+Shared mode: every handle appends to the file under the append lock, reads what the
+others appended before admitting a key, and holds every reader while it decides (an ack
+in another process just before must count); a sweep replaces the file under that lock
+and the others, seeing their file unlinked, read the new one whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from ledgerq._options import Options
+from ledgerq.core.feature import Draft, Feature
+from ledgerq.format.errors import DecodeError
+from ledgerq.format.feature_state import (
+    FEATURE_VERSION,
+    decode_feature_file,
+    decode_feature_records,
+    encode_feature_file_header,
+    encode_feature_record,
+)
+from ledgerq.format.sealing import keyed_digest
+from ledgerq.segment.appendlog import AppendLog
+from ledgerq.segment.files import StorageError, make_durable_dir
+from ledgerq.segment.naming import FEATURES_DIR
+
+if TYPE_CHECKING:
+    from ledgerq.core.queue import QueueCore
+
+__all__ = ["UNIQUE_LOG", "UNIQUE_MAGIC", "UniqueFeature", "unique_digest"]
+
+logger = logging.getLogger("ledgerq")
+
+UNIQUE_LOG = "unique.log"
+UNIQUE_MAGIC = b"LQUK"
+_DIGEST_SIZE = 16
+_SWEEP_AT = 1024  # held keys before the first sweep for finished ones
+# The timestamp of a rewritten record whose message this handle knew to be in the log:
+# nothing to verify when it is read back.
+_VERIFIED = -1
+# The digest's domain: a unique key never digests like a dedup id of the same text.
+_DOMAIN = "unique:"
+
+
+def unique_digest(unique_key: str) -> bytes:
+    """The 16-byte table key of a unique key on a plain queue."""
+    return xxhash.xxh3_128_digest((_DOMAIN + unique_key).encode())
+
+
+def _record(value: Any) -> tuple[bytes, int, int, int] | None:
+    """``(digest, id, timestamp_ns, expires_ns)`` of a decoded record, or None.
+
+    Exact types only: the file may be damaged or hostile (see features/dedup.py)."""
+    if type(value) is not list or len(value) != 4:
+        return None
+    digest, message_id, timestamp, expires = value
+    if type(digest) is not bytes or len(digest) != _DIGEST_SIZE:
+        return None
+    if not all(type(x) is int for x in (message_id, timestamp, expires)) or message_id < 1:
+        return None
+    return digest, message_id, timestamp, expires
+
+
+class UniqueFeature(Feature):
+    """Hold unique keys while their message is unfinished (always on; see the module)."""
+
+    name = "unique"
+    ignores_plain = True  # a plain enqueue has no unique_key: its paths skip this
+
+    def __init__(self, options: Options) -> None:
+        key = options.encryption_key
+        self._digest_of: Callable[[str], bytes] = unique_digest
+        if key is not None:
+            keyed = keyed_digest(key, _DIGEST_SIZE)
+            self._digest_of = lambda k: keyed(_DOMAIN + k)
+        # digest -> id of the message holding the key (finished ones until a sweep).
+        self._held: dict[bytes, int] = {}
+        self._expires: dict[int, int] = {}  # id -> expiry (ns), for messages with a TTL
+        self._unverified: dict[int, int] = {}  # id -> timestamp, records read back
+        # digest -> (id, timestamp, expires) admitted in the current call, not yet written
+        self._provisional: dict[bytes, tuple[int, int, int]] = {}
+        self._written_at: int | None = None  # the file's size before this call's records
+        self._log: AppendLog | None = None
+        self._path = ""
+        self._queue: QueueCore | None = None
+        self._records = 0  # records in the file (a sweep rewrites it when mostly dead)
+        self._sweep_at = _SWEEP_AT
+
+    def attach(self, queue: QueueCore) -> None:
+        # Nothing is read or created here: at the first unique enqueue (_load).
+        self._queue = queue
+        self._path = os.path.join(queue.path, FEATURES_DIR, UNIQUE_LOG)
+
+    # ------------------------------------------------------------------ the file
+
+    def _load(self) -> AppendLog:
+        """Open the file (creating it if missing) and read it whole (lock held)."""
+        queue = self._queue
+        assert queue is not None
+        log = AppendLog(self._path, "unique keys")
+        log.on_full = lambda: queue.make_room()
+        if not os.path.exists(self._path):
+            make_durable_dir(os.path.dirname(self._path))
+            log.replace(encode_feature_file_header(UNIQUE_MAGIC))
+            self._log = log
+            return log
+        log.open(0, cut=False)  # news() reads it whole; settle() cuts a torn tail
+        log.size = 0
+        self._log = log
+        self._catch_up(log)
+        return log
+
+    def _catch_up(self, log: AppendLog) -> None:
+        """Apply what the file holds past what was read (other handles' records)."""
+        queue = self._queue
+        assert queue is not None
+        news = log.news()
+        if news is None:
+            return
+        data, replaced = news
+        base = log.size
+        if replaced or base == 0:
+            self._held.clear()
+            self._expires.clear()
+            self._unverified.clear()
+            self._records = 0
+            try:
+                found = decode_feature_file(data, UNIQUE_MAGIC)
+            except DecodeError:
+                # Not a file this library writes: the keys it held are lost (counted),
+                # the file starts again (the messages themselves are untouched).
+                logger.warning("ledgerq: %s is unreadable; no unique key is held", log.path)
+                queue.note_corrupt_skipped(1)
+                log.replace(encode_feature_file_header(UNIQUE_MAGIC))
+                return
+        else:
+            found = decode_feature_records(data, 0)
+        if found.damaged:
+            logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, log.path)
+            queue.note_corrupt_skipped(found.damaged)
+        for value in found.values:
+            record = _record(value)
+            if record is None:
+                queue.note_corrupt_skipped(1)
+                continue
+            self._take(*record)
+        self._records += len(found.values)
+        log.settle(base + found.end)
+        if found.version != FEATURE_VERSION:
+            self._rewrite(log)
+
+    def _take(self, digest: bytes, message_id: int, timestamp: int, expires: int) -> None:
+        """A record read back: the key is (again) the message's, until verified."""
+        old = self._held.get(digest)
+        if old is not None and old != message_id:
+            self._expires.pop(old, None)
+            self._unverified.pop(old, None)
+        self._held[digest] = message_id
+        if expires:
+            self._expires[message_id] = expires
+        if timestamp != _VERIFIED:
+            self._unverified[message_id] = timestamp
+
+    def _rewrite(self, log: AppendLog) -> None:
+        """Replace the file with the keys held now (append lock held, in shared mode)."""
+        blob = encode_feature_file_header(UNIQUE_MAGIC) + b"".join(
+            encode_feature_record(
+                [digest, mid, self._unverified.get(mid, _VERIFIED), self._expires.get(mid, 0)]
+            )
+            for digest, mid in self._held.items()
+        )
+        log.replace(blob)
+        self._records = len(self._held)
+
+    # ------------------------------------------------------------------ deciding
+
+    def _is_unfinished(self, message_id: int, now_ns: int) -> bool:
+        """Whether some reader still has to finish ``message_id`` (TTL aside: unverified)."""
+        expires = self._expires.get(message_id)
+        if expires is not None and now_ns >= expires:
+            return False  # expired: never delivered again
+        queue = self._queue
+        assert queue is not None
+        return not all(core.is_finished(message_id) for core in queue.reader_cores())
+
+    def _holds(self, message_id: int, now_ns: int) -> bool:
+        """Whether ``message_id`` holds its key now."""
+        if not self._is_unfinished(message_id, now_ns):
+            return False
+        timestamp = self._unverified.get(message_id)
+        if timestamp is not None:
+            queue = self._queue
+            assert queue is not None
+            entry = queue.entry_of(message_id)
+            if entry is None or entry.timestamp != timestamp:
+                return False  # a record whose message was never written (a crash)
+            del self._unverified[message_id]
+        return True
+
+    def _forget(self, digest: bytes, message_id: int) -> None:
+        del self._held[digest]
+        self._expires.pop(message_id, None)
+        self._unverified.pop(message_id, None)
+
+    def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
+        unique_key = draft.unique_key
+        if unique_key is None:
+            return None
+        if not self._provisional:  # the first key of this call: the file's news first
+            log = self._log
+            if log is None:
+                self._load()
+            elif self._queue is not None and self._queue.shared:
+                self._catch_up(log)
+        digest = self._digest_of(unique_key)
+        noted = self._provisional.get(digest)
+        if noted is not None:
+            return noted[0]  # the same key twice in one batch: one message
+        held = self._held.get(digest)
+        if held is not None:
+            if self._holds(held, now_ns):
+                return held
+            self._forget(digest, held)
+        expires = 0 if draft.expires_in_ns is None else now_ns + draft.expires_in_ns
+        self._provisional[digest] = (candidate_id, now_ns, expires)
+        return None
+
+    def unadmit(self, draft: Draft) -> None:
+        if draft.unique_key is not None:
+            self._provisional.pop(self._digest_of(draft.unique_key), None)
+
+    def before_append(self) -> None:
+        if not self._provisional:
+            return
+        log = self._log
+        assert log is not None
+        blob = b"".join(
+            encode_feature_record([digest, *noted]) for digest, noted in self._provisional.items()
+        )
+        size = log.size
+        log.append_record(blob)  # raises having written nothing: the core rolls back
+        self._written_at = size
+
+    def rollback(self) -> None:
+        self._provisional.clear()
+        written_at, self._written_at = self._written_at, None
+        if written_at is not None and self._log is not None:
+            # The records are written, their messages not: cut them back.  If that fails
+            # too they stay, unverifiable - no message has their id and timestamp.
+            try:
+                self._log.settle(written_at)
+            except StorageError as exc:
+                logger.warning("ledgerq: %s; unused unique-key records stay", exc)
+
+    def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
+        provisional = self._provisional
+        if not provisional:
+            return
+        held, expires_of = self._held, self._expires
+        for digest, (message_id, _, expires) in provisional.items():
+            old = held.get(digest)
+            if old is not None:
+                self._forget(digest, old)
+            held[digest] = message_id
+            if expires:
+                expires_of[message_id] = expires
+        self._records += len(provisional)
+        provisional.clear()
+        self._written_at = None
+        if len(held) > self._sweep_at:
+            self._sweep(now_ns)
+
+    def _sweep(self, now_ns: int) -> None:
+        """Forget the keys whose message is finished; rewrite the file when mostly dead.
+
+        Amortised: the next sweep waits until the table has doubled."""
+        for digest, message_id in list(self._held.items()):
+            if not self._is_unfinished(message_id, now_ns):
+                self._forget(digest, message_id)
+        self._sweep_at = max(_SWEEP_AT, 2 * len(self._held))
+        log = self._log
+        if log is not None and self._records > 2 * len(self._held) + _SWEEP_AT:
+            try:
+                self._rewrite(log)
+            except StorageError as exc:
+                # The old file holds every held key too: keep appending to it.
+                logger.warning("ledgerq: %s; the unique-key file is rewritten later", exc)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self) -> None:
+        if self._log is not None and self._log.is_open:
+            self._log.sync()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
