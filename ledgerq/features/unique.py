@@ -110,8 +110,10 @@ class UniqueFeature(Feature):
             self._digest_of = lambda k: keyed(_DOMAIN + k)
         # digest -> id of the message holding the key (finished ones until a sweep).
         self._held: dict[bytes, int] = {}
-        self._expires: dict[int, int] = {}  # id -> expiry (ns), for messages with a TTL
-        self._unverified: dict[int, int] = {}  # id -> timestamp, records read back
+        self._expires: dict[bytes, int] = {}  # digest -> expiry (ns) of a TTL's message
+        # digest -> timestamp of a record read back, until its message is found: by key,
+        # since a dead handle's record may name an id another handle then wrote.
+        self._unverified: dict[bytes, int] = {}
         # digest -> (id, timestamp, expires) admitted in the current call, not yet written
         self._provisional: dict[bytes, tuple[int, int, int]] = {}
         self._written_at: int | None = None  # the file's size before this call's records
@@ -186,21 +188,21 @@ class UniqueFeature(Feature):
 
     def _take(self, digest: bytes, message_id: int, timestamp: int, expires: int) -> None:
         """A record read back: the key is (again) the message's, until verified."""
-        old = self._held.get(digest)
-        if old is not None and old != message_id:
-            self._expires.pop(old, None)
-            self._unverified.pop(old, None)
         self._held[digest] = message_id
         if expires:
-            self._expires[message_id] = expires
+            self._expires[digest] = expires
+        else:
+            self._expires.pop(digest, None)
         if timestamp != _VERIFIED:
-            self._unverified[message_id] = timestamp
+            self._unverified[digest] = timestamp
+        else:
+            self._unverified.pop(digest, None)
 
     def _rewrite(self, log: AppendLog) -> None:
         """Replace the file with the keys held now (append lock held, in shared mode)."""
         blob = encode_feature_file_header(UNIQUE_MAGIC) + b"".join(
             encode_feature_record(
-                [digest, mid, self._unverified.get(mid, _VERIFIED), self._expires.get(mid, 0)]
+                [digest, mid, self._unverified.get(digest, _VERIFIED), self._expires.get(digest, 0)]
             )
             for digest, mid in self._held.items()
         )
@@ -209,33 +211,34 @@ class UniqueFeature(Feature):
 
     # ------------------------------------------------------------------ deciding
 
-    def _is_unfinished(self, message_id: int, now_ns: int) -> bool:
-        """Whether some reader still has to finish ``message_id`` (TTL aside: unverified)."""
-        expires = self._expires.get(message_id)
+    def _is_unfinished(self, digest: bytes, message_id: int, now_ns: int) -> bool:
+        """Whether some reader still has to finish ``message_id``, the message of
+        ``digest``'s last record (which may be unverified)."""
+        expires = self._expires.get(digest)
         if expires is not None and now_ns >= expires:
             return False  # expired: never delivered again
         queue = self._queue
         assert queue is not None
         return not all(core.is_finished(message_id) for core in queue.reader_cores())
 
-    def _holds(self, message_id: int, now_ns: int) -> bool:
-        """Whether ``message_id`` holds its key now."""
-        if not self._is_unfinished(message_id, now_ns):
+    def _holds(self, digest: bytes, message_id: int, now_ns: int) -> bool:
+        """Whether ``message_id`` holds the key of ``digest`` now."""
+        if not self._is_unfinished(digest, message_id, now_ns):
             return False
-        timestamp = self._unverified.get(message_id)
+        timestamp = self._unverified.get(digest)
         if timestamp is not None:
             queue = self._queue
             assert queue is not None
             entry = queue.entry_of(message_id)
             if entry is None or entry.timestamp != timestamp:
                 return False  # a record whose message was never written (a crash)
-            del self._unverified[message_id]
+            del self._unverified[digest]
         return True
 
-    def _forget(self, digest: bytes, message_id: int) -> None:
+    def _forget(self, digest: bytes) -> None:
         del self._held[digest]
-        self._expires.pop(message_id, None)
-        self._unverified.pop(message_id, None)
+        self._expires.pop(digest, None)
+        self._unverified.pop(digest, None)
 
     def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
         unique_key = draft.unique_key
@@ -253,9 +256,9 @@ class UniqueFeature(Feature):
             return noted[0]  # the same key twice in one batch: one message
         held = self._held.get(digest)
         if held is not None:
-            if self._holds(held, now_ns):
+            if self._holds(digest, held, now_ns):
                 return held
-            self._forget(digest, held)
+            self._forget(digest)
         expires = 0 if draft.expires_in_ns is None else now_ns + draft.expires_in_ns
         self._provisional[digest] = (candidate_id, now_ns, expires)
         return None
@@ -295,10 +298,10 @@ class UniqueFeature(Feature):
         for digest, (message_id, _, expires) in provisional.items():
             old = held.get(digest)
             if old is not None:
-                self._forget(digest, old)
+                self._forget(digest)
             held[digest] = message_id
             if expires:
-                expires_of[message_id] = expires
+                expires_of[digest] = expires
         self._records += len(provisional)
         provisional.clear()
         self._written_at = None
@@ -310,8 +313,8 @@ class UniqueFeature(Feature):
 
         Amortised: the next sweep waits until the table has doubled."""
         for digest, message_id in list(self._held.items()):
-            if not self._is_unfinished(message_id, now_ns):
-                self._forget(digest, message_id)
+            if not self._is_unfinished(digest, message_id, now_ns):
+                self._forget(digest)
         self._sweep_at = max(_SWEEP_AT, 2 * len(self._held))
         log = self._log
         if log is not None and self._records > 2 * len(self._held) + _SWEEP_AT:
