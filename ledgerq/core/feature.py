@@ -31,7 +31,7 @@ Features import core, format and errors, never each other.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from ledgerq.format.entry import Entry
 
@@ -39,7 +39,15 @@ if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
     from ledgerq.core.reader import ReaderCore
 
-__all__ = ["Draft", "FailedDelivery", "Feature", "FifoSelector", "Selector"]
+__all__ = [
+    "Draft",
+    "FailedDelivery",
+    "Feature",
+    "FifoSelector",
+    "KeyAdmitter",
+    "ReadersNeeded",
+    "Selector",
+]
 
 
 class Draft:
@@ -77,6 +85,12 @@ class Draft:
         self.group = group  # the message group, as UTF-8
         self.unique_key = unique_key  # a unique job's key (features/unique.py)
         self.compressed = False
+
+
+class ReadersNeeded(Exception):
+    """Raised by ``admit`` in shared mode when it needs every reader's current state
+    (``QueueCore.readers_current()`` is False): the core rolls the admission back and
+    admits again holding every reader."""
 
 
 class FailedDelivery:
@@ -124,6 +138,26 @@ class Selector(Protocol):
 
     def oldest_timestamp(self) -> int | None:
         """Enqueue time of the oldest entry held or unread, if any."""
+
+
+@runtime_checkable
+class KeyAdmitter(Protocol):
+    """A feature that admits a bare key without a :class:`Draft` (unique jobs): the core's
+    path for a bytes payload with only a ``unique_key`` calls these, under the lock."""
+
+    def admit_key(
+        self, unique_key: str, now_ns: int, candidate_id: int, expires: int = 0
+    ) -> int | None:
+        """The id holding ``unique_key``, or None having noted ``candidate_id`` for it."""
+
+    def before_append(self) -> None:
+        """Write what was noted, before the message (raise to write nothing)."""
+
+    def rollback(self) -> None:
+        """The append failed: forget (and cut back) what was noted."""
+
+    def appended_one(self, now_ns: int) -> None:
+        """The noted message is written."""
 
 
 class FifoSelector:

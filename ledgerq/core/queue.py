@@ -52,7 +52,7 @@ from ledgerq.core.args import (
 from ledgerq.core.backlog import Backlog, written_sizes
 from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
-from ledgerq.core.feature import Draft, Feature
+from ledgerq.core.feature import Draft, Feature, KeyAdmitter
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed, make_room
 from ledgerq.core.lifecycle import attempt as _attempt
@@ -507,6 +507,10 @@ class QueueCore(Closing):
             encode_plain_batch_parts if sealer is None else sealer.batch_parts
         )
         self._recorders = overriding("appended")
+        # The unique-jobs feature, for the exclusive path of a bytes payload with a key
+        # (shared mode takes the checked one: it holds the readers for a held key).
+        found = [f for f in self._features if isinstance(f, KeyAdmitter)]
+        self._unique: KeyAdmitter | None = found[0] if found and not self.shared else None
         self._restorers = overriding("restore")
         self._flushers = overriding("flush")
         self._reader_hooks = ReaderHooks(self._features)
@@ -648,6 +652,12 @@ class QueueCore(Closing):
         with a message (unique keys; lock held).  An exclusive queue has opened every
         reader on disk; a shared handle's append that needs them holds them all."""
         return list(self._cores.values())
+
+    def readers_current(self) -> bool:
+        """Whether :meth:`reader_cores` show every other handle's acks too (lock held).
+        Always for an exclusive queue; in shared mode, while an append holds them all
+        (a feature that needs them raises :class:`ReadersNeeded` from ``admit``)."""
+        return True
 
     def entry_of(self, message_id: int) -> Entry | None:
         """The log's entry ``message_id``, or None if the log does not hold it (lock held)."""
@@ -813,16 +823,25 @@ class QueueCore(Closing):
             and ttl is None
             and dedup_id is None
             and group is None
-            and unique_key is None
             and self._plain_path
             and len(payload) <= self._max_size
             and timeout == 0
         ):
-            if delay is None:
+            if unique_key is not None:
+                # A key of at most 256 characters is at most 1024 bytes of UTF-8 (and
+                # a str is the type asked): the checked way decides about any other.
+                if (
+                    delay is None
+                    and type(unique_key) is str
+                    and 0 < len(unique_key) <= 256
+                    and self._unique is not None
+                ):
+                    return self._append_unique(payload, unique_key)
+            elif delay is None:
                 return self._append_plain(payload)
             # A delay that check_delay would take as is (anything else goes the checked
             # way, which raises or, for 0, writes a plain entry).
-            if (type(delay) is float or type(delay) is int) and 0 < delay <= MAX_SECONDS:
+            elif (type(delay) is float or type(delay) is int) and 0 < delay <= MAX_SECONDS:
                 return self._append_plain(payload, int(delay * _NS))
         sizes: list[int] | None = [] if self._backlog is not None else None
         draft = self._prepare(
@@ -872,6 +891,45 @@ class QueueCore(Closing):
             ticket = self._log_commit.note_write()
             if rotated or self._waiting or self._listeners:
                 self._after_append(rotated)
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return message_id
+
+    def _append_unique(self, payload: bytes, unique_key: str) -> int:
+        """:meth:`_append_plain` with a unique key (exclusive mode): the unique-jobs
+        feature admits it and writes its record before the message (features/unique.py)."""
+        unique = self._unique
+        assert unique is not None
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            message_id = self._next_id
+            now = self._clock_offset_ns + self._clock_mono()
+            try:
+                held = unique.admit_key(unique_key, now, message_id)
+            except UnicodeEncodeError:
+                unique.rollback()
+                check_unique_key(unique_key)  # raises the clear error
+                raise
+            if held is not None:
+                self._tally.duplicates += 1
+                return held
+            record = self._encode_plain(message_id, now, payload)
+            try:
+                if message_id >= self._reserved_until:
+                    self._reserve_ids(message_id + 1)
+                unique.before_append()
+                rotated = self._manager.append_one(record, message_id, now)
+            except BaseException:
+                unique.rollback()
+                self._count_written(message_id)
+                raise
+            self._next_id = message_id + 1
+            self._enqueued += 1
+            ticket = self._log_commit.note_write()
+            if rotated or self._waiting or self._listeners:
+                self._after_append(rotated)
+            unique.appended_one(now)
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
         return message_id

@@ -45,7 +45,7 @@ from ledgerq._types import ReaderStats, Stats
 from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, READER_NAME, check_timeout
 from ledgerq.core.backlog import written_sizes
 from ledgerq.core.clock import Clock
-from ledgerq.core.feature import Draft, Feature
+from ledgerq.core.feature import Draft, Feature, ReadersNeeded
 from ledgerq.core.journal import ReaderJournal, ReaderRemovedError, SharedReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, attempt
 from ledgerq.core.meta import ID_BLOCK
@@ -409,6 +409,7 @@ class SharedQueueCore(QueueCore):
     """A queue handle in shared mode (see the module).  Use ``ledgerq.open(path, shared=True)``."""
 
     shared = True
+    _every_reader_held = False  # while an append holds every reader (_holding_every_reader)
 
     def __init__(
         self,
@@ -1092,18 +1093,23 @@ class SharedQueueCore(QueueCore):
         wait: float | None,
     ) -> list[int]:
         """:meth:`_append` once the timeout is checked: admit, wait for room, write."""
+        every_reader = False  # a feature asked for the readers' state: see _readers_held
         with self._lock:
             while True:
                 if self._closed:
                     self._ensure_open()
-                with self._readers_held(drafts):
+                with self._readers_held(every_reader):
                     manager = self._begin_append()
                     try:
                         now = self._now_ns(manager)
                         if self._admitters:
                             for feature in self._admitters:
                                 feature.catch_up()
-                            to_write, existing = self._admit(drafts, now)
+                            try:
+                                to_write, existing = self._admit(drafts, now)
+                            except ReadersNeeded:
+                                every_reader = True  # (admit rolled back): once more
+                                continue
                         else:
                             to_write, existing = drafts, {}
                         if not to_write:
@@ -1130,15 +1136,19 @@ class SharedQueueCore(QueueCore):
         fresh_ids = iter(range(first, first + count))
         return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
 
-    def _readers_held(self, drafts: list[Draft]) -> contextlib.AbstractContextManager[None]:
+    def _readers_held(self, every_reader: bool) -> contextlib.AbstractContextManager[None]:
         """A bounded queue's appends hold every reader (in name order, before the append
         lock, as every step takes them): the backlog they count cannot shrink or grow
-        under the check, and two handles cannot both take the last room.  So do the
-        appends of unique jobs: whether a key's message is finished is the readers' say,
-        and an ack in another process just before must count (features/unique.py)."""
-        if self._backlog is None and all(d.unique_key is None for d in drafts):
+        under the check, and two handles cannot both take the last room.  So does an
+        append whose admission raised :class:`ReadersNeeded` (``every_reader``): a
+        unique key's message that this handle's view does not show finished - an ack in
+        another process just before must count (features/unique.py)."""
+        if self._backlog is None and not every_reader:
             return contextlib.nullcontext()
         return self._holding_every_reader()
+
+    def readers_current(self) -> bool:
+        return self._every_reader_held
 
     @contextlib.contextmanager
     def _holding_every_reader(self) -> Iterator[None]:
@@ -1150,8 +1160,10 @@ class SharedQueueCore(QueueCore):
                 assert isinstance(core, SharedReaderCore)
                 core._enter()
                 entered.append(core)
+            self._every_reader_held = True
             yield
         finally:
+            self._every_reader_held = False
             for core in reversed(entered):
                 core._leave()
 

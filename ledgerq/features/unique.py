@@ -29,9 +29,10 @@ timestamp - done once, the first time the key comes again, by one indexed read. 
 are never reused, and an id another handle took after a dead one carries another
 timestamp.)  A message write that fails cuts its records back.
 
-Shared mode: every handle appends to the file under the append lock, reads what the
-others appended before admitting a key, and holds every reader while it decides (an ack
-in another process just before must count); a sweep replaces the file under that lock
+Shared mode: every handle appends to the file under the append lock and reads what the
+others appended before admitting a key; a key whose message this handle's view shows
+unfinished is decided again holding every reader (an ack in another process just
+before must count) - a new key needs no reader's lock; a sweep replaces the file under that lock
 and the others, seeing their file unlinked, read the new one whole.
 """
 
@@ -39,20 +40,21 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from ledgerq._options import Options
-from ledgerq.core.feature import Draft, Feature
+from ledgerq.core.feature import Draft, Feature, ReadersNeeded
+from ledgerq.format.checksum import checksum
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.feature_state import (
     FEATURE_VERSION,
     decode_feature_file,
     decode_feature_records,
     encode_feature_file_header,
-    encode_feature_record,
 )
 from ledgerq.format.sealing import keyed_digest
 from ledgerq.segment.appendlog import AppendLog
@@ -80,6 +82,28 @@ _DOMAIN = "unique:"
 def unique_digest(unique_key: str) -> bytes:
     """The 16-byte table key of a unique key on a plain queue."""
     return xxhash.xxh3_128_digest((_DOMAIN + unique_key).encode())
+
+
+# One record, framed as format/feature_state.py frames it: the MessagePack array written
+# with fixed-width ints (uint64 id, int64 times) - valid MessagePack, which any decoder
+# reads as it reads the shortest form - so a record is one struct.pack and one CRC.
+# The record's u32 length (little-endian, as the framing says) is a constant: packed
+# once, as the first field of the big-endian struct of the body.
+_LENGTH = struct.Struct("<I")
+assert _LENGTH.size == 4
+_FRAMED = struct.Struct(">4sBBB16sBQBqBq")  # length, then the body's MessagePack bytes
+assert _FRAMED.size == 50
+_RECORD_HEAD = _LENGTH.pack(_FRAMED.size + _LENGTH.size)
+_pack_framed = _FRAMED.pack
+_pack_length = _LENGTH.pack
+
+
+def _encode_record(digest: bytes, message_id: int, timestamp: int, expires: int) -> bytes:
+    """The framed record of ``[digest, message_id, timestamp, expires]``."""
+    framed = _pack_framed(
+        _RECORD_HEAD, 0x94, 0xC4, 16, digest, 0xCF, message_id, 0xD3, timestamp, 0xD3, expires
+    )
+    return framed + _pack_length(checksum(framed))
 
 
 def _record(value: Any) -> tuple[bytes, int, int, int] | None:
@@ -201,8 +225,8 @@ class UniqueFeature(Feature):
     def _rewrite(self, log: AppendLog) -> None:
         """Replace the file with the keys held now (append lock held, in shared mode)."""
         blob = encode_feature_file_header(UNIQUE_MAGIC) + b"".join(
-            encode_feature_record(
-                [digest, mid, self._unverified.get(digest, _VERIFIED), self._expires.get(digest, 0)]
+            _encode_record(
+                digest, mid, self._unverified.get(digest, _VERIFIED), self._expires.get(digest, 0)
             )
             for digest, mid in self._held.items()
         )
@@ -222,13 +246,21 @@ class UniqueFeature(Feature):
         return not all(core.is_finished(message_id) for core in queue.reader_cores())
 
     def _holds(self, digest: bytes, message_id: int, now_ns: int) -> bool:
-        """Whether ``message_id`` holds the key of ``digest`` now."""
+        """Whether ``message_id`` holds the key of ``digest`` now.
+
+        Shared mode: a message this handle's view of the readers shows finished is
+        finished (the readers' state only moves on: a finished message never comes back);
+        one it shows unfinished may have been acked elsewhere just now - asked again with
+        every reader held (ReadersNeeded), so the common case, a new key, takes no
+        reader's lock."""
         if not self._is_unfinished(digest, message_id, now_ns):
             return False
+        queue = self._queue
+        assert queue is not None
+        if not queue.readers_current():
+            raise ReadersNeeded
         timestamp = self._unverified.get(digest)
         if timestamp is not None:
-            queue = self._queue
-            assert queue is not None
             entry = queue.entry_of(message_id)
             if entry is None or entry.timestamp != timestamp:
                 return False  # a record whose message was never written (a crash)
@@ -244,13 +276,21 @@ class UniqueFeature(Feature):
         unique_key = draft.unique_key
         if unique_key is None:
             return None
+        expires = 0 if draft.expires_in_ns is None else now_ns + draft.expires_in_ns
+        return self.admit_key(unique_key, now_ns, candidate_id, expires)
+
+    def admit_key(
+        self, unique_key: str, now_ns: int, candidate_id: int, expires: int = 0
+    ) -> int | None:
+        """:meth:`admit` for one key (also the core's path for a bytes payload with a
+        key): the id holding ``unique_key``, or None having noted ``candidate_id``."""
+        digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
         if not self._provisional:  # the first key of this call: the file's news first
             log = self._log
             if log is None:
                 self._load()
             elif self._queue is not None and self._queue.shared:
                 self._catch_up(log)
-        digest = self._digest_of(unique_key)
         noted = self._provisional.get(digest)
         if noted is not None:
             return noted[0]  # the same key twice in one batch: one message
@@ -259,7 +299,6 @@ class UniqueFeature(Feature):
             if self._holds(digest, held, now_ns):
                 return held
             self._forget(digest)
-        expires = 0 if draft.expires_in_ns is None else now_ns + draft.expires_in_ns
         self._provisional[digest] = (candidate_id, now_ns, expires)
         return None
 
@@ -272,9 +311,12 @@ class UniqueFeature(Feature):
             return
         log = self._log
         assert log is not None
-        blob = b"".join(
-            encode_feature_record([digest, *noted]) for digest, noted in self._provisional.items()
-        )
+        provisional = self._provisional
+        if len(provisional) == 1:
+            ((digest, noted),) = provisional.items()
+            blob = _encode_record(digest, *noted)
+        else:
+            blob = b"".join(_encode_record(digest, *noted) for digest, noted in provisional.items())
         size = log.size
         log.append_record(blob)  # raises having written nothing: the core rolls back
         self._written_at = size
@@ -291,17 +333,22 @@ class UniqueFeature(Feature):
                 logger.warning("ledgerq: %s; unused unique-key records stay", exc)
 
     def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
+        self.appended_one(now_ns)
+
+    def appended_one(self, now_ns: int) -> None:
+        """The messages :meth:`admit_key` noted are written (lock held)."""
         provisional = self._provisional
         if not provisional:
             return
-        held, expires_of = self._held, self._expires
+        held, expires_of, unverified = self._held, self._expires, self._unverified
         for digest, (message_id, _, expires) in provisional.items():
-            old = held.get(digest)
-            if old is not None:
-                self._forget(digest)
-            held[digest] = message_id
+            held[digest] = message_id  # (a key held before was found finished: replaced)
             if expires:
                 expires_of[digest] = expires
+            elif expires_of:
+                expires_of.pop(digest, None)
+            if unverified:
+                unverified.pop(digest, None)
         self._records += len(provisional)
         provisional.clear()
         self._written_at = None
@@ -312,9 +359,18 @@ class UniqueFeature(Feature):
         """Forget the keys whose message is finished; rewrite the file when mostly dead.
 
         Amortised: the next sweep waits until the table has doubled."""
-        for digest, message_id in list(self._held.items()):
-            if not self._is_unfinished(digest, message_id, now_ns):
-                self._forget(digest)
+        queue = self._queue
+        assert queue is not None
+        tests = [core.finished_test() for core in queue.reader_cores()]
+        expires_of = self._expires
+        finished = [
+            digest
+            for digest, message_id in self._held.items()
+            if all(test(message_id) for test in tests)
+            or (digest in expires_of and now_ns >= expires_of[digest])
+        ]
+        for digest in finished:
+            self._forget(digest)
         self._sweep_at = max(_SWEEP_AT, 2 * len(self._held))
         log = self._log
         if log is not None and self._records > 2 * len(self._held) + _SWEEP_AT:

@@ -111,25 +111,28 @@ from ledgerq.segment.manager import SegmentManager
 path, shared, instant = sys.argv[1], sys.argv[2] == "shared", sys.argv[3]
 q = ledgerq.open(path, shared=shared)
 os.write(1, b"E k0 %d\\n" % q.enqueue(b"k0", unique_key="k0"))
-write = SegmentManager.append
-def append(self, *args, **kwargs):
-    if instant == "before":
+def killing(write):
+    def append(self, *args, **kwargs):
+        if instant == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        write(self, *args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
-    done = write(self, *args, **kwargs)
-    os.kill(os.getpid(), signal.SIGKILL)
-SegmentManager.append = append
-q.enqueue(b"k1", unique_key="k1")
+    return append
+SegmentManager.append = killing(SegmentManager.append)
+SegmentManager.append_one = killing(SegmentManager.append_one)
+q.enqueue(b"k1", unique_key="k1", **({"headers": {"h": "v"}} if sys.argv[4] == "1" else {}))
 os.write(1, b"returned\\n")
 """
 
 
 @pytest.mark.parametrize("mode", ["exclusive", "shared"])
 @pytest.mark.parametrize("instant", ["before", "after"])
+@pytest.mark.parametrize("checked", ["0", "1"], ids=["bytes-and-key", "with-headers"])
 def test_kill9_inside_an_enqueue(
-    tmp_path: Path, children: Children, mode: str, instant: str
+    tmp_path: Path, children: Children, mode: str, instant: str, checked: str
 ) -> None:
     path = tmp_path / "q"
-    child = children.start(["-c", AT_INSTANT, str(path), mode, instant])
+    child = children.start(["-c", AT_INSTANT, str(path), mode, instant, checked])
     first = int(child.line().split()[2])
     assert child.wait() == -9
     assert child.read_line() is None  # killed inside the call: it never returned

@@ -225,11 +225,18 @@ def test_a_failed_message_write_cuts_its_record_back(
         def failing(self: SegmentManager, *args: object, **kwargs: object) -> None:
             raise StorageError("append to", str(path), OSError(28, "No space left on device"))
 
+        write_one = SegmentManager.append_one
         monkeypatch.setattr(SegmentManager, "append", failing)
+        monkeypatch.setattr(SegmentManager, "append_one", failing)
         with pytest.raises(ledgerq.LedgerQError):
-            q.enqueue(b"job", unique_key="k")
+            q.enqueue(b"job", unique_key="k")  # the path of a bytes payload with a key
+        with pytest.raises(ledgerq.LedgerQError):
+            q.enqueue(b"job", unique_key="k", headers={"h": "v"})  # the checked path
+        with pytest.raises(ledgerq.LedgerQError):
+            q.enqueue_batch([Item(b"job", unique_key="k"), Item(b"j2", unique_key="k2")])
         assert os.path.getsize(unique_log(path)) == size
         monkeypatch.setattr(SegmentManager, "append", write)
+        monkeypatch.setattr(SegmentManager, "append_one", write_one)
         retried = q.enqueue(b"job", unique_key="k")
         assert [m.id for m in q.peek(5)][-1] == retried
         assert q.enqueue(b"job", unique_key="k") == retried
