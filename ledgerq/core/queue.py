@@ -507,10 +507,9 @@ class QueueCore(Closing):
             encode_plain_batch_parts if sealer is None else sealer.batch_parts
         )
         self._recorders = overriding("appended")
-        # The unique-jobs feature, for the exclusive path of a bytes payload with a key
-        # (shared mode takes the checked one: it holds the readers for a held key).
+        # The unique-jobs feature, for the path of a bytes payload with only a key.
         found = [f for f in self._features if isinstance(f, KeyAdmitter)]
-        self._unique: KeyAdmitter | None = found[0] if found and not self.shared else None
+        self._unique: KeyAdmitter | None = found[0] if found else None
         self._restorers = overriding("restore")
         self._flushers = overriding("flush")
         self._reader_hooks = ReaderHooks(self._features)
@@ -834,6 +833,7 @@ class QueueCore(Closing):
                     delay is None
                     and type(unique_key) is str
                     and 0 < len(unique_key) <= 256
+                    and unique_key.isprintable()  # (no lone surrogate: the checked way says)
                     and self._unique is not None
                 ):
                     return self._append_unique(payload, unique_key)
@@ -907,9 +907,8 @@ class QueueCore(Closing):
             now = self._clock_offset_ns + self._clock_mono()
             try:
                 held = unique.admit_key(unique_key, now, message_id)
-            except UnicodeEncodeError:
+            except BaseException:
                 unique.rollback()
-                check_unique_key(unique_key)  # raises the clear error
                 raise
             if held is not None:
                 self._tally.duplicates += 1

@@ -1046,6 +1046,63 @@ class SharedQueueCore(QueueCore):
             self._log_commit.wait_durable(ticket)
         return message_id
 
+    def _append_unique(self, payload: bytes, unique_key: str) -> int:
+        """:meth:`_append_plain` with a unique key (see ``QueueCore._append_unique``): a
+        new key takes no reader's lock; a key this handle's view shows held goes the
+        checked way, which holds every reader to judge it (ReadersNeeded)."""
+        unique = self._unique
+        assert unique is not None
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            manager = self._manager
+            manager.begin_append()  # type: ignore[attr-defined]
+            try:
+                seg = manager.segments[-1]
+                message_id = seg.last_id + 1 if seg.last_id else seg.first_id
+                now = self._clock_offset_ns + self._clock_mono()
+                if now < seg.last_timestamp:
+                    now = seg.last_timestamp
+                try:
+                    held = unique.admit_key(unique_key, now, message_id)
+                except ReadersNeeded:
+                    unique.rollback()
+                    held = 0  # judged below, holding every reader
+                except BaseException:
+                    unique.rollback()
+                    raise
+                if held is None:
+                    record = self._encode_plain(message_id, now, payload)
+                    try:
+                        if message_id >= self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
+                            self._reserve_ids(message_id + 1)
+                        unique.before_append()
+                        rotated = manager.append_one(record, message_id, now)
+                    except BaseException:
+                        unique.rollback()
+                        self._count_written(message_id)
+                        raise
+                    self._next_id = message_id + 1
+                    ticket = self._log_commit.note_write()
+                    if rotated:
+                        self._retire_locked()
+                    unique.appended_one(now)
+            finally:
+                manager.end_append()  # type: ignore[attr-defined]
+            if held is None:
+                if self._waiting or self._listeners or (rotated and self._max_bytes):
+                    self._after_shared_append()
+            elif held:
+                self._tally.duplicates += 1
+                return held
+        if held is not None:
+            return self._append(
+                [self._prepare(payload, None, 1, None, None, unique_key=unique_key)]
+            )[0]
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return message_id
+
     def _append_plain_batch(self, payloads: list[bytes]) -> list[int]:
         count = len(payloads)
         with self._lock:
