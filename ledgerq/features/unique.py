@@ -212,6 +212,7 @@ class UniqueFeature(Feature):
 
     def _take(self, digest: bytes, message_id: int, timestamp: int, expires: int) -> None:
         """A record read back: the key is (again) the message's, until verified."""
+        self._held.pop(digest, None)  # to the end: the table stays in id order
         self._held[digest] = message_id
         if expires:
             self._expires[digest] = expires
@@ -342,7 +343,9 @@ class UniqueFeature(Feature):
             return
         held, expires_of, unverified = self._held, self._expires, self._unverified
         for digest, (message_id, _, expires) in provisional.items():
-            held[digest] = message_id  # (a key held before was found finished: replaced)
+            # A key held before was found finished: it moves to the end (id order).
+            held.pop(digest, None)
+            held[digest] = message_id
             if expires:
                 expires_of[digest] = expires
             elif expires_of:
@@ -358,19 +361,33 @@ class UniqueFeature(Feature):
     def _sweep(self, now_ns: int) -> None:
         """Forget the keys whose message is finished; rewrite the file when mostly dead.
 
-        Amortised: the next sweep waits until the table has doubled."""
+        Amortised: the next sweep waits until the table has doubled.  The table is in id
+        order (a key enqueued again moves to the end), so the keys of messages below
+        every reader's head - finished, the common case - go from its front; the rest
+        is looked at only if some reader finished messages out of order above its head
+        or some key's message has a TTL."""
         queue = self._queue
         assert queue is not None
-        tests = [core.finished_test() for core in queue.reader_cores()]
+        cores = queue.reader_cores()
+        held = self._held
+        if cores:
+            low = min(core.head for core in cores)
+            while held:
+                digest = next(iter(held))
+                if held[digest] >= low:
+                    break
+                self._forget(digest)
         expires_of = self._expires
-        finished = [
-            digest
-            for digest, message_id in self._held.items()
-            if all(test(message_id) for test in tests)
-            or (digest in expires_of and now_ns >= expires_of[digest])
-        ]
-        for digest in finished:
-            self._forget(digest)
+        if expires_of or any(core.finished_from(low) for core in cores):
+            tests = [core.finished_test() for core in cores]
+            finished = [
+                digest
+                for digest, message_id in held.items()
+                if all(test(message_id) for test in tests)
+                or (digest in expires_of and now_ns >= expires_of[digest])
+            ]
+            for digest in finished:
+                self._forget(digest)
         self._sweep_at = max(_SWEEP_AT, 2 * len(self._held))
         log = self._log
         if log is not None and self._records > 2 * len(self._held) + _SWEEP_AT:

@@ -22,6 +22,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import ledgerq
+from ledgerq.features import unique
 from tests.clocks import SteppedClock
 
 KEYS = ("a", "b", "c", "d")
@@ -240,6 +241,10 @@ _SETTINGS = settings(max_examples=8, stateful_step_count=30, deadline=None)
     [UniqueMachine, UniqueWithAuditMachine, UniqueSharedMachine, UniqueEncryptedMachine],
     ids=["exclusive", "audit-reader", "shared", "encrypted"],
 )
-def test_unique_keys_follow_the_model(machine: type[UniqueMachine]) -> None:
+def test_unique_keys_follow_the_model(
+    machine: type[UniqueMachine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sweeps (forgetting finished keys, rewriting the file) every few keys, not 1024.
+    monkeypatch.setattr(unique, "_SWEEP_AT", 2)
     machine.TestCase.settings = _SETTINGS
     machine.TestCase().runTest()
