@@ -145,19 +145,15 @@ class KeyAdmitter(Protocol):
     """A feature that admits a bare key without a :class:`Draft` (unique jobs): the core's
     path for a bytes payload with only a ``unique_key`` calls these, under the lock."""
 
-    def admit_key(
-        self, unique_key: str, now_ns: int, candidate_id: int, expires: int = 0
-    ) -> int | None:
-        """The id holding ``unique_key``, or None having noted ``candidate_id`` for it."""
+    def add_key(self, unique_key: str, now_ns: int, candidate_id: int) -> int | None:
+        """The id holding ``unique_key``; or None, having made ``candidate_id`` its
+        holder durably (before the message is written)."""
 
-    def before_append(self) -> None:
-        """Write what was noted, before the message (raise to write nothing)."""
+    def key_added(self, message_id: int, now_ns: int) -> None:
+        """The message of the last :meth:`add_key` is written."""
 
     def rollback(self) -> None:
-        """The append failed: forget (and cut back) what was noted."""
-
-    def appended_one(self, now_ns: int) -> None:
-        """The noted message is written."""
+        """The message write failed: undo (and cut back) what add_key wrote."""
 
 
 class FifoSelector:

@@ -906,7 +906,7 @@ class QueueCore(Closing):
             message_id = self._next_id
             now = self._clock_offset_ns + self._clock_mono()
             try:
-                held = unique.admit_key(unique_key, now, message_id)
+                held = unique.add_key(unique_key, now, message_id)
             except BaseException:
                 unique.rollback()
                 raise
@@ -917,7 +917,6 @@ class QueueCore(Closing):
             try:
                 if message_id >= self._reserved_until:
                     self._reserve_ids(message_id + 1)
-                unique.before_append()
                 rotated = self._manager.append_one(record, message_id, now)
             except BaseException:
                 unique.rollback()
@@ -928,7 +927,7 @@ class QueueCore(Closing):
             ticket = self._log_commit.note_write()
             if rotated or self._waiting or self._listeners:
                 self._after_append(rotated)
-            unique.appended_one(now)
+            unique.key_added(message_id, now)
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
         return message_id

@@ -1064,7 +1064,7 @@ class SharedQueueCore(QueueCore):
                 if now < seg.last_timestamp:
                     now = seg.last_timestamp
                 try:
-                    held = unique.admit_key(unique_key, now, message_id)
+                    held = unique.add_key(unique_key, now, message_id)
                 except ReadersNeeded:
                     unique.rollback()
                     held = 0  # judged below, holding every reader
@@ -1076,7 +1076,6 @@ class SharedQueueCore(QueueCore):
                     try:
                         if message_id >= self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
                             self._reserve_ids(message_id + 1)
-                        unique.before_append()
                         rotated = manager.append_one(record, message_id, now)
                     except BaseException:
                         unique.rollback()
@@ -1086,7 +1085,7 @@ class SharedQueueCore(QueueCore):
                     ticket = self._log_commit.note_write()
                     if rotated:
                         self._retire_locked()
-                    unique.appended_one(now)
+                    unique.key_added(message_id, now)
             finally:
                 manager.end_append()  # type: ignore[attr-defined]
             if held is None:

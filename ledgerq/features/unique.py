@@ -141,15 +141,18 @@ class UniqueFeature(Feature):
         # digest -> (id, timestamp, expires) admitted in the current call, not yet written
         self._provisional: dict[bytes, tuple[int, int, int]] = {}
         self._written_at: int | None = None  # the file's size before this call's records
+        self._added = b""  # the digest add_key wrote the record of
         self._log: AppendLog | None = None
         self._path = ""
         self._queue: QueueCore | None = None
+        self._shared = False
         self._records = 0  # records in the file (a sweep rewrites it when mostly dead)
         self._sweep_at = _SWEEP_AT
 
     def attach(self, queue: QueueCore) -> None:
         # Nothing is read or created here: at the first unique enqueue (_load).
         self._queue = queue
+        self._shared = queue.shared
         self._path = os.path.join(queue.path, FEATURES_DIR, UNIQUE_LOG)
 
     # ------------------------------------------------------------------ the file
@@ -290,7 +293,7 @@ class UniqueFeature(Feature):
             log = self._log
             if log is None:
                 self._load()
-            elif self._queue is not None and self._queue.shared:
+            elif self._shared:
                 self._catch_up(log)
         noted = self._provisional.get(digest)
         if noted is not None:
@@ -302,6 +305,37 @@ class UniqueFeature(Feature):
             self._forget(digest)
         self._provisional[digest] = (candidate_id, now_ns, expires)
         return None
+
+    def add_key(self, unique_key: str, now_ns: int, candidate_id: int) -> int | None:
+        """The core's path for a bytes payload with only a key (lock held): the id holding
+        ``unique_key``; or None, having written the record of ``candidate_id`` - the
+        message is written next, then :meth:`key_added` (or :meth:`rollback`)."""
+        digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
+        log = self._log
+        if log is None:
+            log = self._load()
+        elif self._shared:
+            self._catch_up(log)
+        held = self._held.get(digest)
+        if held is not None:
+            if self._holds(digest, held, now_ns):
+                return held
+            self._forget(digest)
+        size = log.size
+        log.append_record(_encode_record(digest, candidate_id, now_ns, 0))
+        self._written_at = size
+        self._added = digest
+        return None
+
+    def key_added(self, message_id: int, now_ns: int) -> None:
+        """The message of :meth:`add_key` is written (lock held)."""
+        digest, self._added = self._added, b""
+        self._written_at = None
+        held = self._held
+        held[digest] = message_id  # (not there: add_key forgot a finished holder)
+        self._records += 1
+        if len(held) > self._sweep_at:
+            self._sweep(now_ns)
 
     def unadmit(self, draft: Draft) -> None:
         if draft.unique_key is not None:
@@ -324,6 +358,7 @@ class UniqueFeature(Feature):
 
     def rollback(self) -> None:
         self._provisional.clear()
+        self._added = b""
         written_at, self._written_at = self._written_at, None
         if written_at is not None and self._log is not None:
             # The records are written, their messages not: cut them back.  If that fails
