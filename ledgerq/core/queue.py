@@ -919,8 +919,11 @@ class QueueCore(Closing):
                     self._reserve_ids(message_id + 1)
                 rotated = self._manager.append_one(record, message_id, now)
             except BaseException:
-                unique.rollback()
                 self._count_written(message_id)
+                if self._next_id > message_id:
+                    unique.key_added(message_id, now)  # in the log all the same: held
+                else:
+                    unique.rollback()
                 raise
             self._next_id = message_id + 1
             self._enqueued += 1
@@ -1036,9 +1039,8 @@ class QueueCore(Closing):
                     feature.before_append()
                 self._manager.append(records, [len(r) for r in records], first, now)
             except BaseException:
-                for feature in self._admitters:
-                    feature.rollback()
                 self._count_written(first)
+                self._undo_admission(to_write, first, now)
                 raise
             ticket = self._appended(first, count, len(self._manager.segments) != segments)
             if self._backlog is not None:
@@ -1074,6 +1076,18 @@ class QueueCore(Closing):
             )
             for i, draft in enumerate(drafts)
         ]
+
+    def _undo_admission(self, to_write: list[Draft], first: int, now: int) -> None:
+        """An append of ``to_write`` from id ``first`` raised, after _count_written: the
+        admitting features forget what they noted - but a unique key, whose message
+        must never be in the log without it, is held if the entries reached the log
+        all the same (a rotation that failed after the write)."""
+        written = self._next_id > first
+        for feature in self._admitters:
+            if written and isinstance(feature, KeyAdmitter):
+                feature.appended(to_write, first, now)
+            else:
+                feature.rollback()
 
     def _admit(self, drafts: list[Draft], now: int) -> tuple[list[Draft], dict[int, int]]:
         """Ask the admitting features about each draft (lock held).

@@ -1078,8 +1078,11 @@ class SharedQueueCore(QueueCore):
                             self._reserve_ids(message_id + 1)
                         rotated = manager.append_one(record, message_id, now)
                     except BaseException:
-                        unique.rollback()
                         self._count_written(message_id)
+                        if self._next_id > message_id:
+                            unique.key_added(message_id, now)  # in the log all the same
+                        else:
+                            unique.rollback()
                         raise
                     self._next_id = message_id + 1
                     ticket = self._log_commit.note_write()
@@ -1239,9 +1242,8 @@ class SharedQueueCore(QueueCore):
                 feature.before_append()
             manager.append(records, [len(r) for r in records], first, now)
         except BaseException:
-            for feature in self._admitters:
-                feature.rollback()
             self._count_written(first)
+            self._undo_admission(to_write, first, now)
             raise
         ticket = self._appended(first, count, len(manager.segments) != segments)
         for feature in self._recorders:

@@ -304,3 +304,29 @@ def test_asyncio_and_sharded_faces(tmp_path: Path) -> None:
         batch = sq.enqueue_batch([Item(b"j", unique_key="nightly"), Item(b"j", unique_key="x")])
         assert batch[0] in ids
         assert sq.stats().pending == 2
+
+
+@pytest.mark.parametrize("headers", [None, {"h": "v"}], ids=["bytes-and-key", "checked"])
+def test_a_message_written_before_its_append_raised_holds_its_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, headers: dict[str, str] | None
+) -> None:
+    """A failure after the entry reached the log (a rotation): the enqueue raised, but
+    the message is there and will be delivered - so its key is held."""
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        for name in ("append", "append_one"):
+            write = getattr(SegmentManager, name)
+
+            def written_then_failing(self: SegmentManager, *args: object, _w=write) -> object:
+                _w(self, *args)
+                raise StorageError("rotate", str(path), OSError(28, "No space left on device"))
+
+            monkeypatch.setattr(SegmentManager, name, written_then_failing)
+        with pytest.raises(ledgerq.LedgerQError):
+            q.enqueue(b"job", unique_key="k", headers=headers)
+        monkeypatch.undo()
+        (msg,) = q.peek(5)
+        assert q.enqueue(b"job", unique_key="k") == msg.id
+    with ledgerq.open(path) as q:
+        assert q.enqueue(b"job", unique_key="k") == msg.id
+        assert len(q) == 1
