@@ -281,13 +281,13 @@ class UniqueFeature(Feature):
         if unique_key is None:
             return None
         expires = 0 if draft.expires_in_ns is None else now_ns + draft.expires_in_ns
-        return self.admit_key(unique_key, now_ns, candidate_id, expires)
+        return self._admit_key(unique_key, now_ns, candidate_id, expires)
 
-    def admit_key(
+    def _admit_key(
         self, unique_key: str, now_ns: int, candidate_id: int, expires: int = 0
     ) -> int | None:
-        """:meth:`admit` for one key (also the core's path for a bytes payload with a
-        key): the id holding ``unique_key``, or None having noted ``candidate_id``."""
+        """:meth:`admit` for one key: the id holding ``unique_key``, or None having
+        noted ``candidate_id`` for it (written by before_append)."""
         digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
         if not self._provisional:  # the first key of this call: the file's news first
             log = self._log
@@ -369,10 +369,7 @@ class UniqueFeature(Feature):
                 logger.warning("ledgerq: %s; unused unique-key records stay", exc)
 
     def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
-        self.appended_one(now_ns)
-
-    def appended_one(self, now_ns: int) -> None:
-        """The messages :meth:`admit_key` noted are written (lock held)."""
+        # The messages _admit_key noted are written (their ids are the noted ones).
         provisional = self._provisional
         if not provisional:
             return
