@@ -62,6 +62,7 @@ class Item:
     dedup_id: str | bytes | None = None
     delay: float | None = None
     group: str | None = None
+    unique_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

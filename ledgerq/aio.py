@@ -242,6 +242,7 @@ class AsyncQueue:
         dedup_id: str | bytes | None = None,
         delay: float | None = None,
         timeout: float | None = 0,
+        unique_key: str | None = None,
     ) -> int:
         """Append one message in a thread; return its id (see :meth:`ledgerq.Queue.enqueue`).
 
@@ -258,6 +259,7 @@ class AsyncQueue:
             ttl=ttl,
             dedup_id=dedup_id,
             delay=delay,
+            unique_key=unique_key,
         )
         return await self._when_room(enqueue, timeout)
 

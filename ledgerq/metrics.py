@@ -57,7 +57,12 @@ _SERIES = (
     ("nacked", "counter", "Nacks by {reader}.", _BOTH),
     ("dead_lettered", "counter", "Messages {reader} moved to the DLQ.", _BOTH),
     ("expired", "counter", "Messages {reader} skipped because their TTL passed.", _BOTH),
-    ("duplicates", "counter", "Enqueues dropped as duplicates by dedup_id.", _QUEUE),
+    (
+        "duplicates",
+        "counter",
+        "Enqueues that added nothing: a dedup_id seen, or a unique_key held.",
+        _QUEUE,
+    ),
     ("dropped", "counter", "Unconsumed messages dropped by retention_max_bytes.", _QUEUE),
     ("corrupt_skipped", "counter", "Corrupt entries skipped while reading.", _QUEUE),
     ("lost", "counter", "Unconsumed messages whose segment file was found missing.", _QUEUE),

@@ -389,18 +389,20 @@ class ShardedQueue(Closing):
         delay: float | None = None,
         group: str | None = None,
         timeout: float | None = 0,
+        unique_key: str | None = None,
     ) -> int:
         """Append one message to the shard of ``key``; return its (global) id.
 
         Without a key the shard is the next round-robin one - or the shard of
         ``group`` when one is given (a group's order holds inside one shard), else of
-        ``dedup_id`` (so that dedup works across the whole queue).  Durability is the
-        shard's (see :meth:`ledgerq.Queue.enqueue`).  The bounds ``max_pending`` and
-        ``max_pending_bytes`` hold per shard: a full shard waits up to ``timeout`` for
-        room, then raises :class:`ledgerq.QueueFullError`.
+        ``unique_key``, else of ``dedup_id`` (so that unique jobs and dedup work
+        across the whole queue; with a key or a group, within the shard chosen).
+        Durability is the shard's (see :meth:`ledgerq.Queue.enqueue`).  The bounds
+        ``max_pending`` and ``max_pending_bytes`` hold per shard: a full shard waits up
+        to ``timeout`` for room, then raises :class:`ledgerq.QueueFullError`.
         """
         self._ensure_open()
-        index = self._route(key, group, dedup_id)
+        index = self._route(key, group, unique_key if unique_key is not None else dedup_id)
         local = self.queues[index].enqueue(
             payload,
             headers=headers,
@@ -410,6 +412,7 @@ class ShardedQueue(Closing):
             delay=delay,
             group=group,
             timeout=timeout,
+            unique_key=unique_key,
         )
         return global_id(local, index, self.shards)
 
@@ -439,7 +442,8 @@ class ShardedQueue(Closing):
         parts: dict[int, list[int]] = {}
         for position, (item, key) in enumerate(zip(batch, key_list, strict=True)):
             if isinstance(item, Item):
-                index = self._route(key, item.group, item.dedup_id)
+                unique = item.unique_key
+                index = self._route(key, item.group, item.dedup_id if unique is None else unique)
             else:
                 index = self.shard_for(key)
             parts.setdefault(index, []).append(position)
@@ -461,7 +465,8 @@ class ShardedQueue(Closing):
         return ids
 
     def _route(self, key: bytes | str | None, group: object, dedup_id: object) -> int:
-        """The shard of a message: by key; without one by its group, then its dedup id."""
+        """The shard of a message: by key; without one by its group, then its unique key
+        or dedup id (the caller passes the one that applies as ``dedup_id``)."""
         if key is None:
             if isinstance(group, str):
                 return shard_index(group, self.shards)

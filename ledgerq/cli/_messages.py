@@ -142,6 +142,12 @@ def _split_lines(data: bytes) -> Iterator[list[bytes]]:
     "(1 to 255 bytes of UTF-8).",
 )
 @click.option(
+    "--unique-key",
+    metavar="KEY",
+    help="A unique job: while the message enqueued with this key is not finished (acked, "
+    "dead-lettered, expired), add nothing and print its id (1 to 1024 bytes of UTF-8).",
+)
+@click.option(
     "--timeout",
     type=Seconds(allow_inf=True),
     default=0.0,
@@ -161,6 +167,7 @@ def enqueue(
     ttl: float | None,
     delay: float | None,
     group: str | None,
+    unique_key: str | None,
     timeout: float,
     option_pairs: tuple[str, ...],
 ) -> None:
@@ -184,6 +191,13 @@ def enqueue(
             size = 0
         if not 0 < size <= 255:  # checked before the queue is opened (or created)
             raise click.BadParameter("must be 1 to 255 bytes of UTF-8", param_hint="--group")
+    if unique_key is not None:
+        try:
+            size = len(unique_key.encode())
+        except UnicodeEncodeError:
+            size = 0
+        if not 0 < size <= 1024:  # checked before the queue is opened (or created)
+            raise click.BadParameter("must be 1 to 1024 bytes of UTF-8", param_hint="--unique-key")
     options = option_overrides(option_pairs)
     enqueued: list[int] = []
 
@@ -204,12 +218,19 @@ def enqueue(
                         delay=delay,
                         group=group,
                         timeout=wait,
+                        unique_key=unique_key,
                     )
                 ]
             else:
                 items = [
                     ledgerq.Item(
-                        p, headers=headers, priority=level, ttl=ttl, delay=delay, group=group
+                        p,
+                        headers=headers,
+                        priority=level,
+                        ttl=ttl,
+                        delay=delay,
+                        group=group,
+                        unique_key=unique_key,
                     )
                     for p in batch
                 ]

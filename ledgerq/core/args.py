@@ -28,6 +28,8 @@ __all__ = [
     "check_reader_start",
     "check_timeout",
     "check_ttl",
+    "check_unique_key",
+    "MAX_UNIQUE_KEY_BYTES",
 ]
 
 READER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
@@ -208,6 +210,34 @@ def check_dedup_id(dedup_id: object) -> str | bytes | None:
     if dedup_id is None or isinstance(dedup_id, (str, bytes)):
         return dedup_id
     raise TypeError(f"dedup_id must be a str or bytes, got {type(dedup_id).__name__}")
+
+
+MAX_UNIQUE_KEY_BYTES = 1024
+"""The longest ``unique_key`` (UTF-8 bytes).  Only a 16-byte digest of it is kept, so the
+bound is not about space: a longer key is almost surely a payload passed by mistake."""
+
+
+def check_unique_key(unique_key: object) -> str | None:
+    """None, or a unique job's key: a ``str`` of 1 to :data:`MAX_UNIQUE_KEY_BYTES` bytes
+    of UTF-8 (``TypeError`` for another type, ``ValueError`` for an empty, longer or
+    invalid one)."""
+    if unique_key is None:
+        return None
+    if type(unique_key) is not str:
+        raise TypeError(
+            f"unique_key must be a str or None, got {type(unique_key).__name__}; "
+            "pass the job's key as text (e.g. str(user_id))"
+        )
+    try:
+        size = len(unique_key.encode())
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"unique_key must be valid unicode text: {exc}") from exc
+    if not 0 < size <= MAX_UNIQUE_KEY_BYTES:
+        raise ValueError(
+            f"unique_key must be 1 to {MAX_UNIQUE_KEY_BYTES} bytes of UTF-8, got {size}; "
+            "use a short name of the job (hash a long one)"
+        )
+    return unique_key
 
 
 def check_count(name: str, n: object) -> int:

@@ -12,6 +12,8 @@ hook               when                        may
 ``transform``      enqueue, before the lock    replace the payload (compression)
 ``catch_up``       shared mode, before admit   read what other handles appended (dedup)
 ``admit``          enqueue, under the lock     return an existing id instead (dedup)
+``unadmit``        a later admit refused       forget what ``admit`` noted for a draft
+``before_append``  enqueue, before the write   make what admit noted durable (unique)
 ``appended``       enqueue, under the lock     record the new ids (dedup)
 ``rollback``       the append failed           forget what ``admit`` noted
 ``selector``       a reader is opened          replace the delivery order (priorities)
@@ -29,7 +31,7 @@ Features import core, format and errors, never each other.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from ledgerq.format.entry import Entry
 
@@ -37,7 +39,15 @@ if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
     from ledgerq.core.reader import ReaderCore
 
-__all__ = ["Draft", "FailedDelivery", "Feature", "FifoSelector", "Selector"]
+__all__ = [
+    "Draft",
+    "FailedDelivery",
+    "Feature",
+    "FifoSelector",
+    "KeyAdmitter",
+    "ReadersNeeded",
+    "Selector",
+]
 
 
 class Draft:
@@ -52,6 +62,7 @@ class Draft:
         "headers_blob",
         "payload",
         "priority",
+        "unique_key",
     )
 
     def __init__(
@@ -63,6 +74,7 @@ class Draft:
         dedup_id: str | bytes | None,
         delay_ns: int | None = None,
         group: bytes | None = None,
+        unique_key: str | None = None,
     ) -> None:
         self.payload = payload
         self.headers_blob = headers_blob
@@ -71,7 +83,14 @@ class Draft:
         self.dedup_id = dedup_id
         self.delay_ns = delay_ns  # not delivered before enqueue time + this
         self.group = group  # the message group, as UTF-8
+        self.unique_key = unique_key  # a unique job's key (features/unique.py)
         self.compressed = False
+
+
+class ReadersNeeded(Exception):
+    """Raised by ``admit`` in shared mode when it needs every reader's current state
+    (``QueueCore.readers_current()`` is False): the core rolls the admission back and
+    admits again holding every reader."""
 
 
 class FailedDelivery:
@@ -119,6 +138,22 @@ class Selector(Protocol):
 
     def oldest_timestamp(self) -> int | None:
         """Enqueue time of the oldest entry held or unread, if any."""
+
+
+@runtime_checkable
+class KeyAdmitter(Protocol):
+    """A feature that admits a bare key without a :class:`Draft` (unique jobs): the core's
+    path for a bytes payload with only a ``unique_key`` calls these, under the lock."""
+
+    def add_key(self, unique_key: str, now_ns: int, candidate_id: int) -> int | None:
+        """The id holding ``unique_key``; or None, having made ``candidate_id`` its
+        holder durably (before the message is written)."""
+
+    def key_added(self, message_id: int, now_ns: int) -> None:
+        """The message of the last :meth:`add_key` is written."""
+
+    def rollback(self) -> None:
+        """The message write failed: undo (and cut back) what add_key wrote."""
 
 
 class FifoSelector:
@@ -182,6 +217,10 @@ class Feature:
     """Base class of feature modules: every hook is a no-op until overridden."""
 
     name: ClassVar[str] = "feature"
+    # True for a feature whose enqueue hooks (admit, before_append, appended) only look
+    # at drafts that carry an option of its own: the plain paths (bytes, no option) may
+    # skip it, so a feature that is always on costs a plain enqueue nothing (unique).
+    ignores_plain: ClassVar[bool] = False
 
     def attach(self, queue: QueueCore) -> None:
         """Called once at open, after the log and the readers were recovered."""
@@ -200,6 +239,14 @@ class Feature:
         call is appended; :meth:`appended` or :meth:`rollback` follows.
         """
         return None
+
+    def unadmit(self, draft: Draft) -> None:
+        """A feature after this one found ``draft`` to be a duplicate: forget what
+        :meth:`admit` noted for it (it will not be written)."""
+
+    def before_append(self) -> None:
+        """The drafts :meth:`admit` let through are about to be written (lock held): make
+        what it noted durable first, or raise to write nothing (:meth:`rollback` follows)."""
 
     def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
         """The drafts were appended with ids ``first_id``, ``first_id + 1``, ... (lock held)."""

@@ -47,11 +47,12 @@ from ledgerq.core.args import (
     check_reader_start,
     check_timeout,
     check_ttl,
+    check_unique_key,
 )
 from ledgerq.core.backlog import Backlog, written_sizes
 from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
-from ledgerq.core.feature import Draft, Feature
+from ledgerq.core.feature import Draft, Feature, KeyAdmitter
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed, make_room
 from ledgerq.core.lifecycle import attempt as _attempt
@@ -475,8 +476,12 @@ class QueueCore(Closing):
             base = getattr(Feature, name)
             return [f for f in self._features if getattr(type(f), name) is not base]
 
+        def looking_at_plain(features: list[Feature]) -> list[Feature]:
+            return [f for f in features if not f.ignores_plain]
+
         self._transformers = overriding("transform")
         self._admitters = overriding("admit")
+        self._preparers = overriding("before_append")
         # No hook looks at a plain enqueue (bytes, no option): it may skip Draft building.
         self._max_size = self.options.max_message_size
         opts = self.options
@@ -485,7 +490,10 @@ class QueueCore(Closing):
             self._backlog = Backlog(opts.max_pending, opts.max_pending_bytes)
         # The plain paths skip admission: a bounded queue takes the checked one.
         self._plain_path = not (
-            self._transformers or self._admitters or overriding("appended") or self._backlog
+            self._transformers
+            or looking_at_plain(self._admitters)
+            or looking_at_plain(overriding("appended"))
+            or self._backlog
         )
         # The encoders of the plain paths: an encrypted queue's seal the entries.
         sealer = self._sealer
@@ -499,6 +507,9 @@ class QueueCore(Closing):
             encode_plain_batch_parts if sealer is None else sealer.batch_parts
         )
         self._recorders = overriding("appended")
+        # The unique-jobs feature, for the path of a bytes payload with only a key.
+        found = [f for f in self._features if isinstance(f, KeyAdmitter)]
+        self._unique: KeyAdmitter | None = found[0] if found else None
         self._restorers = overriding("restore")
         self._flushers = overriding("flush")
         self._reader_hooks = ReaderHooks(self._features)
@@ -635,6 +646,23 @@ class QueueCore(Closing):
         """
         return self._make_room()
 
+    def reader_cores(self) -> list[ReaderCore]:
+        """Every reader of the queue, for a feature that asks whether all of them are done
+        with a message (unique keys; lock held).  An exclusive queue has opened every
+        reader on disk; a shared handle's append that needs them holds them all."""
+        return list(self._cores.values())
+
+    def readers_current(self) -> bool:
+        """Whether :meth:`reader_cores` show every other handle's acks too (lock held).
+        Always for an exclusive queue; in shared mode, while an append holds them all
+        (a feature that needs them raises :class:`ReadersNeeded` from ``admit``)."""
+        return True
+
+    def entry_of(self, message_id: int) -> Entry | None:
+        """The log's entry ``message_id``, or None if the log does not hold it (lock held)."""
+        entry = LogCursor(self._manager, message_id).next()
+        return entry if entry is not None and entry.id == message_id else None
+
     def note_corrupt_skipped(self, count: int) -> None:
         """Count damaged records a feature skipped in its own files (``stats()``)."""
         self._tally.corrupt_skipped += count
@@ -725,6 +753,7 @@ class QueueCore(Closing):
         delay: object = None,
         group: object = None,
         sizes: list[int] | None = None,
+        unique_key: object = None,
     ) -> Draft:
         """Validate one message and build its draft; append its payload size (as given,
         before any feature changes it) to ``sizes`` if given - for a bounded queue."""
@@ -745,6 +774,7 @@ class QueueCore(Closing):
             # A delay of 0 is no delay: the entry stays plain (and readable by any ledgerq).
             int(delay_seconds * _NS) if delay_seconds else None,
             check_group(group),
+            check_unique_key(unique_key),
         )
         for feature in self._transformers:
             feature.transform(draft)
@@ -761,6 +791,7 @@ class QueueCore(Closing):
         delay: float | None = None,
         group: str | None = None,
         timeout: float | None = 0,
+        unique_key: str | None = None,
     ) -> int:
         """Append one message; return its id.
 
@@ -771,6 +802,10 @@ class QueueCore(Closing):
         With ``group`` (a str of 1 to 255 bytes of UTF-8) it is delivered after the
         earlier messages of its group are acked, dead-lettered or expired, one at a
         time; other groups and messages without one are not held up.
+        With ``unique_key`` (a str of 1 to 1024 bytes of UTF-8) it is a unique job:
+        while a message enqueued with that key is not yet acked, dead-lettered,
+        expired or dropped by every reader, nothing is added and that message's id is
+        returned - across processes (shared mode), reopens and crashes.
         Raises ``TypeError``/``ValueError`` for bad arguments and
         :class:`MessageTooLargeError` before anything is written.
 
@@ -791,14 +826,27 @@ class QueueCore(Closing):
             and len(payload) <= self._max_size
             and timeout == 0
         ):
-            if delay is None:
+            if unique_key is not None:
+                # A key of at most 256 characters is at most 1024 bytes of UTF-8 (and
+                # a str is the type asked): the checked way decides about any other.
+                if (
+                    delay is None
+                    and type(unique_key) is str
+                    and 0 < len(unique_key) <= 256
+                    and unique_key.isprintable()  # (no lone surrogate: the checked way says)
+                    and self._unique is not None
+                ):
+                    return self._append_unique(payload, unique_key)
+            elif delay is None:
                 return self._append_plain(payload)
             # A delay that check_delay would take as is (anything else goes the checked
             # way, which raises or, for 0, writes a plain entry).
-            if (type(delay) is float or type(delay) is int) and 0 < delay <= MAX_SECONDS:
+            elif (type(delay) is float or type(delay) is int) and 0 < delay <= MAX_SECONDS:
                 return self._append_plain(payload, int(delay * _NS))
         sizes: list[int] | None = [] if self._backlog is not None else None
-        draft = self._prepare(payload, headers, priority, ttl, dedup_id, delay, group, sizes)
+        draft = self._prepare(
+            payload, headers, priority, ttl, dedup_id, delay, group, sizes, unique_key
+        )
         return self._append([draft], sizes, timeout)[0]
 
     # The three append paths below (one plain payload, a plain batch, drafts with
@@ -843,6 +891,46 @@ class QueueCore(Closing):
             ticket = self._log_commit.note_write()
             if rotated or self._waiting or self._listeners:
                 self._after_append(rotated)
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return message_id
+
+    def _append_unique(self, payload: bytes, unique_key: str) -> int:
+        """:meth:`_append_plain` with a unique key (exclusive mode): the unique-jobs
+        feature admits it and writes its record before the message (features/unique.py)."""
+        unique = self._unique
+        assert unique is not None
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            message_id = self._next_id
+            now = self._clock_offset_ns + self._clock_mono()
+            try:
+                held = unique.add_key(unique_key, now, message_id)
+            except BaseException:
+                unique.rollback()
+                raise
+            if held is not None:
+                self._tally.duplicates += 1
+                return held
+            record = self._encode_plain(message_id, now, payload)
+            try:
+                if message_id >= self._reserved_until:
+                    self._reserve_ids(message_id + 1)
+                rotated = self._manager.append_one(record, message_id, now)
+            except BaseException:
+                self._count_written(message_id)
+                if self._next_id > message_id:
+                    unique.key_added(message_id, now)  # in the log all the same: held
+                else:
+                    unique.rollback()
+                raise
+            self._next_id = message_id + 1
+            self._enqueued += 1
+            ticket = self._log_commit.note_write()
+            if rotated or self._waiting or self._listeners:
+                self._after_append(rotated)
+            unique.key_added(message_id, now)
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
         return message_id
@@ -909,6 +997,7 @@ class QueueCore(Closing):
                         item.delay,
                         item.group,
                         sizes,
+                        item.unique_key,
                     )
                 )
             else:
@@ -946,11 +1035,12 @@ class QueueCore(Closing):
                 records = self._encode_drafts(to_write, first, now)
                 if first + count > self._reserved_until:
                     self._reserve_ids(first + count)
+                for feature in self._preparers:
+                    feature.before_append()
                 self._manager.append(records, [len(r) for r in records], first, now)
             except BaseException:
-                for feature in self._admitters:
-                    feature.rollback()
                 self._count_written(first)
+                self._undo_admission(to_write, first, now)
                 raise
             ticket = self._appended(first, count, len(self._manager.segments) != segments)
             if self._backlog is not None:
@@ -987,6 +1077,18 @@ class QueueCore(Closing):
             for i, draft in enumerate(drafts)
         ]
 
+    def _undo_admission(self, to_write: list[Draft], first: int, now: int) -> None:
+        """An append of ``to_write`` from id ``first`` raised, after _count_written: the
+        admitting features forget what they noted - but a unique key, whose message
+        must never be in the log without it, is held if the entries reached the log
+        all the same (a rotation that failed after the write)."""
+        written = self._next_id > first
+        for feature in self._admitters:
+            if written and isinstance(feature, KeyAdmitter):
+                feature.appended(to_write, first, now)
+            else:
+                feature.rollback()
+
     def _admit(self, drafts: list[Draft], now: int) -> tuple[list[Draft], dict[int, int]]:
         """Ask the admitting features about each draft (lock held).
 
@@ -1003,6 +1105,10 @@ class QueueCore(Closing):
                     found = feature.admit(draft, now, candidate)
                     if found is not None:
                         existing[position] = found
+                        for earlier in self._admitters:  # they admitted it: not written
+                            if earlier is feature:
+                                break
+                            earlier.unadmit(draft)
                         break
                 else:
                     fresh.append(draft)

@@ -31,7 +31,7 @@ import time
 from array import array
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from ledgerq._errors import (
@@ -1051,6 +1051,18 @@ class ReaderCore:
     def in_flight(self) -> int:
         """Messages leased and not yet acked or nacked."""
         return len(self._leased)
+
+    def is_finished(self, message_id: int) -> bool:
+        """Whether this reader is done with ``message_id`` (acked, dead-lettered, expired,
+        dropped, purged; or below its head: never to be delivered again), for unique keys.
+        An id at or past the head that the log does not hold counts as not finished."""
+        return message_id in self._done or message_id in self._skip or message_id < self.head
+
+    def finished_test(self) -> Callable[[int], bool]:
+        """:meth:`is_finished` as a function of the state now (its head computed once):
+        for a sweep over many ids while nothing changes (lock held)."""
+        head, done, skip = self.head, self._done, self._skip
+        return lambda message_id: message_id < head or message_id in done or message_id in skip
 
     def finished_from(self, first: int) -> set[int]:
         """The ids >= ``first`` already finished (acked, dead-lettered, expired), in this

@@ -45,7 +45,7 @@ from ledgerq._types import ReaderStats, Stats
 from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, READER_NAME, check_timeout
 from ledgerq.core.backlog import written_sizes
 from ledgerq.core.clock import Clock
-from ledgerq.core.feature import Draft, Feature
+from ledgerq.core.feature import Draft, Feature, ReadersNeeded
 from ledgerq.core.journal import ReaderJournal, ReaderRemovedError, SharedReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, attempt
 from ledgerq.core.meta import ID_BLOCK
@@ -409,6 +409,7 @@ class SharedQueueCore(QueueCore):
     """A queue handle in shared mode (see the module).  Use ``ledgerq.open(path, shared=True)``."""
 
     shared = True
+    _every_reader_held = False  # while an append holds every reader (_holding_every_reader)
 
     def __init__(
         self,
@@ -1045,6 +1046,65 @@ class SharedQueueCore(QueueCore):
             self._log_commit.wait_durable(ticket)
         return message_id
 
+    def _append_unique(self, payload: bytes, unique_key: str) -> int:
+        """:meth:`_append_plain` with a unique key (see ``QueueCore._append_unique``): a
+        new key takes no reader's lock; a key this handle's view shows held goes the
+        checked way, which holds every reader to judge it (ReadersNeeded)."""
+        unique = self._unique
+        assert unique is not None
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            manager = self._manager
+            manager.begin_append()  # type: ignore[attr-defined]
+            try:
+                seg = manager.segments[-1]
+                message_id = seg.last_id + 1 if seg.last_id else seg.first_id
+                now = self._clock_offset_ns + self._clock_mono()
+                if now < seg.last_timestamp:
+                    now = seg.last_timestamp
+                try:
+                    held = unique.add_key(unique_key, now, message_id)
+                except ReadersNeeded:
+                    unique.rollback()
+                    held = 0  # judged below, holding every reader
+                except BaseException:
+                    unique.rollback()
+                    raise
+                if held is None:
+                    record = self._encode_plain(message_id, now, payload)
+                    try:
+                        if message_id >= self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
+                            self._reserve_ids(message_id + 1)
+                        rotated = manager.append_one(record, message_id, now)
+                    except BaseException:
+                        self._count_written(message_id)
+                        if self._next_id > message_id:
+                            unique.key_added(message_id, now)  # in the log all the same
+                        else:
+                            unique.rollback()
+                        raise
+                    self._next_id = message_id + 1
+                    ticket = self._log_commit.note_write()
+                    if rotated:
+                        self._retire_locked()
+                    unique.key_added(message_id, now)
+            finally:
+                manager.end_append()  # type: ignore[attr-defined]
+            if held is None:
+                if self._waiting or self._listeners or (rotated and self._max_bytes):
+                    self._after_shared_append()
+            elif held:
+                self._tally.duplicates += 1
+                return held
+        if held is not None:
+            return self._append(
+                [self._prepare(payload, None, 1, None, None, unique_key=unique_key)]
+            )[0]
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return message_id
+
     def _append_plain_batch(self, payloads: list[bytes]) -> list[int]:
         count = len(payloads)
         with self._lock:
@@ -1092,18 +1152,23 @@ class SharedQueueCore(QueueCore):
         wait: float | None,
     ) -> list[int]:
         """:meth:`_append` once the timeout is checked: admit, wait for room, write."""
+        every_reader = False  # a feature asked for the readers' state: see _readers_held
         with self._lock:
             while True:
                 if self._closed:
                     self._ensure_open()
-                with self._readers_held():
+                with self._readers_held(every_reader):
                     manager = self._begin_append()
                     try:
                         now = self._now_ns(manager)
                         if self._admitters:
                             for feature in self._admitters:
                                 feature.catch_up()
-                            to_write, existing = self._admit(drafts, now)
+                            try:
+                                to_write, existing = self._admit(drafts, now)
+                            except ReadersNeeded:
+                                every_reader = True  # (admit rolled back): once more
+                                continue
                         else:
                             to_write, existing = drafts, {}
                         if not to_write:
@@ -1130,13 +1195,19 @@ class SharedQueueCore(QueueCore):
         fresh_ids = iter(range(first, first + count))
         return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
 
-    def _readers_held(self) -> contextlib.AbstractContextManager[None]:
+    def _readers_held(self, every_reader: bool) -> contextlib.AbstractContextManager[None]:
         """A bounded queue's appends hold every reader (in name order, before the append
         lock, as every step takes them): the backlog they count cannot shrink or grow
-        under the check, and two handles cannot both take the last room."""
-        if self._backlog is None:
+        under the check, and two handles cannot both take the last room.  So does an
+        append whose admission raised :class:`ReadersNeeded` (``every_reader``): a
+        unique key's message that this handle's view does not show finished - an ack in
+        another process just before must count (features/unique.py)."""
+        if self._backlog is None and not every_reader:
             return contextlib.nullcontext()
         return self._holding_every_reader()
+
+    def readers_current(self) -> bool:
+        return self._every_reader_held
 
     @contextlib.contextmanager
     def _holding_every_reader(self) -> Iterator[None]:
@@ -1148,8 +1219,10 @@ class SharedQueueCore(QueueCore):
                 assert isinstance(core, SharedReaderCore)
                 core.session.enter()
                 entered.append(core)
+            self._every_reader_held = True
             yield
         finally:
+            self._every_reader_held = False
             for core in reversed(entered):
                 core.session.leave()
 
@@ -1165,11 +1238,12 @@ class SharedQueueCore(QueueCore):
             records = self._encode_drafts(to_write, first, now)
             if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
                 self._reserve_ids(first + count)
+            for feature in self._preparers:
+                feature.before_append()
             manager.append(records, [len(r) for r in records], first, now)
         except BaseException:
-            for feature in self._admitters:
-                feature.rollback()
             self._count_written(first)
+            self._undo_admission(to_write, first, now)
             raise
         ticket = self._appended(first, count, len(manager.segments) != segments)
         for feature in self._recorders:

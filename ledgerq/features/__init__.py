@@ -9,6 +9,7 @@ from ledgerq.features.dedup import DedupFeature
 from ledgerq.features.dlq import DeadLetterFeature, DeadLetterStore, OpenConfigured
 from ledgerq.features.priority import PriorityFeature
 from ledgerq.features.ttl import TTLFeature
+from ledgerq.features.unique import UniqueFeature
 
 __all__ = ["build_features"]
 
@@ -20,6 +21,9 @@ def build_features(options: Options, open_configured: OpenConfigured) -> list[Fe
         features.append(ZstdCompression(options))
     else:
         features.append(ZstdDecompression(options))  # reading old compressed entries
+    # Always on (no option: costs nothing until a unique_key comes).  Before dedup: a
+    # draft both hold is refused by the first that finds it, and dedup has no unadmit.
+    features.append(UniqueFeature(options))
     if options.dedup_window is not None:
         features.append(DedupFeature(options))
     if options.priorities:

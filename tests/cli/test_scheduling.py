@@ -32,3 +32,13 @@ def test_bad_delay_or_group_is_a_usage_error_and_writes_nothing(tmp_path: Path) 
     for args in (("--delay", "-1"), ("--delay", "nan"), ("--group", ""), ("--group", "x" * 256)):
         fails("enqueue", q, "x", *args, code=2)
     assert not q.exists()
+
+
+def test_enqueue_unique_key(tmp_path: Path) -> None:
+    q = tmp_path / "q"
+    first = ok("enqueue", q, "rebuild", "--unique-key", "rebuild:7").out.strip()
+    assert ok("enqueue", q, "again", "--unique-key", "rebuild:7").out.strip() == first
+    assert ok("stats", q, "--json").json()["pending"] == 1
+    for bad in ("", "x" * 1025):
+        fails("enqueue", tmp_path / "other", "x", "--unique-key", bad, code=2)
+    assert not (tmp_path / "other").exists()

@@ -64,6 +64,7 @@ CHECKED_TABLES = {
     "sealed",
     "sealed-content",
     "sealing-constants",
+    "unique-record",
 }
 
 _MARKER = re.compile(r"<!--\s*table:\s*([\w-]+)\s*-->")
@@ -491,6 +492,44 @@ def test_constants() -> None:
         assert actual == expected, r
 
 
+def test_unique_records_read_with_the_table_alone(tmp_path: Path) -> None:
+    """features/unique.log decoded with the spec's header, framing and record table."""
+    import xxhash
+
+    rows = table("unique-record")
+    assert [r["field"] for r in rows] == ["digest", "id", "timestamp", "expires"]
+    with ledgerq.open(tmp_path / "q") as q:
+        first = q.enqueue(b"a", unique_key="job-1")
+        second = q.enqueue(b"b", unique_key="job-2", ttl=60)
+        stamps = {m.id: (m.timestamp, m.expires_at) for m in q.peek(2)}
+    data = (tmp_path / "q" / "features" / "unique.log").read_bytes()
+    magic, version = struct.unpack_from("<4sI", data, 0)
+    assert (magic, version) == (b"LQUK", 2)
+    pos, records = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack_from("<I", data, pos)
+        assert struct.unpack_from("<I", data, pos + length - 4)[0] == crc32c.crc32c(
+            data[pos : pos + length - 4]
+        )
+        records.append(msgpack.unpackb(data[pos + 4 : pos + length - 4]))
+        pos += length
+    by_field = [dict(zip([r["field"] for r in rows], rec, strict=True)) for rec in records]
+    assert by_field == [
+        {
+            "digest": xxhash.xxh3_128_digest(b"unique:job-1"),
+            "id": first,
+            "timestamp": stamps[first][0],
+            "expires": 0,
+        },
+        {
+            "digest": xxhash.xxh3_128_digest(b"unique:job-2"),
+            "id": second,
+            "timestamp": stamps[second][0],
+            "expires": stamps[second][1],
+        },
+    ]
+
+
 def test_files() -> None:
     from ledgerq.segment import naming
 
@@ -500,13 +539,16 @@ def test_files() -> None:
         (naming.LOG_SUFFIX, naming.log_path),
         (naming.INDEX_SUFFIX, naming.idx_path),
     ):
-        (pattern,) = [p for p in paths if p.endswith(suffix)]
+        (pattern,) = [p for p in paths if p.endswith(suffix) and p.startswith(segments + "/")]
         for first_id in (1, 123, (1 << 64) - 1):
             assert pattern.format(first_id=first_id) == make(segments, first_id)
     (state,) = [p for p in paths if p.endswith(naming.STATE_SUFFIX)]
     assert state.format(name="r") == naming.reader_state_path("", "r")
     named = {naming.LOCK_NAME, naming.META_NAME, naming.FEATURES_DIR + "/", naming.DLQ_DIR + "/"}
     assert named <= paths
+    from ledgerq.features.unique import UNIQUE_LOG
+
+    assert f"{naming.FEATURES_DIR}/{UNIQUE_LOG}" in paths
     # Every name a queue directory may hold is in the table (the temp files aside).
     tops = {p.split("/")[0] for p in paths}
     assert {n for n in naming.QUEUE_NAMES if not n.endswith(naming.TMP_SUFFIX)} == tops

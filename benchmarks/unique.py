@@ -1,0 +1,127 @@
+"""Unique jobs: the cost of ``enqueue(..., unique_key=)`` beside a plain enqueue, and
+the memory per held key.
+
+    python benchmarks/unique.py [--messages 100000] [--rounds 3]
+
+A targeted measurement (not the suite of ``benchmarks/run.py``) of issue 28's promise
+``enqueue(unique_key=) >= 0.8x a plain enqueue``:
+
+* **enqueue**: ``--messages`` single enqueues of a 100-byte payload into a new queue,
+  plain vs each with its own ``unique_key`` (every key new: each writes its record and
+  its message; the table grows to all of them), exclusive and shared mode;
+* **held**: the same count of enqueues of one key whose message is pending (each
+  answers the held id and writes nothing);
+* **memory**: bytes the table holds per key (``tracemalloc``, a separate pass): in the
+  session that enqueued them, and after a reopen (read back from
+  ``features/unique.log``, each key then also waiting to be verified).
+
+* **floor**: a plain enqueue followed by one ``os.write`` of a record-sized buffer to
+  another file - what any design that keeps the keys in a file of their own pays at
+  least (the record must reach the OS before its message: a second ``write()``).
+
+Rounds alternate; the best round of each is reported.  Times are the process's CPU time
+(``time.process_time``: user + system), not wall time: on a shared, loaded machine the
+wall clock mostly measures the wait for a core.  Default options otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import tempfile
+import time
+import tracemalloc
+
+import ledgerq
+
+PAYLOAD = b"x" * 100
+
+
+def _rate(path: str, n: int, *, shared: bool, keys: str | None) -> float:
+    shutil.rmtree(path, ignore_errors=True)
+    with ledgerq.open(path, shared=shared) as q:
+        enqueue = q.enqueue
+        gc.collect()
+        started = time.process_time()
+        if keys is None:
+            for _ in range(n):
+                enqueue(PAYLOAD)
+        elif keys == "floor":
+            fd = os.open(path + ".floor", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            record = bytes(58)
+            try:
+                for _ in range(n):
+                    enqueue(PAYLOAD)
+                    os.write(fd, record)
+            finally:
+                os.close(fd)
+        elif keys == "distinct":
+            for i in range(n):
+                enqueue(PAYLOAD, unique_key=f"job-{i}")
+        else:
+            for _ in range(n):
+                enqueue(PAYLOAD, unique_key="the-one")
+        return n / (time.process_time() - started)
+
+
+def _memory(path: str, n: int) -> tuple[float, float]:
+    shutil.rmtree(path, ignore_errors=True)
+    with ledgerq.open(path, sync="never") as q:
+        q.enqueue(PAYLOAD, unique_key="warm-up")  # the file and its first record
+        gc.collect()
+        tracemalloc.start()
+        before, _ = tracemalloc.get_traced_memory()
+        for i in range(n):
+            q.enqueue(PAYLOAD, unique_key=f"job-{i}")
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        in_session = (after - before) / n
+    with ledgerq.open(path, sync="never") as q:
+        gc.collect()
+        tracemalloc.start()
+        before, _ = tracemalloc.get_traced_memory()
+        q.enqueue(PAYLOAD, unique_key="warm-up")  # reads the file back: every key
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        reopened = (after - before) / n
+    return in_session, reopened
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    n = args.messages
+    tmp = tempfile.mkdtemp(prefix="ledgerq-unique-bench-")
+    try:
+        path = tmp + "/q"
+        for shared in (False, True):
+            best: dict[str, float] = {"plain": 0.0, "distinct": 0.0, "held": 0.0, "floor": 0.0}
+            for _ in range(args.rounds):
+                best["plain"] = max(best["plain"], _rate(path, n, shared=shared, keys=None))
+                for kind in ("distinct", "held", "floor"):
+                    best[kind] = max(best[kind], _rate(path, n, shared=shared, keys=kind))
+            mode = "shared" if shared else "exclusive"
+            plain = best["plain"]
+            print(
+                f"{mode:9}  plain {plain:9,.0f}/s   unique_key (new keys) "
+                f"{best['distinct']:9,.0f}/s = {best['distinct'] / plain:.2f}x   "
+                f"held key {best['held']:9,.0f}/s = {best['held'] / plain:.2f}x   "
+                f"floor {best['floor']:9,.0f}/s = {best['floor'] / plain:.2f}x"
+            )
+        in_session, reopened = _memory(path, n)
+        print(
+            f"memory per held key: {in_session:.0f} B in the enqueuing session, "
+            f"{reopened:.0f} B after a reopen ({n:,} keys)"
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

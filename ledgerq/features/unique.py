@@ -1,0 +1,440 @@
+"""Unique jobs: ``enqueue(..., unique_key=)`` adds nothing, and returns the id of the
+message that holds the key, while that message is unfinished.
+
+A key is *held* by the last message enqueued with it until every reader of the queue
+is done with that message: acked, dead-lettered, expired (past its TTL) or dropped
+(retention, purge) - the rule that holds back retention and bounds ``max_pending``.
+Pending, delayed, leased and waiting-for-a-retry all hold the key.  Whether a message
+is finished is asked of the readers' own state when the key comes again (and by a
+sweep that forgets finished keys), so acks, dead-letters and expiries need no hook.
+
+The table maps a 16-byte digest of the key (xxh3-128; on an encrypted queue a keyed
+HMAC, as dedup ids: the file must not confirm a guessed key) to the message id.  It
+lives in ``features/unique.log`` (framed msgpack records ``[digest, id, timestamp_ns,
+expires_ns]``, format/feature_state.py; timestamp -1: known to be written), created at
+the first unique enqueue, so a queue that never uses the feature has no file and its
+enqueues pay nothing.
+
+Why a feature file and not a field of the entry: the entry's flags byte is full (every
+bit has a meaning since format 2), so a key in the entry means a new entry format, and
+rebuilding the held keys from the log would read every unfinished message at each open
+- recovery reads only state files and the last segment's tail (docs/architecture.md).
+
+Crash safety.  The record is written *before* the message, under the same lock: a
+returned enqueue has both, and a kill -9 at any instant never leaves a written message
+whose key is not held.  A kill between the two leaves a record whose message was never
+written; so a record read back from the file (at open, or another process's) is
+*unverified* until the message it names is found in the log with the record's exact
+timestamp - done once, the first time the key comes again, by one indexed read.  (Ids
+are never reused, and an id another handle took after a dead one carries another
+timestamp.)  A message write that fails cuts its records back.
+
+Shared mode: every handle appends to the file under the append lock and reads what the
+others appended before admitting a key; a key whose message this handle's view shows
+unfinished is decided again holding every reader (an ack in another process just
+before must count) - a new key needs no reader's lock; a sweep replaces the file under that lock
+and the others, seeing their file unlinked, read the new one whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from ledgerq._options import Options
+from ledgerq.core.feature import Draft, Feature, ReadersNeeded
+from ledgerq.format.checksum import checksum
+from ledgerq.format.errors import DecodeError
+from ledgerq.format.feature_state import (
+    FEATURE_VERSION,
+    decode_feature_file,
+    decode_feature_records,
+    encode_feature_file_header,
+)
+from ledgerq.format.sealing import keyed_digest
+from ledgerq.segment.appendlog import AppendLog
+from ledgerq.segment.files import StorageError, make_durable_dir
+from ledgerq.segment.naming import FEATURES_DIR
+
+if TYPE_CHECKING:
+    from ledgerq.core.queue import QueueCore
+
+__all__ = ["UNIQUE_LOG", "UNIQUE_MAGIC", "UniqueFeature", "unique_digest"]
+
+logger = logging.getLogger("ledgerq")
+
+UNIQUE_LOG = "unique.log"
+UNIQUE_MAGIC = b"LQUK"
+_DIGEST_SIZE = 16
+_SWEEP_AT = 1024  # held keys before the first sweep for finished ones
+# The timestamp of a rewritten record whose message this handle knew to be in the log:
+# nothing to verify when it is read back.
+_VERIFIED = -1
+# The digest's domain: a unique key never digests like a dedup id of the same text.
+_DOMAIN = "unique:"
+
+
+def unique_digest(unique_key: str) -> bytes:
+    """The 16-byte table key of a unique key on a plain queue."""
+    return xxhash.xxh3_128_digest((_DOMAIN + unique_key).encode())
+
+
+# One record, framed as format/feature_state.py frames it: the MessagePack array written
+# with fixed-width ints (uint64 id, int64 times) - valid MessagePack, which any decoder
+# reads as it reads the shortest form - so a record is one struct.pack and one CRC.
+# The record's u32 length (little-endian, as the framing says) is a constant: packed
+# once, as the first field of the big-endian struct of the body.
+_LENGTH = struct.Struct("<I")
+assert _LENGTH.size == 4
+_FRAMED = struct.Struct(">4sBBB16sBQBqBq")  # length, then the body's MessagePack bytes
+assert _FRAMED.size == 50
+_RECORD_HEAD = _LENGTH.pack(_FRAMED.size + _LENGTH.size)
+_pack_framed = _FRAMED.pack
+_pack_length = _LENGTH.pack
+
+
+def _encode_record(digest: bytes, message_id: int, timestamp: int, expires: int) -> bytes:
+    """The framed record of ``[digest, message_id, timestamp, expires]``."""
+    framed = _pack_framed(
+        _RECORD_HEAD, 0x94, 0xC4, 16, digest, 0xCF, message_id, 0xD3, timestamp, 0xD3, expires
+    )
+    return framed + _pack_length(checksum(framed))
+
+
+def _record(value: Any) -> tuple[bytes, int, int, int] | None:
+    """``(digest, id, timestamp_ns, expires_ns)`` of a decoded record, or None.
+
+    Exact types only: the file may be damaged or hostile (see features/dedup.py)."""
+    if type(value) is not list or len(value) != 4:
+        return None
+    digest, message_id, timestamp, expires = value
+    if type(digest) is not bytes or len(digest) != _DIGEST_SIZE:
+        return None
+    if not all(type(x) is int for x in (message_id, timestamp, expires)) or message_id < 1:
+        return None
+    return digest, message_id, timestamp, expires
+
+
+class UniqueFeature(Feature):
+    """Hold unique keys while their message is unfinished (always on; see the module)."""
+
+    name = "unique"
+    ignores_plain = True  # a plain enqueue has no unique_key: its paths skip this
+
+    def __init__(self, options: Options) -> None:
+        key = options.encryption_key
+        self._digest_of: Callable[[str], bytes] = unique_digest
+        if key is not None:
+            keyed = keyed_digest(key, _DIGEST_SIZE)
+            self._digest_of = lambda k: keyed(_DOMAIN + k)
+        # digest -> id of the message holding the key (finished ones until a sweep).
+        self._held: dict[bytes, int] = {}
+        self._expires: dict[bytes, int] = {}  # digest -> expiry (ns) of a TTL's message
+        # digest -> timestamp of a record read back, until its message is found: by key,
+        # since a dead handle's record may name an id another handle then wrote.
+        self._unverified: dict[bytes, int] = {}
+        # digest -> (id, timestamp, expires) admitted in the current call, not yet written
+        self._provisional: dict[bytes, tuple[int, int, int]] = {}
+        self._written_at: int | None = None  # the file's size before this call's records
+        self._added = b""  # the digest add_key wrote the record of
+        self._log: AppendLog | None = None
+        self._path = ""
+        self._queue: QueueCore | None = None
+        self._shared = False
+        self._records = 0  # records in the file (a sweep rewrites it when mostly dead)
+        self._sweep_at = _SWEEP_AT
+
+    def attach(self, queue: QueueCore) -> None:
+        # Nothing is read or created here: at the first unique enqueue (_load).
+        self._queue = queue
+        self._shared = queue.shared
+        self._path = os.path.join(queue.path, FEATURES_DIR, UNIQUE_LOG)
+
+    # ------------------------------------------------------------------ the file
+
+    def _load(self) -> AppendLog:
+        """Open the file (creating it if missing) and read it whole (lock held)."""
+        queue = self._queue
+        assert queue is not None
+        log = AppendLog(self._path, "unique keys")
+        log.on_full = lambda: queue.make_room()
+        if not os.path.exists(self._path):
+            make_durable_dir(os.path.dirname(self._path))
+            log.replace(encode_feature_file_header(UNIQUE_MAGIC))
+            self._log = log
+            return log
+        log.open(0, cut=False)  # news() reads it whole; settle() cuts a torn tail
+        log.size = 0
+        self._log = log
+        self._catch_up(log)
+        return log
+
+    def _catch_up(self, log: AppendLog) -> None:
+        """Apply what the file holds past what was read (other handles' records)."""
+        queue = self._queue
+        assert queue is not None
+        news = log.news()
+        if news is None:
+            return
+        data, replaced = news
+        base = log.size
+        if replaced or base == 0:
+            self._held.clear()
+            self._expires.clear()
+            self._unverified.clear()
+            self._records = 0
+            try:
+                found = decode_feature_file(data, UNIQUE_MAGIC)
+            except DecodeError:
+                # Not a file this library writes: the keys it held are lost (counted),
+                # the file starts again (the messages themselves are untouched).
+                logger.warning("ledgerq: %s is unreadable; no unique key is held", log.path)
+                queue.note_corrupt_skipped(1)
+                log.replace(encode_feature_file_header(UNIQUE_MAGIC))
+                return
+        else:
+            found = decode_feature_records(data, 0)
+        if found.damaged:
+            logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, log.path)
+            queue.note_corrupt_skipped(found.damaged)
+        for value in found.values:
+            record = _record(value)
+            if record is None:
+                queue.note_corrupt_skipped(1)
+                continue
+            self._take(*record)
+        self._records += len(found.values)
+        log.settle(base + found.end)
+        if found.version != FEATURE_VERSION:
+            self._rewrite(log)
+
+    def _take(self, digest: bytes, message_id: int, timestamp: int, expires: int) -> None:
+        """A record read back: the key is (again) the message's, until verified."""
+        self._held.pop(digest, None)  # to the end: the table stays in id order
+        self._held[digest] = message_id
+        if expires:
+            self._expires[digest] = expires
+        else:
+            self._expires.pop(digest, None)
+        if timestamp != _VERIFIED:
+            self._unverified[digest] = timestamp
+        else:
+            self._unverified.pop(digest, None)
+
+    def _rewrite(self, log: AppendLog) -> None:
+        """Replace the file with the keys held now (append lock held, in shared mode)."""
+        blob = encode_feature_file_header(UNIQUE_MAGIC) + b"".join(
+            _encode_record(
+                digest, mid, self._unverified.get(digest, _VERIFIED), self._expires.get(digest, 0)
+            )
+            for digest, mid in self._held.items()
+        )
+        log.replace(blob)
+        self._records = len(self._held)
+
+    # ------------------------------------------------------------------ deciding
+
+    def _is_unfinished(self, digest: bytes, message_id: int, now_ns: int) -> bool:
+        """Whether some reader still has to finish ``message_id``, the message of
+        ``digest``'s last record (which may be unverified)."""
+        expires = self._expires.get(digest)
+        if expires is not None and now_ns >= expires:
+            return False  # expired: never delivered again
+        queue = self._queue
+        assert queue is not None
+        return not all(core.is_finished(message_id) for core in queue.reader_cores())
+
+    def _holds(self, digest: bytes, message_id: int, now_ns: int) -> bool:
+        """Whether ``message_id`` holds the key of ``digest`` now.
+
+        Shared mode: a message this handle's view of the readers shows finished is
+        finished (the readers' state only moves on: a finished message never comes back);
+        one it shows unfinished may have been acked elsewhere just now - asked again with
+        every reader held (ReadersNeeded), so the common case, a new key, takes no
+        reader's lock."""
+        if not self._is_unfinished(digest, message_id, now_ns):
+            return False
+        queue = self._queue
+        assert queue is not None
+        if not queue.readers_current():
+            raise ReadersNeeded
+        timestamp = self._unverified.get(digest)
+        if timestamp is not None:
+            entry = queue.entry_of(message_id)
+            if entry is None or entry.timestamp != timestamp:
+                return False  # a record whose message was never written (a crash)
+            del self._unverified[digest]
+        return True
+
+    def _forget(self, digest: bytes) -> None:
+        del self._held[digest]
+        self._expires.pop(digest, None)
+        self._unverified.pop(digest, None)
+
+    def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
+        unique_key = draft.unique_key
+        if unique_key is None:
+            return None
+        expires = 0 if draft.expires_in_ns is None else now_ns + draft.expires_in_ns
+        return self._admit_key(unique_key, now_ns, candidate_id, expires)
+
+    def _admit_key(
+        self, unique_key: str, now_ns: int, candidate_id: int, expires: int = 0
+    ) -> int | None:
+        """:meth:`admit` for one key: the id holding ``unique_key``, or None having
+        noted ``candidate_id`` for it (written by before_append)."""
+        digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
+        if not self._provisional:  # the first key of this call: the file's news first
+            log = self._log
+            if log is None:
+                self._load()
+            elif self._shared:
+                self._catch_up(log)
+        noted = self._provisional.get(digest)
+        if noted is not None:
+            return noted[0]  # the same key twice in one batch: one message
+        held = self._held.get(digest)
+        if held is not None:
+            if self._holds(digest, held, now_ns):
+                return held
+            self._forget(digest)
+        self._provisional[digest] = (candidate_id, now_ns, expires)
+        return None
+
+    def add_key(self, unique_key: str, now_ns: int, candidate_id: int) -> int | None:
+        """The core's path for a bytes payload with only a key (lock held): the id holding
+        ``unique_key``; or None, having written the record of ``candidate_id`` - the
+        message is written next, then :meth:`key_added` (or :meth:`rollback`)."""
+        digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
+        log = self._log
+        if log is None:
+            log = self._load()
+        elif self._shared:
+            self._catch_up(log)
+        held = self._held.get(digest)
+        if held is not None:
+            if self._holds(digest, held, now_ns):
+                return held
+            self._forget(digest)
+        size = log.size
+        log.append_record(_encode_record(digest, candidate_id, now_ns, 0))
+        self._written_at = size
+        self._added = digest
+        return None
+
+    def key_added(self, message_id: int, now_ns: int) -> None:
+        """The message of :meth:`add_key` is written (lock held)."""
+        digest, self._added = self._added, b""
+        self._written_at = None
+        held = self._held
+        held[digest] = message_id  # (not there: add_key forgot a finished holder)
+        self._records += 1
+        if len(held) > self._sweep_at:
+            self._sweep(now_ns)
+
+    def unadmit(self, draft: Draft) -> None:
+        if draft.unique_key is not None:
+            self._provisional.pop(self._digest_of(draft.unique_key), None)
+
+    def before_append(self) -> None:
+        if not self._provisional:
+            return
+        log = self._log
+        assert log is not None
+        provisional = self._provisional
+        if len(provisional) == 1:
+            ((digest, noted),) = provisional.items()
+            blob = _encode_record(digest, *noted)
+        else:
+            blob = b"".join(_encode_record(digest, *noted) for digest, noted in provisional.items())
+        size = log.size
+        log.append_record(blob)  # raises having written nothing: the core rolls back
+        self._written_at = size
+
+    def rollback(self) -> None:
+        self._provisional.clear()
+        self._added = b""
+        written_at, self._written_at = self._written_at, None
+        if written_at is not None and self._log is not None:
+            # The records are written, their messages not: cut them back.  If that fails
+            # too they stay, unverifiable - no message has their id and timestamp.
+            try:
+                self._log.settle(written_at)
+            except StorageError as exc:
+                logger.warning("ledgerq: %s; unused unique-key records stay", exc)
+
+    def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
+        # The messages _admit_key noted are written (their ids are the noted ones).
+        provisional = self._provisional
+        if not provisional:
+            return
+        held, expires_of, unverified = self._held, self._expires, self._unverified
+        for digest, (message_id, _, expires) in provisional.items():
+            # A key held before was found finished: it moves to the end (id order).
+            held.pop(digest, None)
+            held[digest] = message_id
+            if expires:
+                expires_of[digest] = expires
+            elif expires_of:
+                expires_of.pop(digest, None)
+            if unverified:
+                unverified.pop(digest, None)
+        self._records += len(provisional)
+        provisional.clear()
+        self._written_at = None
+        if len(held) > self._sweep_at:
+            self._sweep(now_ns)
+
+    def _sweep(self, now_ns: int) -> None:
+        """Forget the keys whose message is finished; rewrite the file when mostly dead.
+
+        Amortised: the next sweep waits until the table has doubled.  The table is in id
+        order (a key enqueued again moves to the end), so the keys of messages below
+        every reader's head - finished, the common case - go from its front; the rest
+        is looked at only if some reader finished messages out of order above its head
+        or some key's message has a TTL."""
+        queue = self._queue
+        assert queue is not None
+        cores = queue.reader_cores()
+        held = self._held
+        if cores:
+            low = min(core.head for core in cores)
+            while held:
+                digest = next(iter(held))
+                if held[digest] >= low:
+                    break
+                self._forget(digest)
+        expires_of = self._expires
+        if expires_of or any(core.finished_from(low) for core in cores):
+            tests = [core.finished_test() for core in cores]
+            finished = [
+                digest
+                for digest, message_id in held.items()
+                if all(test(message_id) for test in tests)
+                or (digest in expires_of and now_ns >= expires_of[digest])
+            ]
+            for digest in finished:
+                self._forget(digest)
+        self._sweep_at = max(_SWEEP_AT, 2 * len(self._held))
+        log = self._log
+        if log is not None and self._records > 2 * len(self._held) + _SWEEP_AT:
+            try:
+                self._rewrite(log)
+            except StorageError as exc:
+                # The old file holds every held key too: keep appending to it.
+                logger.warning("ledgerq: %s; the unique-key file is rewritten later", exc)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self) -> None:
+        if self._log is not None and self._log.is_open:
+            self._log.sync()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()

@@ -1,0 +1,97 @@
+"""Unique jobs across processes (shared mode): one message per key whoever enqueues it,
+and a key that another process's ack frees is free for this one at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ledgerq
+from tests._child import Children
+
+KEYS = 60
+
+PRODUCER = """
+import random, sys
+import ledgerq
+path, seed = sys.argv[1], int(sys.argv[2])
+keys = ["k%d" % n for n in range(int(sys.argv[3]))]
+random.Random(seed).shuffle(keys)
+q = ledgerq.open(path, shared=True)
+print("ready", flush=True)
+sys.stdin.readline()
+out = []
+for n, key in enumerate(keys):
+    if n % 3:
+        out.append("%s %d" % (key, q.enqueue(key.encode(), unique_key=key)))
+    else:  # some in batches, with the key twice
+        ids = q.enqueue_batch([ledgerq.Item(key.encode(), unique_key=key)] * 2)
+        assert ids[0] == ids[1], ids
+        out.append("%s %d" % (key, ids[0]))
+print("\\n".join(out), flush=True)
+print("done", flush=True)
+q.close()
+"""
+
+CONSUMER = """
+import sys
+import ledgerq
+q = ledgerq.open(sys.argv[1], shared=True)
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() == "lease":
+        msg = q.dequeue(timeout=10)
+        print("leased %d" % msg.id, flush=True)
+    elif line.strip() == "ack":
+        q.ack(msg.id)
+        print("acked", flush=True)
+q.close()
+"""
+
+
+def test_processes_enqueueing_the_same_keys_make_one_message_each(
+    tmp_path: Path, children: Children
+) -> None:
+    path = tmp_path / "q"
+    producers = [
+        children.start(["-c", PRODUCER, str(path), str(seed), str(KEYS)]) for seed in range(2)
+    ]
+    for child in producers:
+        assert child.line() == "ready"
+    for child in producers:
+        child.send("go")  # all at once: their appends interleave
+    answers: list[dict[str, int]] = []
+    for child in producers:
+        got = {}
+        while (line := child.line()) != "done":
+            key, message_id = line.split()
+            got[key] = int(message_id)
+        answers.append(got)
+        child.expect_exit(0)
+    assert answers[0] == answers[1], "the processes disagree on a key's message"
+    with ledgerq.open(path, shared=True) as q:
+        messages = q.peek(10 * KEYS)
+        assert sorted(m.payload.decode() for m in messages) == sorted(answers[0])
+        assert {m.payload.decode(): m.id for m in messages} == answers[0]
+
+
+def test_a_lease_elsewhere_holds_and_an_ack_elsewhere_frees(
+    tmp_path: Path, children: Children
+) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as q:
+        consumer = children.start(["-c", CONSUMER, str(path)])
+        assert consumer.line() == "ready"
+        first = q.enqueue(b"job", unique_key="nightly")
+        consumer.send("lease")
+        assert consumer.line() == f"leased {first}"
+        assert q.enqueue(b"job", unique_key="nightly") == first  # leased by the other
+        consumer.send("ack")
+        assert consumer.line() == "acked"
+        again = q.enqueue(b"job", unique_key="nightly")  # freed by its ack, just now
+        assert again > first
+        assert q.enqueue(b"job", unique_key="nightly") == again
+        consumer.send("lease")
+        assert consumer.line() == f"leased {again}"
+        consumer.finish()  # closed with the lease: it comes back, and holds the key
+        assert q.enqueue(b"job", unique_key="nightly") == again
+        assert len(q) == 1
