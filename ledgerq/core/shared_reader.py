@@ -258,11 +258,17 @@ class SharedReaderCore(ReaderCore):
     def on_finish(self, kind: StateRecordType, ids: Sequence[int]) -> None:
         foreign, back, leased, selector = self._foreign, self._back, self._leased, self._selector
         cursor_next = self._cursor.next_id
+        delays = self._delays
         for message_id in ids:
-            foreign.pop(message_id, None)
+            lease = foreign.pop(message_id, None)
             back.discard(message_id)
             if message_id in leased:
                 self._revoke(message_id, "another handle settled it")
+            elif lease is None and delays and message_id < cursor_next:
+                # Finished without a lease: another handle purged it, perhaps while it
+                # waited for its time here (a delay, a retry).  O(delayed), and only
+                # then: an ack follows a lease this handle applied.
+                delays.discard(message_id)
             if message_id < cursor_next:
                 selector.discard(message_id)
             else:

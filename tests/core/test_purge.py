@@ -81,3 +81,22 @@ def test_a_purge_keeps_another_processs_leases(tmp_path: Path, children: Childre
         assert holder.kinds("A") == [[held_id]], holder.kinds("X")
         stats = q.stats()
         assert (stats.pending, stats.in_flight, stats.acked) == (0, 0, 4)
+
+
+def test_another_handles_purge_of_what_waits_here_for_its_time_is_seen(tmp_path: Path) -> None:
+    """A delayed message and a retry waiting in one handle, purged through another:
+    gone from the first handle's count too (it kept them parked until their time)."""
+    path = tmp_path / "q"
+    with (
+        ledgerq.open(path, shared=True, retry_delay=60) as here,
+        ledgerq.open(path, shared=True) as other,
+    ):
+        here.enqueue(b"later", delay=60)
+        here.enqueue(b"retried")
+        retried = here.dequeue()
+        assert retried is not None
+        here.nack(retried.id)  # waits 60 s for its retry
+        assert here.stats().pending == 2
+        assert other.purge() == 2
+        assert here.stats().pending == 0
+        assert here.dequeue() is None
