@@ -9,11 +9,12 @@ since the two do not exclude each other:
 * :class:`WordLock` (``LOCKING_WORDS``): a *lock block* of the mapped page
   (``format.shared_state``) taken by compare-and-swap of its owner word from 0 to the
   handle's id (``atomicshm``: one atomic instruction, no system call), released by a
-  store of 0.  A waiter spins a little, then sleeps on the block's sequence word
-  (``segment.futex``), which a release bumps - and wakes a sleeper with - when the
-  block counts waiters.  An owner that dies holding the word cannot release it: a
-  waiter looks at the owner every so often and takes the word over (compare-and-swap
-  from the dead owner's id to its own) once the owner is *provably* dead - its
+  store of 0.  A waiter spins a little, naps a little (the holder runs on), then
+  sleeps on the block's sequence word (``segment.futex``), which a release bumps -
+  and wakes a sleeper with - when the block counts waiters.  An owner that dies
+  holding the word cannot release it: a waiter looks at the owner every so often
+  and takes the word over (compare-and-swap from the dead owner's id to its own) once
+  the owner is *provably* dead - its
   process gone, a zombie, or its pid reused by a process with another start time
   (:class:`Liveness`).  A live owner is never taken over (it would resume and write):
   a stopped one (SIGSTOP, a debugger) makes waiters wait until their deadline, then
@@ -72,6 +73,16 @@ _U64 = struct.Struct("<Q")
 _SPINS = 48  # compare-and-swap tries (yielding the CPU now and then) before sleeping
 _LOOK_AT_OWNER_S = 0.05  # a sleeping waiter checks the owner's liveness this often ...
 _LOOK_AGAIN_S = 0.2  # ... and then this often
+# A waiter that spun in vain naps (50 us doubling to 1 ms) for up to 50 ms before it
+# counts itself in and sleeps on the futex.  Measured (benchmarks/consumer_scaling.py,
+# docs/benchmarks.md): woken by every release, waiters took the word in turns with its
+# holder, so every step caught up with another process's records and paid a context
+# switch - 2, 4 and 8 consumer processes drained at 20k, 11k and 7k messages/s, below
+# the flock design's 41k, 26k and 14k; napping lets the holder run on through several
+# steps (as a kernel mutex lets a running thread barge in): 49k, 28k and 15k.  The
+# futex remains for long waits (a holder in an fsync, or stopped).
+_NAP_S = (50e-6, 1e-3)
+_NAP_BEFORE_SLEEP_S = 0.05
 _FLOCK_BACKOFF_S = (20e-6, 1e-3)
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 
@@ -326,8 +337,10 @@ class WordLock:
         deadline = self._budget.deadline()
         started = time.monotonic()
         look_at = started + _LOOK_AT_OWNER_S
+        nap_until = started + _NAP_BEFORE_SLEEP_S
+        nap = [_NAP_S[0]]
         backoff = [50e-6]
-        self._waiters.fetch_add(1)
+        counted = False  # in the waiter count, which makes every release wake us
         try:
             while True:
                 sequence = self._seq.load()
@@ -346,9 +359,20 @@ class WordLock:
                     raise _busy(
                         self.what, self._path, holder, self._alive.pid_of(holder), now - started
                     )
+                if now < nap_until:
+                    # Short naps first, uncounted: the holder goes on without waking
+                    # anyone and takes the word again for its next step (see _NAP_S).
+                    time.sleep(min(nap[0], nap_until - now, deadline - now))
+                    nap[0] = min(nap[0] * 2, _NAP_S[1])
+                    continue
+                if not counted:
+                    self._waiters.fetch_add(1)
+                    counted = True
+                    continue  # look again: a release before the count did not wake us
                 futex.wait(self._seq_address, sequence, min(look_at, deadline) - now, backoff)
         finally:
-            self._waiters.fetch_sub(1)
+            if counted:
+                self._waiters.fetch_sub(1)
 
     def release(self) -> None:
         leave_as, self._leave_as = self._leave_as, 0
