@@ -133,6 +133,10 @@ class LedgerqStreamWriter(DataSourceStreamArrowWriter):
             if batchId <= log.last():
                 logger.info("ledgerq: batch %d of %s was published already", batchId, query)
                 self._discard(batchId)
+                stale = log.manifest(batchId)  # killed after last.json, before its removal
+                for path in stale["dirs"] if stale else ():
+                    shutil.rmtree(path, ignore_errors=True)
+                log.drop_manifest(batchId)
                 return
             manifest = log.manifest(batchId)
             if manifest is None and not fresh:
