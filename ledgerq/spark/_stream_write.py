@@ -114,11 +114,16 @@ class LedgerqStreamWriter(DataSourceStreamArrowWriter):
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        batch = _batch_id(context)
-        query = self.query or (context and context.getLocalProperty("sql.streaming.queryId"))
+        raw = context.getLocalProperty("streaming.sql.batchId") if context else None
+        if context is None or raw is None:
+            raise RuntimeError("a ledgerq stream write ran outside a streaming micro-batch")
+        batch = int(raw)
+        query = self.query or context.getLocalProperty("sql.streaming.queryId")
+        if not query:  # batch ids are per query: without its id, replays are unknowable
+            raise RuntimeError("a ledgerq stream write found no streaming query id")
         task = copy.copy(self.target)
         task.job = f"{self.target.job}.b{batch}"  # one staging directory per micro-batch
-        return StagedBatch(task.write(iterator), query or "unknown", batch)
+        return StagedBatch(task.write(iterator), query, batch)
 
     # -- the driver ----------------------------------------------------------------------
 
@@ -223,13 +228,6 @@ class LedgerqStreamWriter(DataSourceStreamArrowWriter):
             batchId,
             self.target.root,
         )
-
-
-def _batch_id(context: Any) -> int:
-    raw = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
-    if raw is None:
-        raise RuntimeError("a ledgerq stream write ran outside a streaming micro-batch")
-    return int(raw)
 
 
 def _mark(batch_items: list[Any], marker: str, *, dedup: bool) -> None:
