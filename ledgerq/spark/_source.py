@@ -20,6 +20,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     DataSourceWriter,
     EqualNullSafe,
     EqualTo,
@@ -59,6 +60,7 @@ from ledgerq.spark._plan import (
     plan_tasks,
 )
 from ledgerq.spark._scan import SegmentTask, scan_segment
+from ledgerq.spark._stream_write import LedgerqStreamWriter
 from ledgerq.spark._write import LedgerqWriter
 
 __all__ = ["READ_SCHEMA", "READ_SCHEMA_WITH_STATE", "LedgerqDataSource"]
@@ -90,7 +92,8 @@ _MODES = {"PERMISSIVE": False, "DROPMALFORMED": False, "FAILFAST": True}
 class LedgerqDataSource(DataSource):
     """``spark.read.format("ledgerq")``: messages of ledgerq queues as a DataFrame.
 
-    Batch reads, streaming reads and batch writes; see ``docs/spark.md`` for the options.
+    Batch reads, streaming reads, batch writes and streaming writes; see ``docs/spark.md``
+    for the options.
     """
 
     @classmethod
@@ -119,6 +122,9 @@ class LedgerqDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return LedgerqWriter.create(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return LedgerqStreamWriter.create(self.options, schema, overwrite)
 
 
 def _called_by(module: str) -> bool:
