@@ -58,7 +58,7 @@ import ledgerq
 from ledgerq import Item
 from ledgerq._errors import ConfigError
 from ledgerq.segment.files import fsync_dir
-from ledgerq.segment.readonly_tail import last_complete_id
+from ledgerq.segment.readonly import last_complete_id
 from ledgerq.shard import shard_dir_name, write_shard_count
 from ledgerq.spark._write import (
     STAGING_DIR,
