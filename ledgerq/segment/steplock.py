@@ -14,11 +14,10 @@ since the two do not exclude each other:
   and wakes a sleeper with - when the block counts waiters.  An owner that dies
   holding the word cannot release it: a waiter looks at the owner every so often
   and takes the word over (compare-and-swap from the dead owner's id to its own) once
-  the owner is *provably* dead - its
-  process gone, a zombie, or its pid reused by a process with another start time
-  (:class:`Liveness`).  A live owner is never taken over (it would resume and write):
-  a stopped one (SIGSTOP, a debugger) makes waiters wait until their deadline, then
-  raise :class:`~ledgerq.QueueBusyError` naming it.
+  the owner is *provably* dead - its process gone, a zombie, or its pid reused by a
+  process with another start time (:class:`Liveness`).  A live owner is never taken
+  over (it would resume and write): a stopped one (SIGSTOP, a debugger) makes waiters
+  wait until their deadline, then raise :class:`~ledgerq.QueueBusyError` naming it.
 * :class:`FileStepLock` (``LOCKING_FLOCK``, where ``atomicshm`` cannot be imported):
   ``flock`` of the lock's file in ``shared/``, which the kernel releases when its
   process dies.  Polled with ``LOCK_NB`` (backing off from 20 us to 1 ms), so that a
