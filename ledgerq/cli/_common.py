@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 __all__ = [
+    "confirm_purge",
     "EXIT_OUTPUT_CLOSED",
     "PAYLOAD_MODES",
     "CliError",
@@ -382,6 +383,21 @@ def using_existing(path: str, options: dict[str, Any]) -> Iterator[ledgerq.Queue
     require_queue(path)
     with using_queue(path, options) as queue:
         yield queue
+
+
+def confirm_purge(what: str, yes: bool) -> bool:
+    """Whether to purge ``what``: yes with ``--yes``, else the answer of a terminal
+    (a "no" says nothing was purged); without a terminal to ask on, refuse."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise CliError(
+            f"refusing to purge {what} without confirmation: stdin is not a terminal; pass --yes"
+        )
+    if click.confirm(f"Purge {what}?", default=False, err=True):
+        return True
+    click.echo("ledgerq: nothing purged", err=True)
+    return False
 
 
 # ---------------------------------------------------------------------- output

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -14,6 +13,7 @@ from ledgerq import tools
 from ledgerq.cli._common import (
     CliError,
     age_of,
+    confirm_purge,
     encode_payload,
     format_age,
     format_bytes,
@@ -391,15 +391,8 @@ def purge(
         else:
             n = len(picked)
             what = f"{n} message{'s' if n != 1 else ''} from the dead-letter queue of {queue}"
-            if not yes:
-                if not sys.stdin.isatty():
-                    raise CliError(
-                        f"refusing to purge {what} without confirmation: stdin is not a "
-                        "terminal; pass --yes"
-                    )
-                if not click.confirm(f"Purge {what}?", default=False, err=True):
-                    click.echo("ledgerq: nothing purged", err=True)
-                    return 1
+            if not confirm_purge(what, yes):
+                return 1
             purged = q.dlq.purge(picked)
     write_outcome(
         f"purged {purged} message{'s' if purged != 1 else ''}",

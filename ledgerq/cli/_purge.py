@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from ledgerq.cli._common import (
-    CliError,
+    confirm_purge,
     json_option,
     option_overrides,
     options_option,
@@ -50,15 +48,8 @@ def purge(
             if ids
             else f"every message of {queue} that is not leased ({len(q)} pending now)"
         )
-        if not yes:
-            if not sys.stdin.isatty():
-                raise CliError(
-                    f"refusing to purge {what} without confirmation: stdin is not a "
-                    "terminal; pass --yes"
-                )
-            if not click.confirm(f"Purge {what}?", default=False, err=True):
-                click.echo("ledgerq: nothing purged", err=True)
-                return 1
+        if not confirm_purge(what, yes):
+            return 1
         purged = q.purge(list(ids) if ids else None)
     write_outcome(
         f"purged {plural(purged, 'message')} from {queue}",
