@@ -271,11 +271,18 @@ class SharedReaderJournal(ReaderJournal):
         self.slot: JournalSlot | None = None  # where the length is published, if anywhere
         self.generation = 0  # of the file this handle appends to (the slot's, or ahead)
 
-    def attach_slot(self, slot: JournalSlot) -> None:
+    def attach_slot(self, slot: JournalSlot, *, replaced: bool) -> None:
         """Publish through ``slot`` from now on: this handle's view is the file's (it was
-        just loaded, under the reader's lock)."""
+        just loaded, under the reader's lock).
+
+        ``replaced``: the file may not be the one the slot's generation stands for - the
+        holder before this load died mid-step (a compaction's rename done, its new
+        generation never published), or this handle rewrote it while loading.  Then a
+        new generation is published, so that every other handle reads the file whole
+        rather than going on in the old one, unlinked, at the length published here.
+        """
         self.slot = slot
-        self.generation = slot.adopt(self.size)
+        self.generation = slot.adopt(self.size, new_generation=replaced)
 
     def changes(self, *, repair: bool) -> tuple[list[StateRecord], bool] | None:
         """What other handles wrote since this handle's last step (reader lock held):

@@ -86,14 +86,17 @@ class ReaderSession:
                 ) from None
             raise
 
-    def enter_to_load(self) -> None:
+    def enter_to_load(self) -> bool:
         """Begin the step that loads the journal (opening the reader): the lock only.
 
         The load reads the whole file, which is also the repair a holder that died
-        mid-step calls for; nothing is caught up (nothing is loaded yet).
+        mid-step calls for; nothing is caught up (nothing is loaded yet).  Returns
+        whether it was such a repair: the dead holder may have replaced the file
+        without publishing so, and the others must then be told (a new generation).
         """
-        self._step.acquire()
+        repair = self._step.acquire()
         self._depth = 1
+        return repair
 
     def leave(self, *_exc: object) -> None:
         """End a step: the outermost publishes the journal's length and unlocks.

@@ -1404,8 +1404,12 @@ class SharedQueueCore(QueueCore):
     def _open_new_reader(self, name: str, head: int, done: Iterable[int]) -> Reader:
         """Create a reader under its lock: another handle may be creating it too."""
         step, _ = self._reader_step(name)
-        step.acquire()  # (the new file is loaded whole by the open below: no repair here)
+        repair = step.acquire()
         try:
+            if repair:
+                # A holder died mid-step: the repair is the next step's (the open below
+                # loads the file whole and publishes a new generation).
+                step.mark_suspect()
             path = self._reader_path(name)
             if not os.path.exists(path):
                 checkpoint = initial_checkpoint(head, done, self._manager.next_id)

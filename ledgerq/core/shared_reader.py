@@ -124,7 +124,7 @@ class SharedReaderCore(ReaderCore):
         self._lost: dict[int, str] = {}  # our leases that ended elsewhere: why (for the error)
         self._fail_reason: dict[int, str] = {}  # why a reclaimed lease failed (its report)
         self._back: set[int] = set()  # (of a catch-up: see the fold's sink below)
-        self.session.enter_to_load()
+        repaired = self.session.enter_to_load()
         try:
             manager.refresh()
             super().__init__(
@@ -152,7 +152,7 @@ class SharedReaderCore(ReaderCore):
                     # stay in the file: later handles reclaim them as any dead handle's.
                     logger.warning("ledgerq: %s; the reader state is kept as it is", exc)
             if slot is not None:
-                journal.attach_slot(slot)
+                journal.attach_slot(slot, replaced=repaired or first)
         finally:
             self.session.leave()
 

@@ -257,13 +257,16 @@ class JournalSlot:
         under the reader's lock - no later publish of a step undoes it."""
         _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_GENERATION, self.generation | REMOVED)
 
-    def adopt(self, length: int) -> int:
+    def adopt(self, length: int, *, new_generation: bool = False) -> int:
         """A handle that just loaded the journal (lock held) publishes ``length``, and
         clears a removal mark with a new generation (a reader created again); returns
-        the generation."""
+        the generation.  ``new_generation``: the file may have been replaced unknown to
+        the others (see ``SharedReaderJournal.attach_slot``)."""
         generation = self.generation
         if generation & REMOVED:
             generation = (generation & ~REMOVED) + 1
+        elif new_generation:
+            generation += 1
         _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_LENGTH, length)
         _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_GENERATION, generation)
         return generation

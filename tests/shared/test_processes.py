@@ -142,6 +142,15 @@ def test_producers_and_consumers_with_kill9(
             30,
             "every surviving worker to report after the last kill",
         )
+        # Enough work to judge, however slow this machine (nacks take turns from acks).
+        wait_until(
+            lambda: (
+                sum(len(r.kinds("A")) for r in producers + consumers + killed) > 300
+                and sum(len(r.kinds("E")) for r in producers + consumers + killed) > 1000
+            ),
+            60,
+            "300 acks and 1,000 enqueues",
+        )
         for reports in producers + consumers:
             reports.stop()
         survivors = producers + consumers

@@ -196,7 +196,7 @@ q.compact()
 
 
 def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation(
-    tmp_path: Path, children: Children
+    tmp_path: Path, children: Children, locking: str
 ) -> None:
     # Issue 25 item 7 (campaign 50101504: a handle killed inside a reader-journal
     # checkpoint, acked messages delivered again).  The killed handle's checkpoint was
@@ -222,6 +222,42 @@ def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation(
     finally:
         a.close()
         b.close()
+
+
+def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation_for_an_opener(
+    tmp_path: Path, children: Children, locking: str
+) -> None:
+    # The CI run of 2026-12-02 (shared torture, kills inside compactions: "lease of 203
+    # lost ... another handle moved the reader (seek) or dropped it").  As above, but the
+    # next to take the reader's lock is a handle *opening* (``c``): its load reads the
+    # new file whole, and it published that file's length under the old generation.
+    # Once ``c``'s records took that length past ``b``'s, ``b`` read on in the unlinked
+    # file: it never saw ``c``'s acks (acked messages delivered again), and its own
+    # leases went where nobody reads them (a later checkpoint dropped them).
+    path = tmp_path / "q"
+    a = ledgerq.open(path, shared=True)
+    b = ledgerq.open(path, shared=True)
+    c = None
+    try:
+        ids = [a.enqueue(b"m%d" % n) for n in range(40)]
+        dying = children.start(["-c", _COMPACT_AND_DIE_AFTER_THE_RENAME, str(path)])
+        assert dying.wait() == -signal.SIGKILL, dying.failure("did not die in its compaction")
+        c = ledgerq.open(path, shared=True)  # takes the lock over: its load repairs
+        for message_id in ids[5:25]:  # c's records: the new file grows past b's length
+            msg = c.dequeue()
+            assert msg is not None and msg.id == message_id
+            c.ack(msg.id)
+        got = b.dequeue()
+        assert got is not None and got.id == ids[25], "acked messages delivered again"
+        taken = a.dequeue()
+        assert taken is not None and taken.id == ids[26], "a lease nobody else saw"
+        b.ack(got.id)
+        a.ack(taken.id)
+        assert c.stats().readers["default"].acked == 27
+    finally:
+        for q in (a, b, c):
+            if q is not None:
+                q.close()
 
 
 def test_priorities_a_message_nacked_in_a_catch_up_is_delivered_again(tmp_path: Path) -> None:
