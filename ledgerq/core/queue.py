@@ -52,7 +52,7 @@ from ledgerq.core.args import (
 from ledgerq.core.backlog import Backlog, written_sizes
 from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
-from ledgerq.core.feature import Draft, Feature, KeyAdmitter
+from ledgerq.core.feature import Draft, Feature, KeyAdmitter, ReadersNeeded
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed, make_room
 from ledgerq.core.lifecycle import attempt as _attempt
@@ -66,6 +66,7 @@ from ledgerq.core.reader import (
     initial_checkpoint,
 )
 from ledgerq.core.retry import RetryPolicy
+from ledgerq.core.shared_appends import SharedAppends
 from ledgerq.format.entry import (
     Entry,
     EntryFlags,
@@ -114,6 +115,7 @@ logger = logging.getLogger("ledgerq")
 
 DEFAULT_READER = "default"
 _MEDIUM = Priority.MEDIUM
+_NO_READERS = contextlib.nullcontext()  # an exclusive append holds no reader's step
 _NS = 1_000_000_000
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _ENCRYPTED = int(EntryFlags.ENCRYPTED)
@@ -164,6 +166,9 @@ class QueueCore(Closing):
     """A durable message queue in one directory.  Use :func:`ledgerq.open` to get one."""
 
     shared = False  # shared mode (``ledgerq.open(path, shared=True)``): see core/shared_queue
+    # The append session of shared mode (core/shared_appends), once the handle has joined
+    # the session's page; None in exclusive mode: its appends are the uncontended case.
+    _appends: SharedAppends | None = None
 
     def __init__(
         self,
@@ -849,15 +854,19 @@ class QueueCore(Closing):
         )
         return self._append([draft], sizes, timeout)[0]
 
-    # The three append paths below (one plain payload, a plain batch, drafts with
-    # features) share their steps, in this order, under the queue lock:
-    #   1. encode the entries (pure: a failure here has changed nothing);
-    #   2. reserve ids (_reserve_ids), when the durable reservation does not cover them;
-    #   3. write (the segment manager: one write() or writev);
-    #   4. account (_appended): ids handed out, counters, the commit ticket, then
-    #      retention after a rotation and waking waiters (_after_append);
+    # The four append paths below (one plain payload, one with a unique key, a plain
+    # batch, drafts with features) are the only ones, for both modes.  They share their
+    # steps, in this order, under the queue lock:
+    #   1. begin: in shared mode the append session (core/shared_appends) takes the
+    #      append lock and says the next id and the earliest stamp; exclusive mode owns
+    #      the log and does nothing;
+    #   2. encode the entries (pure: a failure here has changed nothing);
+    #   3. reserve ids (_reserve_ids), when the durable reservation does not cover them;
+    #   4. write (the segment manager: one write() or writev);
+    #   5. account (_appended): ids handed out, counters, the commit ticket, retention
+    #      after a rotation; then end the session, and wake the waiters (_after_append);
     # and then, outside the lock, wait for the fsync with sync="always".
-    # Steps 2 and 3 share one try: whatever fails there, _count_written hands out the
+    # Steps 3 and 4 share one try: whatever fails there, _count_written hands out the
     # ids of what did reach the log (a rotation can fail after the write) and nothing
     # more, and _append also rolls back the dedup ids its features admitted - outside
     # the try, a failed meta save would leave the dedup window remembering ids of
@@ -870,67 +879,98 @@ class QueueCore(Closing):
         with self._lock:
             if self._closed:
                 self._ensure_open()
-            message_id = self._next_id
             now = self._clock_offset_ns + self._clock_mono()  # the queue's time (core/clock)
-            record = (
-                self._encode_delayed(message_id, now, payload, now + delay_ns)
-                if delay_ns
-                else self._encode_plain(message_id, now, payload)
-            )
+            appends = self._appends
+            if appends is None:
+                message_id = self._next_id
+            else:
+                message_id, now = appends.begin(now)
             try:
-                if message_id >= self._reserved_until:
-                    self._reserve_ids(message_id + 1)
-                rotated = self._manager.append_one(record, message_id, now)
-            except BaseException:
-                self._count_written(message_id)
-                raise
-            # _appended(message_id, 1, rotated), inlined: the call alone is 3% of a
-            # plain enqueue (measured); the rare steps stay shared in _after_append.
-            self._next_id = message_id + 1
-            self._enqueued += 1
-            ticket = self._log_commit.note_write()
-            if rotated or self._waiting or self._listeners:
-                self._after_append(rotated)
+                record = (
+                    self._encode_delayed(message_id, now, payload, now + delay_ns)
+                    if delay_ns
+                    else self._encode_plain(message_id, now, payload)
+                )
+                try:
+                    if message_id >= self._reserved_until:
+                        self._reserve_ids(message_id + 1)
+                    rotated = self._manager.append_one(record, message_id, now)
+                except BaseException:
+                    self._count_written(message_id)
+                    raise
+                # _appended(message_id, 1, rotated), inlined: the call alone is 3% of a
+                # plain enqueue (measured); the rare steps stay shared.
+                self._next_id = message_id + 1
+                self._enqueued += 1
+                ticket = self._log_commit.note_write()
+                if rotated:
+                    self._retire_after_rotation()
+            finally:
+                if appends is not None:
+                    appends.end()
+            if self._waiting or self._listeners or appends is not None:
+                self._after_append()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
         return message_id
 
     def _append_unique(self, payload: bytes, unique_key: str) -> int:
-        """:meth:`_append_plain` with a unique key (exclusive mode): the unique-jobs
-        feature admits it and writes its record before the message (features/unique.py)."""
+        """:meth:`_append_plain` with a unique key: the unique-jobs feature admits it and
+        writes its record before the message (features/unique.py).  A new key takes no
+        reader's step; a key a shared handle's view shows held goes the checked way,
+        which holds every reader to judge it (ReadersNeeded)."""
         unique = self._unique
         assert unique is not None
         with self._lock:
             if self._closed:
                 self._ensure_open()
-            message_id = self._next_id
             now = self._clock_offset_ns + self._clock_mono()
+            appends = self._appends
+            if appends is None:
+                message_id = self._next_id
+            else:
+                message_id, now = appends.begin(now)
             try:
-                held = unique.add_key(unique_key, now, message_id)
-            except BaseException:
-                unique.rollback()
-                raise
-            if held is not None:
+                try:
+                    held = unique.add_key(unique_key, now, message_id)
+                except ReadersNeeded:
+                    unique.rollback()
+                    held = 0  # judged below, holding every reader
+                except BaseException:
+                    unique.rollback()
+                    raise
+                if held is None:
+                    record = self._encode_plain(message_id, now, payload)
+                    try:
+                        if message_id >= self._reserved_until:
+                            self._reserve_ids(message_id + 1)
+                        rotated = self._manager.append_one(record, message_id, now)
+                    except BaseException:
+                        self._count_written(message_id)
+                        if self._next_id > message_id:
+                            unique.key_added(message_id, now)  # in the log all the same: held
+                        else:
+                            unique.rollback()
+                        raise
+                    self._next_id = message_id + 1
+                    self._enqueued += 1
+                    ticket = self._log_commit.note_write()
+                    if rotated:
+                        self._retire_after_rotation()
+                    unique.key_added(message_id, now)
+            finally:
+                if appends is not None:
+                    appends.end()
+            if held is None:
+                if self._waiting or self._listeners or appends is not None:
+                    self._after_append()
+            elif held:
                 self._tally.duplicates += 1
                 return held
-            record = self._encode_plain(message_id, now, payload)
-            try:
-                if message_id >= self._reserved_until:
-                    self._reserve_ids(message_id + 1)
-                rotated = self._manager.append_one(record, message_id, now)
-            except BaseException:
-                self._count_written(message_id)
-                if self._next_id > message_id:
-                    unique.key_added(message_id, now)  # in the log all the same: held
-                else:
-                    unique.rollback()
-                raise
-            self._next_id = message_id + 1
-            self._enqueued += 1
-            ticket = self._log_commit.note_write()
-            if rotated or self._waiting or self._listeners:
-                self._after_append(rotated)
-            unique.key_added(message_id, now)
+        if held is not None:
+            return self._append(
+                [self._prepare(payload, None, 1, None, None, unique_key=unique_key)]
+            )[0]
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
         return message_id
@@ -945,18 +985,27 @@ class QueueCore(Closing):
         with self._lock:
             if self._closed:
                 self._ensure_open()
-            first = self._next_id
             now = self._clock_offset_ns + self._clock_mono()
-            parts, sizes = self._encode_batch(first, now, payloads)
-            segments = len(self._manager.segments)
+            appends = self._appends
+            if appends is None:
+                first = self._next_id
+            else:
+                first, now = appends.begin(now)
             try:
-                if first + count > self._reserved_until:
-                    self._reserve_ids(first + count)
-                self._manager.append(parts, sizes, first, now)
-            except BaseException:
-                self._count_written(first)
-                raise
-            ticket = self._appended(first, count, len(self._manager.segments) != segments)
+                parts, sizes = self._encode_batch(first, now, payloads)
+                segments = len(self._manager.segments)
+                try:
+                    if first + count > self._reserved_until:
+                        self._reserve_ids(first + count)
+                    self._manager.append(parts, sizes, first, now)
+                except BaseException:
+                    self._count_written(first)
+                    raise
+                ticket = self._appended(first, count, len(self._manager.segments) != segments)
+            finally:
+                if appends is not None:
+                    appends.end()
+            self._after_append()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
         return list(range(first, first + count))
@@ -1014,46 +1063,97 @@ class QueueCore(Closing):
 
         A draft its features found to be a duplicate (dedup) is not written: its id
         is the original message's.  ``sizes`` (the payload sizes as given) and
-        ``timeout`` are for a bounded queue: see :meth:`_admit_bounded`.
+        ``timeout`` are for a bounded queue: see :meth:`_check_room` and
+        :meth:`_wait_for_room`.
         """
         wait = check_timeout(timeout)
+        deadline = None if wait is None else time.monotonic() + wait
+        if self._appends is None:
+            return self._append_admitted(drafts, sizes, deadline, wait)
+        # A wait for room bounds the waits for another handle's steps too (timeout 0
+        # means no wait for room, not for a lock: those wait lock_timeout).
+        before = self._budget.limit(deadline if wait else None)
+        try:
+            return self._append_admitted(drafts, sizes, deadline, wait)
+        finally:
+            self._budget.limit(before)
+
+    def _append_admitted(
+        self,
+        drafts: list[Draft],
+        sizes: list[int] | None,
+        deadline: float | None,
+        wait: float | None,
+    ) -> list[int]:
+        """:meth:`_append` once the timeout is checked: admit, wait for room, write."""
+        appends = self._appends
+        every_reader = False  # a feature asked for the readers' state (ReadersNeeded)
         with self._lock:
-            if self._closed:
-                self._ensure_open()
-            if self._backlog is None:
-                now = self._clock_offset_ns + self._clock_mono()
-                to_write, existing = self._admit(drafts, now) if self._admitters else (drafts, {})
-            else:
-                assert sizes is not None
-                now, to_write, existing = self._admit_bounded(drafts, sizes, wait)
-            if not to_write:
-                return [existing[i] for i in range(len(drafts))]
-            first = self._next_id
-            count = len(to_write)
-            segments = len(self._manager.segments)
-            try:
-                records = self._encode_drafts(to_write, first, now)
-                if first + count > self._reserved_until:
-                    self._reserve_ids(first + count)
-                for feature in self._preparers:
-                    feature.before_append()
-                self._manager.append(records, [len(r) for r in records], first, now)
-            except BaseException:
-                self._count_written(first)
-                self._undo_admission(to_write, first, now)
-                raise
-            ticket = self._appended(first, count, len(self._manager.segments) != segments)
-            if self._backlog is not None:
-                assert sizes is not None
-                self._backlog.appended(first, written_sizes(sizes, existing))
-            for feature in self._recorders:
-                feature.appended(to_write, first, now)
+            while True:
+                if self._closed:
+                    self._ensure_open()
+                with _NO_READERS if appends is None else appends.holding_readers(every_reader):
+                    now = self._clock_offset_ns + self._clock_mono()
+                    if appends is not None:
+                        self._next_id, now = appends.begin(now)
+                    try:
+                        if self._admitters:
+                            if appends is not None:
+                                for feature in self._admitters:
+                                    feature.catch_up()
+                            try:
+                                to_write, existing = self._admit(drafts, now)
+                            except ReadersNeeded:
+                                every_reader = True  # (admit rolled back): once more
+                                continue
+                        else:
+                            to_write, existing = drafts, {}
+                        if not to_write:
+                            return [existing[i] for i in range(len(drafts))]
+                        short = ""
+                        if self._backlog is not None:
+                            assert sizes is not None
+                            short = self._check_room(to_write, sizes, existing)
+                        if not short:
+                            first, ticket = self._write_drafts(to_write, now)
+                            if self._backlog is not None:
+                                assert sizes is not None
+                                self._backlog.appended(first, written_sizes(sizes, existing))
+                            break
+                    finally:
+                        if appends is not None:
+                            appends.end()
+                self._wait_for_room(short, deadline, wait)
+            self._after_append()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
+        count = len(to_write)
         if not existing:
             return list(range(first, first + count))
         fresh_ids = iter(range(first, first + count))
         return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
+
+    def _write_drafts(self, to_write: list[Draft], now: int) -> tuple[int, int]:
+        """Write the admitted drafts (lock held, the append session begun); return the
+        first id and the commit ticket."""
+        first = self._next_id
+        count = len(to_write)
+        segments = len(self._manager.segments)
+        try:
+            records = self._encode_drafts(to_write, first, now)
+            if first + count > self._reserved_until:
+                self._reserve_ids(first + count)
+            for feature in self._preparers:
+                feature.before_append()
+            self._manager.append(records, [len(r) for r in records], first, now)
+        except BaseException:
+            self._count_written(first)
+            self._undo_admission(to_write, first, now)
+            raise
+        ticket = self._appended(first, count, len(self._manager.segments) != segments)
+        for feature in self._recorders:
+            feature.appended(to_write, first, now)
+        return first, ticket
 
     def _encode_drafts(self, drafts: list[Draft], first: int, now: int) -> list[bytes]:
         """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held)."""
@@ -1118,25 +1218,6 @@ class QueueCore(Closing):
             raise
         self._tally.duplicates += len(existing)
         return fresh, existing
-
-    def _admit_bounded(
-        self, drafts: list[Draft], sizes: list[int], wait: float | None
-    ) -> tuple[int, list[Draft], dict[int, int]]:
-        """:meth:`_admit` in a bounded queue (lock held): wait for room for the drafts to
-        write, up to ``wait`` seconds (None: forever); return the time to stamp them with.
-
-        See :meth:`_check_room` and :meth:`_wait_for_room` for what it raises.
-        """
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
-            now = self._clock_offset_ns + self._clock_mono()
-            to_write, existing = self._admit(drafts, now) if self._admitters else (drafts, {})
-            if not to_write:
-                return now, to_write, existing
-            short = self._check_room(to_write, sizes, existing)
-            if not short:
-                return now, to_write, existing
-            self._wait_for_room(short, deadline, wait)
 
     def _check_room(
         self, to_write: list[Draft], sizes: list[int], existing: Mapping[int, int]
@@ -1234,6 +1315,10 @@ class QueueCore(Closing):
         """
         if not self._restore_reserve():
             self._refuse_full_disk()
+        appends = self._appends
+        if appends is not None:
+            # Another handle may have raised the reservation already (the page's copy).
+            self._ids_reserved_until = max(self._ids_reserved_until, appends.reserved_until())
         if end <= self._ids_reserved_until:  # the gate was closed for the reserve only
             self._reserved_until = self._ids_reserved_until
             return
@@ -1244,6 +1329,8 @@ class QueueCore(Closing):
         except BaseException:
             self._ids_reserved_until = previous
             raise
+        if appends is not None:
+            appends.publish_reserved(self._ids_reserved_until)
         self._reserved_until = self._ids_reserved_until
 
     def _appended(self, first: int, count: int, rotated: bool) -> int:
@@ -1256,16 +1343,26 @@ class QueueCore(Closing):
         self._next_id = first + count
         self._enqueued += count
         ticket = self._log_commit.note_write()
-        if rotated or self._waiting or self._listeners:
-            self._after_append(rotated)
+        if rotated:
+            self._retire_after_rotation()
         return ticket
 
-    def _after_append(self, rotated: bool) -> None:
-        """Apply retention if an append sealed a segment, and wake waiters (lock held)."""
-        if rotated:
+    def _retire_after_rotation(self) -> None:
+        """Apply retention: an append sealed a segment (lock held, the session begun)."""
+        appends = self._appends
+        if appends is None:
             self._retire_consumed()
+        else:
+            appends.retire()
+
+    def _after_append(self) -> None:
+        """After an append (lock held, the append session ended): wake the waiters, and
+        in shared mode apply ``retention_max_bytes``."""
         if self._waiting or self._listeners:
             self._wake()
+        appends = self._appends
+        if appends is not None:
+            appends.after()
 
     def _count_written(self, first: int) -> None:
         """An append from id ``first`` raised: account what it wrote all the same (lock held).
@@ -1277,6 +1374,8 @@ class QueueCore(Closing):
         written = self._manager.next_id - first
         if written > 0:
             self._appended(first, written, rotated=False)
+            if self._waiting or self._listeners:
+                self._wake()
 
     def _restore(self, entry: Entry) -> bytes:
         """The payload as the producer gave it (undoing encryption and compression)."""

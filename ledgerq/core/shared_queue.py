@@ -42,16 +42,15 @@ from ledgerq._errors import (
 )
 from ledgerq._options import Options
 from ledgerq._types import ReaderStats, Stats
-from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, READER_NAME, check_timeout
-from ledgerq.core.backlog import written_sizes
+from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, READER_NAME
 from ledgerq.core.clock import Clock
-from ledgerq.core.feature import Draft, Feature, ReadersNeeded
+from ledgerq.core.feature import Feature
 from ledgerq.core.journal import ReaderJournal, ReaderRemovedError, SharedReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, attempt
-from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
 from ledgerq.core.retry import RetryPolicy
+from ledgerq.core.shared_appends import SharedAppends
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
 from ledgerq.format.shared_state import (
     APPEND_LOCK,
@@ -66,7 +65,6 @@ from ledgerq.format.shared_state import (
     SLOT_ENQUEUED_THROUGH,
     SLOT_LOCK,
     SLOT_LOCKING,
-    SLOT_RESERVE_SPENT,
     SLOT_RESERVED_UNTIL,
     SLOT_WRITING,
     encode_page,
@@ -720,7 +718,9 @@ class SharedQueueCore(QueueCore):
         reserve = self._reserve
         assert isinstance(reserve, SharedDiskReserve)
         reserve.attach(page, self.appends_locked)
-        self._spent = page.memory  # the append gate reads byte SLOT_RESERVE_SPENT of it
+        manager = self._manager
+        assert isinstance(manager, SharedSegmentManager)
+        self._appends = SharedAppends(self, manager, page)  # the append pipeline's session
 
     def _new_shared_manager(self, page: SharedPage | None) -> SharedSegmentManager:
         opts = self.options
@@ -961,32 +961,6 @@ class SharedQueueCore(QueueCore):
         )
         self._meta = self._keeper.meta
 
-    def _reserve_ids(self, end: int) -> None:
-        """The slow path before an append of ids up to ``end`` (exclusive) (append lock held).
-
-        Refuses while the queue's disk reserve is spent and cannot be written again
-        (``QueueCore._reserve_ids``).  Then reserves the ids for every handle: another
-        handle may have raised the reservation already (the page holds a copy of
-        meta.json's); else it is raised by a block and saved, then published.
-        """
-        if not self._restore_reserve():
-            self._refuse_full_disk()
-        page = self._page
-        assert page is not None
-        shared = page.get(SLOT_RESERVED_UNTIL)
-        if shared >= end:
-            self._ids_reserved_until = self._reserved_until = shared
-            return
-        previous = self._ids_reserved_until
-        self._ids_reserved_until = end + ID_BLOCK
-        try:
-            self._save_meta(clean=False)
-        except BaseException:
-            self._ids_reserved_until = previous
-            raise
-        page.set(SLOT_RESERVED_UNTIL, self._ids_reserved_until)
-        self._reserved_until = self._ids_reserved_until
-
     # ------------------------------------------------------------------ appending
 
     @property
@@ -995,222 +969,14 @@ class SharedQueueCore(QueueCore):
         assert page is not None
         return _enqueued(page, self._manager.next_id)
 
-    def _begin_append(self) -> SharedSegmentManager:
-        manager = self._manager
-        assert isinstance(manager, SharedSegmentManager)
-        manager.begin_append()
-        self._next_id = manager.next_id
-        return manager
-
-    def _now_ns(self, manager: SharedSegmentManager) -> int:
-        """The time to stamp: the queue clock, never below the log's newest stamp (the
-        handles' clocks differ a little; timestamps must not go back in log order)."""
-        now = self._clock_offset_ns + self._clock_mono()
-        newest = manager.segments[-1].last_timestamp
-        return now if now >= newest else newest
-
-    def _append_plain(self, payload: bytes, delay_ns: int = 0) -> int:
-        with self._lock:
-            if self._closed:
-                self._ensure_open()
-            manager = self._manager
-            manager.begin_append()  # type: ignore[attr-defined]
-            try:
-                seg = manager.segments[-1]
-                message_id = seg.last_id + 1 if seg.last_id else seg.first_id
-                # The queue clock, never below the log's newest stamp (see _now_ns).
-                now = self._clock_offset_ns + self._clock_mono()
-                if now < seg.last_timestamp:
-                    now = seg.last_timestamp
-                record = (
-                    self._encode_delayed(message_id, now, payload, now + delay_ns)
-                    if delay_ns
-                    else self._encode_plain(message_id, now, payload)
-                )
-                try:
-                    if message_id >= self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
-                        self._reserve_ids(message_id + 1)
-                    rotated = manager.append_one(record, message_id, now)
-                except BaseException:
-                    self._count_written(message_id)
-                    raise
-                self._next_id = message_id + 1
-                ticket = self._log_commit.note_write()
-                if rotated:
-                    self._retire_locked()
-            finally:
-                manager.end_append()  # type: ignore[attr-defined]
-            if self._waiting or self._listeners or (rotated and self._max_bytes):
-                self._after_shared_append()
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        return message_id
-
-    def _append_unique(self, payload: bytes, unique_key: str) -> int:
-        """:meth:`_append_plain` with a unique key (see ``QueueCore._append_unique``): a
-        new key takes no reader's lock; a key this handle's view shows held goes the
-        checked way, which holds every reader to judge it (ReadersNeeded)."""
-        unique = self._unique
-        assert unique is not None
-        with self._lock:
-            if self._closed:
-                self._ensure_open()
-            manager = self._manager
-            manager.begin_append()  # type: ignore[attr-defined]
-            try:
-                seg = manager.segments[-1]
-                message_id = seg.last_id + 1 if seg.last_id else seg.first_id
-                now = self._clock_offset_ns + self._clock_mono()
-                if now < seg.last_timestamp:
-                    now = seg.last_timestamp
-                try:
-                    held = unique.add_key(unique_key, now, message_id)
-                except ReadersNeeded:
-                    unique.rollback()
-                    held = 0  # judged below, holding every reader
-                except BaseException:
-                    unique.rollback()
-                    raise
-                if held is None:
-                    record = self._encode_plain(message_id, now, payload)
-                    try:
-                        if message_id >= self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
-                            self._reserve_ids(message_id + 1)
-                        rotated = manager.append_one(record, message_id, now)
-                    except BaseException:
-                        self._count_written(message_id)
-                        if self._next_id > message_id:
-                            unique.key_added(message_id, now)  # in the log all the same
-                        else:
-                            unique.rollback()
-                        raise
-                    self._next_id = message_id + 1
-                    ticket = self._log_commit.note_write()
-                    if rotated:
-                        self._retire_locked()
-                    unique.key_added(message_id, now)
-            finally:
-                manager.end_append()  # type: ignore[attr-defined]
-            if held is None:
-                if self._waiting or self._listeners or (rotated and self._max_bytes):
-                    self._after_shared_append()
-            elif held:
-                self._tally.duplicates += 1
-                return held
-        if held is not None:
-            return self._append(
-                [self._prepare(payload, None, 1, None, None, unique_key=unique_key)]
-            )[0]
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        return message_id
-
-    def _append_plain_batch(self, payloads: list[bytes]) -> list[int]:
-        count = len(payloads)
-        with self._lock:
-            if self._closed:
-                self._ensure_open()
-            manager = self._begin_append()
-            try:
-                first = self._next_id
-                now = self._now_ns(manager)
-                parts, sizes = self._encode_batch(first, now, payloads)
-                segments = len(manager.segments)
-                try:
-                    if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
-                        self._reserve_ids(first + count)
-                    manager.append(parts, sizes, first, now)
-                except BaseException:
-                    self._count_written(first)
-                    raise
-                ticket = self._appended(first, count, len(manager.segments) != segments)
-            finally:
-                manager.end_append()
-            self._after_shared_append()
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        return list(range(first, first + count))
-
-    def _append(
-        self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
-    ) -> list[int]:
-        wait = check_timeout(timeout)
-        deadline = None if wait is None else time.monotonic() + wait
-        # A wait for room bounds the waits for locks too (timeout 0 means no wait for
-        # room, not for a lock: those wait lock_timeout).
-        before = self._budget.limit(deadline if wait else None)
-        try:
-            return self._append_admitted(drafts, sizes, deadline, wait)
-        finally:
-            self._budget.limit(before)
-
-    def _append_admitted(
-        self,
-        drafts: list[Draft],
-        sizes: list[int] | None,
-        deadline: float | None,
-        wait: float | None,
-    ) -> list[int]:
-        """:meth:`_append` once the timeout is checked: admit, wait for room, write."""
-        every_reader = False  # a feature asked for the readers' state: see _readers_held
-        with self._lock:
-            while True:
-                if self._closed:
-                    self._ensure_open()
-                with self._readers_held(every_reader):
-                    manager = self._begin_append()
-                    try:
-                        now = self._now_ns(manager)
-                        if self._admitters:
-                            for feature in self._admitters:
-                                feature.catch_up()
-                            try:
-                                to_write, existing = self._admit(drafts, now)
-                            except ReadersNeeded:
-                                every_reader = True  # (admit rolled back): once more
-                                continue
-                        else:
-                            to_write, existing = drafts, {}
-                        if not to_write:
-                            return [existing[i] for i in range(len(drafts))]
-                        short = ""
-                        if self._backlog is not None:
-                            assert sizes is not None
-                            short = self._check_room(to_write, sizes, existing)
-                        if not short:
-                            first, ticket = self._write_drafts(manager, to_write, now)
-                            if self._backlog is not None:
-                                assert sizes is not None
-                                self._backlog.appended(first, written_sizes(sizes, existing))
-                            break
-                    finally:
-                        manager.end_append()
-                self._wait_for_room(short, deadline, wait)
-            self._after_shared_append()
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        count = len(to_write)
-        if not existing:
-            return list(range(first, first + count))
-        fresh_ids = iter(range(first, first + count))
-        return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
-
-    def _readers_held(self, every_reader: bool) -> contextlib.AbstractContextManager[None]:
-        """A bounded queue's appends hold every reader (in name order, before the append
-        lock, as every step takes them): the backlog they count cannot shrink or grow
-        under the check, and two handles cannot both take the last room.  So does an
-        append whose admission raised :class:`ReadersNeeded` (``every_reader``): a
-        unique key's message that this handle's view does not show finished - an ack in
-        another process just before must count (features/unique.py)."""
-        if self._backlog is None and not every_reader:
-            return contextlib.nullcontext()
-        return self._holding_every_reader()
-
     def readers_current(self) -> bool:
         return self._every_reader_held
 
     @contextlib.contextmanager
     def _holding_every_reader(self) -> Iterator[None]:
+        """Hold every reader's step (in name order, before the append lock, as every step
+        takes them), for an append that the append session says must judge them
+        (core/shared_appends: a bounded queue's, a unique key's held in this view)."""
         self._open_readers_on_disk()
         entered: list[SharedReaderCore] = []
         try:
@@ -1225,46 +991,6 @@ class SharedQueueCore(QueueCore):
             self._every_reader_held = False
             for core in reversed(entered):
                 core.session.leave()
-
-    def _write_drafts(
-        self, manager: SharedSegmentManager, to_write: list[Draft], now: int
-    ) -> tuple[int, int]:
-        """Write the admitted drafts (append lock held); return the first id and the
-        commit ticket."""
-        first = self._next_id
-        count = len(to_write)
-        segments = len(manager.segments)
-        try:
-            records = self._encode_drafts(to_write, first, now)
-            if first + count > self._reserved_until or self._spent[SLOT_RESERVE_SPENT]:
-                self._reserve_ids(first + count)
-            for feature in self._preparers:
-                feature.before_append()
-            manager.append(records, [len(r) for r in records], first, now)
-        except BaseException:
-            self._count_written(first)
-            self._undo_admission(to_write, first, now)
-            raise
-        ticket = self._appended(first, count, len(manager.segments) != segments)
-        for feature in self._recorders:
-            feature.appended(to_write, first, now)
-        return first, ticket
-
-    def _appended(self, first: int, count: int, rotated: bool) -> int:
-        """Account entries now in the log (append lock held); retention after a rotation."""
-        self._next_id = first + count
-        ticket = self._log_commit.note_write()
-        if rotated:
-            self._retire_locked()
-        return ticket
-
-    def _after_shared_append(self) -> None:
-        """After the append lock is released: wake this handle's waiters, and drop
-        segments for ``retention_max_bytes`` (which takes the readers' locks first)."""
-        if self._waiting or self._listeners:
-            self._wake()
-        if self._max_bytes and len(self._manager.segments) > 1:
-            self._enforce_max_bytes()
 
     # ------------------------------------------------------------------ retention
 

@@ -124,6 +124,9 @@ class SharedReaderCore(ReaderCore):
         self._lost: dict[int, str] = {}  # our leases that ended elsewhere: why (for the error)
         self._fail_reason: dict[int, str] = {}  # why a reclaimed lease failed (its report)
         self._back: set[int] = set()  # (of a catch-up: see the fold's sink below)
+        # Our leases a checkpoint of the catch-up did not list: revoked at its end unless
+        # a LEASE_BY of ours after the checkpoint holds them (a file read whole again).
+        self._unconfirmed: set[int] = set()
         repaired = self.session.enter_to_load()
         try:
             manager.refresh()
@@ -183,6 +186,12 @@ class SharedReaderCore(ReaderCore):
         fold (``segment.journal_fold``), this core its sink."""
         self._back = set()
         fold_records(records, self)
+        if self._unconfirmed:
+            for message_id in sorted(self._unconfirmed):
+                self._revoke(message_id, "another handle moved the reader (seek) or dropped it")
+            self._unconfirmed = set()
+            self._leased_heap = list(self._leased)
+            heapq.heapify(self._leased_heap)
         self._give_back_ids(self._back)
         self._fast_forward()
 
@@ -202,6 +211,13 @@ class SharedReaderCore(ReaderCore):
         deliveries, reported, back = self._deliveries, self._reported, self._back
         leased, selector = self._leased, self._selector
         cursor_next = self._cursor.next_id
+        if holder == self.holder:
+            # Our own record, met again: the file was read whole (a new generation, the
+            # holder before died mid-step) and this handle had appended to it since its
+            # checkpoint.  What it leased then is still its lease if it holds it.
+            if self._unconfirmed:
+                self._unconfirmed.difference_update(ids)
+            return
         for message_id in ids:
             # The leaser reported the failures before it (or learnt of them).
             before = deliveries[message_id] - 1
@@ -344,9 +360,9 @@ class SharedReaderCore(ReaderCore):
                 mine[message_id] = deadline
             else:
                 self._note_foreign(message_id, holder, deadline)
-        for message_id in list(self._leased):
-            if message_id not in mine:
-                self._revoke(message_id, "another handle moved the reader (seek) or dropped it")
+        # Ours that it does not list are revoked once the catch-up is applied, unless a
+        # LEASE_BY of ours follows it in the file (see on_lease).
+        self._unconfirmed = {i for i in self._leased if i not in mine}
         self._leased_heap = list(self._leased)
         heapq.heapify(self._leased_heap)
         self._skip = {i for i in checkpoint.done if i >= head and self._exists_unread(i)}

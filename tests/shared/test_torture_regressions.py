@@ -260,6 +260,52 @@ def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation_for_an_ope
                 q.close()
 
 
+_LEASE_AND_DIE_BEFORE_PUBLISHING = """
+import os, signal, sys, ledgerq
+from ledgerq.core.journal import SharedReaderJournal
+q = ledgerq.open(sys.argv[1], shared=True)
+def die(self):
+    os.kill(os.getpid(), signal.SIGKILL)  # its LEASE_BY written, the step not ended
+SharedReaderJournal.publish = die
+q.dequeue()
+"""
+
+
+def test_a_journal_read_whole_again_keeps_the_leases_its_reader_took_since_the_checkpoint(
+    tmp_path: Path, children: Children, locking: str
+) -> None:
+    # Found with the fix above (a random kill in the shared torture: "message 394 is no
+    # longer leased by this handle ... another handle moved the reader (seek) or dropped
+    # it").  A handle that died mid-step, its file not replaced, and an opener then: the
+    # new generation makes every handle read the file whole, its checkpoint first - and
+    # a handle's own leases taken since that checkpoint were revoked by it, although its
+    # own LEASE_BY records follow in the same file.
+    path = tmp_path / "q"
+    a = ledgerq.open(path, shared=True)
+    b = ledgerq.open(path, shared=True)
+    c = None
+    try:
+        ids = [a.enqueue(b"m%d" % n) for n in range(6)]
+        mine = a.dequeue()
+        assert mine is not None and mine.id == ids[0]
+        dying = children.start(["-c", _LEASE_AND_DIE_BEFORE_PUBLISHING, str(path)])
+        assert dying.wait() == -signal.SIGKILL, dying.failure("did not die in its step")
+        c = ledgerq.open(path, shared=True)  # takes the reader's lock over in its load
+        a.ack(mine.id)  # still a's lease: no UnknownMessageError
+        seen = [mine.id]
+        for q in (b, c, a, b, c):
+            msg = q.dequeue()
+            if msg is not None:
+                seen.append(msg.id)
+                q.ack(msg.id)
+        assert len(seen) == len(set(seen)), f"a message delivered twice: {seen}"
+        assert ids[0] not in seen[1:]
+    finally:
+        for q in (a, b, c):
+            if q is not None:
+                q.close()
+
+
 def test_priorities_a_message_nacked_in_a_catch_up_is_delivered_again(tmp_path: Path) -> None:
     # Issue 25 item 7's loss itself (bug 37): ``a`` has read ids 1-2; ``b`` leases 3
     # (high priority), then 2, then nacks 3.  ``a``'s catch-up: 3 noted leased, then
