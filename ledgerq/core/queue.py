@@ -1685,23 +1685,43 @@ class QueueCore(Closing):
         the oldest segments even if unconsumed (:meth:`_drop_oldest_segment`).  The
         active segment is never deleted.
         """
+        if len(self._manager.segments) < 2:
+            return
+        self._delete_consumed(min(r._core.head for r in self._readers.values()))
+        self._drop_oldest_while_over()
+
+    def _delete_consumed(self, head: int) -> bool:
+        """Delete the sealed segments wholly below ``head`` (every reader's, or a lower
+        bound of it), with ``retention_max_age`` only those old enough; whether any
+        went.  In shared mode the append lock is held: see SharedQueueCore._retire_locked."""
         manager = self._manager
         segments = manager.segments
+        if len(segments) < 2 or segments[0].last_id >= head:
+            return False
+        max_age = self.options.retention_max_age
+        cutoff = None if max_age is None else self._clock.now_ns() - int(max_age * _NS)
+        deleted = False
+        while len(segments) > 1 and segments[0].last_id < head:
+            if cutoff is not None and segments[0].last_timestamp >= cutoff:
+                break
+            if not deleted and self._appends is not None:
+                self._appends.deleting()
+            manager.delete_first()
+            deleted = True
+        return deleted
+
+    def _drop_oldest_while_over(self) -> None:
+        """``retention_max_bytes``: drop the oldest segments while the log is larger (in
+        shared mode every reader's step and the append lock held, each drop published)."""
         max_bytes = self.options.retention_max_bytes
-        if len(segments) < 2:
+        if max_bytes is None:
             return
-        head = min(r._core.head for r in self._readers.values())
-        if segments[0].last_id < head:
-            max_age = self.options.retention_max_age
-            cutoff = None if max_age is None else self._clock.now_ns() - int(max_age * _NS)
-            while len(segments) > 1 and segments[0].last_id < head:
-                if cutoff is not None and segments[0].last_timestamp >= cutoff:
-                    break
-                manager.delete_first()
-        if max_bytes is not None:
-            while len(segments) > 1 and manager.disk_bytes > max_bytes:
-                if not self._drop_oldest_segment(max_bytes):
-                    break
+        manager = self._manager
+        while len(manager.segments) > 1 and manager.disk_bytes > max_bytes:
+            if not self._drop_oldest_segment(max_bytes):
+                break
+            if self._appends is not None:
+                self._appends.publish_log()
 
     def _drop_oldest_segment(self, max_bytes: int) -> bool:
         """Delete the oldest segment for ``retention_max_bytes`` (lock held); False if

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from ledgerq.format.shared_state import SLOT_RESERVE_SPENT, SLOT_RESERVED_UNTIL
+from ledgerq.format.shared_state import SLOT_RESERVE_SPENT, SLOT_RESERVED_UNTIL, SLOT_WRITING
 
 if TYPE_CHECKING:
     from ledgerq.core.shared_queue import SharedQueueCore
@@ -82,6 +82,17 @@ class SharedAppends:
     def publish_reserved(self, until: int) -> None:
         """A reservation this handle raised and saved: every handle's from now on."""
         self._page.set(SLOT_RESERVED_UNTIL, until)
+
+    def deleting(self) -> None:
+        """Retention is about to delete segments (append lock held): the ``writing`` word
+        says so until the log's new first segment is published - a handle dying in
+        between leaves it set, and the next appender republishes (a new generation:
+        the others look again)."""
+        self._page.set(SLOT_WRITING, 1)
+
+    def publish_log(self) -> None:
+        """Publish the log's segments after a deletion (append lock held)."""
+        self._manager.publish()
 
     def retire(self) -> None:
         """Retention after a rotation (append lock held)."""

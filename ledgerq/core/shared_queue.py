@@ -66,7 +66,6 @@ from ledgerq.format.shared_state import (
     SLOT_LOCK,
     SLOT_LOCKING,
     SLOT_RESERVED_UNTIL,
-    SLOT_WRITING,
     encode_page,
     page_problem,
     page_version,
@@ -1043,25 +1042,9 @@ class SharedQueueCore(QueueCore):
         manager = self._manager
         assert isinstance(manager, SharedSegmentManager)
         manager.catch_up_locked()  # (it publishes below: a dead appender's tail first)
-        segments = manager.segments
-        if len(segments) < 2:
+        if len(manager.segments) < 2:
             return
-        head = min(self._published_heads(), default=0)
-        if segments[0].last_id >= head:
-            return
-        max_age = self.options.retention_max_age
-        cutoff = None if max_age is None else self._clock.now_ns() - int(max_age * _NS)
-        deleted = False
-        while len(segments) > 1 and segments[0].last_id < head:
-            if cutoff is not None and segments[0].last_timestamp >= cutoff:
-                break
-            if not deleted:
-                # Dying between a deletion and the publication leaves the word set: the
-                # next appender republishes (a new generation: the others look again).
-                manager.page.set(SLOT_WRITING, 1)
-            manager.delete_first()
-            deleted = True
-        if deleted:
+        if self._delete_consumed(min(self._published_heads(), default=0)):
             manager.publish()
 
     def _enforce_max_bytes(self) -> None:
@@ -1086,10 +1069,7 @@ class SharedQueueCore(QueueCore):
             manager.lock_appends()
             try:
                 manager.catch_up_locked()  # (it publishes below: see _retire_locked)
-                while len(manager.segments) > 1 and manager.disk_bytes > max_bytes:
-                    if not self._drop_oldest_segment(max_bytes):
-                        break
-                    manager.publish()
+                self._drop_oldest_while_over()
             finally:
                 manager.unlock_appends()
         finally:
