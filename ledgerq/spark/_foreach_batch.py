@@ -15,6 +15,7 @@ learns that it is a stream's batch from two writer options that only this module
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ QUERY_OPTION = "ledgerq.stream.query"
 BATCH_OPTION = "ledgerq.stream.batch"
 _PAYLOAD_ONLY = StructType([StructField("payload", BinaryType())])
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"  # Spark's, on the thread running a batch
+_OPTIONS = {"shards", "prefix", "lock_timeout", "encryption_key_hex"}  # and queue.*
 
 
 class StreamBatchWriter(LedgerqWriter):
@@ -85,7 +87,7 @@ def _text(name: str, value: object) -> str:
 
 
 def foreach_batch_writer(
-    root: str, *, query_id: str | None = None, **options: object
+    root: str | os.PathLike[str], *, query_id: str | None = None, **options: object
 ) -> Callable[[DataFrame, int], None]:
     """Return ``fn(df, batch_id)`` for ``sdf.writeStream.foreachBatch(fn)``: each micro-batch
     enqueued exactly once into the sharded queues under ``root``.
@@ -103,17 +105,20 @@ def foreach_batch_writer(
     running query's id (Spark's, kept in the checkpoint, so the same across restarts).
     Give one to call ``fn`` outside a streaming query; batch ids count per ``query_id``.
 
-    Raises :class:`ledgerq.ConfigError` for a bad option, a shard count other than the
-    one recorded under ``root``, or an encrypted target without its key - here, before
-    the query starts; a column of a wrong type fails the call, with nothing written.
+    Raises :class:`ledgerq.ConfigError` for an unknown or bad option, a shard count
+    other than the one recorded under ``root``, or an encrypted target without its key -
+    here, before the query starts; a column of a wrong type fails the call, with nothing
+    written.
     """
-    if "path" in {name.lower() for name in options}:
-        raise ConfigError("foreach_batch_writer takes the root as its first argument, not path=")
-    internal = {QUERY_OPTION, BATCH_OPTION} & {name.lower() for name in options}
-    if internal:
-        raise ConfigError(f"option {', '.join(sorted(internal))} is set by foreach_batch_writer")
+    unknown = sorted(n for n in options if n not in _OPTIONS and not n.startswith("queue."))
+    if unknown:
+        raise ConfigError(
+            f"foreach_batch_writer got unknown option(s) {', '.join(unknown)}; it takes the "
+            f"options of a ledgerq write: {', '.join(sorted(_OPTIONS))} and queue.<option>"
+        )
     given = {name: _text(name, value) for name, value in options.items()}
-    given["path"] = str(root)
+    # Absolute here, on the driver: the commit runs in another process.
+    given["path"] = os.path.abspath(root)
     LedgerqWriter.create(given, _PAYLOAD_ONLY, False)  # the options' checks, now
     fixed = None if query_id is None else _query_name(query_id)
 

@@ -55,6 +55,8 @@ def test_a_batch_id_called_again_adds_nothing(spark: Any, tmp_path: Path) -> Non
         foreach_batch_writer(str(tmp_path), shards=4)
     with pytest.raises(ledgerq.ConfigError, match=r"unknown option queue\.segmnt_size"):
         foreach_batch_writer(str(tmp_path), **{"queue.segmnt_size": 4096})
+    with pytest.raises(ledgerq.ConfigError, match=r"unknown option\(s\) shard; .* shards"):
+        foreach_batch_writer(str(tmp_path), shard=4)
 
 
 def _run(spark: Any, source: Path, root: Path, checkpoint: Path) -> str:
