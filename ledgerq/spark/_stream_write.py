@@ -9,7 +9,8 @@ recorded the batch as committed; the commit must then add nothing it added befor
 The stream's record is ``root/_ledgerq_streams/<query id>/`` (the query id is Spark's,
 kept in the checkpoint's ``metadata``: the same across restarts):
 
-* ``stream.json`` - the checkpoint it belongs to, written when the query first starts;
+* ``stream.json`` - the checkpoint it belongs to (an absolute path), written when the query
+  first starts with a checkpoint that has its id, taken over by a moved one;
 * ``last.json`` - the last batch id whose every shard is published (temp, fsync,
   rename);
 * ``<batch>.json`` - the manifest of a batch being published: its staged files and,
@@ -299,11 +300,9 @@ def _check_checkpoint(root: str, checkpoint: str) -> str | None:
     would silently skip them here.  A new query (no metadata yet) gets its id from the
     tasks.
     """
-    local = checkpoint.removeprefix("file:")
-    try:
-        with open(os.path.join(local, "metadata"), encoding="utf-8") as f:
-            query = str(json.loads(f.readline())["id"])
-    except (OSError, ValueError, KeyError):
+    local = _local(checkpoint)
+    query = _checkpoint_query(local)
+    if query is None:
         return None
     log = StreamLog(root, query)
     committed = _committed_batches(local)
@@ -316,6 +315,33 @@ def _check_checkpoint(root: str, checkpoint: str) -> str | None:
         )
     log.register(checkpoint)
     return query
+
+
+def _local(checkpoint: str) -> str:
+    """A checkpoint location as an absolute local path ('' for none)."""
+    if not checkpoint:
+        return ""
+    return os.path.abspath(checkpoint.removeprefix("file:"))
+
+
+def _checkpoint_query(checkpoint: str) -> str | None:
+    """The query id in a checkpoint's ``metadata``; None without a readable one."""
+    try:
+        with open(os.path.join(checkpoint, "metadata"), encoding="utf-8") as f:
+            return str(json.loads(f.readline())["id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _is_checkpoint_of(checkpoint: str, query: str) -> bool:
+    return bool(checkpoint) and _checkpoint_query(checkpoint) == query
+
+
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _committed_batches(checkpoint: str) -> list[int]:
@@ -331,13 +357,33 @@ class StreamLog:
 
     def __init__(self, root: str, query: str) -> None:
         self.query = query
+        self.root = root
         self.directory = os.path.join(root, STREAMS_DIR, query)
 
     def register(self, checkpoint: str) -> None:
-        if os.path.exists(os.path.join(self.directory, "stream.json")):
-            return
+        """Record that ``checkpoint`` is this query's; refuse a second live one.
+
+        A checkpoint copied while its original lives on holds the same query id: the
+        two would count batch ids alike, and one's batches would be skipped here as
+        replays of the other's.  A checkpoint moved or restored from a copy (the
+        recorded one is gone) takes the record over.
+        """
+        here = _local(checkpoint)
+        found = self._read("stream.json")
+        if found is not None:
+            recorded = _local(str(found.get("checkpoint") or ""))
+            if recorded == here:
+                return
+            if _is_checkpoint_of(recorded, self.query) and not _same_dir(recorded, here):
+                raise ConfigError(
+                    f"the checkpoints {checkpoint} and {recorded} are of one query, "
+                    f"{self.query}, which writes to {self.root} (one is a copy of the other): "
+                    "the two would count batches alike and one's would be skipped as the "
+                    "other's; nothing was written. Start the new query with a new "
+                    f"checkpointLocation (or delete the one no longer used)"
+                )
         os.makedirs(self.directory, exist_ok=True)
-        self._write("stream.json", {"query": self.query, "checkpoint": checkpoint})
+        self._write("stream.json", {"query": self.query, "checkpoint": here})
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

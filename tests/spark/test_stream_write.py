@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -186,6 +187,19 @@ def test_bad_input_fails_at_the_start_and_writes_nothing(tmp_path: Path) -> None
             {"path": str(other), "checkpointLocation": str(checkpoint)}, SCHEMA, False
         )
     assert not other.exists(), "nothing was written"
+    # a copy of a live checkpoint: the same query id, counting batches alike
+    first, copy = tmp_path / "ck1", tmp_path / "ck2"
+    first.mkdir()
+    (first / "metadata").write_text('{"id":"1d1f6f44-0000-4000-8000-000000000000"}\n')
+    _writer(tmp_path, checkpointLocation=str(first))  # the query's record: this checkpoint
+    shutil.copytree(first, copy)
+    before = sorted(p.name for p in (tmp_path / STREAMS_DIR).rglob("*"))
+    with pytest.raises(ConfigError, match=r"checkpoints .*ck2 and .*ck1 are of one query"):
+        _writer(tmp_path, checkpointLocation=str(copy))
+    assert sorted(p.name for p in (tmp_path / STREAMS_DIR).rglob("*")) == before
+    _writer(tmp_path, checkpointLocation=str(first))  # the original goes on
+    shutil.rmtree(first)  # moved, or restored from a copy: the copy takes the record over
+    _writer(tmp_path, checkpointLocation=str(copy))
 
 
 def _run(spark: Any, source: Path, root: Path, checkpoint: Path) -> None:
