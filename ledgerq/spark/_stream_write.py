@@ -33,7 +33,8 @@ kept in the checkpoint's ``metadata``: the same across restarts):
 
 So a kill at any point leaves each shard with all of a batch's rows or none of them,
 and the record of which, in the shard itself; the replay finishes exactly the shards
-that are missing.
+that are missing.  :func:`commit_once` is that commit; ``_foreach_batch.py`` runs it for
+the batches of ``foreachBatch`` too.
 """
 
 from __future__ import annotations
@@ -164,9 +165,9 @@ def commit_once(
 
     ``fresh``: the files this attempt staged, under ``staging`` (deleted when the batch
     was published before, or when a killed first attempt's files are the batch; None
-    when the attempt staged nothing).  The
-    protocol of the module docstring; the streaming writer's commit and
-    :func:`ledgerq.spark.foreach_batch_writer` both call it, on the driver.
+    when the attempt staged nothing).  The protocol of the module docstring; the
+    streaming writer's commit and :func:`ledgerq.spark.foreach_batch_writer`'s both
+    run it, on the driver side.
     """
     log = StreamLog(target.root, query)
     with log.locked():
