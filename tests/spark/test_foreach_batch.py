@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +16,23 @@ from tests.spark import require_spark
 
 require_spark()
 
+import pyarrow as pa  # noqa: E402
+from pyspark.sql.types import StringType, StructField, StructType  # noqa: E402
+
 import ledgerq  # noqa: E402
 from ledgerq.shard import shard_dir_name  # noqa: E402
 from ledgerq.spark import foreach_batch_writer  # noqa: E402
+from ledgerq.spark._foreach_batch import (  # noqa: E402
+    BATCH_OPTION,
+    QUERY_OPTION,
+    StreamBatchWriter,
+)
 from ledgerq.spark._stream_write import MARK_HEADER, STREAMS_DIR  # noqa: E402
 from ledgerq.spark._write import STAGING_DIR  # noqa: E402
 from tests.spark.helpers import await_termination  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent.parent
+_SCHEMA = StructType([StructField("payload", StringType()), StructField("key", StringType())])
 
 
 def _payloads(root: Path, shards: int) -> list[bytes]:
@@ -102,3 +118,48 @@ def test_a_query_restarted_from_its_checkpoint_replays_a_batch_once(
         with ledgerq.follow(root / shard_dir_name("", 2, i), timeout=0) as follower:
             marks += [m.headers[MARK_HEADER] for m in follower if MARK_HEADER in m.headers]
     assert f"{query}:{last}" in marks and len(marks) == len(set(marks))
+
+
+# The commit of a foreachBatch batch, killed (SIGKILL) after its first shard's append.
+_KILLED_COMMIT = """
+import os, pickle, signal, sys
+import ledgerq.spark._stream_write as sw
+real, calls = sw._items, []
+def items(path):
+    if calls:
+        os.kill(os.getpid(), signal.SIGKILL)
+    calls.append(path)
+    return real(path)
+sw._items = items
+with open(sys.argv[1], "rb") as f:
+    writer, message = pickle.load(f)
+writer.commit([message])
+"""
+
+
+def test_a_call_killed_while_publishing_is_finished_by_the_next(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    options = {"path": str(root), "shards": "4", QUERY_OPTION: "q", BATCH_OPTION: "0"}
+    writer = StreamBatchWriter.create(options, _SCHEMA, False)
+    rows = [f"{k}-{i}" for k in ("aaa", "bbb", "ccc", "ddd") for i in range(10)]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(rows), pa.array([r[:3] for r in rows])], ["payload", "key"]
+    )
+    message = writer.write(iter([batch]))  # what the job's task staged
+    assert len({f.shard for f in message.files}) > 1
+    state = tmp_path / "commit.pickle"
+    state.write_bytes(pickle.dumps((writer, message)))
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_COMMIT, str(state)],
+        env={**os.environ, "PYTHONPATH": path},
+        stderr=subprocess.PIPE,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    assert 0 < len(_payloads(root, 4)) < len(rows), "killed with some shards written"
+    # Spark calls the function again with batch 0: the manifest holds the rows, so no
+    # job runs (the DataFrame is not even looked at) and the missing shards are added.
+    foreach_batch_writer(str(root), query_id="q", shards=4)(None, 0)  # type: ignore[arg-type]
+    assert sorted(_payloads(root, 4)) == sorted(r.encode() for r in rows), "every row once"
+    assert not (root / STAGING_DIR).exists()
