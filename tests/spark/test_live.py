@@ -117,7 +117,7 @@ def test_a_worker_pool_drains_what_a_streaming_query_writes(
     pool.wait_for("done ")  # the pool runs, and holds the shard
     keys = [k for k in (f"k{i}" for i in range(20)) if shard_index(k, 2) == 0][:3]
     rows = []
-    for n in range(3):  # three files: three micro-batches
+    for n in range(2):  # two files: two micro-batches
         batch = [(f"job-{n}-{i}", keys[i % len(keys)]) for i in range(10)]
         rows += batch
         spark.createDataFrame(batch, "payload string, key string").coalesce(1).write.mode(
