@@ -1,8 +1,9 @@
 """Spark integration: the ``ledgerq`` data source for PySpark's Python Data Source API.
 
->>> from ledgerq.spark import register          # doctest: +SKIP
+>>> from ledgerq.spark import foreach_batch_writer, register   # doctest: +SKIP
 >>> register(spark)
 >>> df = spark.read.format("ledgerq").load("/data/queues")
+>>> stream.writeStream.foreachBatch(foreach_batch_writer("/data/work")).start()
 
 Needs the ``spark`` extra (``pip install 'ledgerq[spark]'``: pyspark 4.3 and pyarrow) and
 Java 17 or 21.  ``import ledgerq`` never imports pyspark; importing this module without
@@ -22,6 +23,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 
 from typing import TYPE_CHECKING
 
+from ledgerq.spark._foreach_batch import foreach_batch_writer
 from ledgerq.spark._source import READ_SCHEMA, READ_SCHEMA_WITH_STATE, LedgerqDataSource
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ __all__ = [
     "READ_SCHEMA",
     "READ_SCHEMA_WITH_STATE",
     "LedgerqDataSource",
+    "foreach_batch_writer",
     "register",
 ]
 

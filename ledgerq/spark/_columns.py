@@ -8,9 +8,8 @@ a bad value fails its task and nothing is published), the Arrow type staged file
 it in, which keyword of :class:`ledgerq.Item` it becomes at commit, and whether it
 chooses the row's shard (the first routing column a row has a value in, in table order,
 as ``open_sharded`` routes).  A delivery feature that gains an ``Item`` keyword is one
-more row, e.g. ``Column("unique_key", _TEXT, "a string", _unique_key, "unique_key")``
-(with its check) - placed among the routing columns with ``routes=True`` if
-``open_sharded`` routes by it.
+more row, with its check - placed among the routing columns with ``routes=True`` if
+``open_sharded`` routes by it (as ``unique_key`` is).
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ _NUMBERS = (*_INTS, FloatType, DoubleType, DecimalType)
 _TEXT = (StringType,)
 _TEXT_OR_BYTES = (StringType, BinaryType)
 _MAX_GROUP_BYTES = 255  # format.entry.MAX_GROUP_BYTES: a u8 length (not importable here)
+_MAX_UNIQUE_KEY_BYTES = 1024  # core.args._MAX_UNIQUE_KEY_BYTES (not importable here either)
 _US = 1_000_000
 
 # A task's check of one column: the batch's array in, the staged array out (ValueError
@@ -136,6 +136,17 @@ def _group(column: pa.Array, where: str) -> pa.Array:
     return column
 
 
+def _unique_key(column: pa.Array, where: str) -> pa.Array:
+    column = column.cast(pa.string())
+    size = pc.binary_length(column)
+    _fail(
+        pc.or_(pc.equal(size, 0), pc.greater(size, _MAX_UNIQUE_KEY_BYTES)),
+        f"unique_key must be 1 to {_MAX_UNIQUE_KEY_BYTES} bytes of UTF-8",
+        where,
+    )
+    return column
+
+
 def _dedup_id(column: pa.Array, where: str) -> pa.Array:
     # Kept as it comes: a str and a bytes dedup id are different ids.
     return column.cast(pa.binary() if pa.types.is_binary(column.type) else pa.string())
@@ -151,9 +162,10 @@ COLUMNS: dict[str, Column] = {
         Column("delay", _NUMBERS, "a number of seconds", _seconds("delay", zero_ok=True), "delay"),
         Column("deliver_at", (TimestampType,), "a timestamp", _deliver_at, "delay"),
         # The routing columns, in the order open_sharded routes by them: a group's order
-        # holds inside one shard, and a dedup id is deduplicated in one.
+        # holds inside one shard, and a unique key or a dedup id is checked in one.
         Column("key", _TEXT_OR_BYTES, "string or binary", None, None, routes=True),
         Column("group", _TEXT, "a string", _group, "group", routes=True),
+        Column("unique_key", _TEXT, "a string", _unique_key, "unique_key", routes=True),
         Column("dedup_id", _TEXT_OR_BYTES, "string or binary", _dedup_id, "dedup_id", routes=True),
     )
 }

@@ -51,6 +51,7 @@ from pyspark.sql.types import (
 
 from ledgerq._errors import ConfigError
 from ledgerq.segment.readonly import find_queues, last_complete_id
+from ledgerq.spark._foreach_batch import QUERY_OPTION, StreamBatchWriter
 from ledgerq.spark._layout import list_segments
 from ledgerq.spark._plan import (
     Pushed,
@@ -121,6 +122,8 @@ class LedgerqDataSource(DataSource):
         return LedgerqStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if self.options.get(QUERY_OPTION) is not None:  # a batch of foreach_batch_writer
+            return StreamBatchWriter.create(self.options, schema, overwrite)
         return LedgerqWriter.create(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:

@@ -9,7 +9,8 @@ recorded the batch as committed; the commit must then add nothing it added befor
 The stream's record is ``root/_ledgerq_streams/<query id>/`` (the query id is Spark's,
 kept in the checkpoint's ``metadata``: the same across restarts):
 
-* ``stream.json`` - the checkpoint it belongs to, written when the query first starts;
+* ``stream.json`` - the checkpoint it belongs to (an absolute path), written when the query
+  first starts with a checkpoint that has its id, taken over by a moved one;
 * ``last.json`` - the last batch id whose every shard is published (temp, fsync,
   rename);
 * ``<batch>.json`` - the manifest of a batch being published: its staged files and,
@@ -32,7 +33,8 @@ kept in the checkpoint's ``metadata``: the same across restarts):
 
 So a kill at any point leaves each shard with all of a batch's rows or none of them,
 and the record of which, in the shard itself; the replay finishes exactly the shards
-that are missing.
+that are missing.  :func:`commit_once` is that commit; ``_foreach_batch.py`` runs it for
+the batches of ``foreachBatch`` too.
 """
 
 from __future__ import annotations
@@ -69,7 +71,14 @@ from ledgerq.spark._write import (
     _remove_if_empty,
 )
 
-__all__ = ["MARK_HEADER", "STREAMS_DIR", "LedgerqStreamWriter", "StagedBatch"]
+__all__ = [
+    "MARK_HEADER",
+    "STREAMS_DIR",
+    "LedgerqStreamWriter",
+    "StagedBatch",
+    "commit_once",
+    "rows_needed",
+]
 
 logger = logging.getLogger("ledgerq")
 
@@ -130,99 +139,18 @@ class LedgerqStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         staged = [m for m in messages if isinstance(m, StagedBatch)]
         query = self.query or next((m.query for m in staged), None)
-        fresh = [f for m in staged for f in m.task.files]
         if query is None:
             return  # no task ran: an empty batch, nothing to publish or remember
-        log = StreamLog(self.target.root, query)
-        with log.locked():
-            if batchId <= log.last():
-                logger.info("ledgerq: batch %d of %s was published already", batchId, query)
-                self._discard(batchId)
-                stale = log.manifest(batchId)  # killed after last.json, before its removal
-                for path in stale["dirs"] if stale else ():
-                    shutil.rmtree(path, ignore_errors=True)
-                log.drop_manifest(batchId)
-                return
-            manifest = log.manifest(batchId)
-            if manifest is None and not fresh:
-                return  # no rows
-            if manifest is not None:
-                self._discard(batchId)  # the first attempt's rows are the batch's
-            published = self._publish(log, batchId, fresh, manifest)
-            log.set_last(batchId)
-            log.drop_manifest(batchId)
-        for path in published:
-            shutil.rmtree(path, ignore_errors=True)
-        _remove_if_empty(os.path.join(self.target.root, STAGING_DIR))
+        fresh = [f for m in staged for f in m.task.files]
+        commit_once(self.target, query, batchId, fresh, self._staging(batchId))
 
-    def _publish(
-        self,
-        log: StreamLog,
-        batch: int,
-        fresh: list[StagedFile],
-        manifest: dict[str, Any] | None,
-    ) -> list[str]:
-        """Publish the batch; return the staging directories it came from."""
-        target = self.target
-        write_shard_count(target.root, target.prefix, target.shards)
-        queues = target._open_all()
-        try:
-            paths = [
-                os.path.join(target.root, shard_dir_name(target.prefix, target.shards, i))
-                for i in range(target.shards)
-            ]
-            if manifest is None:
-                files = fresh
-                floors = {f.shard: last_complete_id(paths[f.shard]) for f in files}
-                manifest = {
-                    "batch": batch,
-                    "files": [dataclasses.astuple(f) for f in files],
-                    "dirs": sorted({os.path.dirname(f.path) for f in files}),
-                    "floors": {str(k): v for k, v in floors.items()},
-                }
-                log.write_manifest(batch, manifest)
-                recovering = False
-            else:
-                files = [StagedFile(*f) for f in manifest["files"]]
-                floors = {int(k): v for k, v in manifest["floors"].items()}
-                recovering = True
-            by_shard: dict[int, list[StagedFile]] = {}
-            for f in sorted(files, key=lambda f: (f.shard, f.path)):
-                limit = queues[f.shard].options.max_message_size
-                if f.max_payload > limit:
-                    raise ConfigError(
-                        f"a payload of {f.max_payload} bytes exceeds max_message_size={limit} "
-                        f"of shard {f.shard}; batch {batch} was not published"
-                    )
-                by_shard.setdefault(f.shard, []).append(f)
-            marker = f"{log.query}:{batch}"
-            key = target.queue_options.get("encryption_key")
-            for shard, shard_files in by_shard.items():
-                if recovering and _has_marker(paths[shard], floors[shard] + 1, marker, key):
-                    continue  # this shard got the batch before the kill
-                batch_items: list[Any] = []
-                for f in shard_files:
-                    batch_items.extend(_items(f.path))
-                if not batch_items:
-                    continue
-                queue = queues[shard]
-                _mark(batch_items, marker, dedup=queue.options.dedup_window is not None)
-                queue.enqueue_batch(batch_items)
-            for q in queues:
-                q.sync()
-        finally:
-            for q in queues:
-                q.close()
-        return list(manifest["dirs"])
-
-    def _discard(self, batch: int) -> None:
-        """Delete what this attempt of ``batch`` staged (it adds nothing)."""
-        staging = os.path.join(self.target.root, STAGING_DIR, f"{self.target.job}.b{batch}")
-        shutil.rmtree(staging, ignore_errors=True)
+    def _staging(self, batch: int) -> str:
+        """Where this attempt of ``batch`` staged (one directory per micro-batch)."""
+        return os.path.join(self.target.root, STAGING_DIR, f"{self.target.job}.b{batch}")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """A task of the batch failed: delete its staged files; nothing was published."""
-        self._discard(batchId)
+        shutil.rmtree(self._staging(batchId), ignore_errors=True)
         logger.warning(
             "ledgerq: batch %d to %s aborted; its staged rows were deleted",
             batchId,
@@ -230,17 +158,127 @@ class LedgerqStreamWriter(DataSourceStreamArrowWriter):
         )
 
 
+def commit_once(
+    target: LedgerqWriter, query: str, batch: int, fresh: list[StagedFile], staging: str | None
+) -> None:
+    """Publish batch ``batch`` of stream ``query`` into ``target``'s shards exactly once.
+
+    ``fresh``: the files this attempt staged, under ``staging`` (deleted when the batch
+    was published before, or when a killed first attempt's files are the batch; None
+    when the attempt staged nothing).  The protocol of the module docstring; the
+    streaming writer's commit and :func:`ledgerq.spark.foreach_batch_writer`'s both
+    run it, on the driver side.
+    """
+    log = StreamLog(target.root, query)
+    with log.locked():
+        if batch <= log.last():
+            logger.info("ledgerq: batch %d of %s was published already", batch, query)
+            _discard(staging)
+            stale = log.manifest(batch)  # killed after last.json, before its removal
+            for path in stale["dirs"] if stale else ():
+                shutil.rmtree(path, ignore_errors=True)
+            log.drop_manifest(batch)
+            _remove_if_empty(os.path.join(target.root, STAGING_DIR))
+            return
+        manifest = log.manifest(batch)
+        if manifest is None and not fresh:
+            return  # no rows
+        if manifest is not None:
+            _discard(staging)  # the first attempt's rows are the batch's
+        published = _publish(target, log, batch, fresh, manifest)
+        log.set_last(batch)
+        log.drop_manifest(batch)
+    for path in published:
+        shutil.rmtree(path, ignore_errors=True)
+    _remove_if_empty(os.path.join(target.root, STAGING_DIR))
+
+
+def _discard(staging: str | None) -> None:
+    if staging is not None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def rows_needed(root: str, query: str, batch: int) -> bool:
+    """Whether a commit of ``batch`` needs new rows: not when it is published, nor when
+    a killed attempt's manifest holds the batch's rows (read only, without the lock: a
+    commit decides again under it)."""
+    log = StreamLog(root, query)
+    return batch > log.last() and log.manifest(batch) is None
+
+
+def _publish(
+    target: LedgerqWriter,
+    log: StreamLog,
+    batch: int,
+    fresh: list[StagedFile],
+    manifest: dict[str, Any] | None,
+) -> list[str]:
+    """Publish the batch; return the staging directories it came from."""
+    write_shard_count(target.root, target.prefix, target.shards)
+    queues = target._open_all()
+    try:
+        paths = [
+            os.path.join(target.root, shard_dir_name(target.prefix, target.shards, i))
+            for i in range(target.shards)
+        ]
+        if manifest is None:
+            files = fresh
+            floors = {f.shard: last_complete_id(paths[f.shard]) for f in files}
+            manifest = {
+                "batch": batch,
+                "files": [dataclasses.astuple(f) for f in files],
+                "dirs": sorted({os.path.dirname(f.path) for f in files}),
+                "floors": {str(k): v for k, v in floors.items()},
+            }
+            log.write_manifest(batch, manifest)
+            recovering = False
+        else:
+            files = [StagedFile(*f) for f in manifest["files"]]
+            floors = {int(k): v for k, v in manifest["floors"].items()}
+            recovering = True
+        by_shard: dict[int, list[StagedFile]] = {}
+        for f in sorted(files, key=lambda f: (f.shard, f.path)):
+            limit = queues[f.shard].options.max_message_size
+            if f.max_payload > limit:
+                raise ConfigError(
+                    f"a payload of {f.max_payload} bytes exceeds max_message_size={limit} "
+                    f"of shard {f.shard}; batch {batch} was not published"
+                )
+            by_shard.setdefault(f.shard, []).append(f)
+        marker = f"{log.query}:{batch}"
+        key = target.queue_options.get("encryption_key")
+        for shard, shard_files in by_shard.items():
+            if recovering and _has_marker(paths[shard], floors[shard] + 1, marker, key):
+                continue  # this shard got the batch before the kill
+            batch_items: list[Any] = []
+            for f in shard_files:
+                batch_items.extend(_items(f.path))
+            if not batch_items:
+                continue
+            queue = queues[shard]
+            _mark(batch_items, marker, dedup=queue.options.dedup_window is not None)
+            queue.enqueue_batch(batch_items)
+        for q in queues:
+            q.sync()
+    finally:
+        for q in queues:
+            q.close()
+    return list(manifest["dirs"])
+
+
 def _mark(batch_items: list[Any], marker: str, *, dedup: bool) -> None:
     """Put the marker header on the last item that will certainly be written.
 
-    With a dedup window, an item with a ``dedup_id`` may be dropped as a duplicate, so
-    the marker goes on the last one without (if every item has one, a replay is
-    deduplicated by the window itself).
+    An item with a ``unique_key`` adds nothing while its key is held, and, with a dedup
+    window, one with a ``dedup_id`` may be dropped as a duplicate, so the marker goes on
+    the last item with neither (if every item has one, the replay of a commit killed
+    between shards is deduplicated by those keys alone: within the window, while the
+    key is held).
     """
     for i in range(len(batch_items) - 1, -1, -1):
         item = batch_items[i]
         if isinstance(item, Item):
-            if dedup and item.dedup_id is not None:
+            if item.unique_key is not None or (dedup and item.dedup_id is not None):
                 continue
             headers = {**(item.headers or {}), MARK_HEADER: marker}
             batch_items[i] = dataclasses.replace(item, headers=headers)
@@ -263,11 +301,9 @@ def _check_checkpoint(root: str, checkpoint: str) -> str | None:
     would silently skip them here.  A new query (no metadata yet) gets its id from the
     tasks.
     """
-    local = checkpoint.removeprefix("file:")
-    try:
-        with open(os.path.join(local, "metadata"), encoding="utf-8") as f:
-            query = str(json.loads(f.readline())["id"])
-    except (OSError, ValueError, KeyError):
+    local = _local(checkpoint)
+    query = _checkpoint_query(local)
+    if query is None:
         return None
     log = StreamLog(root, query)
     committed = _committed_batches(local)
@@ -280,6 +316,33 @@ def _check_checkpoint(root: str, checkpoint: str) -> str | None:
         )
     log.register(checkpoint)
     return query
+
+
+def _local(checkpoint: str) -> str:
+    """A checkpoint location as an absolute local path ('' for none)."""
+    if not checkpoint:
+        return ""
+    return os.path.abspath(checkpoint.removeprefix("file:"))
+
+
+def _checkpoint_query(checkpoint: str) -> str | None:
+    """The query id in a checkpoint's ``metadata``; None without a readable one."""
+    try:
+        with open(os.path.join(checkpoint, "metadata"), encoding="utf-8") as f:
+            return str(json.loads(f.readline())["id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _is_checkpoint_of(checkpoint: str, query: str) -> bool:
+    return bool(checkpoint) and _checkpoint_query(checkpoint) == query
+
+
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _committed_batches(checkpoint: str) -> list[int]:
@@ -295,13 +358,33 @@ class StreamLog:
 
     def __init__(self, root: str, query: str) -> None:
         self.query = query
+        self.root = root
         self.directory = os.path.join(root, STREAMS_DIR, query)
 
     def register(self, checkpoint: str) -> None:
-        if os.path.exists(os.path.join(self.directory, "stream.json")):
-            return
+        """Record that ``checkpoint`` is this query's; refuse a second live one.
+
+        A checkpoint copied while its original lives on holds the same query id: the
+        two would count batch ids alike, and one's batches would be skipped here as
+        replays of the other's.  A checkpoint moved or restored from a copy (the
+        recorded one is gone) takes the record over.
+        """
+        here = _local(checkpoint)
+        found = self._read("stream.json")
+        if found is not None:
+            recorded = _local(str(found.get("checkpoint") or ""))
+            if recorded == here:
+                return
+            if _is_checkpoint_of(recorded, self.query) and not _same_dir(recorded, here):
+                raise ConfigError(
+                    f"the checkpoints {checkpoint} and {recorded} are of one query, "
+                    f"{self.query}, which writes to {self.root} (one is a copy of the other): "
+                    "the two would count batches alike and one's would be skipped as the "
+                    "other's; nothing was written. Start the new query with a new "
+                    f"checkpointLocation (or delete the one no longer used)"
+                )
         os.makedirs(self.directory, exist_ok=True)
-        self._write("stream.json", {"query": self.query, "checkpoint": checkpoint})
+        self._write("stream.json", {"query": self.query, "checkpoint": here})
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

@@ -51,6 +51,7 @@ from ledgerq import Options
 from ledgerq._errors import ConfigError, QueueLockedError
 from ledgerq._options import MAX_SECONDS
 from ledgerq.segment.files import fsync_dir
+from ledgerq.segment.readonly import sealer_for, stored_block
 from ledgerq.shard import (
     existing_shard_counts,
     read_shard_count,
@@ -202,6 +203,8 @@ class LedgerqWriter(DataSourceArrowWriter):
         lock_timeout = _lock_timeout(options.get("lock_timeout"))
         queue_options = _queue_options(options)
         key = encryption_key_option(options)  # the shard queues are encrypted with it
+        for index in range(shards):
+            _check_key(os.path.join(root, shard_dir_name(prefix, shards, index)), key)
         if key is not None:
             queue_options["encryption_key"] = key
         check_columns(schema)
@@ -347,6 +350,29 @@ class LedgerqWriter(DataSourceArrowWriter):
         shutil.rmtree(self.staging, ignore_errors=True)
         _remove_if_empty(os.path.dirname(self.staging))
         logger.warning("ledgerq: write to %s aborted; its staged rows were deleted", self.root)
+
+
+def _check_key(path: str, key: bytes | None) -> None:
+    """Refuse a key (or its absence) that does not fit the shard queue at ``path``, from
+    its stored files, before anything is written (a queue not created yet takes any)."""
+    block = stored_block(path)
+    if block is None:
+        return
+    if block and key is None:
+        raise ConfigError(
+            f"the shard queue {path} is encrypted: give its key with "
+            ".option('encryption_key_hex', KEY.hex()) (64 hex digits); nothing was written"
+        )
+    if not block and key is not None:
+        raise ConfigError(
+            f"the shard queue {path} is not encrypted, and a plain queue is not encrypted in "
+            "place: write without option encryption_key_hex, or to a new root; nothing was "
+            "written"
+        )
+    try:
+        sealer_for(block, key, path)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (option encryption_key_hex); nothing was written") from None
 
 
 def _lock_timeout(raw: str | None) -> float:

@@ -65,3 +65,22 @@ def test_staged_rows_become_the_items_enqueue_takes() -> None:
     assert got[1] == Item(b"x", delay=5.0, priority=2)
     assert got[2] == Item(b"x"), "a deliver_at already past is no delay"
     assert got[3].delay is not None and 3590 < got[3].delay <= 3600
+
+
+@pytest.mark.parametrize(
+    "keys", [["", "a"], ["é" * 513], ["k" * 1025]], ids=["empty", "2-byte chars", "too long"]
+)
+def test_a_unique_key_enqueue_would_refuse_fails_the_task(keys: list[str]) -> None:
+    with pytest.raises(ValueError, match=r"unique_key must be 1 to 1024 bytes.*partition 3"):
+        normalize(_batch(unique_key=pa.array(keys)), "partition 3")
+
+
+def test_a_unique_key_becomes_the_item_keyword_and_routes_as_open_sharded_does() -> None:
+    from ledgerq.core.args import MAX_UNIQUE_KEY_BYTES
+    from ledgerq.spark import _columns
+
+    assert _columns._MAX_UNIQUE_KEY_BYTES == MAX_UNIQUE_KEY_BYTES  # a copy: one bound
+    staged = normalize(_batch(unique_key=pa.array(["job-1", None])), "partition 0")
+    assert items(pa.Table.from_batches([staged])) == [Item(b"x", unique_key="job-1"), Item(b"x")]
+    # open_sharded routes by key, then group, then unique_key, then dedup_id
+    assert _columns.ROUTED_BY == ("key", "group", "unique_key", "dedup_id")

@@ -11,6 +11,8 @@ from tests.spark import require_spark
 
 require_spark()
 
+from pyspark.sql.types import BinaryType, StructField, StructType  # noqa: E402
+
 import ledgerq  # noqa: E402
 from ledgerq.shard import shard_dir_name  # noqa: E402
 from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks  # noqa: E402
@@ -83,3 +85,41 @@ def test_spark_writes_and_reads_encrypted_queues(spark: Any, tmp_path: Path) -> 
     )
     with pytest.raises(Exception, match="is encrypted"):
         spark.read.format("ledgerq").load(str(tmp_path)).count()
+    before = _tree(tmp_path)
+    with pytest.raises(Exception, match=r"is encrypted: give its key with .option\('encryption_"):
+        df.write.format("ledgerq").mode("append").save(str(tmp_path))
+    assert _tree(tmp_path) == before, "nothing was written"
+
+
+def _tree(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("created_with", "written_with", "error"),
+    [
+        (KEY, None, r"is encrypted: give its key with .option\('encryption_key_hex'"),
+        (KEY, OTHER_KEY, r"wrong encryption_key .*\(option encryption_key_hex\); nothing was"),
+        (None, KEY, r"is not encrypted, .* write without option encryption_key_hex"),
+    ],
+    ids=["no key", "another key", "a key for plain queues"],
+)
+def test_a_write_with_a_key_that_does_not_fit_fails_at_the_start(
+    tmp_path: Path, created_with: bytes | None, written_with: bytes | None, error: str
+) -> None:
+    from ledgerq.spark import foreach_batch_writer
+    from ledgerq.spark._stream_write import LedgerqStreamWriter
+    from ledgerq.spark._write import LedgerqWriter
+
+    options = {} if created_with is None else {"encryption_key": created_with}
+    ledgerq.open_sharded(tmp_path, 2, **options).close()
+    before = _tree(tmp_path)
+    key = {} if written_with is None else {"encryption_key_hex": written_with.hex()}
+    given = {"path": str(tmp_path), **key}
+    schema = StructType([StructField("payload", BinaryType())])
+    for create in (LedgerqWriter.create, LedgerqStreamWriter.create):  # batch, writeStream
+        with pytest.raises(ledgerq.ConfigError, match=error):
+            create(given, schema, False)
+    with pytest.raises(ledgerq.ConfigError, match=error):  # foreachBatch: when it is made
+        foreach_batch_writer(str(tmp_path), **key)
+    assert _tree(tmp_path) == before, "nothing was written"

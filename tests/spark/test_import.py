@@ -117,3 +117,21 @@ def test_read_options_are_checked() -> None:
     ):
         with pytest.raises(ConfigError):
             read_options(bad)
+
+
+def test_the_public_names_of_ledgerq_spark_are_pinned() -> None:
+    if why_no_spark() is not None:
+        pytest.skip(why_no_spark())
+    import ledgerq.spark
+
+    assert ledgerq.spark.__all__ == [
+        "PUSHDOWN_CONF",
+        "READ_SCHEMA",
+        "READ_SCHEMA_WITH_STATE",
+        "LedgerqDataSource",
+        "foreach_batch_writer",
+        "register",
+    ]
+    for name in ledgerq.spark.__all__:
+        assert getattr(ledgerq.spark, name) is not None, name
+    assert ledgerq.spark.foreach_batch_writer.__doc__

@@ -1,5 +1,6 @@
-"""Batch writes beside live queues: processes that hold the shard queues in shared mode
-(a consumer, a worker pool) keep working while a Spark job writes into them."""
+"""Batch and streaming writes beside live queues: processes that hold the shard queues in
+shared mode (a consumer, a worker pool) keep working while a Spark job or a streaming
+query writes into them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ require_spark()
 
 import ledgerq  # noqa: E402
 from ledgerq.shard import shard_dir_name, shard_index  # noqa: E402
+from tests.spark.helpers import await_termination  # noqa: E402
 from tests.workers._handlers import DONE_LOG  # noqa: E402
 
 # Holds every shard of ROOT open in shared mode, says so, then consumes (dequeue, ack)
@@ -84,6 +86,55 @@ def test_a_worker_pool_drains_what_a_write_puts_in(
     rows = [(f"job-{i}", groups[i % len(groups)]) for i in range(40)]
     df = spark.createDataFrame(rows, "payload string, group string").repartition(2)
     df.write.format("ledgerq").mode("append").option("lock_timeout", "5").save(str(tmp_path))
+    for _ in rows:
+        pool.wait_for("done ")
+    pool.signal(signal.SIGTERM)
+    assert pool.wait_for("report ") == f"report {len(rows) + 1}"
+    pool.finish()
+    done = [line.split(maxsplit=1)[1] for line in log.read_text().splitlines()]
+    assert sorted(done) == sorted(["warm-up", *(p for p, _ in rows)]), "each job done once"
+    with ledgerq.open(shard) as q:
+        assert len(q) == 0 and q.stats().in_flight == 0
+
+
+def test_a_worker_pool_drains_what_a_streaming_query_writes(
+    spark: Any, tmp_path: Path, children: Children
+) -> None:
+    root, source, checkpoint = tmp_path / "root", tmp_path / "in", tmp_path / "ck"
+    ledgerq.open_sharded(root, 2).close()
+    shard = root / shard_dir_name("", 2, 0)
+    log = tmp_path / "done.log"
+    code = (
+        "import sys, ledgerq.workers as w; from tests.workers import _handlers as h;"
+        f"r = w.run({str(shard)!r}, h.announce, processes=2);"
+        "print('report', r.processed, flush=True)"
+    )
+    pool = children.start(
+        ["-c", code], env=child_environment({DONE_LOG: str(log)}), watchdog_seconds=90
+    )
+    with ledgerq.open(shard, shared=True) as q:
+        q.enqueue(b"warm-up")
+    pool.wait_for("done ")  # the pool runs, and holds the shard
+    keys = [k for k in (f"k{i}" for i in range(20)) if shard_index(k, 2) == 0][:3]
+    rows = []
+    for n in range(2):  # two files: two micro-batches
+        batch = [(f"job-{n}-{i}", keys[i % len(keys)]) for i in range(10)]
+        rows += batch
+        spark.createDataFrame(batch, "payload string, key string").coalesce(1).write.mode(
+            "append"
+        ).parquet(str(source))
+    query = (
+        spark.readStream.format("parquet")
+        .schema("payload string, key string")
+        .option("maxFilesPerTrigger", 1)
+        .load(str(source))
+        .writeStream.format("ledgerq")
+        .option("checkpointLocation", str(checkpoint))
+        .option("lock_timeout", "5")
+        .trigger(availableNow=True)
+        .start(str(root))
+    )
+    await_termination(query)
     for _ in rows:
         pool.wait_for("done ")
     pool.signal(signal.SIGTERM)

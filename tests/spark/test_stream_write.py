@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,11 +20,17 @@ from tests.spark import require_spark
 require_spark()
 
 import pyarrow as pa  # noqa: E402
-from pyspark.sql.types import BinaryType, LongType, StructField, StructType  # noqa: E402
+from pyspark.sql.types import (  # noqa: E402
+    BinaryType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 import ledgerq  # noqa: E402
 from ledgerq._errors import ConfigError  # noqa: E402
-from ledgerq.shard import shard_dir_name  # noqa: E402
+from ledgerq.shard import shard_dir_name, shard_index  # noqa: E402
 from ledgerq.spark._stream_write import (  # noqa: E402
     MARK_HEADER,
     STREAMS_DIR,
@@ -75,6 +82,35 @@ def test_a_replayed_batch_id_adds_nothing(tmp_path: Path) -> None:
     again.commit([_stage(again, 1, second)], 1)
     assert sorted(_payloads(tmp_path, 4)) == sorted(first + second)
     assert not list((tmp_path / "_ledgerq_staging").glob("*")), "staged files are deleted"
+
+
+def test_unique_keys_in_a_stream_and_the_marker_on_a_row_that_is_surely_written(
+    tmp_path: Path,
+) -> None:
+    schema = StructType(
+        [StructField("payload", BinaryType()), StructField("unique_key", StringType())]
+    )
+    writer = LedgerqStreamWriter.create({"path": str(tmp_path), "shards": "2"}, schema, False)
+    task = copy.copy(writer.target)
+    task.job = f"{writer.target.job}.b0"
+    rows = pa.RecordBatch.from_arrays(
+        [pa.array([b"a", b"b", b"c", b"d"]), pa.array(["u1", "u1", None, "u1"])],
+        names=["payload", "unique_key"],
+    )
+    staged = StagedBatch(task.write(iter([rows])), "query-1", 0)
+    writer.commit([staged], 0)
+    got = {}
+    for i in range(2):
+        with ledgerq.follow(tmp_path / shard_dir_name("", 2, i), timeout=0) as follower:
+            got.update({m.payload: m.headers.get(MARK_HEADER) for m in follower})
+    # u1 is held by a: b and d add nothing.  A row with a unique key may add nothing,
+    # so it never carries the marker: c (shard 0) does; u1's shard 1 has no row without
+    # a unique key and gets none (a replay there is held off by the key itself).
+    assert shard_index("u1", 2) == 1
+    assert got == {b"a": None, b"c": "query-1:0"}
+    writer.commit([staged], 0)  # replayed: nothing more
+    assert sorted(_payloads(tmp_path, 2)) == [b"a", b"c"]
+    assert not (tmp_path / "_ledgerq_staging").exists()
 
 
 _KILLED_COMMIT = """
@@ -151,6 +187,19 @@ def test_bad_input_fails_at_the_start_and_writes_nothing(tmp_path: Path) -> None
             {"path": str(other), "checkpointLocation": str(checkpoint)}, SCHEMA, False
         )
     assert not other.exists(), "nothing was written"
+    # a copy of a live checkpoint: the same query id, counting batches alike
+    first, copy = tmp_path / "ck1", tmp_path / "ck2"
+    first.mkdir()
+    (first / "metadata").write_text('{"id":"1d1f6f44-0000-4000-8000-000000000000"}\n')
+    _writer(tmp_path, checkpointLocation=str(first))  # the query's record: this checkpoint
+    shutil.copytree(first, copy)
+    before = sorted(p.name for p in (tmp_path / STREAMS_DIR).rglob("*"))
+    with pytest.raises(ConfigError, match=r"checkpoints .*ck2 and .*ck1 are of one query"):
+        _writer(tmp_path, checkpointLocation=str(copy))
+    assert sorted(p.name for p in (tmp_path / STREAMS_DIR).rglob("*")) == before
+    _writer(tmp_path, checkpointLocation=str(first))  # the original goes on
+    shutil.rmtree(first)  # moved, or restored from a copy: the copy takes the record over
+    _writer(tmp_path, checkpointLocation=str(copy))
 
 
 def _run(spark: Any, source: Path, root: Path, checkpoint: Path) -> None:

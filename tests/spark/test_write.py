@@ -181,12 +181,34 @@ def test_delivery_columns_reach_the_queues(spark: Any, tmp_path: Path) -> None:
     assert abs(due["future"].replace(tzinfo=UTC) - (now + hour)) < timedelta(seconds=1)
 
 
+def test_a_unique_key_column_adds_a_job_once_while_it_is_not_finished(
+    spark: Any, tmp_path: Path
+) -> None:
+    rows = [("j1", "job-1"), ("j1 again", "job-1"), ("j2", "job-2"), ("free", None)]
+    df = spark.createDataFrame(rows, "payload string, unique_key string").coalesce(1)
+    df.write.format("ledgerq").mode("append").option("shards", "4").save(str(tmp_path))
+    by_shard = _messages(tmp_path, 4)
+    got = {m.payload.decode(): shard for shard, ms in by_shard.items() for m in ms}
+    assert sorted(got) == ["free", "j1", "j2"], "the second job-1 added nothing"
+    assert got["j1"] == shard_index("job-1", 4), "routed by its unique key, as open_sharded"
+    assert got["j2"] == shard_index("job-2", 4)
+    with ledgerq.open_sharded(tmp_path, 4) as sq:
+        while (m := sq.dequeue()) is not None:
+            if m.payload == b"j1":
+                sq.ack(m.id)  # job-1 finished: its key is free again; job-2 stays leased
+    again = spark.createDataFrame([("j1 later", "job-1"), ("j2 later", "job-2")], df.schema)
+    again.write.format("ledgerq").mode("append").save(str(tmp_path))
+    payloads = sorted(m.payload for ms in _messages(tmp_path, 4).values() for m in ms)
+    assert payloads == [b"free", b"j1 later", b"j2"], "job-2 was still held"
+
+
 @pytest.mark.parametrize(
     ("schema", "error"),
     [
         ("payload binary, delay string", "column delay has type string; .* a number of seconds"),
         ("payload binary, deliver_at string", "column deliver_at has type string; .* timestamp"),
         ("payload binary, group int", "column group has type int; .* as a string"),
+        ("payload binary, unique_key int", "column unique_key has type int; .* as a string"),
         ("payload binary, headers map<string,int>", "column headers .* map<string,string>"),
     ],
 )
