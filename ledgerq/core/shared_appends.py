@@ -50,7 +50,7 @@ class SharedAppends:
     """The append session of one shared handle (see the module): ``queue``'s appends
     through ``manager``, coordinated by ``page``."""
 
-    __slots__ = ("_manager", "_memory", "_page", "_queue")
+    __slots__ = ("_begin_append", "_manager", "_memory", "_page", "_queue", "end")
 
     def __init__(
         self, queue: SharedQueueCore, manager: SharedSegmentManager, page: SharedPage
@@ -59,21 +59,23 @@ class SharedAppends:
         self._manager = manager
         self._page = page
         self._memory = page.memory  # (the gate reads byte SLOT_RESERVE_SPENT of it)
+        # Bound once: these run on every append (a call layer is ~0.1 us of ~4).
+        self._begin_append = manager.begin_append
+        self.end = manager.end_append
+        """Release the append lock (publishing the log's tail)."""
 
     def begin(self, now_ns: int) -> tuple[int, int]:
         """Take the append lock and catch up; return the next id and the stamp to use
         (``now_ns``, or the log's newest stamp if later).  Closes the queue's id gate
         while the disk reserve is spent."""
-        manager = self._manager
-        manager.begin_append()
+        self._begin_append()
         if self._memory[SLOT_RESERVE_SPENT]:
             self._queue._reserved_until = 0
-        newest = manager.segments[-1].last_timestamp
-        return manager.next_id, now_ns if now_ns >= newest else newest
-
-    def end(self) -> None:
-        """Release the append lock."""
-        self._manager.end_append()
+        active = self._manager.segments[-1]
+        newest = active.last_timestamp
+        # (SegmentManager.next_id, inlined)
+        next_id = active.last_id + 1 if active.last_id else active.first_id
+        return next_id, now_ns if now_ns >= newest else newest
 
     def reserved_until(self) -> int:
         """The id reservation as the session knows it (the page's copy of meta.json's)."""
