@@ -1669,8 +1669,13 @@ class QueueCore(Closing):
         the segment, still listed, is tried again at the next settle or rotation.
         """
         segments = len(self._manager.segments)
+        if segments < 2:
+            return
         try:
-            self._apply_retention()
+            if self._appends is None:
+                self._apply_retention()
+            else:
+                self._appends.retire_consumed()
         except StorageError as exc:
             logger.warning("ledgerq: retention could not delete a segment (%s)", exc)
         if len(self._manager.segments) < segments and not self._reserve.is_held:
@@ -1779,13 +1784,16 @@ class QueueCore(Closing):
         """A snapshot of the queue's figures (see :class:`ledgerq.Stats`)."""
         with self._lock:
             self._ensure_open()
+            appends = self._appends
+            if appends is not None:
+                appends.look()  # the readers other handles created, the log's tail
             now = self._clock.now_ns()
             readers = {name: r._core.stats(now) for name, r in self._readers.items()}
             default = readers[DEFAULT_READER]
             return Stats(
                 pending=default.pending,
                 in_flight=default.in_flight,
-                enqueued=self._enqueued,
+                enqueued=self._enqueued if appends is None else appends.enqueued(),
                 acked=default.acked,
                 nacked=default.nacked,
                 dead_lettered=default.dead_lettered,
@@ -1796,7 +1804,7 @@ class QueueCore(Closing):
                 segments=len(self._manager.segments),
                 disk_bytes=self._manager.disk_bytes,
                 oldest_pending_age=default.oldest_pending_age,
-                next_id=self._next_id,
+                next_id=self._manager.next_id,
                 readers=readers,
                 lost=self._tally.lost,
                 delayed=default.delayed,

@@ -36,14 +36,26 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from ledgerq.format.shared_state import SLOT_RESERVE_SPENT, SLOT_RESERVED_UNTIL, SLOT_WRITING
+from ledgerq.format.shared_state import (
+    SLOT_ENQUEUED_BASE,
+    SLOT_ENQUEUED_THROUGH,
+    SLOT_RESERVE_SPENT,
+    SLOT_RESERVED_UNTIL,
+    SLOT_WRITING,
+)
 
 if TYPE_CHECKING:
     from ledgerq.core.shared_queue import SharedQueueCore
     from ledgerq.segment.shared_manager import SharedSegmentManager
     from ledgerq.segment.shared_page import SharedPage
 
-__all__ = ["SharedAppends"]
+__all__ = ["SharedAppends", "enqueued_count"]
+
+
+def enqueued_count(page: SharedPage, next_id: int) -> int:
+    """``stats().enqueued`` in shared mode: the page's base, plus one per id handed out
+    since (the log's next id is ``next_id``)."""
+    return page.get(SLOT_ENQUEUED_BASE) + max(0, next_id - page.get(SLOT_ENQUEUED_THROUGH))
 
 
 class SharedAppends:
@@ -95,6 +107,29 @@ class SharedAppends:
     def publish_log(self) -> None:
         """Publish the log's segments after a deletion (append lock held)."""
         self._manager.publish()
+
+    def look(self) -> None:
+        """Bring this handle's view up to date for a report (``stats``): the readers
+        other handles created, and the log's tail."""
+        self._queue._open_readers_on_disk()
+        self._manager.refresh()
+
+    def enqueued(self) -> int:
+        """How many messages the queue has taken, every handle's (the page's count)."""
+        return enqueued_count(self._page, self._manager.next_id)
+
+    def retire_consumed(self) -> None:
+        """Retention after a settle or a rotation was seen (not holding the append lock):
+        the consumed segments under it, then ``retention_max_bytes``."""
+        manager = self._manager
+        queue = self._queue
+        manager.lock_appends()
+        try:
+            queue._retire_locked()
+        finally:
+            manager.unlock_appends()
+        if queue._max_bytes:
+            queue._enforce_max_bytes()
 
     def retire(self) -> None:
         """Retention after a rotation (append lock held)."""

@@ -41,7 +41,6 @@ from ledgerq._errors import (
     StorageError,
 )
 from ledgerq._options import Options
-from ledgerq._types import ReaderStats, Stats
 from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, READER_NAME
 from ledgerq.core.clock import Clock
 from ledgerq.core.feature import Feature
@@ -51,6 +50,7 @@ from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_appends import SharedAppends
+from ledgerq.core.shared_appends import enqueued_count as _enqueued
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
 from ledgerq.format.shared_state import (
     APPEND_LOCK,
@@ -169,11 +169,6 @@ class SharedTally(Tally):
 
     def on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
         self.corrupt_skipped += 1
-
-
-def _enqueued(page: SharedPage, next_id: int) -> int:
-    """``stats().enqueued``: the page's base, plus one per id handed out since."""
-    return page.get(SLOT_ENQUEUED_BASE) + max(0, next_id - page.get(SLOT_ENQUEUED_THROUGH))
 
 
 def save_shared_meta(
@@ -962,12 +957,6 @@ class SharedQueueCore(QueueCore):
 
     # ------------------------------------------------------------------ appending
 
-    @property
-    def _enqueued_now(self) -> int:
-        page = self._page
-        assert page is not None
-        return _enqueued(page, self._manager.next_id)
-
     def readers_current(self) -> bool:
         return self._every_reader_held
 
@@ -1014,28 +1003,6 @@ class SharedQueueCore(QueueCore):
         assert isinstance(core, SharedReaderCore)
         core.publish_head()
         self._retire_consumed()
-
-    def _retire_consumed(self) -> None:
-        """Apply retention after a call whose effect has happened; never raises (a
-        deletion the disk refuses is logged and tried again later).  The space of a
-        deleted segment refills a spent disk reserve first."""
-        manager = self._manager
-        assert isinstance(manager, SharedSegmentManager)
-        if len(manager.segments) < 2:
-            return
-        segments = len(manager.segments)
-        try:
-            manager.lock_appends()
-            try:
-                self._retire_locked()
-            finally:
-                manager.unlock_appends()
-            if self.options.retention_max_bytes is not None:
-                self._enforce_max_bytes()
-        except StorageError as exc:
-            logger.warning("ledgerq: retention could not delete a segment (%s)", exc)
-        if len(manager.segments) < segments and not self._reserve.is_held:
-            self._restore_reserve()
 
     def _retire_locked(self) -> None:
         """Delete the sealed segments every reader has consumed (append lock held)."""
@@ -1147,37 +1114,6 @@ class SharedQueueCore(QueueCore):
         return removed
 
     # ------------------------------------------------------------------ observing
-
-    def stats(self) -> Stats:
-        with self._lock:
-            self._ensure_open()
-            self._open_readers_on_disk()
-            self._manager.refresh()
-            now = self._clock.now_ns()
-            readers: dict[str, ReaderStats] = {
-                name: r._core.stats(now) for name, r in self._readers.items()
-            }
-            default = readers[DEFAULT_READER]
-            manager = self._manager
-            return Stats(
-                pending=default.pending,
-                in_flight=default.in_flight,
-                enqueued=self._enqueued_now,
-                acked=default.acked,
-                nacked=default.nacked,
-                dead_lettered=default.dead_lettered,
-                expired=default.expired,
-                duplicates=self._tally.duplicates,
-                dropped=self._default._core.counters.get("dropped", 0),
-                corrupt_skipped=self._tally.corrupt_skipped,
-                segments=len(manager.segments),
-                disk_bytes=manager.disk_bytes,
-                oldest_pending_age=default.oldest_pending_age,
-                next_id=manager.next_id,
-                readers=readers,
-                lost=self._tally.lost,
-                delayed=default.delayed,
-            )
 
     # ------------------------------------------------------------------ waiting
 
