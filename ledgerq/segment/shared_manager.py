@@ -5,10 +5,12 @@ view of the segments (what :class:`~ledgerq.segment.manager.SegmentManager` know
 their ids, sizes, sparse indexes) and its own descriptors.  The handles agree through
 two things only:
 
-* ``shared/APPEND``, locked (``flock``) across one append: catch-up of the tail, the
-  ``write()``, the index point, a rotation - never across the fsync that makes it
-  durable (``sync="always"`` waits after the lock is released, so the handles of
-  several processes overlap their fsyncs);
+* the append lock (``segment.steplock``: a lock word of the state page taken with a
+  compare-and-swap, or ``flock`` of ``shared/APPEND`` where ``atomicshm`` cannot be
+  imported), held across one append: catch-up of the tail, the ``write()``, the index
+  point, a rotation - never across the fsync that makes it durable
+  (``sync="always"`` waits after the lock is released, so the handles of several
+  processes overlap their fsyncs);
 * the state page (``format.shared_state``): after each append the appender publishes
   the active segment's size and last entry, and bumps the *generation* when it
   creates a segment (rotation) or deletes one (retention).
