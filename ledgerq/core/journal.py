@@ -305,9 +305,8 @@ class SharedReaderJournal(ReaderJournal):
                     # generation, a length to read in it that it does not hold).
                     self.generation += 1
             return caught_up
-        generation = slot.generation
+        length, generation = slot.read()
         if generation == self.generation:
-            length = slot.length
             if length == self.size:
                 return None
             if length > self.size:

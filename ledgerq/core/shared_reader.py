@@ -773,8 +773,9 @@ class SharedReaderCore(ReaderCore):
     def maybe_compact(self) -> None:
         # Compact early while the queue's disk reserve is spent - by any handle: this
         # journal must not grow into the room it freed for the acks (see set_low_space).
-        self.journal.set_low_space(self._shared_manager.reserve_spent)
-        if self.journal.wants_compaction:
+        journal = self.journal
+        journal.set_low_space(self._shared_manager.reserve_spent)
+        if journal.wants_compaction:
             with self.session:
                 try:
                     if self.journal.wants_compaction:  # unless another handle just did

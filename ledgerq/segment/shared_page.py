@@ -62,6 +62,9 @@ HAS_ATOMICS = _atomicshm is not None
 
 _U64 = struct.Struct("<Q")
 REMOVED = 1 << 63  # in a journal generation: the reader was removed
+# A reader slot's journal length and generation, side by side: read and written together.
+_LENGTH_AND_GENERATION = struct.Struct("<QQ")
+assert SLOT_JOURNAL_GENERATION == SLOT_JOURNAL_LENGTH + 8
 _TAIL_END = TAIL_OFFSET + TAIL_RECORD.size
 _WRITING_END = _TAIL_END + 8
 # A reader that keeps meeting a half-written tail waits this long in all before it
@@ -240,6 +243,10 @@ class JournalSlot:
     def length(self) -> int:
         return int(_U64.unpack_from(self._memory, self._at + SLOT_JOURNAL_LENGTH)[0])
 
+    def read(self) -> tuple[int, int]:
+        """``(length, generation)`` in one read (the two words are side by side)."""
+        return _LENGTH_AND_GENERATION.unpack_from(self._memory, self._at + SLOT_JOURNAL_LENGTH)
+
     @property
     def generation(self) -> int:
         return int(_U64.unpack_from(self._memory, self._at + SLOT_JOURNAL_GENERATION)[0])
@@ -247,9 +254,9 @@ class JournalSlot:
     def publish(self, length: int, generation: int) -> None:
         """Say the journal holds ``length`` bytes of whole records, and is the file of
         ``generation`` (lock held).  A removal published before stays published."""
-        removed = self.generation & REMOVED
-        _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_LENGTH, length)
-        _U64.pack_into(self._memory, self._at + SLOT_JOURNAL_GENERATION, generation | removed)
+        memory, at = self._memory, self._at + SLOT_JOURNAL_LENGTH
+        removed = _LENGTH_AND_GENERATION.unpack_from(memory, at)[1] & REMOVED
+        _LENGTH_AND_GENERATION.pack_into(memory, at, length, generation | removed)
 
     def mark_removed(self) -> None:
         """The journal was deleted (``remove_reader``): every other handle's next step
