@@ -908,7 +908,7 @@ class QueueCore(Closing):
             finally:
                 if appends is not None:
                     appends.end()
-            if self._waiting or self._listeners or appends is not None:
+            if rotated or self._waiting or self._listeners:
                 self._after_append()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
@@ -962,7 +962,7 @@ class QueueCore(Closing):
                 if appends is not None:
                     appends.end()
             if held is None:
-                if self._waiting or self._listeners or appends is not None:
+                if rotated or self._waiting or self._listeners:
                     self._after_append()
             elif held:
                 self._tally.duplicates += 1
