@@ -251,6 +251,11 @@ class Housekeeper:
                 self._check_queue(path, handles)
             except Exception:  # a failing disk must not end the thread: next round
                 logger.exception("ledgerq: checking the shared-mode handles of %s failed", path)
+            for handle in handles:  # periodic jobs: another handle's, or due while idle
+                try:
+                    handle.poll_timer()
+                except Exception:
+                    logger.exception("ledgerq: the periodic jobs of %s failed", path)
 
     def _check_queue(self, path: str, handles: list[SharedQueueCore]) -> None:
         own = {h.handle_id for h in handles}
