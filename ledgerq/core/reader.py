@@ -1260,9 +1260,11 @@ class Reader:
         queue = self._queue
         core = self._core
         while True:
-            timer_ns = tried = queue._timer_ns  # a periodic job's next tick (None: no job)
+            timer_ns = queue._timer_ns  # a periodic job's next tick (None: no job)
+            tried = None
             if timer_ns is not None and timer_ns <= queue._clock_offset_ns + queue._clock_mono():
                 queue._fire_timer()  # (not under the lock: it appends)
+                tried = timer_ns
             with queue._cond:
                 while True:
                     self._ensure_usable()

@@ -540,7 +540,7 @@ class PeriodicFeature(Feature):
                     draft = Draft(sched.payload, None, sched.priority, None, None)
                     self._firing = (draft, sched.name, sched.revision)
                 try:
-                    queue._append([draft])
+                    queue._append([draft], [len(sched.payload)])
                 except _NotDue:
                     pass  # fired elsewhere, or changed: looked at again next round
                 except QueueFullError:
