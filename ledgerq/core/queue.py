@@ -668,10 +668,6 @@ class QueueCore(Closing):
         entry = LogCursor(self._manager, message_id).next()
         return entry if entry is not None and entry.id == message_id else None
 
-    def first_retained_id(self) -> int:
-        """The first id of the oldest segment: ids below it were deleted (lock held)."""
-        return self._manager.segments[0].first_id
-
     def set_timer(self, timer: Timer) -> None:
         """Register the feature that enqueues by time (see :class:`Timer`; at attach)."""
         self._timer = timer

@@ -13,22 +13,23 @@ latest of them, not one each.
 State.  ``features/periodic.log`` (segment/naming.PERIODIC_NAME; framed msgpack
 records, format/feature_state.py, spec in docs/format.md) holds ADD records (a
 schedule, its payload and headers - sealed on an encrypted queue - and, in a rewrite,
-its last tick), REMOVE records, and FIRE records ``[revision, tick, id, timestamp]``.
-The file is created by the first ``add_periodic``: a queue without periodic jobs has
-none, reads nothing and does no work on any call.
+its last tick), REMOVE records, FIRE records ``[revision, tick, id, timestamp]`` and
+DONE records ``[revision, tick]``.  The file is created by the first ``add_periodic``:
+a queue without periodic jobs has none, reads nothing and does no work on any call.
 
 Exactly once.  A fire is an append (one message, built as a :class:`Draft`) whose
 admission - under the queue lock, and in shared mode under the append lock after
-reading the other handles' records (``catch_up``) - checks that the tick is still due;
-``before_append`` writes the FIRE record *before* the message, under the same lock.
-So two handles firing the same tick write it once (the second finds it fired), and a
-kill -9 never leaves a message without its record.  A kill between the record and the
-message leaves a record whose message was never written: a record read back (from
-another handle, or at open) is believed only once its message is found in the log with
-the record's id and timestamp (as unique keys are verified, features/unique.py) -
-checked under the append lock, where every whole message of a dead appender is kept -
-and otherwise its tick is due again.  A message's id below the oldest segment (deleted
-by retention) counts as found.
+reading the other handles' records (``catch_up``) - checks that the tick is still due.
+``before_append`` writes the FIRE record *before* the message and ``appended`` the DONE
+record after it, all under that lock.  So two handles firing the same tick write it
+once (the second finds it fired), and a kill -9 never leaves a message without its
+record.  A FIRE record without its DONE (the writer died between them) is checked
+against the log by the next handle that fires (under the append lock, where a dead
+appender's whole messages are kept, and before any later fire): its message is there
+with the record's id, timestamp and ``periodic.*`` headers - fired, and a DONE is
+written - or it is not: never written, and the tick is due again.  (The one case this
+gets wrong: the dead writer's message taken, acked and its segment deleted by another
+process in the instant before that check - it is then fired again: docs/usage.md.)
 
 Why not unique keys (``enqueue(..., unique_key=)``) for this: a unique key frees once
 its message is acked, so a late second firer would enqueue the tick again; the FIRE
@@ -50,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from ledgerq._errors import LedgerQError, QueueFullError
+from ledgerq._errors import CorruptionError, LedgerQError, QueueFullError
 from ledgerq._types import PeriodicJob, Priority
 from ledgerq.core.cron import CronSchedule
 from ledgerq.core.feature import Draft, Feature
@@ -77,7 +78,7 @@ logger = logging.getLogger("ledgerq")
 PERIODIC_MAGIC = b"LQPJ"
 NAME_HEADER = "periodic.name"  # headers every fired message carries
 TICK_HEADER = "periodic.tick"
-ADD, REMOVE, FIRE = 1, 2, 3  # the record kinds (a record's first value)
+ADD, REMOVE, FIRE, DONE = 1, 2, 3, 4  # the record kinds (a record's first value)
 _REWRITE_SLACK = 64
 _SEAL_PREFIX = b"periodic:"  # associated data of a sealed body: the schedule's name follows
 
@@ -292,11 +293,17 @@ class PeriodicFeature(Feature):
             _, revision, tick, message_id, timestamp = value
             fired = self._by_revision.get(revision)
             if fired is not None:
-                # The last tick believed so far stays the fallback (a FIRE written
-                # after a pending one was verified by its writer, or failed: either
-                # way the next tick due is found again from the newest).
+                # The last tick believed so far is the fallback if the message of this
+                # record is not found (and if it is, the next tick is found from it).
                 before = fired.fired_ns if fired.pending is None else fired.pending[0]
                 fired.pending = (tick, message_id, timestamp, before)
+            return True
+        if kind == DONE and _exact(value, int, int, int):
+            _, revision, tick = value
+            done = self._by_revision.get(revision)
+            if done is not None:
+                done.fired_ns = tick
+                done.pending = None
             return True
         return False
 
@@ -397,12 +404,32 @@ class PeriodicFeature(Feature):
         assert queue is not None
         tick, message_id, timestamp, before = pending
         entry = queue.entry_of(message_id)
-        if entry is not None:
-            fired = entry.timestamp == timestamp
-        else:
-            fired = message_id < queue.first_retained_id()  # consumed and deleted
+        fired = False
+        if entry is not None and entry.timestamp == timestamp:
+            try:
+                plain, _ = queue._restore_entry(entry)
+            except CorruptionError:
+                pass  # skipped by every reader: as if never written
+            else:
+                headers = plain.headers or {}
+                fired = headers.get(NAME_HEADER) == sched.name and headers.get(TICK_HEADER) == str(
+                    tick
+                )
+        # Not in the log: never written.  (A written message is found: a FIRE record
+        # without its DONE is read back before its message can have been consumed and
+        # its segment deleted - at the next open, or under the append lock by a handle
+        # beside the dead writer - but for a consumer in another process that takes it
+        # and has its segment deleted in the instant before: docs/usage.md.)
         sched.fired_ns = tick if fired else before
         sched.pending = None
+        if fired and self._log is not None:
+            # Found now; said in the file, so that no later reader needs the message
+            # (consumed and deleted by then).  Not found: the fire that follows says it.
+            try:
+                self._log.append_record(encode_feature_record([DONE, sched.revision, tick]))
+                self._records += 1
+            except StorageError as exc:
+                logger.warning("ledgerq: %s; the periodic tick is checked again later", exc)
 
     def _sync_if_always(self, log: AppendLog) -> None:
         """With ``sync="always"``, a record reaches the disk before what follows it: a
@@ -603,8 +630,17 @@ class PeriodicFeature(Feature):
         sched.fired_ns = tick
         self._provisional = None
         self._written_at = None
-        self._records += 1
+        self._records += 2
         log = self._log
+        assert log is not None
+        try:
+            # The message is written: say so, so that nobody needs to find it in the
+            # log later (it may be consumed and its segment deleted by then).
+            log.append_record(encode_feature_record([DONE, sched.revision, tick]))
+            self._sync_if_always(log)
+        except StorageError as exc:
+            # The FIRE record stays without it: a reader of the file finds the message.
+            logger.warning("ledgerq: %s; the periodic tick is checked in the log later", exc)
         if log is not None and self._records > _REWRITE_SLACK + 4 * len(self._schedules):
             # Under the append lock with the tail current (this is an append): every
             # pending record can be settled first, so the rewrite keeps only facts.
