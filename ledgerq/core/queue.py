@@ -672,6 +672,24 @@ class QueueCore(Closing):
         """Register the feature that enqueues by time (see :class:`Timer`; at attach)."""
         self._timer = timer
 
+    @contextlib.contextmanager
+    def extra_hooks(self, feature: Feature) -> Iterator[None]:
+        """Call ``feature``'s enqueue hooks (catch_up, admit, before_append, appended,
+        rollback) too, after the others, while the block runs: a Timer's fire registers
+        its hooks only for its own append, so that no other enqueue pays for them.  The
+        lists are replaced, never changed in place: a call iterating one is unaffected."""
+        with self._lock:
+            self._admitters = [*self._admitters, feature]
+            self._preparers = [*self._preparers, feature]
+            self._recorders = [*self._recorders, feature]
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._admitters = [f for f in self._admitters if f is not feature]
+                self._preparers = [f for f in self._preparers if f is not feature]
+                self._recorders = [f for f in self._recorders if f is not feature]
+
     def _fire_timer(self) -> None:
         """Let the timer feature enqueue what is due (no lock held)."""
         timer = self._timer

@@ -17,8 +17,9 @@ its last tick), REMOVE records, FIRE records ``[revision, tick, id, timestamp]``
 DONE records ``[revision, tick]``.  The file is created by the first ``add_periodic``:
 a queue without periodic jobs has none, reads nothing and does no work on any call.
 
-Exactly once.  A fire is an append (one message, built as a :class:`Draft`) whose
-admission - under the queue lock, and in shared mode under the append lock after
+Exactly once.  A fire is an append (one message, built as a :class:`Draft`, with this
+feature's hooks registered for that append only: ``_FireHooks``) whose admission -
+under the queue lock, and in shared mode under the append lock after
 reading the other handles' records (``catch_up``) - checks that the tick is still due.
 ``before_append`` writes the FIRE record *before* the message and ``appended`` the DONE
 record after it, all under that lock.  So two handles firing the same tick write it
@@ -179,7 +180,6 @@ class PeriodicFeature(Feature):
     """Durable periodic jobs (always on; costs nothing until the first add_periodic)."""
 
     name = "periodic"
-    ignores_plain = True  # only its own fire drafts: plain enqueues skip it
 
     def __init__(self) -> None:
         self._queue: QueueCore | None = None
@@ -195,6 +195,8 @@ class PeriodicFeature(Feature):
         self._fire_lock = threading.Lock()  # one fire at a time in this handle
         self._provisional: tuple[_Schedule, int, int, int] | None = None
         self._written_at: int | None = None
+        # The enqueue hooks of a fire, registered with the queue only while it fires.
+        self._hooks = _FireHooks(self)
 
     def attach(self, queue: QueueCore) -> None:
         # Nothing is read here: opened() loads the file, under the locks, if it exists.
@@ -537,12 +539,16 @@ class PeriodicFeature(Feature):
                 return
         else:
             if (st.st_ino, st.st_size) != self._seen:
-                with queue._lock:
-                    if queue._closed:
-                        return
-                    with queue.appends_locked():
-                        self._refresh()
-                    self._publish()
+                try:
+                    with queue._lock:
+                        if queue._closed:
+                            return
+                        with queue.appends_locked():
+                            self._refresh()
+                        self._publish()
+                except LedgerQError as exc:  # (an open must not fail for it: logged)
+                    logger.warning("ledgerq: reading %s failed: %s", self._path, exc)
+                    return
         due = queue._timer_ns
         if due is not None and due <= queue._clock.now_ns():
             self.fire_due()
@@ -567,7 +573,8 @@ class PeriodicFeature(Feature):
                     draft = Draft(sched.payload, None, sched.priority, None, None)
                     self._firing = (draft, sched.name, sched.revision)
                 try:
-                    queue._append([draft], [len(sched.payload)])
+                    with queue.extra_hooks(self._hooks):
+                        queue._append([draft], [len(sched.payload)])
                 except _NotDue:
                     pass  # fired elsewhere, or changed: looked at again next round
                 except QueueFullError:
@@ -584,11 +591,11 @@ class PeriodicFeature(Feature):
         finally:
             self._fire_lock.release()
 
-    def catch_up(self) -> None:
+    def hook_catch_up(self) -> None:
         if self._firing is not None and self._log is not None:
             self._catch_up(self._log)
 
-    def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
+    def hook_admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
         firing = self._firing
         if firing is None or draft is not firing[0]:
             return None
@@ -606,11 +613,11 @@ class PeriodicFeature(Feature):
         self._provisional = (sched, tick, candidate_id, now_ns)
         return None
 
-    def unadmit(self, draft: Draft) -> None:
+    def hook_unadmit(self, draft: Draft) -> None:
         if self._firing is not None and draft is self._firing[0]:
             self._provisional = None
 
-    def before_append(self) -> None:
+    def hook_before_append(self) -> None:
         provisional = self._provisional
         if provisional is None:
             return
@@ -622,7 +629,7 @@ class PeriodicFeature(Feature):
         self._written_at = size
         self._sync_if_always(log)
 
-    def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
+    def hook_appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
         provisional = self._provisional
         if provisional is None:
             return
@@ -652,7 +659,7 @@ class PeriodicFeature(Feature):
                 logger.warning("ledgerq: %s; the periodic jobs' file is rewritten later", exc)
         self._note_seen()
 
-    def rollback(self) -> None:
+    def hook_rollback(self) -> None:
         self._provisional = None
         written_at, self._written_at = self._written_at, None
         if written_at is not None and self._log is not None:
@@ -670,3 +677,32 @@ class PeriodicFeature(Feature):
     def close(self) -> None:
         if self._log is not None:
             self._log.close()
+
+
+class _FireHooks(Feature):
+    """The enqueue hooks of :class:`PeriodicFeature`'s fires: a feature of their own,
+    which the queue calls only during a fire (``QueueCore.extra_hooks``) - so no other
+    enqueue, plain or not, pays a call for periodic jobs."""
+
+    name = "periodic fire"
+
+    def __init__(self, owner: PeriodicFeature) -> None:
+        self._owner = owner
+
+    def catch_up(self) -> None:
+        self._owner.hook_catch_up()
+
+    def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
+        return self._owner.hook_admit(draft, now_ns, candidate_id)
+
+    def unadmit(self, draft: Draft) -> None:
+        self._owner.hook_unadmit(draft)
+
+    def before_append(self) -> None:
+        self._owner.hook_before_append()
+
+    def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
+        self._owner.hook_appended(drafts, first_id, now_ns)
+
+    def rollback(self) -> None:
+        self._owner.hook_rollback()
