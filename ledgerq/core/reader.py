@@ -1494,7 +1494,9 @@ class Reader:
         waits = []
         timer_ns = queue._timer_ns
         if timer_ns is not None:  # a periodic job's next tick: a dequeue then fires it
-            waits.append(max(0.0, (timer_ns - now_ns) / 1e9))
+            # (Past already: the caller's dequeue tried to fire it - a full bounded
+            # queue, a full disk - so not at once again, in a busy loop.)
+            waits.append((timer_ns - now_ns) / 1e9 if timer_ns > now_ns else _TIMER_RETRY_S)
         if deadline is not None:
             waits.append(max(0.0, deadline - now))
         if due_ns is not None:

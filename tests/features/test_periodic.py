@@ -167,6 +167,20 @@ def test_a_blocked_dequeue_wakes_for_the_tick(tmp_path: Path) -> None:
         assert got and got[0] is not None and got[0].payload == b"p"
 
 
+def test_an_asyncio_dequeue_wakes_for_the_tick(tmp_path: Path) -> None:
+    import asyncio
+
+    import ledgerq.aio
+
+    async def consume() -> ledgerq.Message | None:
+        async with ledgerq.aio.open(tmp_path / "q") as q:
+            q.sync_queue.add_periodic("soon", b"p", every=0.2)
+            return await q.dequeue(timeout=60)
+
+    msg = asyncio.run(consume())
+    assert msg is not None and msg.payload == b"p"
+
+
 def test_a_full_bounded_queue_delays_the_tick(tmp_path: Path) -> None:
     clock = SteppedClock()
     with ledgerq.open(tmp_path / "q", clock=clock, max_pending=1) as q:
