@@ -65,6 +65,7 @@ from ledgerq.format.feature_state import (
     encode_feature_file_header,
     encode_feature_record,
 )
+from ledgerq.format.sealing import EntrySealer
 from ledgerq.segment.appendlog import AppendLog
 from ledgerq.segment.files import StorageError, make_durable_dir
 from ledgerq.segment.naming import FEATURES_DIR, PERIODIC_NAME
@@ -72,7 +73,7 @@ from ledgerq.segment.naming import FEATURES_DIR, PERIODIC_NAME
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
 
-__all__ = ["NAME_HEADER", "PERIODIC_MAGIC", "TICK_HEADER", "PeriodicFeature"]
+__all__ = ["NAME_HEADER", "PERIODIC_MAGIC", "TICK_HEADER", "PeriodicFeature", "read_jobs"]
 
 logger = logging.getLogger("ledgerq")
 
@@ -183,6 +184,8 @@ class PeriodicFeature(Feature):
 
     def __init__(self) -> None:
         self._queue: QueueCore | None = None
+        self._sealer: EntrySealer | None = None
+        self._detached = False  # read_jobs: a file read without the queue (nor its key)
         self._path = ""
         self._log: AppendLog | None = None
         self._schedules: dict[str, _Schedule] = {}
@@ -201,6 +204,7 @@ class PeriodicFeature(Feature):
     def attach(self, queue: QueueCore) -> None:
         # Nothing is read here: opened() loads the file, under the locks, if it exists.
         self._queue = queue
+        self._sealer = queue._sealer
         self._path = os.path.join(queue.path, FEATURES_DIR, PERIODIC_NAME)
         queue.set_timer(self)
 
@@ -208,17 +212,13 @@ class PeriodicFeature(Feature):
 
     def _seal(self, name: str, headers: dict[str, str] | None, payload: bytes) -> bytes:
         body: bytes = msgpack.packb([headers, payload], use_bin_type=True)
-        queue = self._queue
-        assert queue is not None
-        sealer = queue._sealer
+        sealer = self._sealer
         if sealer is None:
             return body
         return sealer.seal(_SEAL_PREFIX + name.encode(), body)
 
     def _unseal(self, name: str, body: bytes) -> tuple[dict[str, str] | None, bytes] | None:
-        queue = self._queue
-        assert queue is not None
-        sealer = queue._sealer
+        sealer = self._sealer
         try:
             if sealer is not None:
                 body = sealer.unseal(_SEAL_PREFIX + name.encode(), body)
@@ -260,6 +260,8 @@ class PeriodicFeature(Feature):
         if kind == ADD and _exact(value, int, int, str, int, str, int, int, bytes, int):
             _, revision, name, every_ns, cron_text, anchor, priority, body, fired = value
             content = self._unseal(name, body)
+            if content is None and self._detached:
+                content = (None, b"")  # sealed (read_jobs has no key): the rest is readable
             if content is None or not 0 <= priority <= 2:
                 return False
             try:
@@ -706,3 +708,25 @@ class _FireHooks(Feature):
 
     def rollback(self) -> None:
         self._owner.hook_rollback()
+
+
+def read_jobs(queue_dir: str) -> list[PeriodicJob]:
+    """The periodic jobs of the queue at ``queue_dir``, read without its lock (tools,
+    the console): beside the processes that have it open, a snapshot.  A tick whose
+    FIRE record has no DONE yet counts as fired.  On an encrypted queue (no key here)
+    each job's payload and headers are left out (``b""``, ``{}``).  ``[]`` when the
+    queue has no periodic job or the file is unreadable."""
+    try:
+        with open(os.path.join(queue_dir, FEATURES_DIR, PERIODIC_NAME), "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    reader = PeriodicFeature()
+    reader._detached = True
+    try:
+        found = decode_feature_file(data, PERIODIC_MAGIC)
+    except DecodeError:
+        return []
+    for value in found.values:
+        reader._apply(value)
+    return [reader._schedules[name].job() for name in sorted(reader._schedules)]

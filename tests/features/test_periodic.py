@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import ledgerq
+import ledgerq.tools
 from ledgerq.features.periodic import NAME_HEADER, TICK_HEADER
 from tests.clocks import SECOND, SteppedClock
 
@@ -260,3 +261,25 @@ def test_calls_on_a_closed_queue_raise(tmp_path: Path) -> None:
         q.add_periodic("j", b"p", every=1)
     with pytest.raises(ledgerq.QueueClosedError):
         q.periodic()
+
+
+def test_tools_read_the_jobs_without_the_lock_beside_a_holder(tmp_path: Path) -> None:
+    clock = SteppedClock()
+    path = tmp_path / "q"
+    assert ledgerq.tools.periodic_jobs(path) == []
+    with ledgerq.open(path, clock=clock) as q:  # exclusive: the lock is held
+        q.add_periodic("j", b"p", every=10, headers={"h": "v"})
+        clock.elapse(10)
+        assert drain(q) == [("j", START + 10 * SECOND)]
+        (job,) = ledgerq.tools.periodic_jobs(path)
+        assert job == q.periodic()[0]
+    key = bytes(32)
+    with ledgerq.open(tmp_path / "sealed", encryption_key=key) as q:
+        q.add_periodic("s", b"secret", cron="@daily", headers={"h": "v"})
+    (sealed,) = ledgerq.tools.periodic_jobs(tmp_path / "sealed")
+    assert (sealed.name, sealed.schedule, sealed.payload, sealed.headers) == (
+        "s",
+        "cron @daily",
+        b"",
+        {},
+    )
