@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import datetime as _dt
 
-__all__ = ["CronSchedule", "parse_cron"]
+__all__ = ["NEVER_NS", "CronSchedule", "parse_cron"]
 
 _MINUTE_NS = 60 * 1_000_000_000
 _EPOCH = _dt.date(1970, 1, 1).toordinal()
-# A day whose fields match comes within this many days (Feb 29 on a year divisible by
-# 4 but skipping 2100: 8 years), or never: a search stops here.
-_HORIZON_DAYS = 366 * 12
+# How far a search for a tick looks.  Most expressions match within a year; the rarest
+# valid one is Feb 29 on some weekdays when both day fields must match (the weekday
+# field starts with "*", as "*/2" does): a few times a century, the leap years 2100,
+# 2200 and 2300 skipped.  Past this, a tick counts as never (NEVER_NS).
+_HORIZON_DAYS = 366 * 100
+NEVER_NS = 1 << 70  # later than any time a queue stores (int64 ns end in 2262)
 
 _MACROS = {
     "@yearly": "0 0 1 1 *",
@@ -127,7 +130,8 @@ class CronSchedule:
         return day.day in self._days and weekday in self._weekdays
 
     def next_after(self, t_ns: int) -> int:
-        """The first tick (a whole minute matching every field) strictly after ``t_ns``."""
+        """The first tick (a whole minute matching every field) strictly after ``t_ns``;
+        :data:`NEVER_NS` if there is none in the next 100 years."""
         start = t_ns // _MINUTE_NS + 1  # minutes since the epoch
         ordinal, minute_of_day = divmod(start, 24 * 60)
         hour0, minute0 = divmod(minute_of_day, 60)
@@ -142,10 +146,10 @@ class CronSchedule:
                     if offset == 0 and hour == hour0 and minute < minute0:
                         continue
                     return (((ordinal + offset) * 24 + hour) * 60 + minute) * _MINUTE_NS
-        raise ValueError(f"cron expression {self.text!r} has no tick in the next 12 years")
+        return NEVER_NS  # (a job of such an expression never fires: nothing breaks)
 
     def last_at_or_before(self, t_ns: int) -> int | None:
-        """The last tick at or before ``t_ns`` (None if none in the 12 years before)."""
+        """The last tick at or before ``t_ns`` (None if none in the 100 years before)."""
         end = t_ns // _MINUTE_NS
         ordinal, minute_of_day = divmod(end, 24 * 60)
         hour0, minute0 = divmod(minute_of_day, 60)

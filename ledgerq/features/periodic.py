@@ -151,6 +151,7 @@ class _Schedule:
         return self.cron.last_at_or_before(now_ns)
 
     def job(self) -> PeriodicJob:
+        """The public view (a pending record's tick shown as fired: it almost surely is)."""
         last = self.fired_ns if self.pending is None else self.pending[0]
         return PeriodicJob(
             name=self.name,
@@ -164,6 +165,7 @@ class _Schedule:
         )
 
     def _after(self, tick: int | None) -> int:
+        """The first tick after ``tick`` (None: after the anchor)."""
         base = self.anchor_ns if tick is None else tick
         return base + self.every_ns if self.cron is None else self.cron.next_after(base)
 

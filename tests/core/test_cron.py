@@ -142,3 +142,13 @@ def test_bad_expressions_say_what_is_wrong(text: str, says: str) -> None:
 def test_a_cron_must_be_text() -> None:
     with pytest.raises(TypeError, match="cron must be a str"):
         parse_cron(b"* * * * *")
+
+
+def test_the_rarest_expressions_find_their_ticks_or_never() -> None:
+    # Feb 29 on a Sunday, Tuesday, Thursday or Saturday ("*/2" restricts the weekday,
+    # and starts with "*": both fields must match).
+    rare = parse_cron("0 0 29 2 */2")
+    tick = rare.next_after(ns(2026, 1, 1))
+    moment = dt.datetime.fromtimestamp(tick / 1e9, UTC)
+    assert (moment.month, moment.day, moment.isoweekday() % 7 % 2) == (2, 29, 0)
+    assert rare.last_at_or_before(tick) == tick
