@@ -5,18 +5,28 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ledgerq._errors import LedgerQError
 from ledgerq._options import Options
-from ledgerq._types import Item
-from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, check_delay, check_ids
+from ledgerq._types import Item, PeriodicJob, Priority
+from ledgerq.core.args import (
+    DEFAULT_LOCK_TIMEOUT,
+    check_delay,
+    check_headers_size,
+    check_ids,
+    check_payload,
+    check_periodic_name,
+    check_periodic_schedule,
+    check_priority,
+)
 from ledgerq.core.clock import Clock
 from ledgerq.core.queue import DEFAULT_READER, QueueCore
 from ledgerq.core.shared_queue import SharedQueueCore
 from ledgerq.features import build_features
 from ledgerq.features.dlq import DeadLetterStore
-from ledgerq.format.entry import Entry
+from ledgerq.features.periodic import NAME_HEADER, TICK_HEADER, PeriodicFeature
+from ledgerq.format.entry import Entry, encode_headers
 
 __all__ = ["Queue", "SharedQueue", "open_configured"]
 
@@ -155,6 +165,65 @@ class Queue(QueueCore):
         if removed and self._sync_always:
             core.journal.commit.wait_durable(ticket)
         return len(removed)
+
+    # ------------------------------------------------------------------ periodic jobs
+
+    def _periodic_feature(self) -> PeriodicFeature:
+        for feature in self._features:
+            if isinstance(feature, PeriodicFeature):
+                return feature
+        raise AssertionError("every queue has periodic jobs")  # pragma: no cover
+
+    def add_periodic(
+        self,
+        name: str,
+        payload: bytes,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        priority: Priority | int = Priority.MEDIUM,
+    ) -> None:
+        """Enqueue ``payload`` on every tick of a schedule, once per tick, durably.
+
+        Exactly one of ``every`` (seconds: ticks at the time of this call plus every
+        multiple of it) and ``cron`` (a 5-field expression read in UTC, such as
+        ``"*/5 * * * *"``; see docs/usage.md) is given.  Each tick's message carries
+        ``headers`` plus ``periodic.name`` (``name``) and ``periodic.tick`` (the tick's
+        time, ns since the epoch), and ``priority``.  It is enqueued exactly once per
+        tick whatever number of handles and processes have the queue open, by
+        whichever looks first (a dequeue or a wait for one; in shared mode also the
+        housekeeper thread, within 0.25 s); ticks missed while no handle looked - the
+        queue closed - give one message, for the latest of them, at the next look.
+        Adding an existing name replaces that job (its ticks start again from now).
+
+        Raises ``TypeError``/``ValueError`` for a bad name, payload, schedule or
+        headers, :class:`MessageTooLargeError` for a payload or headers over
+        ``max_message_size``, before anything is written.  Durable as an enqueue is:
+        the job has reached the OS when this returns (it survives a crash of the
+        process), and the disk with ``sync="always"`` (else at the next sync).
+        """
+        name = check_periodic_name(name)
+        limit = self.options.max_message_size
+        data = bytes(check_payload(payload, limit))
+        every_ns, schedule = check_periodic_schedule(every, cron)
+        level = check_priority(priority)
+        if headers is not None:
+            headers = dict(headers)
+            # As the messages will carry them (a tick is at most 20 digits).
+            check_headers_size(
+                encode_headers({**headers, NAME_HEADER: name, TICK_HEADER: "9" * 20}), limit
+            )
+        self._periodic_feature().add(name, data, every_ns, schedule, headers, level)
+
+    def remove_periodic(self, name: str) -> bool:
+        """Stop the periodic job ``name``; return whether there was one.  Messages it
+        already enqueued stay.  Durable as :meth:`add_periodic`."""
+        return self._periodic_feature().remove(check_periodic_name(name))
+
+    def periodic(self) -> list[PeriodicJob]:
+        """The periodic jobs, by name: each one's schedule, next and last run."""
+        return self._periodic_feature().jobs()
 
 
 class SharedQueue(Queue, SharedQueueCore):

@@ -1,4 +1,5 @@
-"""Public value types: Priority, Message, Item, Stats, and the option value literals."""
+"""Public value types: Priority, Message, Item, Stats, PeriodicJob, and the option value
+literals."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ __all__ = [
     "Compression",
     "Item",
     "Message",
+    "PeriodicJob",
     "Priority",
     "ReaderStart",
     "ReaderStats",
@@ -111,3 +113,30 @@ class Stats:
     readers: dict[str, ReaderStats] = field(default_factory=dict)
     lost: int = 0
     delayed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicJob:
+    """A periodic job of a queue, as :meth:`ledgerq.Queue.periodic` lists it.
+
+    Exactly one of ``every`` (seconds) and ``cron`` (a 5-field expression, UTC) is set.
+    ``next_run_ns`` is the tick the next message is enqueued for (ns since the epoch, in
+    the queue's time); ``last_run_ns`` the last tick one was enqueued for (None: none
+    yet).  ``payload``, ``headers`` and ``priority`` are each message's.
+    """
+
+    name: str
+    every: float | None
+    cron: str | None
+    next_run_ns: int
+    last_run_ns: int | None
+    payload: bytes
+    headers: dict[str, str]
+    priority: Priority
+
+    @property
+    def schedule(self) -> str:
+        """The schedule as text: ``"every 60s"`` or ``"cron */5 * * * *"``."""
+        if self.cron is not None:
+            return f"cron {self.cron}"
+        return f"every {self.every:g}s"

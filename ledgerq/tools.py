@@ -45,10 +45,11 @@ from ledgerq._errors import ConfigError, LedgerQError, QueueLockedError
 from ledgerq._options import Options
 from ledgerq._queue import Queue
 from ledgerq._rekey import rekey
-from ledgerq._types import Message
+from ledgerq._types import Message, PeriodicJob
 from ledgerq.core.journal import ReaderJournal  # repair only: it writes
 from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.reader import Reader
+from ledgerq.features.periodic import read_jobs
 from ledgerq.format.entry import Entry, EntryFlags
 from ledgerq.format.errors import CorruptRecord
 from ledgerq.format.reader_state import Checkpoint
@@ -129,6 +130,7 @@ __all__ = [
     "not_a_queue",
     "paced",
     "parse_header_condition",
+    "periodic_jobs",
     "read_key_file",
     "rekey",
     "repair",
@@ -137,6 +139,19 @@ __all__ = [
 ]
 
 logger = logging.getLogger("ledgerq")
+
+
+def periodic_jobs(path: str | os.PathLike[str]) -> list[PeriodicJob]:
+    """The periodic jobs of the queue at ``path`` (name, schedule, next and last run),
+    read without its lock: it works beside the processes that have the queue open.
+
+    A snapshot of ``features/periodic.log``; a tick being fired right now may show as
+    fired.  On an encrypted queue the payload and headers of each job are not read
+    (``b""``, ``{}``): they are sealed with the queue's key.  ``[]`` for a queue
+    without periodic jobs.
+    """
+    return read_jobs(os.fspath(path))
+
 
 # Problem kinds: stable strings (they appear in ``ledgerq verify --json``).
 META = "meta"  # meta.json missing, unreadable, invalid or inconsistent with the log

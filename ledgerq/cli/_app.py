@@ -26,6 +26,7 @@ from ledgerq.cli._common import EXIT_OUTPUT_CLOSED, OutputClosed
 from ledgerq.cli._config import config
 from ledgerq.cli._dlq import dlq
 from ledgerq.cli._messages import dequeue, enqueue, peek, stats
+from ledgerq.cli._periodic import periodic
 from ledgerq.cli._purge import purge
 from ledgerq.cli._services import import_kestrel, serve, ship, worker
 from ledgerq.cli._tools import compact, dump, rekey, verify
@@ -75,6 +76,7 @@ for _command in (
     rekey,
     config,
     dlq,
+    periodic,
     worker,
     serve,
     ui,

@@ -42,14 +42,15 @@ from ledgerq.cli._common import (
 )
 from ledgerq.cli._keys import current_key
 
-__all__ = ["dequeue", "enqueue", "peek", "stats"]
+__all__ = ["PRIORITY_NAMES", "dequeue", "enqueue", "parse_headers", "peek", "stats"]
 
 EXIT_EMPTY = 3  # dequeue found no message in time (1 is taken by errors, 2 by usage errors)
 _BATCH = 1000  # lines enqueued per write when the input is a regular file
-_PRIORITY_NAMES = {p.name.lower(): p for p in ledgerq.Priority}
+PRIORITY_NAMES = {p.name.lower(): p for p in ledgerq.Priority}
 
 
-def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str] | None:
+def parse_headers(pairs: tuple[str, ...]) -> dict[str, str] | None:
+    """The headers of ``--header KEY=VALUE`` options (None for none)."""
     headers: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -118,7 +119,7 @@ def _split_lines(data: bytes) -> Iterator[list[bytes]]:
 )
 @click.option(
     "--priority",
-    type=click.Choice(list(_PRIORITY_NAMES), case_sensitive=False),
+    type=click.Choice(list(PRIORITY_NAMES), case_sensitive=False),
     default="medium",
     show_default=True,
     help="Delivery priority (used when the queue has priorities on).",
@@ -182,8 +183,8 @@ def enqueue(
     wait = None if math.isinf(timeout) else timeout
     if file_path is not None and data not in (None, "-"):
         raise click.UsageError("give DATA or --file, not both")
-    headers = _parse_headers(header_pairs)
-    level = _PRIORITY_NAMES[priority.lower()]
+    headers = parse_headers(header_pairs)
+    level = PRIORITY_NAMES[priority.lower()]
     if group is not None:
         try:
             size = len(group.encode())
@@ -506,7 +507,8 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     --json prints one object: pending, in_flight, enqueued, acked, nacked,
     dead_lettered, expired, duplicates, dropped, corrupt_skipped, lost, segments,
     disk_bytes (integers), oldest_pending_age (seconds), next_id, readers (an object
-    per reader) and dlq (messages waiting in the dead-letter queue).  On a read-only
+    per reader), dlq (messages waiting in the dead-letter queue) and periodic (the
+    periodic jobs, as 'ledgerq periodic list --json' shows them).  On a read-only
     file system the queue is read without its lock, and the output says so (--json:
     read_without_lock).
     """
@@ -515,15 +517,21 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
         with using_existing(queue, option_overrides(option_pairs)) as q:
             figures = q.stats()
             dlq = _dlq_pending(q)
+            jobs: list[ledgerq.PeriodicJob] | None = q.periodic()
     except StorageError as exc:
         if not _readonly.is_read_only_error(exc):
             raise
         figures, dlq, note = _readonly.stats(queue), _readonly.dlq_pending(queue), _readonly.NOTE
+        jobs = None  # (not read without the lock)
+    from ledgerq.cli._periodic import job_json, jobs_table
+
     if as_json:
         value = dataclasses.asdict(figures)
         for reader in value["readers"].values():
             reader.pop("name", None)
         value["dlq"] = dlq
+        if jobs is not None:
+            value["periodic"] = [job_json(job) for job in jobs]
         if note is not None:
             value["read_without_lock"] = note
         write_json({"queue": queue, **value})
@@ -573,7 +581,10 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
             str(reader.expired),
             format_age(reader.oldest_pending_age),
         )
+    tables = [summary, readers]
+    if jobs:
+        tables.append(jobs_table(jobs))
     if note is not None:
-        write_rich(Text(f"note: {note}"), summary, readers)
+        write_rich(Text(f"note: {note}"), *tables)
     else:
-        write_rich(summary, readers)
+        write_rich(*tables)

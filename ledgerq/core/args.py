@@ -10,6 +10,7 @@ from typing import get_args
 from ledgerq._errors import MessageTooLargeError
 from ledgerq._options import MAX_SECONDS
 from ledgerq._types import ReaderStart
+from ledgerq.core.cron import CronSchedule, parse_cron
 from ledgerq.format.entry import MAX_GROUP_BYTES
 
 __all__ = [
@@ -22,6 +23,8 @@ __all__ = [
     "check_ids",
     "check_lock_timeout",
     "check_payload",
+    "check_periodic_name",
+    "check_periodic_schedule",
     "check_queue_path",
     "check_priority",
     "check_reader_name",
@@ -29,6 +32,7 @@ __all__ = [
     "check_timeout",
     "check_ttl",
     "check_unique_key",
+    "MAX_PERIODIC_NAME_BYTES",
     "MAX_UNIQUE_KEY_BYTES",
 ]
 
@@ -271,3 +275,50 @@ def check_reader_start(start: object) -> ReaderStart | int:
         if start == known:
             return known
     raise ValueError(f"start must be 'earliest', 'latest' or an id, got {start!r}")
+
+
+MAX_PERIODIC_NAME_BYTES = 255
+"""The longest name of a periodic job (UTF-8 bytes)."""
+
+
+def check_periodic_name(name: object) -> str:
+    """A periodic job's name: a ``str`` of 1 to :data:`MAX_PERIODIC_NAME_BYTES` bytes of
+    UTF-8 (``TypeError`` for another type, ``ValueError`` for an empty or longer one)."""
+    if type(name) is not str:
+        raise TypeError(
+            f"a periodic job's name must be a str, got {type(name).__name__}; "
+            "name the job, e.g. 'nightly-report'"
+        )
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"a periodic job's name must be valid unicode text: {exc}") from exc
+    if not 0 < size <= MAX_PERIODIC_NAME_BYTES:
+        raise ValueError(
+            f"a periodic job's name must be 1 to {MAX_PERIODIC_NAME_BYTES} bytes of UTF-8, "
+            f"got {size}"
+        )
+    return name
+
+
+def check_periodic_schedule(every: object, cron: object) -> tuple[int, CronSchedule | None]:
+    """Exactly one of ``every`` (seconds, a number above 0 and at most
+    :data:`MAX_SECONDS`) and ``cron`` (a 5-field expression): ``(every_ns, None)`` or
+    ``(0, schedule)``.  ``TypeError``/``ValueError`` saying what is wrong otherwise."""
+    if (every is None) == (cron is None):
+        raise TypeError(
+            "give exactly one of every= (seconds between runs) and cron= (a 5-field "
+            "expression such as '*/5 * * * *'), got " + ("neither" if every is None else "both")
+        )
+    if cron is not None:
+        return 0, parse_cron(cron)
+    if isinstance(every, bool) or not isinstance(every, (int, float)):
+        raise TypeError(f"every must be a number of seconds, got {type(every).__name__}")
+    if not 0 < every <= MAX_SECONDS:  # (NaN fails this too)
+        raise ValueError(
+            f"every must be above 0 and at most {MAX_SECONDS:g} seconds, got {every!r}"
+        )
+    every_ns = int(every * 1_000_000_000)
+    if every_ns < 1_000_000:
+        raise ValueError(f"every must be at least 0.001 seconds, got {every!r}")
+    return every_ns, None

@@ -47,6 +47,7 @@ __all__ = [
     "KeyAdmitter",
     "ReadersNeeded",
     "Selector",
+    "Timer",
 ]
 
 
@@ -154,6 +155,21 @@ class KeyAdmitter(Protocol):
 
     def rollback(self) -> None:
         """The message write failed: undo (and cut back) what add_key wrote."""
+
+
+class Timer(Protocol):
+    """A feature that enqueues by time (periodic jobs): the core tells it when to look.
+
+    It keeps ``QueueCore._timer_ns`` (queue time, ns) at its next due time, or None;
+    the core calls :meth:`fire_due` - no lock held - from a dequeue (or a wait for one,
+    which ends then) once that time has come, and :meth:`poll` at open and, in shared
+    mode, from the housekeeper every 0.25 s (other handles' changes)."""
+
+    def fire_due(self) -> None:
+        """Enqueue what is due now (errors are logged, not raised)."""
+
+    def poll(self) -> None:
+        """Read what other handles changed, then :meth:`fire_due`."""
 
 
 class FifoSelector:

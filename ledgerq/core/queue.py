@@ -52,7 +52,7 @@ from ledgerq.core.args import (
 from ledgerq.core.backlog import Backlog, written_sizes
 from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
-from ledgerq.core.feature import Draft, Feature, KeyAdmitter, ReadersNeeded
+from ledgerq.core.feature import Draft, Feature, KeyAdmitter, ReadersNeeded, Timer
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed, make_room
 from ledgerq.core.lifecycle import attempt as _attempt
@@ -216,6 +216,8 @@ class QueueCore(Closing):
         self._finalizer = weakref.finalize(self, finalize_unclosed, self._holdings)
         self._owner_pid = os.getpid()
         track(self)
+        if self._timer is not None:
+            self._timer.poll()  # what fell due while the queue was closed: one message
 
     # ------------------------------------------------------------------ opening
 
@@ -323,6 +325,9 @@ class QueueCore(Closing):
         self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
         self._register_hooks()
+        # Periodic jobs (a Timer feature): the next due time, queue clock; None: none.
+        self._timer_ns: int | None = None
+        self._timer: Timer | None = None
         make_durable_dir(os.path.join(self.path, READERS_DIR))
         # A weak proxy: a feature that keeps it (the DLQ) must not keep the queue alive.
         this = cast("QueueCore", weakref.proxy(self))
@@ -667,6 +672,40 @@ class QueueCore(Closing):
         """The log's entry ``message_id``, or None if the log does not hold it (lock held)."""
         entry = LogCursor(self._manager, message_id).next()
         return entry if entry is not None and entry.id == message_id else None
+
+    def set_timer(self, timer: Timer) -> None:
+        """Register the feature that enqueues by time (see :class:`Timer`; at attach)."""
+        self._timer = timer
+
+    @contextlib.contextmanager
+    def extra_hooks(self, feature: Feature) -> Iterator[None]:
+        """Call ``feature``'s enqueue hooks (catch_up, admit, before_append, appended,
+        rollback) too, after the others, while the block runs: a Timer's fire registers
+        its hooks only for its own append, so that no other enqueue pays for them.  The
+        lists are replaced, never changed in place: a call iterating one is unaffected."""
+        with self._lock:
+            self._admitters = [*self._admitters, feature]
+            self._preparers = [*self._preparers, feature]
+            self._recorders = [*self._recorders, feature]
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._admitters = [f for f in self._admitters if f is not feature]
+                self._preparers = [f for f in self._preparers if f is not feature]
+                self._recorders = [f for f in self._recorders if f is not feature]
+
+    def _fire_timer(self) -> None:
+        """Let the timer feature enqueue what is due (no lock held)."""
+        timer = self._timer
+        if timer is not None:
+            timer.fire_due()
+
+    def poll_timer(self) -> None:
+        """Shared mode's housekeeper: let the timer feature see the others' changes."""
+        timer = self._timer
+        if timer is not None and not self._closed:
+            timer.poll()
 
     def note_corrupt_skipped(self, count: int) -> None:
         """Count damaged records a feature skipped in its own files (``stats()``)."""

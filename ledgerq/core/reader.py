@@ -81,6 +81,7 @@ _SCHEDULED = _DELIVER_AT | _HAS_GROUP
 # old message (leased, delayed, waiting for its retry or its group) keeps them all,
 # and pruning at a fixed size would cost O(n) per ack.
 _PRUNE_DONE_AT = 65536
+_TIMER_RETRY_S = 0.25  # a periodic tick that could not be fired is tried again after this
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 _TIMED_OUT = "visibility timeout expired"
 _REVOKED_KEPT = 10_000
@@ -1213,6 +1214,9 @@ class Reader:
         if timeout == 0 and timeout is not False:  # the common polling call: no wait, no list
             queue = self._queue
             core = self._core
+            timer_ns = queue._timer_ns  # a periodic job's next tick (None: no job)
+            if timer_ns is not None and timer_ns <= queue._clock_offset_ns + queue._clock_mono():
+                queue._fire_timer()
             with queue._lock:
                 if queue._closed or self._removed:
                     self._ensure_usable()
@@ -1256,6 +1260,11 @@ class Reader:
         queue = self._queue
         core = self._core
         while True:
+            timer_ns = queue._timer_ns  # a periodic job's next tick (None: no job)
+            tried = None
+            if timer_ns is not None and timer_ns <= queue._clock_offset_ns + queue._clock_mono():
+                queue._fire_timer()  # (not under the lock: it appends)
+                tried = timer_ns
             with queue._cond:
                 while True:
                     self._ensure_usable()
@@ -1281,6 +1290,17 @@ class Reader:
                     if due_ns is not None:
                         # A timer on the earliest delayed message: it falls due then.
                         until = max(due_ns - queue._clock_offset_ns - monotonic_ns, 0) / 1e9
+                        remaining = until if remaining is None else min(remaining, until)
+                    timer_ns = queue._timer_ns
+                    if timer_ns is not None:
+                        # A periodic job's next tick: fired (outside the lock) at the top.
+                        until = (timer_ns - queue._clock_offset_ns - monotonic_ns) / 1e9
+                        if until <= 0:
+                            if timer_ns != tried:
+                                break
+                            # Fired and still due (a full bounded queue, a full disk):
+                            # tried again later, not in a busy loop.
+                            until = _TIMER_RETRY_S
                         remaining = until if remaining is None else min(remaining, until)
                     if queue._prepare_wait():
                         continue  # now watching for other processes' changes: look once more
@@ -1472,6 +1492,11 @@ class Reader:
             due_ns = self._core.next_due_ns()
             now_ns = queue._clock.now_ns()
         waits = []
+        timer_ns = queue._timer_ns
+        if timer_ns is not None:  # a periodic job's next tick: a dequeue then fires it
+            # (Past already: the caller's dequeue tried to fire it - a full bounded
+            # queue, a full disk - so not at once again, in a busy loop.)
+            waits.append((timer_ns - now_ns) / 1e9 if timer_ns > now_ns else _TIMER_RETRY_S)
         if deadline is not None:
             waits.append(max(0.0, deadline - now))
         if due_ns is not None:

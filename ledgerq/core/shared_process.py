@@ -251,6 +251,16 @@ class Housekeeper:
                 self._check_queue(path, handles)
             except Exception:  # a failing disk must not end the thread: next round
                 logger.exception("ledgerq: checking the shared-mode handles of %s failed", path)
+            self._poll_timers(handles)
+
+    def _poll_timers(self, handles: list[SharedQueueCore]) -> None:
+        """Periodic jobs: each handle reads the others' changes and fires what is due -
+        so a tick comes on time (within a round) even where no handle dequeues."""
+        for handle in handles:
+            try:
+                handle.poll_timer()
+            except Exception:  # (fire_due logs its own errors): never end the thread
+                logger.exception("ledgerq: the periodic jobs of %s failed", handle.path)
 
     def _check_queue(self, path: str, handles: list[SharedQueueCore]) -> None:
         own = {h.handle_id for h in handles}

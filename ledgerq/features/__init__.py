@@ -7,6 +7,7 @@ from ledgerq.core.feature import Feature
 from ledgerq.features.compression import ZstdCompression, ZstdDecompression
 from ledgerq.features.dedup import DedupFeature
 from ledgerq.features.dlq import DeadLetterFeature, DeadLetterStore, OpenConfigured
+from ledgerq.features.periodic import PeriodicFeature
 from ledgerq.features.priority import PriorityFeature
 from ledgerq.features.ttl import TTLFeature
 from ledgerq.features.unique import UniqueFeature
@@ -24,6 +25,8 @@ def build_features(options: Options, open_configured: OpenConfigured) -> list[Fe
     # Always on (no option: costs nothing until a unique_key comes).  Before dedup: a
     # draft both hold is refused by the first that finds it, and dedup has no unadmit.
     features.append(UniqueFeature(options))
+    # Always on too (no option: reads nothing until a queue has a periodic job).
+    features.append(PeriodicFeature())
     if options.dedup_window is not None:
         features.append(DedupFeature(options))
     if options.priorities:

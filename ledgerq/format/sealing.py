@@ -220,6 +220,16 @@ class EntrySealer:
         nonce = token_bytes(NONCE_SIZE)  # the kernel's CSPRNG (os.urandom)
         return nonce + self._aead.encrypt(nonce, content, self._queue_id + prefix)
 
+    def unseal(self, prefix: bytes, blob: bytes) -> bytes:
+        """Return the content :meth:`seal` sealed with ``prefix`` (a feature's record:
+        periodic jobs); :class:`CorruptRecord` if it fails authentication."""
+        if len(blob) < SEAL_OVERHEAD:
+            raise CorruptRecord("sealed blob too short", 0)
+        try:
+            return self._aead.decrypt(blob[:NONCE_SIZE], blob[NONCE_SIZE:], self._queue_id + prefix)
+        except InvalidTag:
+            raise CorruptRecord("sealed blob fails authentication", 0) from None
+
     def encode(
         self,
         message_id: int,

@@ -12,6 +12,7 @@
       readers/                  READERS_DIR
         <name>.state            reader_state_path(): one reader's journal
       features/                 FEATURES_DIR: retry and dedup state
+        periodic.log            PERIODIC_NAME: the periodic jobs and their last ticks
       dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
       shared/                   SHARED_DIR: coordination of shared-mode handles
         OPENING                 OPENING_NAME: flock'ed while a shared handle opens
@@ -41,6 +42,7 @@ __all__ = [
     "META_NAME",
     "OPENING_NAME",
     "OPTIONS_NAME",
+    "PERIODIC_NAME",
     "QUEUE_NAMES",
     "READERS_DIR",
     "RESERVE_NAME",
@@ -78,6 +80,7 @@ APPEND_NAME = "APPEND"
 SHARED_STATE_NAME = "state"
 READER_LOCK_SUFFIX = ".reader"
 LIVE_SUFFIX = ".live"
+PERIODIC_NAME = "periodic.log"  # in FEATURES_DIR
 
 # Everything a queue directory may hold: a directory holding anything else and no
 # meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).

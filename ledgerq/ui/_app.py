@@ -476,6 +476,7 @@ def _queue_context(console: Console, name: str, files: QueueFiles) -> dict[str, 
         "name": name,
         "figures": figures,
         "rates": rates,
+        "periodic": tools.periodic_jobs(files.path),
         "count_chart": counts,
         "rate_chart": chart(
             rate_series, now=now, span_s=console.history_s, unit="messages per second"
@@ -502,8 +503,8 @@ def queue_page(console: Console, request: Request) -> Response:
 
 
 def api_queue(console: Console, request: Request) -> Response:
-    """``GET /api/queue?q=NAME``: the queue's figures, rates and readers."""
-    name, _ = console.files(request)
+    """``GET /api/queue?q=NAME``: the queue's figures, rates, readers and periodic jobs."""
+    name, files = console.files(request)
     figures = console.figures(name)
     rates = console.catalog.history.rates(name)
     value = _figures_json(name, figures, (rates.enqueued, rates.acked_by(DEFAULT_READER)))
@@ -521,6 +522,17 @@ def api_queue(console: Console, request: Request) -> Response:
             "ack_rate": rates.acked_by(r.name),
         }
         for r in figures.readers
+    ]
+    value["periodic"] = [
+        {
+            "name": job.name,
+            "schedule": job.schedule,
+            "every": job.every,
+            "cron": job.cron,
+            "next_run": job.next_run_ns,
+            "last_run": job.last_run_ns,
+        }
+        for job in tools.periodic_jobs(files.path)
     ]
     return JSONResponse(value)
 

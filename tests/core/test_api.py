@@ -381,6 +381,7 @@ def test_public_exports_are_pinned() -> None:
         "NotAQueueError",
         "OpenOptions",
         "Options",
+        "PeriodicJob",
         "Priority",
         "Queue",
         "QueueBusyError",

@@ -65,6 +65,7 @@ CHECKED_TABLES = {
     "sealed-content",
     "sealing-constants",
     "unique-record",
+    "periodic-record",
 }
 
 _MARKER = re.compile(r"<!--\s*table:\s*([\w-]+)\s*-->")
@@ -530,6 +531,60 @@ def test_unique_records_read_with_the_table_alone(tmp_path: Path) -> None:
     ]
 
 
+def test_periodic_records_read_with_the_table_alone(tmp_path: Path) -> None:
+    """features/periodic.log decoded with the spec's header, framing and record table."""
+    from ledgerq.features import periodic
+    from tests.clocks import SECOND, SteppedClock
+
+    rows = table("periodic-record")
+    kinds = {int(r["kind"]): r for r in rows}
+    assert {r["name"]: int(r["kind"]) for r in rows} == {
+        "ADD": periodic.ADD,
+        "REMOVE": periodic.REMOVE,
+        "FIRE": periodic.FIRE,
+        "DONE": periodic.DONE,
+    }
+    clock = SteppedClock()
+    with ledgerq.open(tmp_path / "q", clock=clock) as q:
+        q.add_periodic("j", b"pay", every=10, headers={"h": "v"})
+        clock.elapse(10)
+        msg = q.dequeue()
+        assert msg is not None
+        q.remove_periodic("j")
+    data = (tmp_path / "q" / "features" / "periodic.log").read_bytes()
+    magic, version = struct.unpack_from("<4sI", data, 0)
+    assert (magic, version) == (b"LQPJ", 2)
+    pos, records = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack_from("<I", data, pos)
+        assert struct.unpack_from("<I", data, pos + length - 4)[0] == crc32c.crc32c(
+            data[pos : pos + length - 4]
+        )
+        value = msgpack.unpackb(data[pos + 4 : pos + length - 4])
+        fields = [f.split()[0] for f in kinds[value[0]]["fields"].split(", ")]
+        records.append((kinds[value[0]]["name"], dict(zip(fields, value[1:], strict=True))))
+        pos += length
+    tick = clock.wall_ns
+    assert records == [
+        (
+            "ADD",
+            {
+                "revision": 1,
+                "name": "j",
+                "every_ns": 10 * SECOND,
+                "cron": "",
+                "anchor_ns": tick - 10 * SECOND,
+                "priority": 1,
+                "body": msgpack.packb([{"h": "v"}, b"pay"]),
+                "last_tick": -1,
+            },
+        ),
+        ("FIRE", {"revision": 1, "tick_ns": tick, "id": msg.id, "timestamp": msg.timestamp}),
+        ("DONE", {"revision": 1, "tick_ns": tick}),
+        ("REMOVE", {"name": "j"}),
+    ]
+
+
 def test_files() -> None:
     from ledgerq.segment import naming
 
@@ -549,6 +604,7 @@ def test_files() -> None:
     from ledgerq.features.unique import UNIQUE_LOG
 
     assert f"{naming.FEATURES_DIR}/{UNIQUE_LOG}" in paths
+    assert f"{naming.FEATURES_DIR}/{naming.PERIODIC_NAME}" in paths
     # Every name a queue directory may hold is in the table (the temp files aside).
     tops = {p.split("/")[0] for p in paths}
     assert {n for n in naming.QUEUE_NAMES if not n.endswith(naming.TMP_SUFFIX)} == tops

@@ -109,3 +109,18 @@ def test_names_outside_the_tree_and_missing_things_are_404(
     assert client.get("/api/message?q=billing/us&id=1").status == 404
     assert client.get("/static/../_app.py").status == 404
     assert client.get("/api/dlq?q=orders&older_than=soon").status == 400
+
+
+def test_the_queue_page_and_api_show_periodic_jobs(tmp_path: Path, children: Children) -> None:
+    with ledgerq.open(tmp_path / "jobs") as q:
+        q.add_periodic("nightly", b"report", cron="0 3 * * *")
+        q.add_periodic("heartbeat", b"ping", every=30)
+    _, base = start_console(children, tmp_path)
+    client = Client(base)
+    jobs = client.get("/api/queue?q=jobs").json()["periodic"]
+    assert [(j["name"], j["schedule"], j["last_run"]) for j in jobs] == [
+        ("heartbeat", "every 30s", None),
+        ("nightly", "cron 0 3 * * *", None),
+    ]
+    page = client.get("/queue?q=jobs").text
+    assert "Periodic jobs" in page and "cron 0 3 * * *" in page and "not yet" in page
