@@ -29,6 +29,11 @@ in exclusive mode) at these points:
     a bounded queue's appends, and a unique key this handle's view shows held, are
     judged holding every reader's step: the backlog they count cannot change under
     the check, and another process's ack just before counts.
+
+Retention (``QueueCore._delete_consumed``, ``_drop_oldest_while_over``) and ``stats``
+are written once as well: the session marks a deletion (``deleting``), publishes the
+log after one (``publish_log``), runs retention after a settle (``retire_consumed``),
+and brings the view up to date for a report (``look``, ``enqueued``).
 """
 
 from __future__ import annotations
