@@ -991,11 +991,7 @@ class QueueCore(Closing):
                         else:
                             unique.rollback()
                         raise
-                    self._next_id = message_id + 1
-                    self._enqueued += 1
-                    ticket = self._log_commit.note_write()
-                    if rotated:
-                        self._retire_after_rotation()
+                    ticket = self._appended(message_id, 1, rotated)
                     unique.key_added(message_id, now)
             finally:
                 if appends is not None:
