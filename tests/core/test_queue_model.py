@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import hypothesis.strategies as st
@@ -49,11 +50,14 @@ class QueueMachine(RuleBasedStateMachine):
     options: ClassVar[dict[str, Any]] = {}
     shared: ClassVar[bool] = False  # open every handle in shared mode
     locking: ClassVar[str | None] = None  # ... locking so ("words", "flock": tests/locking.py)
+    seed: ClassVar[Path | None] = None  # a queue directory copied as the starting queue
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="ledgerq-model-")
         self.path = f"{self.tmp}/q"
+        if self.seed is not None:
+            shutil.copytree(self.seed, self.path)
         with locking(self.locking):
             self.q = ledgerq.open(self.path, shared=self.shared, **self.options)
         self.max_retries = self.q.options.max_retries

@@ -2,7 +2,9 @@
 
 Kept to show how ``fixtures/v1_queue`` was made: with the code of main at 9248413, before
 format 2 existed, as ``python tests/format/make_v1_fixture.py DEST`` (and ``fixtures/v1_clean`` with
-``--clean``: the same, closed cleanly before the second part).  Every record type a
+``--clean``: the same, closed cleanly before the second part; ``fixtures/v1_empty`` with
+``--empty``: a queue that never held a message, for the behaviour suite's format-1
+configuration in tests/core/test_behaviour.py).  Every record type a
 format-1 ledgerq writes is in it: entries with and without each optional field
 (TTL, priority, headers, compressed payload, batches with BATCH_CONTINUES), two segments,
 reader journals holding LEASE/ACK/NACK/RELEASE/DEAD_LETTER/EXPIRE records and a
@@ -16,6 +18,14 @@ import sys
 import time
 
 import ledgerq
+
+
+def empty(dest: str) -> None:
+    """A format-1 queue with its files (meta, options, an empty segment, the default
+    reader's state, the dedup and retry logs) and no message: ids start at 1."""
+    q = ledgerq.open(dest, dedup_window=60.0)
+    assert q.dequeue() is None  # the default reader's state file
+    q.close()
 
 
 def main(dest: str, *, clean: bool = False) -> None:
@@ -78,4 +88,7 @@ def main(dest: str, *, clean: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], clean="--clean" in sys.argv[2:])
+    if "--empty" in sys.argv[2:]:
+        empty(sys.argv[1])
+    else:
+        main(sys.argv[1], clean="--clean" in sys.argv[2:])
