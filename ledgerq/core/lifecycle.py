@@ -33,9 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ledgerq._options import Options, storable_options
-from ledgerq.core.feature import Feature
 from ledgerq.segment.files import StorageError
-from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import Meta, MetaStore, OptionsCopy, OptionsStore
 from ledgerq.segment.reserve import DiskReserve
@@ -234,35 +232,22 @@ class Holdings:
         "tally",
     )
 
-    def __init__(
-        self,
-        queue: QueueCore,
-        *,
-        lock: threading.Lock,
-        manager: SegmentManager,
-        cores: dict[str, ReaderCore],
-        features: list[Feature],
-        keeper: MetaKeeper,
-        tally: Tally,
-        dirlock: DirLock,
-        stop_flusher: threading.Event,
-        flusher: threading.Thread | None,
-        reserve: DiskReserve,
-    ) -> None:
+    def __init__(self, queue: QueueCore) -> None:
+        # Taken from the queue once, at open: the finalizer must not keep it alive.
         self.path = queue.path
         # None: the handle does not store its options (``remember_options=False``).
         self.options: Options | None = queue.options if queue._remember_options else None
         self.queue = weakref.ref(queue)
-        self.lock = lock
-        self.manager = manager
-        self.cores = cores
-        self.features = features
-        self.keeper = keeper
-        self.tally = tally
-        self.dirlock = dirlock
-        self.stop_flusher = stop_flusher
-        self.flusher = flusher
-        self.reserve = reserve
+        self.lock = queue._lock
+        self.manager = queue._manager
+        self.cores = queue._cores
+        self.features = queue._features
+        self.keeper = queue._keeper
+        self.tally = queue._tally
+        self.dirlock = queue._dirlock
+        self.stop_flusher = queue._stop_flusher
+        self.flusher = queue._flusher
+        self.reserve = queue._reserve
         self.forked = False  # set in a forked child: nothing here is this process's
 
     def release(self, *, next_id: int, reserved_until: int, enqueued: int) -> list[Exception]:

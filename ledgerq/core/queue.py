@@ -456,19 +456,7 @@ class QueueCore(Closing):
                 self._reserved_until = self._ids_reserved_until
 
     def _new_holdings(self) -> Holdings:
-        return Holdings(
-            self,
-            lock=self._lock,
-            manager=self._manager,
-            cores=self._cores,
-            features=self._features,
-            keeper=self._keeper,
-            tally=self._tally,
-            dirlock=self._dirlock,
-            stop_flusher=self._stop_flusher,
-            flusher=self._flusher,
-            reserve=self._reserve,
-        )
+        return Holdings(self)
 
     def _start_clock(self) -> None:
         """Start the queue's clock (core/clock.py) at or after the newest stored timestamp."""

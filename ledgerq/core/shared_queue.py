@@ -239,23 +239,15 @@ class SharedHoldings(Holdings):
         "shared_dir",
     )
 
-    def __init__(
-        self,
-        queue: QueueCore,
-        *,
-        live: LockFile,
-        append_lock: StepLock,
-        append_file: LockFile,
-        page: SharedPage,
-        reader_locks: dict[str, LockFile],
-        **kwargs: object,
-    ) -> None:
-        super().__init__(queue, **kwargs)  # type: ignore[arg-type]
-        self.live = live
-        self.append_lock = append_lock
-        self.append_file = append_file
-        self.page = page
-        self.reader_locks = reader_locks
+    def __init__(self, queue: SharedQueueCore) -> None:
+        super().__init__(queue)
+        assert queue._live is not None  # (made by _new_holdings once both are open)
+        assert queue._page is not None
+        self.live = queue._live
+        self.append_lock = queue._append_lock
+        self.append_file = queue._append_file
+        self.page = queue._page
+        self.reader_locks = queue._reader_locks
         self.shared_dir = os.path.join(queue.path, SHARED_DIR)
         self.opening_path = os.path.join(self.shared_dir, OPENING_NAME)
         self.clean_close = False
@@ -904,24 +896,7 @@ class SharedQueueCore(QueueCore):
     def _new_holdings(self) -> Holdings:
         if self._live is None or self._page is None:
             return super()._new_holdings()  # still opening: a failed open releases the plain way
-        return SharedHoldings(
-            self,
-            live=self._live,
-            append_lock=self._append_lock,
-            append_file=self._append_file,
-            page=self._page,
-            reader_locks=self._reader_locks,
-            lock=self._lock,
-            manager=self._manager,
-            cores=self._cores,
-            features=self._features,
-            keeper=self._keeper,
-            tally=self._tally,
-            dirlock=self._dirlock,
-            stop_flusher=self._stop_flusher,
-            flusher=self._flusher,
-            reserve=self._reserve,
-        )
+        return SharedHoldings(self)
 
     def _close_after_failed_open(self) -> None:
         super()._close_after_failed_open()
