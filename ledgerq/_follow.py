@@ -20,14 +20,12 @@ from ledgerq._types import Message
 from ledgerq.core.args import check_timeout
 from ledgerq.core.closing import Closing
 from ledgerq.core.processes import track, untrack
+from ledgerq.segment.encryption import check_key_type, sealer_for, stored_block
 from ledgerq.segment.readonly import (
     DirectoryWatcher,
     LogTail,
     WatchMode,
-    check_key_type,
     check_queue_dir,
-    sealer_for,
-    stored_block,
     view_message,
     watch_segments,
 )

@@ -48,39 +48,39 @@ from typing import Any
 
 from ledgerq._errors import CorruptionError, LedgerQError, NotAQueueError
 
-# Writing the destination, a queue directory of its own, under its lock.
+# Reading the source, which another process owns, with the lock-free reader's rules
+# (segment.readonly), and its segments entry by entry (format, scanner, layout);
+# writing the destination, a queue directory of its own, under its lock.
+from ledgerq.format.entry import decode_entry
+from ledgerq.format.errors import DecodeError
+from ledgerq.format.index import IndexEntry
 from ledgerq.segment.appendlog import AppendLog
 from ledgerq.segment.files import atomic_write, fsync_dir, pread_exact, storage_errors
-from ledgerq.segment.index_file import write_index
+from ledgerq.segment.index_file import read_index, write_index
+from ledgerq.segment.layout import content_first_id
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.meta import Meta, MetaStore, encode_meta
-
-# Reading the source, which another process owns: the lock-free reader's rules.
-from ledgerq.segment.readonly import (
+from ledgerq.segment.naming import (
     LOCK_NAME,
     META_NAME,
     SEGMENTS_DIR,
     TMP_SUFFIX,
-    DecodeError,
-    DirectoryWatcher,
-    EntryFlags,
-    EntryScanner,
-    IndexEntry,
-    SegmentTail,
-    WatchMode,
-    content_first_id,
-    decode_entry,
     idx_path,
     list_segment_ids,
-    load_meta,
     log_path,
+)
+from ledgerq.segment.readonly import (
+    DirectoryWatcher,
+    EntryFlags,
+    SegmentTail,
+    WatchMode,
+    load_meta,
     queue_dir_problem,
-    read_index,
     reader_heads,
-    sealed_index_holds,
     segment_ids,
     watch_segments,
 )
+from ledgerq.segment.scanner import EntryScanner, sealed_index_holds
 
 __all__ = [
     "STATE_NAME",

@@ -51,56 +51,57 @@ from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.reader import Reader
 from ledgerq.features.periodic import read_jobs
 from ledgerq.format.entry import Entry, EntryFlags
-from ledgerq.format.errors import CorruptRecord
-from ledgerq.format.reader_state import Checkpoint
-from ledgerq.segment.index_file import write_index  # repair only: it writes
+from ledgerq.format.errors import CorruptRecord, DecodeError
+from ledgerq.format.index import IndexEntry
+from ledgerq.format.reader_state import Checkpoint, StateRecordType
+from ledgerq.segment.encryption import stored_block
+from ledgerq.segment.index_file import (
+    load_index,
+    write_index,  # repair only: it writes
+)
+from ledgerq.segment.layout import (
+    DAMAGED_DIR,
+    Layout,
+    SegmentFile,
+    arrange,
+    content_first_id,
+    newest_first,
+    subtract_ranges,
+)
 from ledgerq.segment.lock import DirLock  # repair only: it writes
 from ledgerq.segment.meta import (  # repair only: it writes
     DELIVER_AT_VERSION,
+    NEWEST_VERSION,
     DamagedMetaError,
     MetaStore,
     OptionsStore,
     holds_queue_data,
 )
 from ledgerq.segment.meta_rebuild import rebuild_meta  # repair only: it writes
-from ledgerq.segment.readonly import (
-    DAMAGED_DIR,
+from ledgerq.segment.naming import (
     DLQ_DIR,
     META_NAME,
-    NEWEST_VERSION,
     SEGMENTS_DIR,
-    CorruptRegion,
-    DecodeError,
-    EntryScanner,
-    IndexEntry,
-    Layout,
-    SegmentDirectory,
-    SegmentFile,
-    SegmentTail,
-    StateRecordType,
-    TailScanner,
-    arrange,
-    content_first_id,
-    find_queues,
-    has_valid_header,
     idx_path,
-    journal_records,
-    list_reader_names,
     list_segment_ids,
-    load_index,
     log_path,
-    log_skipped,
-    newest_first,
-    queue_dir_problem,
     reader_state_path,
+)
+from ledgerq.segment.readonly import (
+    SegmentDirectory,
+    SegmentTail,
+    find_queues,
+    list_reader_names,
+    queue_dir_problem,
     replay_reader,
     segment_ids,
-    stored_block,
     stored_options,
-    subtract_ranges,
     view_message,
     view_sealer,
 )
+from ledgerq.segment.readonly_state import has_valid_header, journal_records
+from ledgerq.segment.readonly_tail import log_skipped
+from ledgerq.segment.scanner import CorruptRegion, EntryScanner, TailScanner
 from ledgerq.segment.setaside import move_to_damaged, rename_segment  # repair only
 
 __all__ = [

@@ -19,26 +19,21 @@ import os
 import time
 
 from ledgerq import Message, ReaderStats, Stats, StorageError
+from ledgerq.segment.index_file import read_index_ends, read_index_tail
+from ledgerq.segment.naming import DLQ_DIR, SEGMENTS_DIR, idx_path, log_path
 from ledgerq.segment.readonly import (
-    DLQ_DIR,
-    SEGMENTS_DIR,
     LogTail,
     ReaderState,
     RecordType,
-    TailScanner,
-    checked_start,
-    idx_path,
     is_queue_dir,
     list_reader_names,
     load_meta,
-    log_path,
-    read_index_ends,
-    read_index_tail,
     replay_reader,
     segment_ids,
     view_message,
     view_sealer,
 )
+from ledgerq.segment.scanner import TailScanner, checked_start
 
 __all__ = ["NOTE", "dlq_pending", "is_read_only_error", "peek", "stats"]
 

@@ -30,7 +30,7 @@ from ledgerq.cli._common import (
     write_outcome,
 )
 from ledgerq.cli._keys import KeyFileError, current_key, key_file_option, read_key_file
-from ledgerq.segment.readonly import stored_block
+from ledgerq.segment.encryption import stored_block
 
 __all__ = ["compact", "dump", "rekey", "verify"]
 

@@ -1,26 +1,29 @@
-"""Reading a queue directory without its lock: the one home of the rules.
+"""Reading a queue directory without its lock: the API of a reader that does not own it.
 
-``ledgerq.follow``, ``ledgerq ship``, the Spark source, ``ledgerq verify`` and
-``ledgerq dump`` read queues that another process may have open, and take no lock to
-do so; the queue's own recovery shares the reader-journal replay.  Everything they need
-from the storage engine is here (or re-exported here from the module that defines it),
-so the rules below exist once:
+``ledgerq.follow``, ``ledgerq ship``, the Spark source, ``ledgerq verify``/``dump``, the
+console and the read-only ``stats``/``peek`` read queues that another process may have
+open, and take no lock to do so; the queue's own recovery shares the reader-journal
+replay.  This module is what such a reader uses, and nothing more (``__all__`` is pinned
+by ``tests/test_layers.py``, which also refuses any other name imported from here):
 
-* what a queue directory is (:func:`queue_dir_problem`), and where the queues under a
-  directory are (:func:`find_queues`);
-* the segments of a queue in the order of their contents - a misnamed file (renamed,
-  swapped, copied by hand) read under its entries' ids, a copy set aside, gaps
-  listed - as the owner orders them (``SegmentDirectory``, ``arrange``,
-  ``content_first_id``: ``segment.layout``), their sparse indexes read tolerantly (an
-  index is a hint), and a checked start point for an id (``checked_start``);
-* one live-tail scanner (``TailScanner``), which stops at an append or a batch still in
-  flight instead of searching past it, and the readers built on it: ``SegmentTail``
-  (one segment, with the patience rule), ``LogTail`` (the whole log, as it grows, across
-  rotations) and ``last_complete_id``;
-* reader state journals replayed whole or incrementally (``JournalTail``,
-  ``ReaderState``, ``replay_reader``, ``reader_heads``);
-* the :class:`~ledgerq.Message` a view that does not lease builds from an entry
-  (:func:`view_message`).
+* a queue view: what a queue directory is (:func:`queue_dir_problem`), where the queues
+  under a directory are (:func:`find_queues`), its ``meta.json`` and stored options
+  read without the lock, its segments (ids, watched, and in the order of their contents
+  as the owner orders them: ``SegmentDirectory``, from ``segment.layout``);
+* entries from an id: ``SegmentTail`` (one segment, with the patience rule), ``LogTail``
+  (the whole log, as it grows, across rotations) and ``last_complete_id``, built on the
+  one live-tail scanner (``segment.scanner.TailScanner``: it stops at an append or a
+  batch still in flight instead of searching past it), and the ``Entry`` values they
+  yield with the meaning of their type and flags;
+* reader heads: reader state journals replayed whole or incrementally (``JournalTail``,
+  ``ReaderState``, ``replay_reader``, ``reader_heads``, ``list_reader_names``);
+* message views: the :class:`~ledgerq.Message` a view that does not lease builds from an
+  entry (:func:`view_message`, with :func:`view_sealer` for an encrypted queue).
+
+Bytes, file names, index points and scanners are not here: the few outer modules that
+genuinely work at that level (the Spark scan decodes entry bytes itself, ``ship`` copies
+segments byte for byte) import them from the module that defines them, each named in
+their allow-list in ``tests/test_layers.py`` with the reason.
 
 What a reader without the lock may rely on, from the owner's side (``docs/format.md``):
 
@@ -30,7 +33,8 @@ What a reader without the lock may rely on, from the owner's side (``docs/format
   missing (a reader holds a batch back until its last entry is there);
 * a ``write()`` is not atomic for readers: the end of the newest segment may hold the
   first bytes of an entry still being written, which look like damage - a reader waits
-  at them for a grace period (``IN_FLIGHT_GRACE_S``) before searching past them;
+  at them for a grace period (``readonly_tail.IN_FLIGHT_GRACE_S``) before searching
+  past them;
 * ids inside a segment are consecutive, and between segments they only increase; a
   segment file is named after its first entry's id - unless someone renamed, swapped
   or copied files by hand, which ``segment.layout`` detects (by content, never by name);
@@ -56,176 +60,63 @@ import zstandard
 
 from ledgerq._errors import CorruptionError, IncompatibleFormatError, NotAQueueError
 from ledgerq._types import Message
-
-# The format a lock-free reader decodes (re-exported: outer modules reach the storage
-# engine through this module only).
-from ledgerq.format import (
-    MAX_ENTRY_SIZE,
-    MIN_ENTRY_SIZE,
-    Checkpoint,
-    CorruptRecord,
-    DecodeError,
-    Entry,
-    EntryFlags,
-    IndexEntry,
-    RecordType,
-    StateRecordType,
-    decode_entry,
-)
-from ledgerq.format.checksum import (
-    CHECKSUM,
-    RESIDUE,
-    RESIDUE_V1,
-    checksum,
-    checksum_v1,
-    count_valid_records,
-)
 from ledgerq.format.compression import restore_zstd
-from ledgerq.format.entry import ENTRY_FORMAT, ENTRY_FORMAT_SHIFT, ENTRY_HEADER
+from ledgerq.format.entry import Entry, EntryFlags, RecordType
+from ledgerq.format.errors import CorruptRecord
 from ledgerq.format.sealing import EntrySealer
-from ledgerq.segment.encryption import check_key_type, sealer_for, stored_block
-from ledgerq.segment.files import pread_exact
-from ledgerq.segment.index_file import load_index, read_index, read_index_ends, read_index_tail
-from ledgerq.segment.layout import (
-    DAMAGED_DIR,
-    Layout,
-    SegmentDirectory,
-    SegmentFile,
-    arrange,
-    content_first_id,
-    newest_first,
-    subtract_ranges,
-)
+from ledgerq.segment.encryption import sealer_for
+from ledgerq.segment.layout import SegmentDirectory
 from ledgerq.segment.messages import entry_to_message
-from ledgerq.segment.meta import FORMAT_VERSION, NEWEST_VERSION, Meta, MetaStore, stored_options
+from ledgerq.segment.meta import Meta, MetaStore, stored_options
 from ledgerq.segment.naming import (
     DLQ_DIR,
-    LOCK_NAME,
     LOG_SUFFIX,
     META_NAME,
     QUEUE_NAMES,
-    READERS_DIR,
     SEGMENTS_DIR,
-    TMP_SUFFIX,
-    idx_path,
     list_reader_names,
     list_segment_ids,
-    log_path,
-    reader_state_path,
 )
-from ledgerq.segment.readonly_state import (
-    HEADER_ADVICE,
-    JournalTail,
-    ReaderState,
-    StateRecord,
-    has_valid_header,
-    journal_records,
-    reader_heads,
-    replay_reader,
-)
-from ledgerq.segment.readonly_tail import (
-    IN_FLIGHT_GRACE_S,
-    LogTail,
-    SegmentTail,
-    last_complete_id,
-    log_skipped,
-)
-from ledgerq.segment.scanner import (
-    CorruptRegion,
-    EntryScanner,
-    TailScanner,
-    checked_start,
-    sealed_index_holds,
-)
+from ledgerq.segment.readonly_state import JournalTail, ReaderState, reader_heads, replay_reader
+from ledgerq.segment.readonly_tail import LogTail, SegmentTail, last_complete_id
 from ledgerq.segment.watch import DirectoryWatcher, WatchMode, open_watcher
 
+# What a reader of a queue it does not own needs, and nothing more (pinned by
+# tests/test_layers.py: a name added here is added there, with a reader that needs it).
 __all__ = [
-    "CHECKSUM",
-    "CorruptRecord",
-    "EntrySealer",
-    "DAMAGED_DIR",
-    "DLQ_DIR",
-    "ENTRY_FORMAT",
-    "ENTRY_FORMAT_SHIFT",
-    "ENTRY_HEADER",
-    "FORMAT_VERSION",
-    "NEWEST_VERSION",
-    "HEADER_ADVICE",
-    "IN_FLIGHT_GRACE_S",
-    "LOCK_NAME",
-    "MAX_ENTRY_SIZE",
-    "MAX_VIEW_PAYLOAD",
-    "META_NAME",
-    "MIN_ENTRY_SIZE",
-    "READERS_DIR",
-    "RESIDUE",
-    "RESIDUE_V1",
-    "SEGMENTS_DIR",
-    "TMP_SUFFIX",
-    "VIEW_ATTEMPTS",
-    "Checkpoint",
-    "CorruptRegion",
-    "DecodeError",
-    "DirectoryWatcher",
-    "Entry",
-    "EntryFlags",
-    "EntryScanner",
-    "IndexEntry",
-    "JournalTail",
-    "Layout",
-    "LogTail",
-    "Meta",
+    # a queue view
     "QueueDir",
-    "ReaderState",
-    "RecordType",
-    "SegmentDirectory",
-    "SegmentFile",
-    "SegmentTail",
-    "StateRecord",
-    "StateRecordType",
-    "TailScanner",
-    "WatchMode",
-    "arrange",
     "check_queue_dir",
-    "checked_start",
-    "checksum",
-    "checksum_v1",
-    "content_first_id",
-    "count_valid_records",
-    "decode_entry",
     "find_queues",
-    "has_valid_header",
-    "idx_path",
     "is_cleanly_closed",
     "is_queue_dir",
-    "journal_records",
-    "last_complete_id",
-    "list_reader_names",
-    "list_segment_ids",
-    "load_index",
     "load_meta",
-    "log_path",
-    "log_skipped",
-    "newest_first",
-    "pread_exact",
     "queue_dir_problem",
-    "read_index",
-    "read_index_ends",
-    "read_index_tail",
-    "reader_heads",
-    "reader_state_path",
-    "replay_reader",
-    "restore_zstd",
-    "sealed_index_holds",
-    "segment_ids",
     "stored_options",
-    "subtract_ranges",
+    # its segments
+    "DirectoryWatcher",
+    "SegmentDirectory",
+    "WatchMode",
+    "segment_ids",
+    "watch_segments",
+    # entries from an id
+    "Entry",
+    "EntryFlags",
+    "LogTail",
+    "RecordType",
+    "SegmentTail",
+    "last_complete_id",
+    # reader heads
+    "JournalTail",
+    "ReaderState",
+    "list_reader_names",
+    "reader_heads",
+    "replay_reader",
+    # message views
+    "MAX_VIEW_PAYLOAD",
+    "VIEW_ATTEMPTS",
     "view_message",
     "view_sealer",
-    "check_key_type",
-    "sealer_for",
-    "stored_block",
-    "watch_segments",
 ]
 
 logger = logging.getLogger("ledgerq")

@@ -29,7 +29,7 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import ledgerq
-from ledgerq.segment.readonly import META_NAME  # present in every queue directory
+from ledgerq.segment.naming import META_NAME  # present in every queue directory
 from ledgerq.server.protocol import is_valid_queue_name
 
 __all__ = ["PEEK_SCAN_LIMIT", "QueueSlot", "ReaderSlot", "Registry", "Waiter"]

@@ -13,14 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ledgerq.segment.readonly import (
-    SEGMENTS_DIR,
-    SegmentDirectory,
-    idx_path,
-    is_cleanly_closed,
-    read_index_ends,
-    replay_reader,
-)
+from ledgerq.segment.index_file import read_index_ends
+from ledgerq.segment.naming import SEGMENTS_DIR, idx_path
+from ledgerq.segment.readonly import SegmentDirectory, is_cleanly_closed, replay_reader
 
 __all__ = [
     "ReaderSnapshot",

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ledgerq._errors import ConfigError
-from ledgerq.segment.readonly import QueueDir, find_queues, sealer_for, stored_block
+from ledgerq.segment.encryption import sealer_for, stored_block
+from ledgerq.segment.readonly import QueueDir, find_queues
 from ledgerq.spark._layout import (
     ReaderSnapshot,
     SegmentInfo,

@@ -46,36 +46,25 @@ import pyarrow.compute as pc
 import zstandard
 
 from ledgerq._errors import CorruptionError
-from ledgerq.segment.readonly import (
-    CHECKSUM,
+from ledgerq.format.checksum import CHECKSUM, checksum, checksum_v1, count_valid_records
+from ledgerq.format.compression import restore_zstd
+from ledgerq.format.entry import (
     ENTRY_FORMAT,
     ENTRY_FORMAT_SHIFT,
     ENTRY_HEADER,
     MAX_ENTRY_SIZE,
-    MAX_VIEW_PAYLOAD,
     MIN_ENTRY_SIZE,
-    SEGMENTS_DIR,
-    CorruptRecord,
-    DecodeError,
-    Entry,
-    EntryFlags,
-    EntrySealer,
-    IndexEntry,
-    RecordType,
-    TailScanner,
-    checked_start,
-    checksum,
-    checksum_v1,
-    count_valid_records,
     decode_entry,
-    idx_path,
-    log_path,
-    pread_exact,
-    read_index,
-    restore_zstd,
-    sealer_for,
-    stored_block,
 )
+from ledgerq.format.errors import CorruptRecord, DecodeError
+from ledgerq.format.index import IndexEntry
+from ledgerq.format.sealing import EntrySealer
+from ledgerq.segment.encryption import sealer_for, stored_block
+from ledgerq.segment.files import pread_exact
+from ledgerq.segment.index_file import read_index
+from ledgerq.segment.naming import SEGMENTS_DIR, idx_path, log_path
+from ledgerq.segment.readonly import MAX_VIEW_PAYLOAD, Entry, EntryFlags, RecordType
+from ledgerq.segment.scanner import TailScanner, checked_start
 from ledgerq.spark._layout import ReaderSnapshot
 
 __all__ = [

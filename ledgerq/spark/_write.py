@@ -50,8 +50,8 @@ import ledgerq
 from ledgerq import Options
 from ledgerq._errors import ConfigError, QueueLockedError
 from ledgerq._options import MAX_SECONDS
+from ledgerq.segment.encryption import sealer_for, stored_block
 from ledgerq.segment.files import fsync_dir
-from ledgerq.segment.readonly import sealer_for, stored_block
 from ledgerq.shard import (
     existing_shard_counts,
     read_shard_count,

@@ -41,9 +41,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ledgerq import ConfigError, CorruptionError, Message, tools
+from ledgerq.segment.naming import DLQ_DIR, SEGMENTS_DIR, reader_state_path
 from ledgerq.segment.readonly import (
-    DLQ_DIR,
-    SEGMENTS_DIR,
     JournalTail,
     LogTail,
     ReaderState,
@@ -53,7 +52,6 @@ from ledgerq.segment.readonly import (
     is_queue_dir,
     last_complete_id,
     list_reader_names,
-    reader_state_path,
 )
 from ledgerq.ui._encryption import PLAIN, KeyNeeded, KeyState, key_state
 from ledgerq.ui._schedule import ScheduleTail

@@ -26,16 +26,17 @@ from ledgerq.format.reader_state import (
     encode_state_file_header,
 )
 from ledgerq.segment import readonly
+from ledgerq.segment.index_file import read_index
 from ledgerq.segment.readonly import (
     JournalTail,
     LogTail,
     ReaderState,
-    checked_start,
     find_queues,
     last_complete_id,
     queue_dir_problem,
-    read_index,
 )
+from ledgerq.segment.readonly_tail import IN_FLIGHT_GRACE_S
+from ledgerq.segment.scanner import checked_start
 from ledgerq.ship import durable_reader_heads, ship_queue
 
 # ---------------------------------------------------------------------- helpers
@@ -193,7 +194,7 @@ def test_the_live_tail_waits_at_an_append_in_flight_and_reads_it_once_written(
         _append(log, entry[:700])  # the owner's write() is not atomic for readers
         assert tail.next_entry() is None
         patience = tail.patience_left()
-        assert patience is not None and 0 < patience <= readonly.IN_FLIGHT_GRACE_S
+        assert patience is not None and 0 < patience <= IN_FLIGHT_GRACE_S
         assert last_complete_id(str(q)) == 3
         assert _follow_ids(q) == [1, 2, 3]
         _append(log, entry[700:])

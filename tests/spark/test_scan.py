@@ -20,8 +20,9 @@ from tests.spark import require_spark
 require_spark()
 
 import ledgerq  # noqa: E402
+from ledgerq.format.checksum import count_valid_records  # noqa: E402
 from ledgerq.format.entry import EntryFlags, decode_entry, encode_entry  # noqa: E402
-from ledgerq.segment.readonly import count_valid_records, find_queues  # noqa: E402
+from ledgerq.segment.readonly import find_queues  # noqa: E402
 from ledgerq.spark import _scan  # noqa: E402
 from ledgerq.spark._layout import list_segments, read_reader_state  # noqa: E402
 from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks  # noqa: E402
