@@ -158,10 +158,10 @@ class Queue(QueueCore):
             removed, ticket = core.purge(wanted)
             if removed:
                 self._retire_consumed()
-                self._room_made()
+                self._waits.room_made()
                 if core.group_freed:  # a kept message of a purged head's group is free
                     core.group_freed = False
-                    self._wake()
+                    self._waits.wake()
         if removed and self._sync_always:
             core.journal.commit.wait_durable(ticket)
         return len(removed)

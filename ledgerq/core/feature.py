@@ -160,7 +160,7 @@ class KeyAdmitter(Protocol):
 class Timer(Protocol):
     """A feature that enqueues by time (periodic jobs): the core tells it when to look.
 
-    It keeps ``QueueCore._timer_ns`` (queue time, ns) at its next due time, or None;
+    It keeps ``QueueCore.waits.timer_ns`` (queue time, ns) at its next due time, or None;
     the core calls :meth:`fire_due` - no lock held - from a dequeue (or a wait for one,
     which ends then) once that time has come, and :meth:`poll` at open and, in shared
     mode, from the housekeeper every 0.25 s (other handles' changes)."""

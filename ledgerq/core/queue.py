@@ -67,6 +67,7 @@ from ledgerq.core.reader import (
 )
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_appends import SharedAppends
+from ledgerq.core.waits import Waits
 from ledgerq.format.entry import (
     Entry,
     EntryFlags,
@@ -295,12 +296,10 @@ class QueueCore(Closing):
 
     def _open_locked(self) -> None:
         opts = self.options
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._waiting = 0
-        self._room_waiting = 0  # enqueues waiting for room in a bounded queue (also in _waiting)
-        self._listeners: dict[int, Callable[[], None]] = {}
-        self._next_listener = 0
+        self._waits = waits = Waits()  # (readers share it: core/waits.py)
+        waits.prepare_wait = self._prepare_wait
+        waits.fire_timer = self._fire_timer
+        self._lock = waits.lock
         self._closed = False
         self._meta_store = MetaStore(self.path)
         self._options_store = OptionsStore(self.path)
@@ -325,8 +324,7 @@ class QueueCore(Closing):
         self._log_commit = GroupCommit(self._manager.sync_active)
         self._sync_always = opts.sync == "always"
         self._register_hooks()
-        # Periodic jobs (a Timer feature): the next due time, queue clock; None: none.
-        self._timer_ns: int | None = None
+        # Periodic jobs (a Timer feature; its next due time is Waits.timer_ns).
         self._timer: Timer | None = None
         make_durable_dir(os.path.join(self.path, READERS_DIR))
         # A weak proxy: a feature that keeps it (the DLQ) must not keep the queue alive.
@@ -468,6 +466,7 @@ class QueueCore(Closing):
         # The append and dequeue paths add these inline: now = offset + monotonic_ns().
         self._clock_offset_ns = clock.offset_ns
         self._clock_mono = clock.monotonic_ns
+        self._waits.start_clock(clock)
 
     def _register_hooks(self) -> None:
         def overriding(name: str) -> list[Feature]:
@@ -660,6 +659,12 @@ class QueueCore(Closing):
         """The log's entry ``message_id``, or None if the log does not hold it (lock held)."""
         entry = LogCursor(self._manager, message_id).next()
         return entry if entry is not None and entry.id == message_id else None
+
+    @property
+    def waits(self) -> Waits:
+        """How this queue's callers wait and are woken (core/waits.py): readers and the
+        features that enqueue by time share it."""
+        return self._waits
 
     def set_timer(self, timer: Timer) -> None:
         """Register the feature that enqueues by time (see :class:`Timer`; at attach)."""
@@ -935,7 +940,7 @@ class QueueCore(Closing):
             finally:
                 if appends is not None:
                     appends.end()
-            if rotated or self._waiting or self._listeners:
+            if rotated or self._waits.waiting or self._waits.listeners:
                 self._after_append()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
@@ -985,7 +990,7 @@ class QueueCore(Closing):
                 if appends is not None:
                     appends.end()
             if held is None:
-                if rotated or self._waiting or self._listeners:
+                if rotated or self._waits.waiting or self._waits.listeners:
                     self._after_append()
             elif held:
                 self._tally.duplicates += 1
@@ -1285,13 +1290,13 @@ class QueueCore(Closing):
             )
         if self._prepare_wait():
             return  # now watching the other processes' changes: look once more
-        self._waiting += 1
-        self._room_waiting += 1
+        self._waits.waiting += 1
+        self._waits.room_waiting += 1
         try:
-            self._cond.wait(remaining)
+            self._waits.cond.wait(remaining)
         finally:
-            self._waiting -= 1
-            self._room_waiting -= 1
+            self._waits.waiting -= 1
+            self._waits.room_waiting -= 1
         if self._closed:
             self._ensure_open()
 
@@ -1381,8 +1386,8 @@ class QueueCore(Closing):
     def _after_append(self) -> None:
         """After an append (lock held, the append session ended): wake the waiters, and
         in shared mode apply ``retention_max_bytes``."""
-        if self._waiting or self._listeners:
-            self._wake()
+        if self._waits.waiting or self._waits.listeners:
+            self._waits.wake()
         appends = self._appends
         if appends is not None:
             appends.after()
@@ -1397,8 +1402,8 @@ class QueueCore(Closing):
         written = self._manager.next_id - first
         if written > 0:
             self._appended(first, written, rotated=False)
-            if self._waiting or self._listeners:
-                self._wake()
+            if self._waits.waiting or self._waits.listeners:
+                self._waits.wake()
 
     def _restore(self, entry: Entry) -> bytes:
         """The payload as the producer gave it (undoing encryption and compression)."""
@@ -1529,7 +1534,7 @@ class QueueCore(Closing):
             reader._removed = True
             reader._core.journal.close()
             self._retire_consumed()
-            self._wake()  # its waiters must see that it is gone
+            self._waits.wake()  # its waiters must see that it is gone
             return True
 
     def dequeue(self, timeout: float | None = 0) -> Message | None:
@@ -1597,17 +1602,6 @@ class QueueCore(Closing):
         shared handle while it opens): features may then rewrite their files freely."""
         return True
 
-    def _room_made(self) -> None:
-        """Messages left the backlog (lock held): wake the enqueues waiting for room."""
-        if self._room_waiting:
-            self._wake()
-
-    def _wake(self) -> None:
-        """Messages may have become available (or the queue closed): wake every waiter."""
-        self._cond.notify_all()
-        for callback in list(self._listeners.values()):
-            callback()
-
     def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback()`` whenever messages may have become available; return a remover.
 
@@ -1615,37 +1609,14 @@ class QueueCore(Closing):
         nacked or closed: it must be quick and must not call the queue (e.g.
         ``loop.call_soon_threadsafe``).  Used by ``ledgerq.aio`` to wait without threads.
         """
-        with self._lock:
-            key = self._next_listener
-            self._next_listener += 1
-            self._listeners[key] = callback
-
-        def remove() -> None:
-            with self._lock:
-                self._listeners.pop(key, None)
-
-        return remove
+        return self._waits.add_listener(callback)
 
     def add_room_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
         """:meth:`add_listener` for a waiter of room in a bounded queue: ``callback`` is
         also called when messages leave the backlog (acks, dead-letters, expiries,
         drops, purges), here or - in shared mode - in another handle or process.
         Used by ``ledgerq.aio`` to wait for room without a thread."""
-        remove = self.add_listener(callback)
-        with self._lock:
-            self._room_waiting += 1
-        removed = False
-
-        def remove_room() -> None:
-            nonlocal removed
-            with self._lock:
-                if removed:
-                    return
-                removed = True
-                self._room_waiting -= 1
-            remove()
-
-        return remove_room
+        return self._waits.add_room_listener(callback)
 
     # ------------------------------------------------------------------ tooling
 
@@ -1673,10 +1644,10 @@ class QueueCore(Closing):
             settled = core.settle_any(message_id)
             if settled:
                 self._retire_consumed()
-                self._room_made()
+                self._waits.room_made()
                 if core.group_freed:  # the next of its group is deliverable now
                     core.group_freed = False
-                    self._wake()
+                    self._waits.wake()
         return settled
 
     # ------------------------------------------------------------------ retention
@@ -1789,7 +1760,7 @@ class QueueCore(Closing):
                     logger.warning("ledgerq: the segment stays for now: %s", exc)
                     return False
         self._manager.delete_first()
-        self._room_made()
+        self._waits.room_made()
         return True
 
     def compact(self) -> None:
@@ -1855,7 +1826,7 @@ class QueueCore(Closing):
             if self._closed:
                 return
             self._closed = True
-            self._wake()
+            self._waits.wake()
         self._finalizer.detach()
         untrack(self)
         errors = self._holdings.release(
@@ -1895,11 +1866,8 @@ class QueueCore(Closing):
         """
         self._holdings.forked = True
         self._closed = True
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._waiting = 0
-        self._room_waiting = 0  # enqueues waiting for room in a bounded queue (also in _waiting)
-        self._listeners = {}  # wakers of the parent's event loops and pools
+        self._waits.after_fork()
+        self._lock = self._waits.lock
 
     def _check(self) -> None:
         """Assert the queue's invariants (tests call this after every step)."""

@@ -1164,6 +1164,7 @@ class Reader:
 
     def __init__(self, queue: QueueCore, core: ReaderCore) -> None:
         self._queue = queue
+        self._waits = queue.waits  # the queue's lock, waiters, wakers and clock
         self._core = core
         self._removed = False
         self.name = core.name
@@ -1181,11 +1182,10 @@ class Reader:
         again.  A position before the oldest retained message means the oldest one.
         """
         message_id = check_id(message_id)
-        queue = self._queue
-        with queue._lock:
+        with self._waits.lock:
             self._ensure_usable()
             self._core.seek(message_id)
-            queue._wake()
+            self._waits.wake()
 
     def seek_time(self, timestamp_ns: int) -> None:
         """Deliver from the first message enqueued at or after ``timestamp_ns`` next.
@@ -1196,12 +1196,12 @@ class Reader:
         if isinstance(timestamp_ns, bool) or not isinstance(timestamp_ns, int):
             raise TypeError(f"timestamp_ns must be an int, got {type(timestamp_ns).__name__}")
         queue = self._queue
-        with queue._lock:
+        with self._waits.lock:
             self._ensure_usable()
             queue._manager.refresh()
             found = queue._manager.first_id_at_or_after(timestamp_ns)
             self._core.seek(found if found is not None else queue._manager.next_id)
-            queue._wake()
+            self._waits.wake()
 
     def dequeue(self, timeout: float | None = 0) -> Message | None:
         """Lease the next message, or return None if none arrives in time.
@@ -1213,20 +1213,21 @@ class Reader:
         """
         if timeout == 0 and timeout is not False:  # the common polling call: no wait, no list
             queue = self._queue
+            waits = self._waits
             core = self._core
-            timer_ns = queue._timer_ns  # a periodic job's next tick (None: no job)
-            if timer_ns is not None and timer_ns <= queue._clock_offset_ns + queue._clock_mono():
-                queue._fire_timer()
-            with queue._lock:
+            timer_ns = waits.timer_ns  # a periodic job's next tick (None: no job)
+            if timer_ns is not None and timer_ns <= waits.offset_ns + waits.monotonic_ns():
+                waits.fire_timer()
+            with waits.lock:
                 if queue._closed or self._removed:
                     self._ensure_usable()
                 # One read of the queue's clock (core/clock): lease time and stamp time.
-                monotonic_ns = queue._clock_mono()
-                taken = core.take_one(monotonic_ns * 1e-9, queue._clock_offset_ns + monotonic_ns)
+                monotonic_ns = waits.monotonic_ns()
+                taken = core.take_one(monotonic_ns * 1e-9, waits.offset_ns + monotonic_ns)
                 if taken is not None:
                     core.maybe_compact()
-                if queue._room_waiting:  # a take may expire or dead-letter messages
-                    queue._wake()
+                if waits.room_waiting:  # a take may expire or dead-letter messages
+                    waits.wake()
             if taken is None:
                 return None
             entry, attempt = taken
@@ -1258,21 +1259,22 @@ class Reader:
     def _dequeue_batch(self, n: int, deadline: float | None) -> list[Message]:
         """:meth:`dequeue_batch`'s loop: take, or wait until ``deadline``."""
         queue = self._queue
+        waits = self._waits
         core = self._core
         while True:
-            timer_ns = queue._timer_ns  # a periodic job's next tick (None: no job)
+            timer_ns = waits.timer_ns  # a periodic job's next tick (None: no job)
             tried = None
-            if timer_ns is not None and timer_ns <= queue._clock_offset_ns + queue._clock_mono():
-                queue._fire_timer()  # (not under the lock: it appends)
+            if timer_ns is not None and timer_ns <= waits.offset_ns + waits.monotonic_ns():
+                waits.fire_timer()  # (not under the lock: it appends)
                 tried = timer_ns
-            with queue._cond:
+            with waits.cond:
                 while True:
                     self._ensure_usable()
-                    monotonic_ns = queue._clock_mono()
+                    monotonic_ns = waits.monotonic_ns()
                     lease_now = monotonic_ns * 1e-9
-                    taken = core.take(n, lease_now, queue._clock_offset_ns + monotonic_ns)
-                    if queue._room_waiting:  # a take may expire or dead-letter messages
-                        queue._wake()
+                    taken = core.take(n, lease_now, waits.offset_ns + monotonic_ns)
+                    if waits.room_waiting:  # a take may expire or dead-letter messages
+                        waits.wake()
                     if taken:
                         core.maybe_compact()
                         break
@@ -1289,12 +1291,12 @@ class Reader:
                     due_ns = core.next_due_ns()
                     if due_ns is not None:
                         # A timer on the earliest delayed message: it falls due then.
-                        until = max(due_ns - queue._clock_offset_ns - monotonic_ns, 0) / 1e9
+                        until = max(due_ns - waits.offset_ns - monotonic_ns, 0) / 1e9
                         remaining = until if remaining is None else min(remaining, until)
-                    timer_ns = queue._timer_ns
+                    timer_ns = waits.timer_ns
                     if timer_ns is not None:
                         # A periodic job's next tick: fired (outside the lock) at the top.
-                        until = (timer_ns - queue._clock_offset_ns - monotonic_ns) / 1e9
+                        until = (timer_ns - waits.offset_ns - monotonic_ns) / 1e9
                         if until <= 0:
                             if timer_ns != tried:
                                 break
@@ -1302,13 +1304,13 @@ class Reader:
                             # tried again later, not in a busy loop.
                             until = _TIMER_RETRY_S
                         remaining = until if remaining is None else min(remaining, until)
-                    if queue._prepare_wait():
+                    if waits.prepare_wait():
                         continue  # now watching for other processes' changes: look once more
-                    queue._waiting += 1
+                    waits.waiting += 1
                     try:
-                        queue._cond.wait(remaining)
+                        waits.cond.wait(remaining)
                     finally:
-                        queue._waiting -= 1
+                        waits.waiting -= 1
             messages = queue._messages(self, taken)
             if messages:
                 return messages
@@ -1325,17 +1327,17 @@ class Reader:
             message_id = check_id(message_id)
         queue = self._queue
         core = self._core
-        with queue._lock:
+        with self._waits.lock:
             if queue._closed or self._removed:
                 self._ensure_usable()
             ticket = core.ack_one(message_id)
             core.maybe_compact()
             self._retire_if_passed_oldest()
-            if queue._room_waiting or core.group_freed:
+            if self._waits.room_waiting or core.group_freed:
                 # A bounded queue's enqueue waits for this room, or the ack made the next
                 # message of its group deliverable: a blocked dequeue may take it.
                 core.group_freed = False
-                queue._wake()
+                self._waits.wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
@@ -1355,16 +1357,16 @@ class Reader:
             return
         queue = self._queue
         core = self._core
-        with queue._lock:
+        with self._waits.lock:
             self._ensure_usable()
             for message_id in ids:
                 core.check_leased(message_id)
             ticket = core.ack(ids)
             core.maybe_compact()
             self._retire_if_passed_oldest()
-            if queue._room_waiting or core.group_freed:  # (see ack)
+            if self._waits.room_waiting or core.group_freed:  # (see ack)
                 core.group_freed = False
-                queue._wake()
+                self._waits.wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
@@ -1397,13 +1399,13 @@ class Reader:
         delay_ns = None if seconds is None else int(seconds * 1_000_000_000)
         queue = self._queue
         core = self._core
-        with queue._lock:
+        with self._waits.lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            ticket = core.nack([message_id], reason, queue._clock.now_ns(), delay_ns)
+            ticket = core.nack([message_id], reason, self._waits.clock.now_ns(), delay_ns)
             self._retire_if_passed_oldest()  # a move to the DLQ may finish the oldest segment
-            if queue._waiting or queue._listeners:
-                queue._wake()
+            if self._waits.waiting or self._waits.listeners:
+                self._waits.wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
@@ -1424,14 +1426,14 @@ class Reader:
         seconds = check_delay(delay)
         queue = self._queue
         core = self._core
-        with queue._lock:
+        with self._waits.lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            due_ns = queue._clock.now_ns() + int(seconds * _NS) if seconds else None
+            due_ns = self._waits.clock.now_ns() + int(seconds * _NS) if seconds else None
             ticket = core.release([message_id], due_ns)
             core.maybe_compact()
-            if queue._waiting or queue._listeners:
-                queue._wake()
+            if self._waits.waiting or self._waits.listeners:
+                self._waits.wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
 
@@ -1447,21 +1449,20 @@ class Reader:
         """
         message_id = check_id(message_id)
         wait = check_delay(seconds, "seconds")
-        queue = self._queue
         core = self._core
-        with queue._lock:
+        with self._waits.lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            monotonic_ns = queue._clock_mono()
-            core.touch(message_id, wait, monotonic_ns * 1e-9, queue._clock_offset_ns + monotonic_ns)
+            monotonic_ns = self._waits.monotonic_ns()
+            core.touch(message_id, wait, monotonic_ns * 1e-9, self._waits.offset_ns + monotonic_ns)
 
     def peek(self, n: int = 1) -> list[Message]:
         """The next ``n`` messages this reader would get, without leasing them."""
         n = check_count("n", n)
         queue = self._queue
-        with queue._lock:
+        with self._waits.lock:
             self._ensure_usable()
-            entries = self._core.peek(n, queue._clock.now_ns())
+            entries = self._core.peek(n, self._waits.clock.now_ns())
             attempts = [self._core.deliveries(e.id) + 1 for e in entries]
         messages = []
         for entry, attempt in zip(entries, attempts, strict=True):
@@ -1474,9 +1475,9 @@ class Reader:
 
     def stats(self) -> ReaderStats:
         """This reader's figures."""
-        with self._queue._lock:
+        with self._waits.lock:
             self._ensure_usable()
-            return self._core.stats(self._queue._clock.now_ns())
+            return self._core.stats(self._waits.clock.now_ns())
 
     def seconds_to_next_expiry(self) -> float | None:
         """Seconds until a message may become available by time alone (None: none will).
@@ -1485,14 +1486,13 @@ class Reader:
         that falls due.  A waiter that is not blocked in :meth:`dequeue` (e.g.
         ``ledgerq.aio``) uses this to retry when time makes a message available.
         """
-        queue = self._queue
-        with queue._lock:
+        with self._waits.lock:
             deadline = self._core.next_deadline()
-            now = queue._clock.lease_time()
+            now = self._waits.clock.lease_time()
             due_ns = self._core.next_due_ns()
-            now_ns = queue._clock.now_ns()
+            now_ns = self._waits.clock.now_ns()
         waits = []
-        timer_ns = queue._timer_ns
+        timer_ns = self._waits.timer_ns
         if timer_ns is not None:  # a periodic job's next tick: a dequeue then fires it
             # (Past already: the caller's dequeue tried to fire it - a full bounded
             # queue, a full disk - so not at once again, in a busy loop.)
@@ -1504,7 +1504,7 @@ class Reader:
         return min(waits) if waits else None
 
     def __len__(self) -> int:
-        with self._queue._lock:
+        with self._waits.lock:
             return self._core.pending()
 
     def __repr__(self) -> str:

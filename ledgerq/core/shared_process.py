@@ -232,7 +232,7 @@ class Housekeeper:
             for path in list(self._watches):
                 handles = self._handles.get(path)
                 busy = handles is not None and any(
-                    h._waiting or h._listeners or now - h._last_wait < _IDLE_WATCH_S
+                    h._waits.waiting or h._waits.listeners or now - h._last_wait < _IDLE_WATCH_S
                     for h in handles
                 )
                 if not busy:

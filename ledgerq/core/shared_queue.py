@@ -820,8 +820,8 @@ class SharedQueueCore(QueueCore):
                 return 0  # (the leases stay: the next round reclaims them)
             finally:
                 self._budget.limit(before)
-            if reclaimed and (self._waiting or self._listeners):
-                self._wake()
+            if reclaimed and (self._waits.waiting or self._waits.listeners):
+                self._waits.wake()
             return reclaimed
 
     def _reader_lock(self, name: str) -> LockFile:
@@ -1119,15 +1119,15 @@ class SharedQueueCore(QueueCore):
         here: once the append under way is published, they are woken again.
         """
         with self._lock:
-            if self._waiting or self._listeners:
-                self._wake()
-                if self._listeners:
+            if self._waits.waiting or self._waits.listeners:
+                self._waits.wake()
+                if self._waits.listeners:
                     manager = self._manager
                     assert isinstance(manager, SharedSegmentManager)
                     before = self._budget.limit(time.monotonic() + _HOUSEKEEPING_WAIT_S)
                     try:
                         if manager.wait_for_appender():
-                            self._wake()
+                            self._waits.wake()
                     except QueueBusyError:
                         pass  # a stopped appender: its bytes are not published anyway
                     finally:

@@ -451,7 +451,9 @@ class PeriodicFeature(Feature):
         queue = self._queue
         assert queue is not None
         schedules = self._schedules
-        queue._timer_ns = min(s.next_run_ns() for s in schedules.values()) if schedules else None
+        queue.waits.timer_ns = (
+            min(s.next_run_ns() for s in schedules.values()) if schedules else None
+        )
 
     # ------------------------------------------------------------------ the API
 
@@ -553,7 +555,7 @@ class PeriodicFeature(Feature):
                 except LedgerQError as exc:  # (an open must not fail for it: logged)
                     logger.warning("ledgerq: reading %s failed: %s", self._path, exc)
                     return
-        due = queue._timer_ns
+        due = queue.waits.timer_ns
         if due is not None and due <= queue._clock.now_ns():
             self.fire_due()
 

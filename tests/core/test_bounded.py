@@ -213,7 +213,7 @@ def _wait_until_waiting(q: ledgerq.Queue) -> None:
     # The enqueue announces its wait under the queue lock: poll that (a state, not a time).
     while True:
         with q._lock:
-            if q._room_waiting:
+            if q._waits.room_waiting:
                 return
         threading.Event().wait(0.001)
 

@@ -15,7 +15,7 @@ GUARD_S = 30.0  # a hang guard, not a timing assertion
 
 async def _room_waiters(q: ledgerq.aio.AsyncQueue) -> None:
     """Return once an enqueue of ``q`` waits for room (a state, polled on the loop)."""
-    while not q.sync_queue._room_waiting:
+    while not q.sync_queue._waits.room_waiting:
         await asyncio.sleep(0.001)
 
 
@@ -45,7 +45,7 @@ def test_a_cancelled_enqueue_never_writes_its_message(tmp_path: Path) -> None:
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            assert not q.sync_queue._room_waiting
+            assert not q.sync_queue._waits.room_waiting
             msg = await q.dequeue()
             assert msg is not None
             await q.ack(msg.id)

@@ -127,7 +127,7 @@ def test_an_infinite_timeout_waits_until_a_message_comes(
 
     worker = threading.Thread(target=consume)
     worker.start()
-    _until(lambda: queue._waiting or not worker.is_alive())  # blocked in its wait
+    _until(lambda: queue._waits.waiting or not worker.is_alive())  # blocked in its wait
     queue.enqueue(b"late")
     worker.join(30)
     assert not worker.is_alive()
@@ -160,7 +160,7 @@ def test_an_infinite_timeout_in_asyncio_waits(queue: ledgerq.Queue) -> None:
     async def scenario() -> ledgerq.Message | None:
         aq = ledgerq.aio.AsyncQueue(queue)
         waiting = asyncio.ensure_future(aq.dequeue(math.inf))
-        while not queue._listeners and not waiting.done():
+        while not queue._waits.listeners and not waiting.done():
             await asyncio.sleep(0)  # let the dequeue reach its wait
         await aq.enqueue(b"late")
         return await asyncio.wait_for(waiting, 30)

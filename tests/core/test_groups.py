@@ -193,10 +193,10 @@ def _blocked_dequeue(queue: ledgerq.Queue) -> tuple[threading.Thread, list[objec
         except ledgerq.QueueClosedError as exc:
             got.append(exc)
 
-    before = queue._waiting  # type: ignore[attr-defined]
+    before = queue._waits.waiting  # type: ignore[attr-defined]
     thread = threading.Thread(target=wait, daemon=True)
     thread.start()
-    wait_until(lambda: queue._waiting > before, 30, "the dequeue to block")  # type: ignore[attr-defined]
+    wait_until(lambda: queue._waits.waiting > before, 30, "the dequeue to block")  # type: ignore[attr-defined]
     return thread, got
 
 

@@ -39,7 +39,7 @@ def test_another_handles_ack_wakes_a_waiting_enqueue(tmp_path: Path) -> None:
 
         thread = threading.Thread(target=enqueue)
         thread.start()
-        wait_until(lambda: producer._room_waiting, 30, "the enqueue waits for room")
+        wait_until(lambda: producer._waits.room_waiting, 30, "the enqueue waits for room")
         msg = consumer.dequeue()
         assert msg is not None
         consumer.ack(msg.id)
