@@ -45,6 +45,7 @@ schedule.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping
@@ -320,6 +321,11 @@ class PeriodicFeature(Feature):
         for sched in self._schedules.values():
             yield self._add_record(sched, with_last=True)
 
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """The file's lock (shared mode's append lock), for the calls outside a fire."""
+        assert self._log is not None
+        return self._log.locked()
+
     def _refresh(self, *, create: bool = False) -> FeatureLog | None:
         """Bring the schedules up to date with the file (queue lock and, in shared mode,
         the append lock held); None if there is no file (not created)."""
@@ -395,7 +401,7 @@ class PeriodicFeature(Feature):
         assert queue is not None
         with queue._lock:
             queue._ensure_open()
-            with queue.appends_locked():
+            with self._locked():
                 log = self._refresh(create=True)
                 assert log is not None
                 now = queue._clock.now_ns()
@@ -429,7 +435,7 @@ class PeriodicFeature(Feature):
         assert queue is not None
         with queue._lock:
             queue._ensure_open()
-            with queue.appends_locked():
+            with self._locked():
                 log = self._refresh()
                 if log is None or name not in self._schedules:
                     return False
@@ -446,7 +452,7 @@ class PeriodicFeature(Feature):
         assert queue is not None
         with queue._lock:
             queue._ensure_open()
-            with queue.appends_locked():
+            with self._locked():
                 self._refresh()
             self._publish()
             return [self._schedules[n].job() for n in sorted(self._schedules)]
@@ -464,7 +470,7 @@ class PeriodicFeature(Feature):
                 with queue._lock:
                     if queue._closed:
                         return
-                    with queue.appends_locked():
+                    with self._locked():
                         self._refresh()
                     self._publish()
             except LedgerQError as exc:  # (an open must not fail for it: logged)
