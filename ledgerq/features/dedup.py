@@ -88,17 +88,13 @@ class DedupFeature(Feature):
 
     def attach(self, queue: QueueCore) -> None:
         self._log = FeatureLog(
-            feature_log_path(queue.path, DEDUP_NAME),
-            _MAGIC,
-            "dedup table",
-            queue,
-            apply=self._take,
-            clear=self._table.clear,
-            snapshot=self._snapshot,
+            feature_log_path(queue.path, DEDUP_NAME), _MAGIC, "dedup table", queue, self
         )
         self._log.open(compact=True)  # drops expired entries and any damage the file held
 
-    def _take(self, value: Any) -> bool:
+    # ------------------------------------------------------------------ the table (FeatureTable)
+
+    def apply_record(self, value: Any) -> bool:
         record = _table_record(value)
         if record is None:
             return False  # not a record this library writes
@@ -107,7 +103,10 @@ class DedupFeature(Feature):
         self._table.move_to_end(key)
         return True
 
-    def _snapshot(self) -> Iterator[bytes]:
+    def clear_table(self) -> None:
+        self._table.clear()
+
+    def table_records(self) -> Iterator[bytes]:
         for key, (message_id, expires_ns) in self._table.items():
             yield encode_feature_record([key, message_id, expires_ns])
 

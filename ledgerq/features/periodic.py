@@ -198,15 +198,8 @@ class PeriodicFeature(Feature):
         # Nothing is read here: opened() loads the file, under the locks, if it exists.
         self._queue = queue
         self._sealer = queue._sealer
-        self._log = FeatureLog(
-            feature_log_path(queue.path, PERIODIC_NAME),
-            PERIODIC_MAGIC,
-            "periodic jobs",
-            queue,
-            apply=self._apply,
-            clear=self._clear,
-            snapshot=self._snapshot,
-        )
+        path = feature_log_path(queue.path, PERIODIC_NAME)
+        self._log = FeatureLog(path, PERIODIC_MAGIC, "periodic jobs", queue, self)
         queue.set_timer(self)
 
     # ------------------------------------------------------------------ the file
@@ -253,7 +246,7 @@ class PeriodicFeature(Feature):
             ]
         )
 
-    def _apply(self, value: Any) -> bool:
+    def apply_record(self, value: Any) -> bool:
         """Apply one record read back; False if it is not one this library writes."""
         if type(value) is not list or not value or type(value[0]) is not int:
             return False
@@ -312,11 +305,11 @@ class PeriodicFeature(Feature):
             return True
         return False
 
-    def _clear(self) -> None:
+    def clear_table(self) -> None:
         self._schedules.clear()
         self._by_revision.clear()
 
-    def _snapshot(self) -> Iterator[bytes]:
+    def table_records(self) -> Iterator[bytes]:
         """One ADD record per schedule, holding its last tick (a rewrite)."""
         for sched in self._schedules.values():
             yield self._add_record(sched, with_last=True)
@@ -639,5 +632,5 @@ def read_jobs(queue_dir: str) -> list[PeriodicJob]:
     reader = PeriodicFeature()
     reader._detached = True
     for value in read_feature_values(feature_log_path(queue_dir, PERIODIC_NAME), PERIODIC_MAGIC):
-        reader._apply(value)
+        reader.apply_record(value)
     return [reader._schedules[name].job() for name in sorted(reader._schedules)]

@@ -144,13 +144,7 @@ class UniqueFeature(Feature):
         # Nothing is read or created here: at the first unique enqueue (_current).
         self._queue = queue
         self._log = FeatureLog(
-            feature_log_path(queue.path, UNIQUE_NAME),
-            UNIQUE_MAGIC,
-            "unique keys",
-            queue,
-            apply=self._apply,
-            clear=self._clear,
-            snapshot=self._snapshot,
+            feature_log_path(queue.path, UNIQUE_NAME), UNIQUE_MAGIC, "unique keys", queue, self
         )
 
     # ------------------------------------------------------------------ the file
@@ -163,14 +157,14 @@ class UniqueFeature(Feature):
         log.current(create=True)
         return log
 
-    def _apply(self, value: Any) -> bool:
+    def apply_record(self, value: Any) -> bool:
         record = _record(value)
         if record is None:
             return False
         self._take(*record)
         return True
 
-    def _clear(self) -> None:
+    def clear_table(self) -> None:
         self._held.clear()
         self._expires.clear()
         self._unverified.clear()
@@ -188,7 +182,7 @@ class UniqueFeature(Feature):
         else:
             self._unverified.pop(digest, None)
 
-    def _snapshot(self) -> Iterator[bytes]:
+    def table_records(self) -> Iterator[bytes]:
         """The records of the keys held now (a rewrite)."""
         unverified, expires = self._unverified, self._expires
         for digest, message_id in self._held.items():

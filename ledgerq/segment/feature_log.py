@@ -4,12 +4,13 @@ A feature (dedup ids, unique keys, retry reasons, periodic jobs) keeps a table i
 memory and says each change of it as a record appended to its file under
 ``features/`` (framed as format/feature_state.py frames them), which now and then
 is rewritten whole as the records of the table.  The steps are the same for every
-feature, and are here once; the feature gives only its table - three callbacks:
+feature, and are here once; the feature gives only its table, a :class:`FeatureTable`
+of three methods:
 
-- ``apply(value)``: take one decoded record; False if it is not one the feature
-  writes (then counted as damage, like a record whose checksum fails);
-- ``clear()``: forget the table (the file is about to be read whole again);
-- ``snapshot()``: the encoded records that hold the table now (for a rewrite).
+- ``apply_record(value)``: take one decoded record; False if it is not one the
+  feature writes (then counted as damage, like a record whose checksum fails);
+- ``clear_table()``: forget the table (the file is about to be read whole again);
+- ``table_records()``: the encoded records that hold the table now (a rewrite).
 
 Loading.  The file is read whole: a torn last record is cut, a damaged one in the
 middle skipped and counted (``stats().corrupt_skipped``), an unreadable file (a bad
@@ -48,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ledgerq.format.errors import DecodeError
@@ -62,7 +63,7 @@ from ledgerq.format.feature_state import (
 from ledgerq.segment.appendlog import AppendLog
 from ledgerq.segment.files import StorageError, make_durable_dir
 
-__all__ = ["FeatureHost", "FeatureLog", "read_feature_values"]
+__all__ = ["FeatureHost", "FeatureLog", "FeatureTable", "read_feature_values"]
 
 logger = logging.getLogger("ledgerq")
 
@@ -90,9 +91,25 @@ class FeatureHost(Protocol):
         ...
 
 
+class FeatureTable(Protocol):
+    """A feature's table, as its log sees it (see the module docstring)."""
+
+    def apply_record(self, value: Any) -> bool:
+        """Take one decoded record; False if it is not one of this table's."""
+        ...
+
+    def clear_table(self) -> None:
+        """Forget everything: the file is read whole again."""
+        ...
+
+    def table_records(self) -> Iterable[bytes]:
+        """The encoded records that hold the table now."""
+        ...
+
+
 class FeatureLog:
     """A feature's file ``path`` (magic ``magic``; ``what`` names it in errors) and the
-    protocol that keeps it equal to the feature's table (see the module docstring).
+    protocol that keeps it equal to the feature's ``table`` (see the module docstring).
 
     ``host`` is the queue (None: a file read and written alone, by a tool or a test).
     Nothing is read or written until :meth:`open` or :meth:`load`.
@@ -104,19 +121,16 @@ class FeatureLog:
         magic: bytes,
         what: str,
         host: FeatureHost | None,
-        *,
-        apply: Callable[[Any], bool],
-        clear: Callable[[], None],
-        snapshot: Callable[[], Iterable[bytes]],
+        table: FeatureTable,
     ) -> None:
         self.path = path
         self.what = what
         self._magic = magic
         self._host = host
         self._shared = host is not None and host.shared
-        self._apply = apply
-        self._clear = clear
-        self._snapshot = snapshot
+        self._apply = table.apply_record
+        self._clear = table.clear_table
+        self._snapshot = table.table_records
         self._log = AppendLog(path, what)
         if host is not None:
             # (A lambda: the host is the queue's weak proxy; its bound method would not be.)

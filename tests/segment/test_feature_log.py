@@ -29,17 +29,9 @@ class Table:
 
     def __init__(self, path: Path, host: FeatureHost | None) -> None:
         self.rows: dict[str, int] = {}
-        self.log = FeatureLog(
-            str(path),
-            MAGIC,
-            "test table",
-            host,
-            apply=self.apply,
-            clear=self.rows.clear,
-            snapshot=self.snapshot,
-        )
+        self.log = FeatureLog(str(path), MAGIC, "test table", host, self)
 
-    def apply(self, value: Any) -> bool:
+    def apply_record(self, value: Any) -> bool:
         if type(value) is not list or len(value) != 2 or type(value[0]) is not str:
             return False
         key, number = value
@@ -51,14 +43,17 @@ class Table:
             return False
         return True
 
-    def snapshot(self) -> Iterator[bytes]:
+    def clear_table(self) -> None:
+        self.rows.clear()
+
+    def table_records(self) -> Iterator[bytes]:
         for key, number in self.rows.items():
             yield encode_feature_record([key, number])
 
     def put(self, key: str, number: int | None) -> None:
         with self.log.locked():
             self.log.current(create=True)
-            self.apply([key, number])
+            self.apply_record([key, number])
             self.log.append(encode_feature_record([key, number]))
 
 
@@ -151,7 +146,7 @@ def test_shared_handles_see_each_others_records_and_rewrites(tmp_path: Path) -> 
         with one.log.locked():
             one.log.catch_up()
             assert one.rows == {"a": 1, "b": 2}
-            one.apply(["a", None])
+            one.apply_record(["a", None])
             one.log.rewrite()  # replaces the file: the other reads the new one whole
         assert one.log.records == 1
         with two.log.locked():

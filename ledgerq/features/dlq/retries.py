@@ -58,18 +58,11 @@ class RetryTracker:
         and written alone, by a tool or a test)."""
         self.path = path
         self._last: dict[tuple[str, int], tuple[int, str]] = {}
-        self._log = FeatureLog(
-            path,
-            _MAGIC,
-            "retry state",
-            host,
-            apply=self._take,
-            clear=self._last.clear,
-            snapshot=self._snapshot,
-        )
+        self._log = FeatureLog(path, _MAGIC, "retry state", host, self)
         self._log.open(compact=True)  # drops the entries of messages that left
 
-    def _take(self, value: Any) -> bool:
+    def apply_record(self, value: Any) -> bool:
+        """Take one record of the file (a FeatureTable); False if it is not one."""
         record = _failure_record(value)
         if record is None:
             return False  # not a record this library writes: corrupt, skip it
@@ -80,7 +73,12 @@ class RetryTracker:
             self._last[(reader, message_id)] = (when, reason)
         return True
 
-    def _snapshot(self) -> Iterator[bytes]:
+    def clear_table(self) -> None:
+        """Forget every entry (a FeatureTable: the file is read whole again)."""
+        self._last.clear()
+
+    def table_records(self) -> Iterator[bytes]:
+        """The records of the entries (a FeatureTable: a rewrite)."""
         for (reader, message_id), (when, reason) in self._last.items():
             yield encode_feature_record([reader, message_id, when, reason])
 
