@@ -190,7 +190,6 @@ class PeriodicFeature(Feature):
         self._firing: tuple[Draft, str, int] | None = None
         self._fire_lock = threading.Lock()  # one fire at a time in this handle
         self._provisional: tuple[_Schedule, int, int, int] | None = None
-        self._written_at: int | None = None
         # The enqueue hooks of a fire, registered with the queue only while it fires.
         self._hooks = _FireHooks(self)
 
@@ -544,9 +543,7 @@ class PeriodicFeature(Feature):
         log = self._log
         assert log is not None
         sched, tick, message_id, now_ns = provisional
-        size = log.size
-        log.append(encode_feature_record([FIRE, sched.revision, tick, message_id, now_ns]))
-        self._written_at = size
+        log.append_ahead(encode_feature_record([FIRE, sched.revision, tick, message_id, now_ns]))
         self._sync_if_always(log)
 
     def hook_appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
@@ -556,9 +553,9 @@ class PeriodicFeature(Feature):
         sched, tick, _, _ = provisional
         sched.fired_ns = tick
         self._provisional = None
-        self._written_at = None
         log = self._log
         assert log is not None
+        log.keep_ahead()
         try:
             # The message is written: say so, so that nobody needs to find it in the
             # log later (it may be consumed and its segment deleted by then).
@@ -576,14 +573,10 @@ class PeriodicFeature(Feature):
 
     def hook_rollback(self) -> None:
         self._provisional = None
-        written_at, self._written_at = self._written_at, None
-        if written_at is not None and self._log is not None:
+        if self._log is not None:
             # The FIRE record is written, its message not: cut it back.  If that fails
             # it stays, unverifiable (no message has its id and timestamp): not fired.
-            try:
-                self._log.cut(written_at)
-            except StorageError as exc:
-                logger.warning("ledgerq: %s; an unused periodic record stays", exc)
+            self._log.undo_ahead()
 
     def flush(self) -> None:
         if self._log is not None:

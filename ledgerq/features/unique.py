@@ -40,7 +40,6 @@ and the others, seeing their file unlinked, read the new one whole.
 
 from __future__ import annotations
 
-import logging
 import struct
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -52,7 +51,6 @@ from ledgerq.core.feature import Draft, Feature, ReadersNeeded
 from ledgerq.format.checksum import checksum
 from ledgerq.format.sealing import keyed_digest
 from ledgerq.segment.feature_log import FeatureLog
-from ledgerq.segment.files import StorageError
 from ledgerq.segment.naming import UNIQUE_NAME, feature_log_path
 
 if TYPE_CHECKING:
@@ -60,7 +58,6 @@ if TYPE_CHECKING:
 
 __all__ = ["UNIQUE_LOG", "UNIQUE_MAGIC", "UniqueFeature", "unique_digest"]
 
-logger = logging.getLogger("ledgerq")
 
 UNIQUE_LOG = UNIQUE_NAME  # (the name is spelled in segment/naming.py)
 UNIQUE_MAGIC = b"LQUK"
@@ -134,7 +131,6 @@ class UniqueFeature(Feature):
         self._unverified: dict[bytes, int] = {}
         # digest -> (id, timestamp, expires) admitted in the current call, not yet written
         self._provisional: dict[bytes, tuple[int, int, int]] = {}
-        self._written_at: int | None = None  # the file's size before this call's records
         self._added = b""  # the digest add_key wrote the record of
         self._log: FeatureLog | None = None
         self._queue: QueueCore | None = None
@@ -266,16 +262,15 @@ class UniqueFeature(Feature):
             if self._holds(digest, held, now_ns):
                 return held
             self._forget(digest)
-        size = log.size
-        log.append(_encode_record(digest, candidate_id, now_ns, 0))
-        self._written_at = size
+        log.append_ahead(_encode_record(digest, candidate_id, now_ns, 0))
         self._added = digest
         return None
 
     def key_added(self, message_id: int, now_ns: int) -> None:
         """The message of :meth:`add_key` is written (lock held)."""
         digest, self._added = self._added, b""
-        self._written_at = None
+        assert self._log is not None
+        self._log.keep_ahead()
         held = self._held
         held[digest] = message_id  # (not there: add_key forgot a finished holder)
         if len(held) > self._sweep_at:
@@ -296,21 +291,15 @@ class UniqueFeature(Feature):
             blob = _encode_record(digest, *noted)
         else:
             blob = b"".join(_encode_record(digest, *noted) for digest, noted in provisional.items())
-        size = log.size
-        log.append(blob, len(provisional))  # raises having written nothing: rolled back
-        self._written_at = size
+        log.append_ahead(blob, len(provisional))  # raises having written nothing: rolled back
 
     def rollback(self) -> None:
         self._provisional.clear()
         self._added = b""
-        written_at, self._written_at = self._written_at, None
-        if written_at is not None and self._log is not None:
+        if self._log is not None:
             # The records are written, their messages not: cut them back.  If that fails
             # too they stay, unverifiable - no message has their id and timestamp.
-            try:
-                self._log.cut(written_at)
-            except StorageError as exc:
-                logger.warning("ledgerq: %s; unused unique-key records stay", exc)
+            self._log.undo_ahead()
 
     def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
         # The messages _admit_key noted are written (their ids are the noted ones).
@@ -329,7 +318,8 @@ class UniqueFeature(Feature):
             if unverified:
                 unverified.pop(digest, None)
         provisional.clear()
-        self._written_at = None
+        assert self._log is not None
+        self._log.keep_ahead()
         if len(held) > self._sweep_at:
             self._sweep(now_ns)
 

@@ -140,6 +140,7 @@ class FeatureLog:
         self._loaded = False
         self._defer = False  # opening alone: a failed rewrite defers, never raises
         self._inode = 0  # the file this handle appends to (has_news)
+        self._ahead: int | None = None  # the size before records written ahead (undo_ahead)
 
     # ------------------------------------------------------------------ loading
 
@@ -147,11 +148,6 @@ class FeatureLog:
     def is_loaded(self) -> bool:
         """Whether the file was read (by :meth:`open` or :meth:`load`)."""
         return self._loaded
-
-    @property
-    def size(self) -> int:
-        """Where the file's whole records end: :meth:`cut` back to it undoes appends."""
-        return self._log.size
 
     def open(self, *, compact: bool) -> None:
         """Read the file (creating it if missing) at the queue's open, and, ``compact``,
@@ -309,10 +305,30 @@ class FeatureLog:
         self.records += count
         return True
 
-    def cut(self, size: int) -> None:
-        """Cut the records appended after :attr:`size` (records written ahead of an
-        operation that failed).  Raises :class:`StorageError` if the cut fails."""
-        self._log.settle(size)
+    def append_ahead(self, blob: bytes, count: int = 1) -> None:
+        """Append records written *before* what they describe (lock held), or raise
+        having written nothing: then :meth:`keep_ahead` once the operation is done, or
+        :meth:`undo_ahead` if it failed."""
+        size = self._log.size
+        self.append(blob, count)
+        if self._ahead is None:
+            self._ahead = size
+
+    def keep_ahead(self) -> None:
+        """The operation the records written ahead describe is done: they stay."""
+        self._ahead = None
+
+    def undo_ahead(self) -> None:
+        """The operation failed: cut back the records written ahead of it.  If the cut
+        fails too (logged) they stay - the feature must, and does, take them for what
+        they are when read back: records whose operation may not have happened."""
+        size, self._ahead = self._ahead, None
+        if size is None:
+            return
+        try:
+            self._log.settle(size)
+        except StorageError as exc:
+            logger.warning("ledgerq: %s; records of a failed write stay in the %s", exc, self.what)
 
     def _not_saved(self, exc: StorageError) -> None:
         logger.warning("ledgerq: %s; the %s will be saved whole at the next sync", exc, self.what)

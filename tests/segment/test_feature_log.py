@@ -182,14 +182,16 @@ def test_has_news_tells_a_change_by_another_handle(tmp_path: Path) -> None:
         two.log.close()
 
 
-def test_a_cut_undoes_records_written_ahead(tmp_path: Path) -> None:
+def test_records_written_ahead_are_kept_or_cut_back(tmp_path: Path) -> None:
     path = tmp_path / "t.log"
     table = Table(path, None)
     table.log.open(compact=False)
-    table.put("a", 1)
-    size = table.log.size
-    table.log.append(encode_feature_record(["b", 2]))  # written ahead of an operation...
-    table.log.cut(size)  # ...that failed
+    table.log.append_ahead(encode_feature_record(["a", 1]))  # ahead of an operation...
+    table.log.keep_ahead()  # ...that was done
+    table.log.append_ahead(encode_feature_record(["b", 2]))
+    table.log.append_ahead(encode_feature_record(["b", 3]))  # (one operation, two records)
+    table.log.undo_ahead()  # ...that failed
+    table.log.undo_ahead()  # (nothing more to undo)
     table.put("c", 3)
     table.log.close()
     assert read_feature_values(str(path), MAGIC) == [["a", 1], ["c", 3]]
