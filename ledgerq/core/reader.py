@@ -191,6 +191,18 @@ class ReaderCore:
             skip.discard(entry.id)
             self._done.add(entry.id)
 
+    @property
+    def last_offset(self) -> int:
+        """Where, in its segment, the entry :meth:`read_next` returned last starts (for a
+        selector that indexes entries and reads them back with :meth:`read_entry_at`)."""
+        return self._cursor.last_offset
+
+    def read_entry_at(self, message_id: int, offset: int) -> Entry:
+        """The entry ``message_id``, read back at ``offset`` of its segment (a
+        :attr:`last_offset`).  Raises ``DecodeError``, ``OSError`` or ``IndexError``
+        when its segment was dropped or the bytes there are damaged."""
+        return self._manager.read_entry_at(message_id, offset)
+
     def peek_unread(self, n: int) -> list[Entry]:
         """The next ``n`` unread entries of the log, without moving the cursor."""
         found: list[Entry] = []

@@ -10,51 +10,35 @@ cleanup of expired entries from its front, on the enqueue path, with no thread.
 The table is persisted in ``features/dedup.log`` (framed msgpack records
 ``[hash, id, expires_ns]``), appended after the message itself is written - a
 crash between the two can let one retry through (at-least-once), never lose a
-message - and rewritten when it holds twice the live entries.  A record that cannot
-be written (a full disk) does not undo the enqueue, which has happened: it is cut back
-(never left torn in the middle of the file), later records are appended as usual, and
-the table is rewritten whole at the next sync or close.  A damaged record in the middle of
-the file is skipped and counted (``stats().corrupt_skipped``); the ones after it count.
-
-In shared mode every handle appends to the same file, under the queue's append lock,
-and before admitting anything reads the records the others appended since its last
-look (:meth:`DedupFeature.catch_up`): a ``dedup_id`` enqueued by one process is a
-duplicate for all.  A rewrite replaces the file (under that lock too); the others
-notice it (their descriptor's file has no name left) and read the new one whole.
+message - and rewritten when it holds twice the live entries.  The file's protocol
+(loading, damage, the version upgrade, shared mode, full disks) is
+:class:`~ledgerq.segment.feature_log.FeatureLog`'s.  A record that cannot be written (a
+full disk) does not undo the enqueue, which has happened: the table is written whole
+before the next dedup id is admitted, or at the next sync or close.  In shared mode
+every handle reads the records the others appended before admitting anything
+(:meth:`DedupFeature.catch_up`): a ``dedup_id`` enqueued by one process is a duplicate
+for all.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from ledgerq._options import Options
 from ledgerq.core.feature import Draft, Feature
-from ledgerq.format.errors import DecodeError
-from ledgerq.format.feature_state import (
-    FEATURE_FILE_HEADER,
-    FEATURE_VERSION,
-    FeatureFile,
-    decode_feature_file,
-    decode_feature_records,
-    encode_feature_file_header,
-    encode_feature_record,
-)
+from ledgerq.format.feature_state import encode_feature_record
 from ledgerq.format.sealing import keyed_digest
-from ledgerq.segment.appendlog import AppendLog
-from ledgerq.segment.files import StorageError, make_durable_dir
-from ledgerq.segment.naming import FEATURES_DIR
+from ledgerq.segment.feature_log import FeatureLog
+from ledgerq.segment.naming import DEDUP_NAME, feature_log_path
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
 
 __all__ = ["DedupFeature", "dedup_key"]
-
-logger = logging.getLogger("ledgerq")
 
 _MAGIC = b"LQDD"
 _NS = 1_000_000_000
@@ -95,11 +79,7 @@ class DedupFeature(Feature):
         self._max_entries = options.dedup_max_entries
         self._table: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
         self._provisional: list[bytes] = []
-        self._log: AppendLog | None = None
-        self._records = 0
-        self._unsaved = False  # a record could not be written: rewrite the table whole
-        self._queue: QueueCore | None = None
-        self._shared = False  # other handles append to the file too (shared mode)
+        self._log: FeatureLog | None = None
         # An encrypted queue keys its table with a keyed hash (HMAC under a key derived
         # from the encryption key): an unkeyed digest in dedup.log would let whoever
         # holds the disk confirm a guessed dedup id.
@@ -107,123 +87,33 @@ class DedupFeature(Feature):
         self._key_of = dedup_key if key is None else keyed_digest(key, _KEY_SIZE)
 
     def attach(self, queue: QueueCore) -> None:
-        directory = os.path.join(queue.path, FEATURES_DIR)
-        make_durable_dir(directory)
-        path = os.path.join(directory, "dedup.log")
-        self._log = AppendLog(path, "dedup state")
-        # A record that meets a full disk takes the disk reserve's space (the enqueue
-        # that needs it has already written its message); enqueues refuse after that.
-        self._log.on_full = lambda: queue.make_room()  # (the proxy: no cycle)
-        self._queue = queue
-        self._shared = queue.shared
-        if self._shared and not queue.is_alone:
-            self._join(path, queue)
-            return
-        values, end = self._load(path, queue)
-        for value in values:
-            self._take(value, queue)
-        try:
-            self._rewrite()  # drops expired entries and any damage the file held
-        except StorageError as exc:
-            # A full disk must not make the queue unopenable.  The file as it is holds the
-            # table (and what the rewrite would drop, skipped again at the next load):
-            # append to it.  Without a usable file, the table is in memory, and the next
-            # sync() or close() tries the rewrite again.
-            try:
-                if not end:
-                    raise exc
-                self._log.open(end)
-                self._records = len(self._table)
-            except StorageError as again:
-                self._not_saved(again)
+        self._log = FeatureLog(
+            feature_log_path(queue.path, DEDUP_NAME), _MAGIC, "dedup table", queue, self
+        )
+        self._log.open(compact=True)  # drops expired entries and any damage the file held
 
-    def _take(self, value: Any, queue: QueueCore) -> None:
+    # ------------------------------------------------------------------ the table (FeatureTable)
+
+    def apply_record(self, value: Any) -> bool:
         record = _table_record(value)
         if record is None:
-            queue.note_corrupt_skipped(1)  # not a record this library writes
-            return
+            return False  # not a record this library writes
         key, message_id, expires_ns = record
         self._table[key] = (message_id, expires_ns)
         self._table.move_to_end(key)
+        return True
 
-    def _join(self, path: str, queue: QueueCore) -> None:
-        """Shared mode, other handles live: read the file as it is, rewrite nothing."""
-        assert self._log is not None
-        with queue.appends_locked():
-            if not os.path.exists(path):
-                self._log.replace(encode_feature_file_header(_MAGIC))
-            else:
-                self._log.open(0, cut=False)
-                self._log.size = 0
-            self._catch_up_locked()
+    def clear_table(self) -> None:
+        self._table.clear()
+
+    def table_records(self) -> Iterator[bytes]:
+        for key, (message_id, expires_ns) in self._table.items():
+            yield encode_feature_record([key, message_id, expires_ns])
 
     def catch_up(self) -> None:
         """Shared mode: apply the records other handles appended (append lock held)."""
-        if self._shared:
-            self._catch_up_locked()
-
-    def _catch_up_locked(self) -> None:
-        log, queue = self._log, self._queue
-        assert log is not None
-        assert queue is not None
-        news = log.news()
-        if news is None:
-            return
-        data, replaced = news
-        base = log.size
-        if replaced or base == 0:
-            self._table.clear()
-            try:
-                found = decode_feature_file(data, _MAGIC)
-            except DecodeError:
-                logger.warning("ledgerq: %s is unreadable; the dedup window starts empty", log.path)
-                found = FeatureFile([], FEATURE_FILE_HEADER.size, 0)
-                log.replace(encode_feature_file_header(_MAGIC))
-                return
-        else:
-            found = decode_feature_records(data, 0)
-        if found.damaged:
-            queue.note_corrupt_skipped(found.damaged)
-        for value in found.values:
-            self._take(value, queue)
-        self._records += len(found.values)
-        log.settle(base + found.end)
-        if found.version != FEATURE_VERSION:
-            # A version-1 file (CRC-32) that no live handle had loaded - every one that
-            # had, upgraded it - is never appended to: rewritten as the newest version
-            # now, under the append lock every append to it takes; the other handles see
-            # it replaced and read it again (as after the rewrite of an unreadable file).
-            self._rewrite()
-
-    @staticmethod
-    def _load(path: str, queue: QueueCore) -> tuple[list[Any], int]:
-        """The record values of ``dedup.log`` (none if missing), damage counted, and
-        where its whole records end (0 when there is no usable file)."""
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return [], 0
-        try:
-            found = decode_feature_file(data, _MAGIC)
-        except DecodeError:
-            logger.warning("ledgerq: %s is unreadable; the dedup window starts empty", path)
-            queue.note_corrupt_skipped(1)
-            return [], 0
-        if found.damaged:
-            logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, path)
-            queue.note_corrupt_skipped(found.damaged)
-        # A file of an older version (another checksum) is never appended to: rewritten.
-        return found.values, found.end if found.version == FEATURE_VERSION else 0
-
-    def _rewrite(self) -> None:
-        blob = encode_feature_file_header(_MAGIC) + b"".join(
-            encode_feature_record([key, mid, exp]) for key, (mid, exp) in self._table.items()
-        )
         assert self._log is not None
-        self._log.replace(blob)
-        self._records = len(self._table)
-        self._unsaved = False
+        self._log.catch_up()
 
     def _expire(self, now_ns: int) -> None:
         table = self._table
@@ -236,11 +126,11 @@ class DedupFeature(Feature):
     def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
         if draft.dedup_id is None:
             return None
-        if self._unsaved:
-            # A record could not be written (not even with the disk reserve's space):
-            # the table must be in the file before another dedup id is promised, or a
-            # crash would forget this one too.  Raises while the disk is still full.
-            self._rewrite()
+        # A record that could not be written (not even in the disk reserve's room) must
+        # be in the file before another dedup id is promised, or a crash would forget
+        # this one too: the table is written whole (raises while the disk is still full).
+        assert self._log is not None
+        self._log.save_deferred()
         self._expire(now_ns)
         key = self._key_of(draft.dedup_id)
         hit = self._table.get(key)
@@ -259,46 +149,27 @@ class DedupFeature(Feature):
     def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
         if not self._provisional:
             return
-        blob = b"".join(
+        records = [
             encode_feature_record([key, *self._table[key]])
             for key in self._provisional
             if key in self._table
-        )
+        ]
         self._provisional.clear()
-        assert self._log is not None
-        if not self._log.is_open:
-            return  # never opened (a full disk at open): rewritten whole at the next flush
+        log = self._log
+        assert log is not None
         # The messages are in the log: the enqueue happened and must not raise.  A record
-        # that cannot be written stays in the table in memory and the file is rewritten
-        # whole at the next sync; later records are still appended meanwhile (the failed
-        # one was cut back), so a crash before that sync forgets only the ids it held.
-        try:
-            self._log.append_record(blob)
-        except StorageError as exc:
-            self._not_saved(exc)
+        # that cannot be written stays in the table, written whole before the next dedup
+        # id is admitted (or at the next sync); later records are still appended.
+        if not log.append_or_defer(b"".join(records), len(records)):
             return
-        self._records += 1
         if len(self._table) > self._max_entries:
             self._expire(now_ns)
-        if self._records > 2 * len(self._table) + 1024:
-            try:
-                self._rewrite()
-            except StorageError as exc:
-                self._not_saved(exc)
-
-    def _not_saved(self, exc: StorageError) -> None:
-        logger.warning("ledgerq: %s; the dedup table will be saved at the next sync", exc)
-        self._unsaved = True
+        if log.should_compact(len(self._table), factor=2, slack=1024):
+            log.compact()
 
     def flush(self) -> None:
-        if self._log is None:
-            return
-        if self._unsaved:
-            assert self._queue is not None
-            with self._queue.appends_locked():  # shared mode: nobody appends meanwhile
-                self.catch_up()
-                self._rewrite()  # raises StorageError while the disk is still full
-        self._log.sync()
+        if self._log is not None:
+            self._log.flush()  # raises StorageError while the disk is still full
 
     def close(self) -> None:
         if self._log is not None:

@@ -11,7 +11,8 @@ while no handle had the queue open (or while none looked) give one message, for 
 latest of them, not one each.
 
 State.  ``features/periodic.log`` (segment/naming.PERIODIC_NAME; framed msgpack
-records, format/feature_state.py, spec in docs/format.md) holds ADD records (a
+records, format/feature_state.py, spec in docs/format.md; its protocol - loading,
+damage, the version upgrade, shared mode - is segment/feature_log.py's) holds ADD records (a
 schedule, its payload and headers - sealed on an encrypted queue - and, in a rewrite,
 its last tick), REMOVE records, FIRE records ``[revision, tick, id, timestamp]`` and
 DONE records ``[revision, tick]``.  The file is created by the first ``add_periodic``:
@@ -44,10 +45,10 @@ schedule.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -57,18 +58,11 @@ from ledgerq._types import PeriodicJob, Priority
 from ledgerq.core.cron import CronSchedule
 from ledgerq.core.feature import Draft, Feature
 from ledgerq.format.entry import encode_headers
-from ledgerq.format.errors import DecodeError
-from ledgerq.format.feature_state import (
-    FEATURE_VERSION,
-    decode_feature_file,
-    decode_feature_records,
-    encode_feature_file_header,
-    encode_feature_record,
-)
+from ledgerq.format.feature_state import encode_feature_record
 from ledgerq.format.sealing import EntrySealer
-from ledgerq.segment.appendlog import AppendLog
-from ledgerq.segment.files import StorageError, make_durable_dir
-from ledgerq.segment.naming import FEATURES_DIR, PERIODIC_NAME
+from ledgerq.segment.feature_log import FeatureLog, read_feature_values
+from ledgerq.segment.files import StorageError
+from ledgerq.segment.naming import PERIODIC_NAME, feature_log_path
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
@@ -188,18 +182,14 @@ class PeriodicFeature(Feature):
         self._queue: QueueCore | None = None
         self._sealer: EntrySealer | None = None
         self._detached = False  # read_jobs: a file read without the queue (nor its key)
-        self._path = ""
-        self._log: AppendLog | None = None
+        self._log: FeatureLog | None = None
         self._schedules: dict[str, _Schedule] = {}
         self._by_revision: dict[int, _Schedule] = {}
         self._revision = 0  # the largest revision the file has used
-        self._records = 0
-        self._seen: tuple[int, int] | None = None  # (inode, size) of the file last read
         # The fire under way: (its draft, the schedule's name, its revision).
         self._firing: tuple[Draft, str, int] | None = None
         self._fire_lock = threading.Lock()  # one fire at a time in this handle
         self._provisional: tuple[_Schedule, int, int, int] | None = None
-        self._written_at: int | None = None
         # The enqueue hooks of a fire, registered with the queue only while it fires.
         self._hooks = _FireHooks(self)
 
@@ -207,7 +197,8 @@ class PeriodicFeature(Feature):
         # Nothing is read here: opened() loads the file, under the locks, if it exists.
         self._queue = queue
         self._sealer = queue._sealer
-        self._path = os.path.join(queue.path, FEATURES_DIR, PERIODIC_NAME)
+        path = feature_log_path(queue.path, PERIODIC_NAME)
+        self._log = FeatureLog(path, PERIODIC_MAGIC, "periodic jobs", queue, self)
         queue.set_timer(self)
 
     # ------------------------------------------------------------------ the file
@@ -254,7 +245,7 @@ class PeriodicFeature(Feature):
             ]
         )
 
-    def _apply(self, value: Any) -> bool:
+    def apply_record(self, value: Any) -> bool:
         """Apply one record read back; False if it is not one this library writes."""
         if type(value) is not list or not value or type(value[0]) is not int:
             return False
@@ -313,92 +304,26 @@ class PeriodicFeature(Feature):
             return True
         return False
 
-    def _load(self, *, create: bool) -> AppendLog | None:
-        """Open the file and read it whole (locks held); create it if ``create``."""
-        queue = self._queue
-        assert queue is not None
-        exists = os.path.exists(self._path)
-        if not exists and not create:
-            return None
-        log = AppendLog(self._path, "periodic jobs")
-        log.on_full = lambda: queue.make_room()
-        if not exists:
-            make_durable_dir(os.path.dirname(self._path))
-            log.replace(encode_feature_file_header(PERIODIC_MAGIC))
-            self._log = log
-            self._note_seen()
-            return log
-        log.open(0, cut=False)  # news() reads it whole; settle() cuts a torn tail
-        log.size = 0
-        self._log = log
-        self._catch_up(log)
-        return log
+    def clear_table(self) -> None:
+        self._schedules.clear()
+        self._by_revision.clear()
 
-    def _note_seen(self) -> None:
-        try:
-            st = os.stat(self._path)
-        except OSError:
-            self._seen = None
-        else:
-            self._seen = (st.st_ino, st.st_size)
+    def table_records(self) -> Iterator[bytes]:
+        """One ADD record per schedule, holding its last tick (a rewrite)."""
+        for sched in self._schedules.values():
+            yield self._add_record(sched, with_last=True)
 
-    def _catch_up(self, log: AppendLog) -> None:
-        """Apply what the file holds past what was read (the other handles' records)."""
-        queue = self._queue
-        assert queue is not None
-        news = log.news()
-        if news is None:
-            self._note_seen()
-            return
-        data, replaced = news
-        base = log.size
-        if replaced or base == 0:
-            self._schedules.clear()
-            self._by_revision.clear()
-            self._records = 0
-            try:
-                found = decode_feature_file(data, PERIODIC_MAGIC)
-            except DecodeError:
-                logger.warning("ledgerq: %s is unreadable; no periodic job is kept", log.path)
-                queue.note_corrupt_skipped(1)
-                log.replace(encode_feature_file_header(PERIODIC_MAGIC))
-                self._note_seen()
-                return
-        else:
-            found = decode_feature_records(data, 0)
-        skipped = found.damaged
-        for value in found.values:
-            if not self._apply(value):
-                skipped += 1
-        if skipped:
-            logger.warning("ledgerq: skipped %d damaged records in %s", skipped, log.path)
-            queue.note_corrupt_skipped(skipped)
-        self._records += len(found.values)
-        log.settle(base + found.end)
-        self._note_seen()
-        if found.version != FEATURE_VERSION and queue.is_alone:
-            self._rewrite(log)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """The file's lock (shared mode's append lock), for the calls outside a fire."""
+        assert self._log is not None
+        return self._log.locked()
 
-    def _refresh(self, *, create: bool = False) -> AppendLog | None:
+    def _refresh(self, *, create: bool = False) -> FeatureLog | None:
         """Bring the schedules up to date with the file (queue lock and, in shared mode,
-        the append lock held)."""
+        the append lock held); None if there is no file (not created)."""
         log = self._log
-        if log is None:
-            return self._load(create=create)
-        queue = self._queue
-        assert queue is not None
-        if queue.shared:
-            self._catch_up(log)
-        return log
-
-    def _rewrite(self, log: AppendLog) -> None:
-        """Replace the file with one ADD record per schedule, holding its last tick."""
-        blob = encode_feature_file_header(PERIODIC_MAGIC) + b"".join(
-            self._add_record(s, with_last=True) for s in self._schedules.values()
-        )
-        log.replace(blob)
-        self._records = len(self._schedules)
-        self._note_seen()
+        assert log is not None
+        return log if log.current(create=create) else None
 
     def _verify(self, sched: _Schedule) -> None:
         """Settle a pending FIRE record: its message is in the log, or it never fired
@@ -432,12 +357,11 @@ class PeriodicFeature(Feature):
             # Found now; said in the file, so that no later reader needs the message
             # (consumed and deleted by then).  Not found: the fire that follows says it.
             try:
-                self._log.append_record(encode_feature_record([DONE, sched.revision, tick]))
-                self._records += 1
+                self._log.append(encode_feature_record([DONE, sched.revision, tick]))
             except StorageError as exc:
                 logger.warning("ledgerq: %s; the periodic tick is checked again later", exc)
 
-    def _sync_if_always(self, log: AppendLog) -> None:
+    def _sync_if_always(self, log: FeatureLog) -> None:
         """With ``sync="always"``, a record reaches the disk before what follows it: a
         FIRE record before its message's fsync, so a power loss never keeps a message
         whose tick is then fired again (one fsync per tick, not per enqueue)."""
@@ -471,7 +395,7 @@ class PeriodicFeature(Feature):
         assert queue is not None
         with queue._lock:
             queue._ensure_open()
-            with queue.appends_locked():
+            with self._locked():
                 log = self._refresh(create=True)
                 assert log is not None
                 now = queue._clock.now_ns()
@@ -486,11 +410,9 @@ class PeriodicFeature(Feature):
                     payload,
                     None,
                 )
-                log.append_record(self._add_record(sched, with_last=False))
+                log.append(self._add_record(sched, with_last=False))
                 self._sync_if_always(log)
-                self._records += 1
                 self._apply_new(sched)
-                self._note_seen()
             self._publish()
 
     def _apply_new(self, sched: _Schedule) -> None:
@@ -507,16 +429,14 @@ class PeriodicFeature(Feature):
         assert queue is not None
         with queue._lock:
             queue._ensure_open()
-            with queue.appends_locked():
+            with self._locked():
                 log = self._refresh()
                 if log is None or name not in self._schedules:
                     return False
-                log.append_record(encode_feature_record([REMOVE, name]))
+                log.append(encode_feature_record([REMOVE, name]))
                 self._sync_if_always(log)
-                self._records += 1
                 old = self._schedules.pop(name)
                 self._by_revision.pop(old.revision, None)
-                self._note_seen()
             self._publish()
         return True
 
@@ -526,7 +446,7 @@ class PeriodicFeature(Feature):
         assert queue is not None
         with queue._lock:
             queue._ensure_open()
-            with queue.appends_locked():
+            with self._locked():
                 self._refresh()
             self._publish()
             return [self._schedules[n].job() for n in sorted(self._schedules)]
@@ -536,25 +456,20 @@ class PeriodicFeature(Feature):
     def poll(self) -> None:
         """Read the other handles' changes if the file changed, then fire what is due
         (the housekeeper, every 0.25 s; at open).  No lock when nothing changed."""
-        queue = self._queue
+        queue, log = self._queue, self._log
         assert queue is not None
-        try:
-            st = os.stat(self._path)
-        except FileNotFoundError:
-            if self._log is None:
+        assert log is not None
+        if log.has_news():
+            try:
+                with queue._lock:
+                    if queue._closed:
+                        return
+                    with self._locked():
+                        self._refresh()
+                    self._publish()
+            except LedgerQError as exc:  # (an open must not fail for it: logged)
+                logger.warning("ledgerq: reading %s failed: %s", log.path, exc)
                 return
-        else:
-            if (st.st_ino, st.st_size) != self._seen:
-                try:
-                    with queue._lock:
-                        if queue._closed:
-                            return
-                        with queue.appends_locked():
-                            self._refresh()
-                        self._publish()
-                except LedgerQError as exc:  # (an open must not fail for it: logged)
-                    logger.warning("ledgerq: reading %s failed: %s", self._path, exc)
-                    return
         due = queue.waits.timer_ns
         if due is not None and due <= queue._clock.now_ns():
             self.fire_due()
@@ -599,7 +514,7 @@ class PeriodicFeature(Feature):
 
     def hook_catch_up(self) -> None:
         if self._firing is not None and self._log is not None:
-            self._catch_up(self._log)
+            self._log.catch_up()
 
     def hook_admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
         firing = self._firing
@@ -630,9 +545,7 @@ class PeriodicFeature(Feature):
         log = self._log
         assert log is not None
         sched, tick, message_id, now_ns = provisional
-        size = log.size
-        log.append_record(encode_feature_record([FIRE, sched.revision, tick, message_id, now_ns]))
-        self._written_at = size
+        log.append_ahead(encode_feature_record([FIRE, sched.revision, tick, message_id, now_ns]))
         self._sync_if_always(log)
 
     def hook_appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
@@ -642,42 +555,33 @@ class PeriodicFeature(Feature):
         sched, tick, _, _ = provisional
         sched.fired_ns = tick
         self._provisional = None
-        self._written_at = None
-        self._records += 2
         log = self._log
         assert log is not None
+        log.keep_ahead()
         try:
             # The message is written: say so, so that nobody needs to find it in the
             # log later (it may be consumed and its segment deleted by then).
-            log.append_record(encode_feature_record([DONE, sched.revision, tick]))
+            log.append(encode_feature_record([DONE, sched.revision, tick]))
             self._sync_if_always(log)
         except StorageError as exc:
             # The FIRE record stays without it: a reader of the file finds the message.
             logger.warning("ledgerq: %s; the periodic tick is checked in the log later", exc)
-        if log is not None and self._records > _REWRITE_SLACK + 4 * len(self._schedules):
+        if log.should_compact(len(self._schedules), factor=4, slack=_REWRITE_SLACK):
             # Under the append lock with the tail current (this is an append): every
             # pending record can be settled first, so the rewrite keeps only facts.
             for other in self._schedules.values():
                 self._verify(other)
-            try:
-                self._rewrite(log)
-            except StorageError as exc:
-                logger.warning("ledgerq: %s; the periodic jobs' file is rewritten later", exc)
-        self._note_seen()
+            log.compact()
 
     def hook_rollback(self) -> None:
         self._provisional = None
-        written_at, self._written_at = self._written_at, None
-        if written_at is not None and self._log is not None:
+        if self._log is not None:
             # The FIRE record is written, its message not: cut it back.  If that fails
             # it stays, unverifiable (no message has its id and timestamp): not fired.
-            try:
-                self._log.settle(written_at)
-            except StorageError as exc:
-                logger.warning("ledgerq: %s; an unused periodic record stays", exc)
+            self._log.undo_ahead()
 
     def flush(self) -> None:
-        if self._log is not None and self._log.is_open:
+        if self._log is not None:
             self._log.sync()
 
     def close(self) -> None:
@@ -720,17 +624,8 @@ def read_jobs(queue_dir: str) -> list[PeriodicJob]:
     FIRE record has no DONE yet counts as fired.  On an encrypted queue (no key here)
     each job's payload and headers are left out (``b""``, ``{}``).  ``[]`` when the
     queue has no periodic job or the file is unreadable."""
-    try:
-        with open(os.path.join(queue_dir, FEATURES_DIR, PERIODIC_NAME), "rb") as f:
-            data = f.read()
-    except OSError:
-        return []
     reader = PeriodicFeature()
     reader._detached = True
-    try:
-        found = decode_feature_file(data, PERIODIC_MAGIC)
-    except DecodeError:
-        return []
-    for value in found.values:
-        reader._apply(value)
+    for value in read_feature_values(feature_log_path(queue_dir, PERIODIC_NAME), PERIODIC_MAGIC):
+        reader.apply_record(value)
     return [reader._schedules[name].job() for name in sorted(reader._schedules)]

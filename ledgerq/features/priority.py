@@ -31,7 +31,6 @@ from ledgerq.format.errors import DecodeError
 
 if TYPE_CHECKING:
     from ledgerq.core.reader import ReaderCore
-    from ledgerq.segment.manager import SegmentManager
 
 __all__ = ["PriorityFeature", "PrioritySelector"]
 
@@ -71,7 +70,7 @@ class _Level:
             best = (self.returned[0][0], self.returned[0][1])
         return best
 
-    def pop(self, manager: SegmentManager) -> Entry | None:
+    def pop(self, reader: ReaderCore) -> Entry | None:
         """Remove the front message and return its entry (read back from the log)."""
         self._drop_discarded_front()
         if self.returned and (
@@ -88,7 +87,7 @@ class _Level:
             del self.offsets[: self.head]
             self.head = 0
         try:
-            return manager.read_entry_at(message_id, offset)
+            return reader.read_entry_at(message_id, offset)
         except (DecodeError, OSError, IndexError):
             return None  # its segment was dropped (retention_max_bytes) or damaged
 
@@ -108,16 +107,14 @@ class _Level:
 class PrioritySelector:
     """The delivery order of one reader with priorities on (see the module docstring)."""
 
-    def __init__(self, reader: ReaderCore, manager: SegmentManager, starvation_ns: int | None):
+    def __init__(self, reader: ReaderCore, starvation_ns: int | None):
         self._reader = reader
-        self._manager = manager
         self._starvation_ns = starvation_ns
         self._levels = [_Level() for _ in range(_LEVELS)]
 
     def _pull(self) -> None:
         """Index every entry the cursor has not read yet."""
         reader = self._reader
-        cursor = reader._cursor
         levels = self._levels
         while True:
             entry = reader.read_next()
@@ -126,7 +123,7 @@ class PrioritySelector:
             level = levels[entry.priority]
             level.ids.append(entry.id)
             level.stamps.append(entry.timestamp)
-            level.offsets.append(cursor.last_offset)
+            level.offsets.append(reader.last_offset)
 
     def _effective(self, level: int, stamp: int, now_ns: int) -> int:
         starvation = self._starvation_ns
@@ -154,7 +151,7 @@ class PrioritySelector:
             number = self._choose(now_ns)
             if number is None:
                 return None
-            entry = self._levels[number].pop(self._manager)
+            entry = self._levels[number].pop(self._reader)
             if entry is not None:
                 return entry
 
@@ -238,7 +235,7 @@ class PrioritySelector:
                 message_id, offset = level.ids[level.head], level.offsets[level.head]
                 level.head += 1
                 try:
-                    found.append(self._manager.read_entry_at(message_id, offset))
+                    found.append(self._reader.read_entry_at(message_id, offset))
                 except (DecodeError, OSError, IndexError):
                     continue
         finally:
@@ -262,4 +259,4 @@ class PriorityFeature(Feature):
         self._starvation_ns = None if after is None else max(1, int(after * _NS))
 
     def selector(self, reader: ReaderCore) -> Selector | None:
-        return PrioritySelector(reader, reader._manager, self._starvation_ns)
+        return PrioritySelector(reader, self._starvation_ns)

@@ -29,8 +29,10 @@ timestamp - done once, the first time the key comes again, by one indexed read. 
 are never reused, and an id another handle took after a dead one carries another
 timestamp.)  A message write that fails cuts its records back.
 
-Shared mode: every handle appends to the file under the append lock and reads what the
-others appended before admitting a key; a key whose message this handle's view shows
+The file's protocol (loading, damage, the version upgrade, shared mode, full disks) is
+:class:`~ledgerq.segment.feature_log.FeatureLog`'s.  Shared mode: every handle appends
+to the file under the append lock and reads what the others appended before admitting a
+key; a key whose message this handle's view shows
 unfinished is decided again holding every reader (an ack in another process just
 before must count) - a new key needs no reader's lock; a sweep replaces the file under that lock
 and the others, seeing their file unlinked, read the new one whole.
@@ -38,10 +40,8 @@ and the others, seeing their file unlinked, read the new one whole.
 
 from __future__ import annotations
 
-import logging
-import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -49,26 +49,17 @@ import xxhash
 from ledgerq._options import Options
 from ledgerq.core.feature import Draft, Feature, ReadersNeeded
 from ledgerq.format.checksum import checksum
-from ledgerq.format.errors import DecodeError
-from ledgerq.format.feature_state import (
-    FEATURE_VERSION,
-    decode_feature_file,
-    decode_feature_records,
-    encode_feature_file_header,
-)
 from ledgerq.format.sealing import keyed_digest
-from ledgerq.segment.appendlog import AppendLog
-from ledgerq.segment.files import StorageError, make_durable_dir
-from ledgerq.segment.naming import FEATURES_DIR
+from ledgerq.segment.feature_log import FeatureLog
+from ledgerq.segment.naming import UNIQUE_NAME, feature_log_path
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
 
 __all__ = ["UNIQUE_LOG", "UNIQUE_MAGIC", "UniqueFeature", "unique_digest"]
 
-logger = logging.getLogger("ledgerq")
 
-UNIQUE_LOG = "unique.log"
+UNIQUE_LOG = UNIQUE_NAME  # (the name is spelled in segment/naming.py)
 UNIQUE_MAGIC = b"LQUK"
 _DIGEST_SIZE = 16
 _SWEEP_AT = 1024  # held keys before the first sweep for finished ones
@@ -140,78 +131,39 @@ class UniqueFeature(Feature):
         self._unverified: dict[bytes, int] = {}
         # digest -> (id, timestamp, expires) admitted in the current call, not yet written
         self._provisional: dict[bytes, tuple[int, int, int]] = {}
-        self._written_at: int | None = None  # the file's size before this call's records
         self._added = b""  # the digest add_key wrote the record of
-        self._log: AppendLog | None = None
-        self._path = ""
+        self._log: FeatureLog | None = None
         self._queue: QueueCore | None = None
-        self._shared = False
-        self._records = 0  # records in the file (a sweep rewrites it when mostly dead)
         self._sweep_at = _SWEEP_AT
 
     def attach(self, queue: QueueCore) -> None:
-        # Nothing is read or created here: at the first unique enqueue (_load).
+        # Nothing is read or created here: at the first unique enqueue (_current).
         self._queue = queue
-        self._shared = queue.shared
-        self._path = os.path.join(queue.path, FEATURES_DIR, UNIQUE_LOG)
+        self._log = FeatureLog(
+            feature_log_path(queue.path, UNIQUE_NAME), UNIQUE_MAGIC, "unique keys", queue, self
+        )
 
     # ------------------------------------------------------------------ the file
 
-    def _load(self) -> AppendLog:
-        """Open the file (creating it if missing) and read it whole (lock held)."""
-        queue = self._queue
-        assert queue is not None
-        log = AppendLog(self._path, "unique keys")
-        log.on_full = lambda: queue.make_room()
-        if not os.path.exists(self._path):
-            make_durable_dir(os.path.dirname(self._path))
-            log.replace(encode_feature_file_header(UNIQUE_MAGIC))
-            self._log = log
-            return log
-        log.open(0, cut=False)  # news() reads it whole; settle() cuts a torn tail
-        log.size = 0
-        self._log = log
-        self._catch_up(log)
+    def _current(self) -> FeatureLog:
+        """The file, created if missing, with the other handles' records applied (lock
+        held)."""
+        log = self._log
+        assert log is not None
+        log.current(create=True)
         return log
 
-    def _catch_up(self, log: AppendLog) -> None:
-        """Apply what the file holds past what was read (other handles' records)."""
-        queue = self._queue
-        assert queue is not None
-        news = log.news()
-        if news is None:
-            return
-        data, replaced = news
-        base = log.size
-        if replaced or base == 0:
-            self._held.clear()
-            self._expires.clear()
-            self._unverified.clear()
-            self._records = 0
-            try:
-                found = decode_feature_file(data, UNIQUE_MAGIC)
-            except DecodeError:
-                # Not a file this library writes: the keys it held are lost (counted),
-                # the file starts again (the messages themselves are untouched).
-                logger.warning("ledgerq: %s is unreadable; no unique key is held", log.path)
-                queue.note_corrupt_skipped(1)
-                log.replace(encode_feature_file_header(UNIQUE_MAGIC))
-                return
-        else:
-            found = decode_feature_records(data, 0)
-        if found.damaged:
-            logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, log.path)
-            queue.note_corrupt_skipped(found.damaged)
-        for value in found.values:
-            record = _record(value)
-            if record is None:
-                queue.note_corrupt_skipped(1)
-                continue
-            self._take(*record)
-        self._records += len(found.values)
-        log.settle(base + found.end)
-        if found.version != FEATURE_VERSION:
-            self._rewrite(log)
+    def apply_record(self, value: Any) -> bool:
+        record = _record(value)
+        if record is None:
+            return False
+        self._take(*record)
+        return True
+
+    def clear_table(self) -> None:
+        self._held.clear()
+        self._expires.clear()
+        self._unverified.clear()
 
     def _take(self, digest: bytes, message_id: int, timestamp: int, expires: int) -> None:
         """A record read back: the key is (again) the message's, until verified."""
@@ -226,16 +178,13 @@ class UniqueFeature(Feature):
         else:
             self._unverified.pop(digest, None)
 
-    def _rewrite(self, log: AppendLog) -> None:
-        """Replace the file with the keys held now (append lock held, in shared mode)."""
-        blob = encode_feature_file_header(UNIQUE_MAGIC) + b"".join(
-            _encode_record(
-                digest, mid, self._unverified.get(digest, _VERIFIED), self._expires.get(digest, 0)
+    def table_records(self) -> Iterator[bytes]:
+        """The records of the keys held now (a rewrite)."""
+        unverified, expires = self._unverified, self._expires
+        for digest, message_id in self._held.items():
+            yield _encode_record(
+                digest, message_id, unverified.get(digest, _VERIFIED), expires.get(digest, 0)
             )
-            for digest, mid in self._held.items()
-        )
-        log.replace(blob)
-        self._records = len(self._held)
 
     # ------------------------------------------------------------------ deciding
 
@@ -290,11 +239,7 @@ class UniqueFeature(Feature):
         noted ``candidate_id`` for it (written by before_append)."""
         digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
         if not self._provisional:  # the first key of this call: the file's news first
-            log = self._log
-            if log is None:
-                self._load()
-            elif self._shared:
-                self._catch_up(log)
+            self._current()
         noted = self._provisional.get(digest)
         if noted is not None:
             return noted[0]  # the same key twice in one batch: one message
@@ -311,29 +256,23 @@ class UniqueFeature(Feature):
         ``unique_key``; or None, having written the record of ``candidate_id`` - the
         message is written next, then :meth:`key_added` (or :meth:`rollback`)."""
         digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
-        log = self._log
-        if log is None:
-            log = self._load()
-        elif self._shared:
-            self._catch_up(log)
+        log = self._current()
         held = self._held.get(digest)
         if held is not None:
             if self._holds(digest, held, now_ns):
                 return held
             self._forget(digest)
-        size = log.size
-        log.append_record(_encode_record(digest, candidate_id, now_ns, 0))
-        self._written_at = size
+        log.append_ahead(_encode_record(digest, candidate_id, now_ns, 0))
         self._added = digest
         return None
 
     def key_added(self, message_id: int, now_ns: int) -> None:
         """The message of :meth:`add_key` is written (lock held)."""
         digest, self._added = self._added, b""
-        self._written_at = None
+        assert self._log is not None
+        self._log.keep_ahead()
         held = self._held
         held[digest] = message_id  # (not there: add_key forgot a finished holder)
-        self._records += 1
         if len(held) > self._sweep_at:
             self._sweep(now_ns)
 
@@ -352,21 +291,15 @@ class UniqueFeature(Feature):
             blob = _encode_record(digest, *noted)
         else:
             blob = b"".join(_encode_record(digest, *noted) for digest, noted in provisional.items())
-        size = log.size
-        log.append_record(blob)  # raises having written nothing: the core rolls back
-        self._written_at = size
+        log.append_ahead(blob, len(provisional))  # raises having written nothing: rolled back
 
     def rollback(self) -> None:
         self._provisional.clear()
         self._added = b""
-        written_at, self._written_at = self._written_at, None
-        if written_at is not None and self._log is not None:
+        if self._log is not None:
             # The records are written, their messages not: cut them back.  If that fails
             # too they stay, unverifiable - no message has their id and timestamp.
-            try:
-                self._log.settle(written_at)
-            except StorageError as exc:
-                logger.warning("ledgerq: %s; unused unique-key records stay", exc)
+            self._log.undo_ahead()
 
     def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
         # The messages _admit_key noted are written (their ids are the noted ones).
@@ -384,9 +317,9 @@ class UniqueFeature(Feature):
                 expires_of.pop(digest, None)
             if unverified:
                 unverified.pop(digest, None)
-        self._records += len(provisional)
         provisional.clear()
-        self._written_at = None
+        assert self._log is not None
+        self._log.keep_ahead()
         if len(held) > self._sweep_at:
             self._sweep(now_ns)
 
@@ -422,17 +355,13 @@ class UniqueFeature(Feature):
                 self._forget(digest)
         self._sweep_at = max(_SWEEP_AT, 2 * len(self._held))
         log = self._log
-        if log is not None and self._records > 2 * len(self._held) + _SWEEP_AT:
-            try:
-                self._rewrite(log)
-            except StorageError as exc:
-                # The old file holds every held key too: keep appending to it.
-                logger.warning("ledgerq: %s; the unique-key file is rewritten later", exc)
+        if log is not None and log.should_compact(len(self._held), factor=2, slack=_SWEEP_AT):
+            log.compact()  # (if it fails, the old file holds every held key too)
 
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
-        if self._log is not None and self._log.is_open:
+        if self._log is not None:
             self._log.sync()
 
     def close(self) -> None:

@@ -11,7 +11,10 @@
         <first-id:020d>.idx     idx_path(): the sparse index
       readers/                  READERS_DIR
         <name>.state            reader_state_path(): one reader's journal
-      features/                 FEATURES_DIR: retry and dedup state
+      features/                 FEATURES_DIR: the feature logs (segment/feature_log.py)
+        dedup.log               DEDUP_NAME: the dedup window's table
+        retries.log             RETRIES_NAME: the last failure of each failing message
+        unique.log              UNIQUE_NAME: the unique keys held
         periodic.log            PERIODIC_NAME: the periodic jobs and their last ticks
       dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
       shared/                   SHARED_DIR: coordination of shared-mode handles
@@ -33,6 +36,7 @@ import re
 
 __all__ = [
     "APPEND_NAME",
+    "DEDUP_NAME",
     "DLQ_DIR",
     "FEATURES_DIR",
     "INDEX_SUFFIX",
@@ -46,11 +50,14 @@ __all__ = [
     "QUEUE_NAMES",
     "READERS_DIR",
     "RESERVE_NAME",
+    "RETRIES_NAME",
     "SEGMENTS_DIR",
     "SHARED_DIR",
     "SHARED_STATE_NAME",
     "STATE_SUFFIX",
     "TMP_SUFFIX",
+    "UNIQUE_NAME",
+    "feature_log_path",
     "handle_live_path",
     "idx_path",
     "list_live_handles",
@@ -80,7 +87,11 @@ APPEND_NAME = "APPEND"
 SHARED_STATE_NAME = "state"
 READER_LOCK_SUFFIX = ".reader"
 LIVE_SUFFIX = ".live"
-PERIODIC_NAME = "periodic.log"  # in FEATURES_DIR
+# The feature logs, in FEATURES_DIR (feature_log_path).
+DEDUP_NAME = "dedup.log"
+RETRIES_NAME = "retries.log"
+UNIQUE_NAME = "unique.log"
+PERIODIC_NAME = "periodic.log"
 
 # Everything a queue directory may hold: a directory holding anything else and no
 # meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).
@@ -131,6 +142,11 @@ def list_segment_ids(segments_dir: str) -> list[int]:
             ids.append(int(match.group(1)))
     ids.sort()
     return ids
+
+
+def feature_log_path(queue_dir: str, name: str) -> str:
+    """Path of the feature log ``name`` (``DEDUP_NAME``, ...) of the queue at ``queue_dir``."""
+    return os.path.join(queue_dir, FEATURES_DIR, name)
 
 
 def reader_state_path(queue_dir: str, name: str) -> str:

@@ -15,7 +15,6 @@ dead-lettered again), never in neither.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from ledgerq._errors import CorruptionError
@@ -23,8 +22,7 @@ from ledgerq._options import Options
 from ledgerq.core.feature import FailedDelivery
 from ledgerq.features.dlq.retries import RetryTracker
 from ledgerq.features.dlq.store import DeadLetterStore, OpenConfigured
-from ledgerq.segment.files import make_durable_dir
-from ledgerq.segment.naming import FEATURES_DIR
+from ledgerq.segment.naming import RETRIES_NAME, feature_log_path
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
@@ -47,13 +45,7 @@ class DeadLetterFeature(DeadLetterStore):
     def attach(self, queue: QueueCore) -> None:
         super().attach(queue)
         self._main = queue
-        directory = os.path.join(queue.path, FEATURES_DIR)
-        make_durable_dir(directory)
-        self._tracker = RetryTracker(
-            os.path.join(directory, "retries.log"),
-            shared_lock=queue.appends_locked if queue.shared else None,
-            rewrite=not queue.shared or queue.is_alone,
-        )
+        self._tracker = RetryTracker(feature_log_path(queue.path, RETRIES_NAME), queue)
 
     def failed(self, delivery: FailedDelivery) -> bool:
         """Record the failure, or move the message to the DLQ after ``max_retries``.
