@@ -36,7 +36,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import ledgerq
 from ledgerq._queue import Queue
@@ -51,12 +51,12 @@ _real_write = os.write
 # Operations the child can be told to die inside: (class, method) whose calls arm the
 # self-kill counter.  ``_report_failure`` covers a whole DLQ move: the DLQ write, the
 # retry tracker and the DEAD_LETTER record in the main queue.
-TARGETS: dict[str, tuple[type, str]] = {
-    "rotation": (SegmentManager, "rotate"),
-    "compaction": (QueueCore, "compact"),
-    "checkpoint": (ReaderCore, "checkpoint"),
-    "dlq_move": (ReaderCore, "_report_failure"),
-    "requeue": (Queue, "requeue_dlq"),
+TARGETS: dict[str, tuple[tuple[type, str], ...]] = {
+    "rotation": ((SegmentManager, "rotate"),),
+    "compaction": ((QueueCore, "compact"),),
+    "checkpoint": ((ReaderCore, "checkpoint"),),
+    "dlq_move": ((ReaderCore, "_report_failure"),),
+    "requeue": ((Queue, "requeue_dlq"),),
 }
 
 
@@ -300,23 +300,43 @@ class Workload:
         self.emit("Z\n")
 
 
-def main(argv: list[str]) -> None:
-    config = json.loads(argv[1])
+class Stepping(Protocol):
+    """A child's workload: one random operation a call, reported."""
+
+    def step(self) -> None: ...
+
+
+W = TypeVar("W", bound=Stepping)
+
+
+def run_until_killed(
+    config: dict[str, Any],
+    targets: dict[str, tuple[tuple[type, str], ...]],
+    start: Callable[[dict[str, Any]], W],
+    ready: Callable[[W], str],
+) -> None:
+    """Open the workload (``start``), report ``ready``'s line, step until killed.
+
+    ``config["kill"]`` says how to die: its ``target`` names calls of ``targets`` (the
+    self-kill counts inside them), ``open`` (inside ``start``; right after it if its
+    ``nth`` call never came), ``after_open`` or ``anywhere``; with none, the parent
+    kills this process.  An exception is reported (``X`` line) and raised.
+    """
     kill = config.get("kill") or {}
     target = kill.get("target")
     killer = SelfKill(
         config["path"], kill.get("nth", 0) if target else 0, torn=kill.get("torn", False)
     )
-    if target in TARGETS:
-        killer.arm_inside(*TARGETS[target])
+    for cls, method in targets.get(target, ()):
+        killer.arm_inside(cls, method)
     killer.install()
     emit("O\n")
     if target == "open":
         killer.depth += 1
-    work = Workload(config)
+    work = start(config)
     if target == "open":
         killer.depth -= 1
-    emit("P\n")
+    emit(ready(work))
     if target in ("after_open", "open"):  # "open": it completed before the nth call
         os.kill(os.getpid(), signal.SIGKILL)
     if target == "anywhere":
@@ -327,6 +347,10 @@ def main(argv: list[str]) -> None:
     except Exception:
         emit("X " + traceback.format_exc().replace("\n", " | ") + "\n")
         raise
+
+
+def main(argv: list[str]) -> None:
+    run_until_killed(json.loads(argv[1]), TARGETS, Workload, lambda _: "P\n")
 
 
 if __name__ == "__main__":

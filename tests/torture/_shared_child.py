@@ -40,10 +40,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import sys
 import time
-import traceback
 from typing import Any
 
 import ledgerq
@@ -52,7 +50,7 @@ from ledgerq.core.shared_queue import SharedQueueCore
 from ledgerq.core.shared_reader import SharedReaderCore
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.shared_manager import SharedSegmentManager
-from tests.torture._child import SelfKill, emit
+from tests.torture._child import emit, run_until_killed
 from tests.torture._payload import make, mismatch, token_of
 
 # Where a child can be told to die: the calls (class, method) that arm its self-kill
@@ -226,29 +224,12 @@ def main(argv: list[str]) -> None:
     # Compact reader journals after a few KiB instead of 1 MiB, so compactions (and
     # kills inside them) happen all the time.
     journal._COMPACT_MIN_BYTES = config.get("compact_bytes", 4096)
-    kill = config.get("kill") or {}
-    target = kill.get("target")
-    killer = SelfKill(config["path"], kill.get("nth", 0), torn=kill.get("torn", False))
-    for cls, method in TARGETS.get(target, ()):
-        killer.arm_inside(cls, method)
-    killer.install()
-    emit("O\n")
-    if target == "open":
-        killer.depth += 1
-    work = SharedWorkload(config)
-    if target == "open":
-        killer.depth -= 1
-    emit(f"R {work.q.handle_id:016x} {os.getpid()}\n")  # type: ignore[attr-defined]
-    if target == "open":  # the open completed before its nth call: die right after it
-        os.kill(os.getpid(), signal.SIGKILL)
-    if target == "anywhere":
-        killer.depth += 1
-    try:
-        while True:
-            work.step()
-    except Exception:
-        emit("X " + traceback.format_exc().replace("\n", " | ") + "\n")
-        raise
+    run_until_killed(
+        config,
+        TARGETS,
+        SharedWorkload,
+        lambda work: f"R {work.q.handle_id:016x} {os.getpid()}\n",  # type: ignore[attr-defined]
+    )
 
 
 if __name__ == "__main__":
