@@ -66,6 +66,25 @@ class Totals(Sums):
         super().add(other)
         self.campaigns += 1
 
+    def report(self, elapsed: float) -> str:
+        """The figures the CLI prints (docs/reliability.md quotes them)."""
+        return "\n".join(
+            (
+                self.headline(elapsed),
+                f"  kills: {sum(self.kills.values())} ({dict(sorted(self.kills.items()))})",
+                *self.figures(),
+                f"  operations: {dict(sorted(self.counts.items()))}",
+            )
+        )
+
+    def headline(self, elapsed: float) -> str:
+        """The report's first line: what ran, how long."""
+        return f"crash torture: {self.rounds} rounds in {self.campaigns} campaigns, {elapsed:.0f} s"
+
+    def figures(self) -> list[str]:
+        """The report's lines of this kind of torture, after the kills."""
+        return []
+
 
 def draw_options(
     rng: random.Random,
@@ -109,29 +128,30 @@ T = TypeVar("T", bound=Totals)
 
 def run_campaigns(
     totals: T,
-    campaign: Callable[[int, int], Result],
+    campaign: Callable[..., Result],
     workdir: Path,
     rounds: int,
     *,
-    seed: int,
-    per_campaign: int,
-    keep: bool,
-    progress: Callable[[str], None] | None,
     queue: str,
     stderr: str,
+    seed: int = 0,
+    per_campaign: int = 10,
+    keep: bool = False,
+    progress: Callable[[str], None] | None = None,
+    **how: Any,
 ) -> T:
     """Run ``rounds`` rounds in campaigns of ``per_campaign``; add each to ``totals``.
 
-    ``campaign(seed, rounds)`` runs one; unless ``keep``, its queue (``queue`` formatted
-    with its seed, in ``workdir``) and its children's stderr files (the glob ``stderr``,
-    formatted likewise) are removed after it.
+    ``campaign(workdir, seed, rounds, progress=progress, **how)`` runs one; unless
+    ``keep``, its queue (``queue`` formatted with its seed, in ``workdir``) and its
+    children's stderr files (the glob ``stderr``, formatted likewise) go after it.
     """
     done = number = 0
     while done < rounds:
         n = min(per_campaign, rounds - done)
         campaign_seed = seed * 100_003 + number
         started = time.monotonic()
-        result = campaign(campaign_seed, n)
+        result = campaign(workdir, campaign_seed, n, progress=progress, **how)
         totals.add(result)
         if progress is not None:
             progress(

@@ -70,6 +70,9 @@ class Totals(common.Totals):
 
     checks: int = 0
 
+    def figures(self) -> list[str]:
+        return [f"  reopen checks: {self.checks}; report lines checked: {self.lines}"]
+
 
 def campaign_options(rng: random.Random, sync: str | None = None) -> dict[str, Any]:
     """Queue options of a campaign, drawn from ``rng``."""
@@ -194,31 +197,15 @@ def run_campaign(
     return result
 
 
-def run_rounds(
-    workdir: Path,
-    rounds: int,
-    *,
-    seed: int = 0,
-    per_campaign: int = 10,
-    target: str | None = None,
-    sync: str | None = None,
-    keep: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> Totals:
-    """Run ``rounds`` rounds in campaigns of ``per_campaign``; return the totals."""
+def run_rounds(workdir: Path, rounds: int, **how: Any) -> Totals:
+    """Run ``rounds`` rounds in campaigns; return the totals.
+
+    ``how``: ``seed``, ``per_campaign``, ``keep``, ``progress`` (see
+    :func:`~tests.torture._common.run_campaigns`), ``target`` and ``sync`` (see
+    :func:`run_campaign`).
+    """
     return run_campaigns(
-        Totals(),
-        lambda campaign_seed, n: run_campaign(
-            workdir, campaign_seed, n, target=target, sync=sync, progress=progress
-        ),
-        workdir,
-        rounds,
-        seed=seed,
-        per_campaign=per_campaign,
-        keep=keep,
-        progress=progress,
-        queue="q-{}",
-        stderr="child-{}-*.stderr",
+        Totals(), run_campaign, workdir, rounds, queue="q-{}", stderr="child-{}-*.stderr", **how
     )
 
 

@@ -482,6 +482,18 @@ class SharedTotals(Totals):
     processes: int = 0
     reclaim_s: list[float] = field(default_factory=list)
 
+    def headline(self, elapsed: float) -> str:
+        return (
+            f"shared-mode crash torture: {self.rounds} rounds in {self.campaigns} campaigns, "
+            f"{self.processes} processes, {elapsed:.0f} s"
+        )
+
+    def figures(self) -> list[str]:
+        return [
+            f"  leases of killed holders back (their .live file gone): {self.reclaim_summary()}",
+            f"  report lines checked: {self.lines}",
+        ]
+
     def reclaim_summary(self) -> str:
         if not self.reclaim_s:
             return "no lease holder killed by the parent"
@@ -786,36 +798,19 @@ def run_shared_campaign(
     return campaign.result
 
 
-def run_shared_rounds(
-    workdir: Path,
-    rounds: int,
-    *,
-    seed: int = 0,
-    per_campaign: int = 10,
-    target: str | None = None,
-    sync: str | None = None,
-    keep: bool = False,
-    progress: Callable[[str], None] | None = None,
-    overrides: dict[str, Any] | None = None,
-) -> SharedTotals:
-    """Run ``rounds`` rounds in campaigns of ``per_campaign``; return the totals."""
+def run_shared_rounds(workdir: Path, rounds: int, **how: Any) -> SharedTotals:
+    """Run ``rounds`` rounds in campaigns; return the totals.
+
+    ``how``: ``seed``, ``per_campaign``, ``keep``, ``progress`` (see
+    :func:`~tests.torture._common.run_campaigns`), ``target``, ``sync`` and
+    ``overrides`` (see :func:`run_shared_campaign`).
+    """
     return run_campaigns(
         SharedTotals(),
-        lambda campaign_seed, n: run_shared_campaign(
-            workdir,
-            campaign_seed,
-            n,
-            target=target,
-            sync=sync,
-            progress=progress,
-            overrides=overrides,
-        ),
+        run_shared_campaign,
         workdir,
         rounds,
-        seed=seed,
-        per_campaign=per_campaign,
-        keep=keep,
-        progress=progress,
         queue="shared-{}",
         stderr="shared-{}-*.stderr",
+        **how,
     )
