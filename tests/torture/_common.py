@@ -1,7 +1,7 @@
 """What the exclusive torture (``_runner.py``) and the shared one (``_shared.py``) share.
 
 The figures a campaign returns and their sums, the drawing of a campaign's queue
-options, the loop that runs rounds in campaigns, and the drain of a reader at the end.
+options, and the loop that runs rounds in campaigns.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-import ledgerq
-
-__all__ = ["Result", "Sums", "Totals", "draw_options", "drain", "run_campaigns"]
+__all__ = ["Result", "Sums", "Totals", "draw_options", "run_campaigns"]
 
 
 @dataclass
@@ -111,16 +109,6 @@ def draw_options(
     if mode == "interval":
         options["sync_interval"] = 0.005  # let the background fsync run during the rounds
     return options
-
-
-def drain(reader: Any) -> list[ledgerq.Message]:
-    """Dequeue and ack everything ``reader`` (a queue or a named reader) delivers."""
-    delivered: list[ledgerq.Message] = []
-    while batch := reader.dequeue_batch(64):
-        for msg in batch:
-            reader.ack(msg.id)
-        delivered.extend(batch)
-    return delivered
 
 
 T = TypeVar("T", bound=Totals)

@@ -31,8 +31,9 @@ from typing import Any
 
 import ledgerq
 from tests._child import Child
+from tests.drain import drain
 from tests.torture import _common as common
-from tests.torture._common import Result, drain, draw_options, run_campaigns
+from tests.torture._common import Result, draw_options, run_campaigns
 from tests.torture._model import Model, ModelError
 
 __all__ = ["TARGETS", "CampaignResult", "Totals", "run_campaign", "run_rounds", "start_child"]

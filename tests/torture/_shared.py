@@ -66,7 +66,8 @@ from typing import Any
 import ledgerq
 from ledgerq.segment.naming import handle_live_path
 from tests._child import Child
-from tests.torture._common import Result, Totals, drain, draw_options, run_campaigns
+from tests.drain import drain
+from tests.torture._common import Result, Totals, draw_options, run_campaigns
 from tests.torture._model import ModelError
 from tests.torture._payload import make, mismatch, token_of
 
