@@ -130,8 +130,8 @@ class QueueMachine(RuleBasedStateMachine):
     # ------------------------------------------------- operations, through a handle
 
     # The model has one handle; the two-handle model (tests/shared/
-    # test_model_two_handles.py) overrides these two and runs the same operations
-    # through the handle a rule draws, and each lease through the handle holding it.
+    # test_model_two_handles.py) overrides the first three, and so runs the same
+    # operations through the handle a rule draws and each lease through its holder.
 
     def _handle(self, h: int) -> ledgerq.Queue:
         """Handle number ``h`` (this model has one: ``self.q``)."""
