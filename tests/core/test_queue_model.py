@@ -127,37 +127,103 @@ class QueueMachine(RuleBasedStateMachine):
         assert msg.attempts == model.deliveries
         model.state = "leased"
 
+    # ------------------------------------------------- operations, through a handle
+
+    # The model has one handle; the two-handle model (tests/shared/
+    # test_model_two_handles.py) overrides the first three, and so runs the same
+    # operations through the handle a rule draws and each lease through its holder.
+
+    def _handle(self, h: int) -> ledgerq.Queue:
+        """Handle number ``h`` (this model has one: ``self.q``)."""
+        return self.q
+
+    def _holding(self, message_id: int) -> ledgerq.Queue:
+        """The handle that holds the lease of ``message_id``."""
+        return self.q
+
+    def _take(self, h: int, msg: ledgerq.Message | None) -> None:
+        """Check a delivery through handle ``h`` against the model."""
+        self._check_delivery(msg)
+
+    def _enqueue(self, h: int, payload: bytes, priority: Priority, ttl: float | None) -> None:
+        message_id = self._handle(h).enqueue(payload, priority=priority, ttl=ttl)
+        self._added([message_id], [Model(payload, priority, ttl == 1e-9, {})])
+
+    def _enqueue_batch(self, h: int, data: list[tuple[bytes, Priority]]) -> None:
+        items = [Item(p, headers={"n": str(i)}, priority=pr) for i, (p, pr) in enumerate(data)]
+        ids = self._handle(h).enqueue_batch(items)
+        self._added(ids, [Model(p, pr, False, {"n": str(i)}) for i, (p, pr) in enumerate(data)])
+
+    def _dequeue_batch(self, h: int, n: int) -> None:
+        got = self._handle(h).dequeue_batch(n)
+        for msg in got:
+            self._take(h, msg)
+        if len(got) < n:
+            # A short batch means the queue looked at (and skipped) everything left.
+            assert self._next_deliverable() is None
+
+    def _ack_unknown(self, h: int, offset: int) -> None:
+        unknown = self.last_id + 1 + offset
+        try:
+            self._handle(h).ack(unknown)
+        except ledgerq.UnknownMessageError:
+            pass
+        else:  # pragma: no cover - the assertion below is the point
+            raise AssertionError("ack of an unknown id must raise UnknownMessageError")
+
+    def _leases_lost(self, ids: list[int]) -> None:
+        """A reopen took these leases back: available again, the delivery failed."""
+        for message_id in ids:
+            self.messages[message_id].state = "available"
+            self.messages[message_id].last_failure = LOST_LEASE_PREFIX
+
+    def _compact(self, h: int) -> None:
+        self._handle(h).compact()
+        if not self._ids("available") and not self._ids("leased"):
+            assert self._handle(h).stats().segments == 1, "consumed segments must be deleted"
+
+    def _requeue_dlq(self, h: int) -> None:
+        moved = self._handle(h).requeue_dlq()
+        assert moved == len(self.dlq)
+        originals = [self.messages[i] for i in self.dlq]
+        for original in originals:
+            original.state = "requeued"
+        new_ids = list(range(self.last_id + 1, self.last_id + 1 + moved))
+        self._added(
+            new_ids,
+            [Model(m.payload, m.priority, False, m.headers) for m in originals],
+        )
+        self.dlq.clear()
+
+    def _peek(self, h: int, n: int) -> None:
+        # peek must not change anything: check it against the model without settling.
+        for msg in self._handle(h).peek(n):
+            assert msg.payload == self.messages[msg.id].payload
+            assert self.messages[msg.id].state == "available"
+
     # ---------------------------------------------------------------- rules
 
     @rule(payload=payloads, priority=priorities, ttl=ttls)
     def enqueue(self, payload: bytes, priority: Priority, ttl: float | None) -> None:
-        message_id = self.q.enqueue(payload, priority=priority, ttl=ttl)
-        self._added([message_id], [Model(payload, priority, ttl == 1e-9, {})])
+        self._enqueue(0, payload, priority, ttl)
 
     @rule(data=st.lists(st.tuples(payloads, priorities), min_size=1, max_size=6))
     def enqueue_batch(self, data: list[tuple[bytes, Priority]]) -> None:
-        items = [Item(p, headers={"n": str(i)}, priority=pr) for i, (p, pr) in enumerate(data)]
-        ids = self.q.enqueue_batch(items)
-        self._added(ids, [Model(p, pr, False, {"n": str(i)}) for i, (p, pr) in enumerate(data)])
+        self._enqueue_batch(0, data)
 
     @rule()
     def dequeue(self) -> None:
-        self._check_delivery(self.q.dequeue())
+        self._take(0, self.q.dequeue())
 
     @rule(n=st.integers(min_value=1, max_value=4))
     def dequeue_batch(self, n: int) -> None:
-        got = self.q.dequeue_batch(n)
-        for msg in got:
-            self._check_delivery(msg)
-        if len(got) < n:
-            # A short batch means the queue looked at (and skipped) everything left.
-            assert self._next_deliverable() is None
+        self._dequeue_batch(0, n)
 
     @precondition(lambda self: self._ids("leased"))
     @rule(data=st.data())
     def ack(self, data: st.DataObject) -> None:
         message_id = data.draw(st.sampled_from(sorted(self._ids("leased"))))
-        self.q.ack(message_id)
+        self._holding(message_id).ack(message_id)
         self.messages[message_id].state = "acked"
         self.acked += 1
 
@@ -165,7 +231,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def nack(self, data: st.DataObject) -> None:
         message_id = data.draw(st.sampled_from(sorted(self._ids("leased"))))
-        self.q.nack(message_id, NACK_REASON)
+        self._holding(message_id).nack(message_id, NACK_REASON)
         self.nacked += 1
         model = self.messages[message_id]
         model.last_failure = NACK_REASON
@@ -178,58 +244,34 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         message_id = data.draw(st.sampled_from(sorted(self._ids("leased"))))
-        self.q.release(message_id)
+        self._holding(message_id).release(message_id)
         model = self.messages[message_id]
         model.deliveries -= 1  # not a failed delivery: the next one has the same attempts
         model.state = "available"
 
     @rule(offset=st.integers(min_value=0, max_value=50))
     def ack_unknown(self, offset: int) -> None:
-        unknown = self.last_id + 1 + offset
-        try:
-            self.q.ack(unknown)
-        except ledgerq.UnknownMessageError:
-            pass
-        else:  # pragma: no cover - the assertion below is the point
-            raise AssertionError("ack of an unknown id must raise UnknownMessageError")
+        self._ack_unknown(0, offset)
 
     @rule()
     def reopen(self) -> None:
         self.q.close()
         with locking(self.locking):
             self.q = ledgerq.open(self.path, shared=self.shared, **self.options)
-        for model in self.messages.values():
-            if model.state == "leased":
-                model.state = "available"
+        self._leases_lost(self._ids("leased"))
 
     @rule()
     def compact(self) -> None:
-        self.q.compact()
-        if not self._ids("available") and not self._ids("leased"):
-            assert self.q.stats().segments == 1, "consumed segments must be deleted"
+        self._compact(0)
 
     @precondition(lambda self: self.dlq)
     @rule()
     def requeue_dlq(self) -> None:
-        moved = self.q.requeue_dlq()
-        assert moved == len(self.dlq)
-        originals = [self.messages[i] for i in self.dlq]
-        for original in originals:
-            original.state = "requeued"
-        new_ids = list(range(self.last_id + 1, self.last_id + 1 + moved))
-        self._added(
-            new_ids,
-            [Model(m.payload, m.priority, False, m.headers) for m in originals],
-        )
-        self.dlq.clear()
+        self._requeue_dlq(0)
 
     @rule(n=st.integers(min_value=1, max_value=3))
     def peek(self, n: int) -> None:
-        # peek must not change anything: check it against the model without settling.
-        got = self.q.peek(n)
-        for msg in got:
-            assert msg.payload == self.messages[msg.id].payload
-            assert self.messages[msg.id].state == "available"
+        self._peek(0, n)
 
     # ---------------------------------------------------------------- invariants
 
@@ -274,39 +316,34 @@ class QueueMachine(RuleBasedStateMachine):
 
 _SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None)
 
-
-class FifoMachine(QueueMachine):
-    options: ClassVar[dict[str, Any]] = {
-        "segment_size": 600,
-        "index_interval": 128,
-        "sync": "never",
-        "max_retries": 0,
-    }
-
-
-class RetryMachine(QueueMachine):
-    options: ClassVar[dict[str, Any]] = {
-        "segment_size": 600,
-        "index_interval": 128,
-        "sync": "never",
-        "max_retries": 2,
-    }
-
-
-class PriorityMachine(QueueMachine):
-    options: ClassVar[dict[str, Any]] = {
+# The configurations the model runs in (the two-handle model runs in them too).
+CONFIGURATIONS: dict[str, dict[str, Any]] = {
+    "Fifo": {"segment_size": 600, "index_interval": 128, "sync": "never", "max_retries": 0},
+    "Retry": {"segment_size": 600, "index_interval": 128, "sync": "never", "max_retries": 2},
+    "Priority": {
         "segment_size": 800,
         "index_interval": 128,
         "sync": "never",
         "max_retries": 3,
         "priorities": True,
         "starvation_after": None,
-    }
+    },
+}
 
 
-FifoMachine.TestCase.settings = _SETTINGS
-RetryMachine.TestCase.settings = _SETTINGS
-PriorityMachine.TestCase.settings = _SETTINGS
-TestFifoModel = FifoMachine.TestCase
-TestRetryModel = RetryMachine.TestCase
-TestPriorityModel = PriorityMachine.TestCase
+def model_tests(machine: type[QueueMachine], suffix: str, budget: settings) -> list[Any]:
+    """``machine``'s TestCase in each configuration (Fifo, Retry, Priority), in that order.
+
+    Each runs a subclass named after its configuration (``Fifo`` + ``suffix``) with
+    ``budget``.
+    """
+    tests = []
+    for name, options in CONFIGURATIONS.items():
+        namespace = {"options": options, "__module__": machine.__module__}
+        test = type(name + suffix, (machine,), namespace).TestCase
+        test.settings = budget
+        tests.append(test)
+    return tests
+
+
+TestFifoModel, TestRetryModel, TestPriorityModel = model_tests(QueueMachine, "Machine", _SETTINGS)

@@ -21,6 +21,7 @@ import pytest
 
 import ledgerq
 from tests._child import Child
+from tests.drain import drain
 
 from ._harness import SYNC_MODES, Spawn
 from ._payload import TOKEN_STRIDE, make_item, matches
@@ -83,16 +84,6 @@ def run_until_killed(child: Child, log: ChildLog, reports: int) -> None:
 
 def open_queue(path: Path, segment_size: int) -> ledgerq.Queue:
     return ledgerq.open(path, segment_size=segment_size, max_retries=0)
-
-
-def drain(q: ledgerq.Queue) -> list[ledgerq.Message]:
-    """Dequeue and ack everything."""
-    out: list[ledgerq.Message] = []
-    while batch := q.dequeue_batch(64):
-        for msg in batch:
-            q.ack(msg.id)
-        out.extend(batch)
-    return out
 
 
 def check_extras(

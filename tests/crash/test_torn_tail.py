@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import ledgerq
+from tests.drain import drain
 
 from ._harness import entry_spans, segment_logs, truncate
 from ._payload import make_message, matches
@@ -74,15 +75,6 @@ def build(tmp_path: Path, *, alone: bool, crashed: bool) -> Built:
     assert spans[-1][2] == last_id, "the last entry must be in the newest segment"
     assert len(spans) == (1 if alone else 4)
     return Built(snapshot, expected, last_id, newest.name, spans[-1][0], spans[-1][1])
-
-
-def drain(q: ledgerq.Queue) -> list[ledgerq.Message]:
-    out: list[ledgerq.Message] = []
-    while batch := q.dequeue_batch(64):
-        for msg in batch:
-            q.ack(msg.id)
-        out.extend(batch)
-    return out
 
 
 def check_recovered(case: Path, built: Built, *, last_kept: bool, what: str) -> None:

@@ -18,21 +18,18 @@ from hypothesis import settings
 from hypothesis.stateful import invariant, precondition, rule
 
 import ledgerq
-from ledgerq import Item, Priority
-from tests.core.test_queue_model import (
-    NACK_REASON,
-    Model,
-    QueueMachine,
-    payloads,
-    priorities,
-    ttls,
-)
+from ledgerq import Priority
+from tests.core.test_queue_model import QueueMachine, model_tests, payloads, priorities, ttls
 
 HANDLES = st.sampled_from([0, 1])
 
 
 class TwoHandleMachine(QueueMachine):
-    """The model, with two shared handles; ``self.q`` is handle 0 for the base invariants."""
+    """The model, with two shared handles; ``self.q`` is handle 0 for the base invariants.
+
+    The model's operations (its ``_enqueue``, ``_take``... helpers) run through the
+    handle a rule draws; ack, nack and release (the base's rules) through the holder.
+    """
 
     options: ClassVar[dict[str, Any]] = {}
 
@@ -42,6 +39,12 @@ class TwoHandleMachine(QueueMachine):
         self.handles = [ledgerq.open(self.path, shared=True, **self.options) for _ in range(2)]
         self.q = self.handles[0]
         self.holder: dict[int, int] = {}  # leased id -> the handle holding it
+
+    def _handle(self, h: int) -> ledgerq.Queue:
+        return self.handles[h]
+
+    def _holding(self, message_id: int) -> ledgerq.Queue:
+        return self.handles[self.holder[message_id]]
 
     def _take(self, h: int, msg: ledgerq.Message | None) -> None:
         self._check_delivery(msg)
@@ -55,14 +58,11 @@ class TwoHandleMachine(QueueMachine):
 
     @rule(h=HANDLES, payload=payloads, priority=priorities, ttl=ttls)
     def enqueue(self, h: int, payload: bytes, priority: Priority, ttl: float | None) -> None:  # type: ignore[override]
-        message_id = self.handles[h].enqueue(payload, priority=priority, ttl=ttl)
-        self._added([message_id], [Model(payload, priority, ttl == 1e-9, {})])
+        self._enqueue(h, payload, priority, ttl)
 
     @rule(h=HANDLES, data=st.lists(st.tuples(payloads, priorities), min_size=1, max_size=6))
     def enqueue_batch(self, h: int, data: list[tuple[bytes, Priority]]) -> None:  # type: ignore[override]
-        items = [Item(p, headers={"n": str(i)}, priority=pr) for i, (p, pr) in enumerate(data)]
-        ids = self.handles[h].enqueue_batch(items)
-        self._added(ids, [Model(p, pr, False, {"n": str(i)}) for i, (p, pr) in enumerate(data)])
+        self._enqueue_batch(h, data)
 
     @rule(h=HANDLES)
     def dequeue(self, h: int) -> None:  # type: ignore[override]
@@ -70,19 +70,7 @@ class TwoHandleMachine(QueueMachine):
 
     @rule(h=HANDLES, n=st.integers(min_value=1, max_value=4))
     def dequeue_batch(self, h: int, n: int) -> None:  # type: ignore[override]
-        got = self.handles[h].dequeue_batch(n)
-        for msg in got:
-            self._take(h, msg)
-        if len(got) < n:
-            assert self._next_deliverable() is None
-
-    @precondition(lambda self: self._ids("leased"))
-    @rule(data=st.data())
-    def ack(self, data: st.DataObject) -> None:  # type: ignore[override]
-        message_id = data.draw(st.sampled_from(sorted(self._ids("leased"))))
-        self.handles[self.holder[message_id]].ack(message_id)
-        self.messages[message_id].state = "acked"
-        self.acked += 1
+        self._dequeue_batch(h, n)
 
     @precondition(lambda self: self._ids("leased"))
     @rule(data=st.data())
@@ -97,36 +85,9 @@ class TwoHandleMachine(QueueMachine):
                 continue
             raise AssertionError(f"{call.__name__} of another handle's lease must raise")
 
-    @precondition(lambda self: self._ids("leased"))
-    @rule(data=st.data())
-    def nack(self, data: st.DataObject) -> None:  # type: ignore[override]
-        message_id = data.draw(st.sampled_from(sorted(self._ids("leased"))))
-        self.handles[self.holder[message_id]].nack(message_id, NACK_REASON)
-        self.nacked += 1
-        model = self.messages[message_id]
-        model.last_failure = NACK_REASON
-        if self.max_retries and model.deliveries >= self.max_retries:
-            self._dead_letter(message_id)
-        else:
-            model.state = "available"
-
-    @precondition(lambda self: self._ids("leased"))
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:  # type: ignore[override]
-        message_id = data.draw(st.sampled_from(sorted(self._ids("leased"))))
-        self.handles[self.holder[message_id]].release(message_id)
-        model = self.messages[message_id]
-        model.deliveries -= 1
-        model.state = "available"
-
     @rule(h=HANDLES, offset=st.integers(min_value=0, max_value=50))
     def ack_unknown(self, h: int, offset: int) -> None:  # type: ignore[override]
-        try:
-            self.handles[h].ack(self.last_id + 1 + offset)
-        except ledgerq.UnknownMessageError:
-            pass
-        else:  # pragma: no cover - the assertion below is the point
-            raise AssertionError("ack of an unknown id must raise UnknownMessageError")
+        self._ack_unknown(h, offset)
 
     @rule(h=HANDLES)
     def reopen(self, h: int) -> None:  # type: ignore[override]
@@ -134,9 +95,7 @@ class TwoHandleMachine(QueueMachine):
         self.handles[h].close()
         self.handles[h] = ledgerq.open(self.path, shared=True, **self.options)
         self.q = self.handles[0]
-        for message_id in self._leased_by(h):
-            self.messages[message_id].state = "available"
-            self.messages[message_id].last_failure = "lease lost"
+        self._leases_lost(self._leased_by(h))
 
     @rule()
     def reopen_both(self) -> None:
@@ -145,28 +104,20 @@ class TwoHandleMachine(QueueMachine):
             handle.close()
         self.handles = [ledgerq.open(self.path, shared=True, **self.options) for _ in range(2)]
         self.q = self.handles[0]
-        for message_id in self._ids("leased"):
-            self.messages[message_id].state = "available"
-            self.messages[message_id].last_failure = "lease lost"
+        self._leases_lost(self._ids("leased"))
 
     @rule(h=HANDLES)
     def compact(self, h: int) -> None:  # type: ignore[override]
-        self.handles[h].compact()
-        if not self._ids("available") and not self._ids("leased"):
-            assert self.handles[h].stats().segments == 1, "consumed segments must be deleted"
+        self._compact(h)
 
     @precondition(lambda self: self.dlq)
     @rule(h=HANDLES)
     def requeue_dlq(self, h: int) -> None:  # type: ignore[override]
-        self.q = self.handles[h]
-        super().requeue_dlq()
-        self.q = self.handles[0]
+        self._requeue_dlq(h)
 
     @rule(h=HANDLES, n=st.integers(min_value=1, max_value=3))
     def peek(self, h: int, n: int) -> None:  # type: ignore[override]
-        for msg in self.handles[h].peek(n):
-            assert msg.payload == self.messages[msg.id].payload
-            assert self.messages[msg.id].state == "available"
+        self._peek(h, n)
 
     # ---------------------------------------------------------------- invariants
 
@@ -187,39 +138,6 @@ class TwoHandleMachine(QueueMachine):
 
 _SETTINGS = settings(max_examples=30, stateful_step_count=40, deadline=None)
 
-
-class FifoTwoHandles(TwoHandleMachine):
-    options: ClassVar[dict[str, Any]] = {
-        "segment_size": 600,
-        "index_interval": 128,
-        "sync": "never",
-        "max_retries": 0,
-    }
-
-
-class RetryTwoHandles(TwoHandleMachine):
-    options: ClassVar[dict[str, Any]] = {
-        "segment_size": 600,
-        "index_interval": 128,
-        "sync": "never",
-        "max_retries": 2,
-    }
-
-
-class PriorityTwoHandles(TwoHandleMachine):
-    options: ClassVar[dict[str, Any]] = {
-        "segment_size": 800,
-        "index_interval": 128,
-        "sync": "never",
-        "max_retries": 3,
-        "priorities": True,
-        "starvation_after": None,
-    }
-
-
-FifoTwoHandles.TestCase.settings = _SETTINGS
-RetryTwoHandles.TestCase.settings = _SETTINGS
-PriorityTwoHandles.TestCase.settings = _SETTINGS
-TestFifoTwoHandles = FifoTwoHandles.TestCase
-TestRetryTwoHandles = RetryTwoHandles.TestCase
-TestPriorityTwoHandles = PriorityTwoHandles.TestCase
+TestFifoTwoHandles, TestRetryTwoHandles, TestPriorityTwoHandles = model_tests(
+    TwoHandleMachine, "TwoHandles", _SETTINGS
+)

@@ -21,11 +21,40 @@ others as the old file.  See docs/reliability.md, bugs 36-39.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import ledgerq
 from ledgerq.format.shared_state import SLOT_WRITING
 from tests._child import Children
+
+
+@contextmanager
+def _handles(path: Path, **options: Any) -> Iterator[list[ledgerq.Queue]]:
+    """Two shared handles on ``path`` (a test may append more); all closed after."""
+    handles = [ledgerq.open(path, shared=True, **options) for _ in range(2)]
+    try:
+        yield handles
+    finally:
+        for q in handles:
+            q.close()
+
+
+def _killed_in(children: Children, script: str, path: Path, step: str) -> None:
+    """Run ``script`` on ``path`` in a child, which must kill itself (in ``step``)."""
+    dying = children.start(["-c", script, str(path)])
+    assert dying.wait() == -signal.SIGKILL, dying.failure(f"did not die in its {step}")
+
+
+def _consume(q: ledgerq.Queue, ids: list[int]) -> None:
+    """Dequeue exactly ``ids`` through ``q``, in order, acking each."""
+    for message_id in ids:
+        msg = q.dequeue()
+        assert msg is not None and msg.id == message_id
+        q.ack(msg.id)
+
 
 _DIE_AFTER_WRITING_AN_ENTRY = """
 import os, sys, time, ledgerq
@@ -75,9 +104,7 @@ def test_a_handle_closing_with_leases_publishes_a_head_before_them(tmp_path: Pat
     # the segment of a message the others had to deliver again: never delivered, lost.
     path = tmp_path / "q"
     options = {"segment_size": 256, "max_retries": 0}
-    a = ledgerq.open(path, shared=True, **options)
-    b = ledgerq.open(path, shared=True, **options)
-    try:
+    with _handles(path, **options) as (a, b):
         other = b.reader("other")
         ids = [a.enqueue(b"message %02d" % n + b"." * 40) for n in range(30)]
         for _ in ids[:-1]:  # the other reader past the first segments, but for the last
@@ -96,9 +123,6 @@ def test_a_handle_closing_with_leases_publishes_a_head_before_them(tmp_path: Pat
         assert again is not None and again.id == ids[0], "the closed handle's lease is lost"
         assert again.attempts == 2 and again.payload == held.payload
         b.ack(again.id)
-    finally:
-        a.close()
-        b.close()
 
 
 def test_priorities_a_discard_does_not_read_past_the_records_still_to_apply(
@@ -110,9 +134,7 @@ def test_priorities_a_discard_does_not_read_past_the_records_still_to_apply(
     # and the records after were applied as if ``a`` had not read 3: 3 stayed available
     # in ``a``'s index, leased to two handles at once, delivered again once acked.
     path = tmp_path / "q"
-    a = ledgerq.open(path, shared=True, priorities=True)
-    b = ledgerq.open(path, shared=True, priorities=True)
-    try:
+    with _handles(path, priorities=True) as (a, b):
         first, second = a.enqueue(b"1"), a.enqueue(b"2")
         msg = a.dequeue()
         assert msg is not None and msg.id == first  # a's index holds 2, its cursor at 3
@@ -124,9 +146,6 @@ def test_priorities_a_discard_does_not_read_past_the_records_still_to_apply(
         b.ack(second)
         a.ack(fourth)
         assert a.dequeue() is None and b.dequeue() is None
-    finally:
-        a.close()
-        b.close()
 
 
 class _Machine:
@@ -206,22 +225,13 @@ def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation(
     # missed what the checkpoint holds (the child's acks: message 1 delivered again),
     # and wrote its own records where nobody reads them.
     path = tmp_path / "q"
-    a = ledgerq.open(path, shared=True)
-    b = ledgerq.open(path, shared=True)
-    try:
+    with _handles(path) as (a, b):
         ids = [a.enqueue(b"m%d" % n) for n in range(20)]
-        dying = children.start(["-c", _COMPACT_AND_DIE_AFTER_THE_RENAME, str(path)])
-        assert dying.wait() == -signal.SIGKILL, dying.failure("did not die in its compaction")
+        _killed_in(children, _COMPACT_AND_DIE_AFTER_THE_RENAME, path, "compaction")
         assert a.stats().readers["default"].acked == 5  # a repairs: the new file, whole
-        for message_id in ids[5:]:
-            msg = b.dequeue()
-            assert msg is not None and msg.id == message_id
-            b.ack(msg.id)
+        _consume(b, ids[5:])
         assert a.dequeue() is None, "a handle went on reading a replaced journal"
         assert a.stats().readers["default"].acked == 20
-    finally:
-        a.close()
-        b.close()
 
 
 def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation_for_an_opener(
@@ -235,18 +245,13 @@ def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation_for_an_ope
     # file: it never saw ``c``'s acks (acked messages delivered again), and its own
     # leases went where nobody reads them (a later checkpoint dropped them).
     path = tmp_path / "q"
-    a = ledgerq.open(path, shared=True)
-    b = ledgerq.open(path, shared=True)
-    c = None
-    try:
+    with _handles(path) as handles:
+        a, b = handles
         ids = [a.enqueue(b"m%d" % n) for n in range(40)]
-        dying = children.start(["-c", _COMPACT_AND_DIE_AFTER_THE_RENAME, str(path)])
-        assert dying.wait() == -signal.SIGKILL, dying.failure("did not die in its compaction")
+        _killed_in(children, _COMPACT_AND_DIE_AFTER_THE_RENAME, path, "compaction")
         c = ledgerq.open(path, shared=True)  # takes the lock over: its load repairs
-        for message_id in ids[5:25]:  # c's records: the new file grows past b's length
-            msg = c.dequeue()
-            assert msg is not None and msg.id == message_id
-            c.ack(msg.id)
+        handles.append(c)
+        _consume(c, ids[5:25])  # c's records: the new file grows past b's length
         got = b.dequeue()
         assert got is not None and got.id == ids[25], "acked messages delivered again"
         taken = a.dequeue()
@@ -254,10 +259,6 @@ def test_a_journal_replaced_by_a_holder_that_died_is_a_new_generation_for_an_ope
         b.ack(got.id)
         a.ack(taken.id)
         assert c.stats().readers["default"].acked == 27
-    finally:
-        for q in (a, b, c):
-            if q is not None:
-                q.close()
 
 
 _LEASE_AND_DIE_BEFORE_PUBLISHING = """
@@ -281,16 +282,14 @@ def test_a_journal_read_whole_again_keeps_the_leases_its_reader_took_since_the_c
     # a handle's own leases taken since that checkpoint were revoked by it, although its
     # own LEASE_BY records follow in the same file.
     path = tmp_path / "q"
-    a = ledgerq.open(path, shared=True)
-    b = ledgerq.open(path, shared=True)
-    c = None
-    try:
+    with _handles(path) as handles:
+        a, b = handles
         ids = [a.enqueue(b"m%d" % n) for n in range(6)]
         mine = a.dequeue()
         assert mine is not None and mine.id == ids[0]
-        dying = children.start(["-c", _LEASE_AND_DIE_BEFORE_PUBLISHING, str(path)])
-        assert dying.wait() == -signal.SIGKILL, dying.failure("did not die in its step")
+        _killed_in(children, _LEASE_AND_DIE_BEFORE_PUBLISHING, path, "step")
         c = ledgerq.open(path, shared=True)  # takes the reader's lock over in its load
+        handles.append(c)
         a.ack(mine.id)  # still a's lease: no UnknownMessageError
         seen = [mine.id]
         for q in (b, c, a, b, c):
@@ -300,10 +299,6 @@ def test_a_journal_read_whole_again_keeps_the_leases_its_reader_took_since_the_c
                 q.ack(msg.id)
         assert len(seen) == len(set(seen)), f"a message delivered twice: {seen}"
         assert ids[0] not in seen[1:]
-    finally:
-        for q in (a, b, c):
-            if q is not None:
-                q.close()
 
 
 def test_priorities_a_message_nacked_in_a_catch_up_is_delivered_again(tmp_path: Path) -> None:
@@ -313,9 +308,7 @@ def test_priorities_a_message_nacked_in_a_catch_up_is_delivered_again(tmp_path: 
     # of 3 was taken as for an id not read yet - so nothing gave it back: nacked, never
     # delivered again by ``a``, and the head ``a`` publishes may pass it.
     path = tmp_path / "q"
-    a = ledgerq.open(path, shared=True, priorities=True)
-    b = ledgerq.open(path, shared=True, priorities=True)
-    try:
+    with _handles(path, priorities=True) as (a, b):
         first = a.enqueue(b"1")
         second = a.enqueue(b"2")
         msg = a.dequeue()
@@ -332,6 +325,3 @@ def test_priorities_a_message_nacked_in_a_catch_up_is_delivered_again(tmp_path: 
         for m in got:
             a.ack(m.id)
         b.ack(second)
-    finally:
-        a.close()
-        b.close()

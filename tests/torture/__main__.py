@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.torture._common import Totals
 from tests.torture._model import ModelError
 from tests.torture._runner import TARGETS, run_rounds
-from tests.torture._shared import SHARED_TARGETS
+from tests.torture._shared import SHARED_TARGETS, run_shared_rounds
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -37,59 +38,27 @@ def _option(text: str) -> tuple[str, Any]:
 
 
 def _torture(args: argparse.Namespace, workdir: Path) -> int:
+    """The kill -9 torture, exclusive or (``--shared``) shared; its figures printed."""
     started = time.monotonic()
-    progress = print if args.verbose else None
+    how: dict[str, Any] = {
+        "seed": args.seed,
+        "per_campaign": args.per_campaign,
+        "target": args.target,
+        "sync": args.sync,
+        "keep": args.keep,
+        "progress": print if args.verbose else None,
+    }
     try:
-        totals = run_rounds(
-            workdir,
-            args.rounds,
-            seed=args.seed,
-            per_campaign=args.per_campaign,
-            target=args.target,
-            sync=args.sync,
-            keep=args.keep,
-            progress=progress,
-        )
+        if args.shared:
+            totals: Totals = run_shared_rounds(
+                workdir, args.rounds, overrides=dict(args.option), **how
+            )
+        else:
+            totals = run_rounds(workdir, args.rounds, **how)
     except ModelError as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1
-    elapsed = time.monotonic() - started
-    print(f"crash torture: {totals.rounds} rounds in {totals.campaigns} campaigns, {elapsed:.0f} s")
-    print(f"  kills: {sum(totals.kills.values())} ({dict(sorted(totals.kills.items()))})")
-    print(f"  reopen checks: {totals.checks}; report lines checked: {totals.lines}")
-    print(f"  operations: {dict(sorted(totals.counts.items()))}")
-    return 0
-
-
-def _shared_torture(args: argparse.Namespace, workdir: Path) -> int:
-    from tests.torture._shared import run_shared_rounds
-
-    started = time.monotonic()
-    progress = print if args.verbose else None
-    try:
-        totals = run_shared_rounds(
-            workdir,
-            args.rounds,
-            seed=args.seed,
-            per_campaign=args.per_campaign,
-            target=args.target,
-            sync=args.sync,
-            keep=args.keep,
-            progress=progress,
-            overrides=dict(args.option),
-        )
-    except ModelError as exc:
-        print(f"FAILED: {exc}", file=sys.stderr)
-        return 1
-    elapsed = time.monotonic() - started
-    print(
-        f"shared-mode crash torture: {totals.rounds} rounds in {totals.campaigns} campaigns, "
-        f"{totals.processes} processes, {elapsed:.0f} s"
-    )
-    print(f"  kills: {sum(totals.kills.values())} ({dict(sorted(totals.kills.items()))})")
-    print(f"  leases of killed holders back (their .live file gone): {totals.reclaim_summary()}")
-    print(f"  report lines checked: {totals.lines}")
-    print(f"  operations: {dict(sorted(totals.counts.items()))}")
+    print(totals.report(time.monotonic() - started))
     return 0
 
 
@@ -156,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.power_loss:
             return _power_loss(args, workdir)
-        if args.shared:
-            return _shared_torture(args, workdir)
         return _torture(args, workdir)
     finally:
         if args.dir is None and not args.keep:

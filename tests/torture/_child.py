@@ -36,7 +36,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import ledgerq
 from ledgerq._queue import Queue
@@ -44,19 +44,19 @@ from ledgerq.core.queue import QueueCore
 from ledgerq.core.reader import ReaderCore
 from ledgerq.segment.manager import SegmentManager
 from tests.faults._shim import FAMILIES, Interposer
-from tests.torture._payload import make, matches, mismatch, token_of
+from tests.torture._payload import Made, make, matches, mismatch, token_of
 
 _real_write = os.write
 
 # Operations the child can be told to die inside: (class, method) whose calls arm the
 # self-kill counter.  ``_report_failure`` covers a whole DLQ move: the DLQ write, the
 # retry tracker and the DEAD_LETTER record in the main queue.
-TARGETS: dict[str, tuple[type, str]] = {
-    "rotation": (SegmentManager, "rotate"),
-    "compaction": (QueueCore, "compact"),
-    "checkpoint": (ReaderCore, "checkpoint"),
-    "dlq_move": (ReaderCore, "_report_failure"),
-    "requeue": (Queue, "requeue_dlq"),
+TARGETS: dict[str, tuple[tuple[type, str], ...]] = {
+    "rotation": ((SegmentManager, "rotate"),),
+    "compaction": ((QueueCore, "compact"),),
+    "checkpoint": ((ReaderCore, "checkpoint"),),
+    "dlq_move": ((ReaderCore, "_report_failure"),),
+    "requeue": ((Queue, "requeue_dlq"),),
 }
 
 
@@ -116,18 +116,46 @@ class SelfKill(Interposer):
         setattr(cls, method, armed)
 
 
-class Workload:
+class Draws:
+    """What a torture child's workload draws: its tokens, dedup ids, random choices."""
+
+    def __init__(self, config: dict[str, Any], *, keys: int, key_share: float) -> None:
+        self.options: dict[str, Any] = config["options"]
+        self.rng = random.Random(config["seed"])
+        self.token: int = config["token_base"]
+        self.dedup = self.options.get("dedup_window") is not None
+        self.keys = [f"k{i}" for i in range(config.get("keys", keys))]
+        self.key_share = key_share  # of enqueues with a dedup id (when dedup is on)
+
+    def _key(self) -> str | None:
+        return (
+            self.rng.choice(self.keys)
+            if self.dedup and self.rng.random() < self.key_share
+            else None
+        )
+
+    def _next(self) -> tuple[Made, str | None]:
+        """The next token's message, and its dedup id (or None)."""
+        made = make(self.token)
+        self.token += 1
+        return made, self._key()
+
+    def _next_batch(self, most: int) -> tuple[range, list[str | None]]:
+        """The tokens of a batch of 2 to ``most``, and their dedup ids."""
+        n = self.rng.randint(2, most)
+        tokens = range(self.token, self.token + n)
+        self.token += n
+        return tokens, [self._key() for _ in tokens]
+
+
+class Workload(Draws):
     """Random operations; every one reported (see the module docstring)."""
 
     def __init__(self, config: dict[str, Any], report: Callable[[str], None] = emit) -> None:
+        super().__init__(config, keys=24, key_share=0.35)
         self.path = config["path"]
-        self.options = config["options"]
-        self.rng = random.Random(config["seed"])
-        self.token = config["token_base"]
         self.emit = report
         self.max_retries = self.options.get("max_retries", 3)
-        self.dedup = self.options.get("dedup_window") is not None
-        self.keys = [f"k{i}" for i in range(config.get("keys", 24))]
         self.leased: dict[int, int] = {}  # id -> attempt
         self.q = self._open()
 
@@ -192,13 +220,8 @@ class Workload:
 
     # ------------------------------------------------------------------ operations
 
-    def _key(self) -> str | None:
-        return self.rng.choice(self.keys) if self.dedup and self.rng.random() < 0.35 else None
-
     def enqueue(self) -> None:
-        made = make(self.token)
-        self.token += 1
-        key = self._key()
+        made, key = self._next()
         self.emit(f"B enq {made.token} {key or '-'}\n")
         self.q.enqueue(
             made.payload,
@@ -209,11 +232,8 @@ class Workload:
         )
 
     def batch(self) -> None:
-        n = self.rng.randint(2, 8)
-        tokens = range(self.token, self.token + n)
-        self.token += n
-        keys = [self._key() for _ in tokens]
-        self.emit(f"B batch {tokens[0]} {n} {','.join(k or '-' for k in keys)}\n")
+        tokens, keys = self._next_batch(8)
+        self.emit(f"B batch {tokens[0]} {len(tokens)} {','.join(k or '-' for k in keys)}\n")
         self.q.enqueue_batch([make(t).item(k) for t, k in zip(tokens, keys, strict=True)])
 
     def dequeue(self) -> None:
@@ -300,23 +320,43 @@ class Workload:
         self.emit("Z\n")
 
 
-def main(argv: list[str]) -> None:
-    config = json.loads(argv[1])
+class Stepping(Protocol):
+    """A child's workload: one random operation a call, reported."""
+
+    def step(self) -> None: ...
+
+
+W = TypeVar("W", bound=Stepping)
+
+
+def run_until_killed(
+    config: dict[str, Any],
+    targets: dict[str, tuple[tuple[type, str], ...]],
+    start: Callable[[dict[str, Any]], W],
+    ready: Callable[[W], str],
+) -> None:
+    """Open the workload (``start``), report ``ready``'s line, step until killed.
+
+    ``config["kill"]`` says how to die: its ``target`` names calls of ``targets`` (the
+    self-kill counts inside them), ``open`` (inside ``start``; right after it if its
+    ``nth`` call never came), ``after_open`` or ``anywhere``; with none, the parent
+    kills this process.  An exception is reported (``X`` line) and raised.
+    """
     kill = config.get("kill") or {}
     target = kill.get("target")
     killer = SelfKill(
         config["path"], kill.get("nth", 0) if target else 0, torn=kill.get("torn", False)
     )
-    if target in TARGETS:
-        killer.arm_inside(*TARGETS[target])
+    for cls, method in targets.get(target, ()):
+        killer.arm_inside(cls, method)
     killer.install()
     emit("O\n")
     if target == "open":
         killer.depth += 1
-    work = Workload(config)
+    work = start(config)
     if target == "open":
         killer.depth -= 1
-    emit("P\n")
+    emit(ready(work))
     if target in ("after_open", "open"):  # "open": it completed before the nth call
         os.kill(os.getpid(), signal.SIGKILL)
     if target == "anywhere":
@@ -327,6 +367,10 @@ def main(argv: list[str]) -> None:
     except Exception:
         emit("X " + traceback.format_exc().replace("\n", " | ") + "\n")
         raise
+
+
+def main(argv: list[str]) -> None:
+    run_until_killed(json.loads(argv[1]), TARGETS, Workload, lambda _: "P\n")
 
 
 if __name__ == "__main__":

@@ -22,19 +22,18 @@ queue and its DLQ and checks that every message is accounted for.
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import signal
-import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ledgerq
 from tests._child import Child
+from tests.drain import drain
+from tests.torture import _common as common
+from tests.torture._common import Result, draw_options, run_campaigns
 from tests.torture._model import Model, ModelError
 
 __all__ = ["TARGETS", "CampaignResult", "Totals", "run_campaign", "run_rounds", "start_child"]
@@ -60,54 +59,33 @@ def start_child(config: dict[str, Any], stderr_path: Path) -> Child:
 
 
 @dataclass
-class CampaignResult:
+class CampaignResult(Result):
     """What one campaign did."""
 
-    seed: int
-    options: dict[str, Any]
-    rounds: int = 0
-    kills: Counter[str] = field(default_factory=Counter)
-    counts: Counter[str] = field(default_factory=Counter)
     checks: int = 0
-    lines: int = 0
 
 
 @dataclass
-class Totals:
+class Totals(common.Totals):
     """Sums over campaigns, for the CLI and docs/reliability.md."""
 
-    campaigns: int = 0
-    rounds: int = 0
     checks: int = 0
-    lines: int = 0
-    kills: Counter[str] = field(default_factory=Counter)
-    counts: Counter[str] = field(default_factory=Counter)
 
-    def add(self, result: CampaignResult) -> None:
-        self.campaigns += 1
-        self.rounds += result.rounds
-        self.checks += result.checks
-        self.lines += result.lines
-        self.kills.update(result.kills)
-        self.counts.update(result.counts)
+    def figures(self) -> list[str]:
+        return [f"  reopen checks: {self.checks}; report lines checked: {self.lines}"]
 
 
 def campaign_options(rng: random.Random, sync: str | None = None) -> dict[str, Any]:
     """Queue options of a campaign, drawn from ``rng``."""
-    mode = sync or rng.choice(("always", "interval", "never"))
-    options: dict[str, Any] = {
-        "sync": mode,
-        "segment_size": rng.choice((512, 1024, 2048, 8192)),
-        "index_interval": rng.choice((64, 512, 4096)),
-        "max_retries": rng.randint(1, 3),
-        "priorities": rng.random() < 0.5,
-        "dedup_window": 3600.0 if rng.random() < 0.6 else None,
-        "compression": "zstd" if rng.random() < 0.4 else "none",
-        "compression_min_size": 64,
-    }
-    if mode == "interval":
-        options["sync_interval"] = 0.005  # let the background fsync run during the rounds
-    return options
+    return draw_options(
+        rng,
+        sync,
+        segment_sizes=(512, 1024, 2048, 8192),
+        index_intervals=(64, 512, 4096),
+        priorities=0.5,
+        dedup=0.6,
+        zstd=0.4,
+    )
 
 
 def _observe(path: Path, options: dict[str, Any], model: Model) -> None:
@@ -126,12 +104,8 @@ def _observe(path: Path, options: dict[str, Any], model: Model) -> None:
 
 def _drain(path: Path, options: dict[str, Any], model: Model) -> None:
     """Dequeue and ack everything (main queue, then DLQ) and check it against the model."""
-    delivered: list[ledgerq.Message] = []
     with ledgerq.open(path, **options) as q:
-        while batch := q.dequeue_batch(64):
-            for msg in batch:
-                q.ack(msg.id)
-            delivered.extend(batch)
+        delivered = drain(q)
         dlq = q.dlq.peek(_EVERYTHING)
         q._check()
     model.check_drain(delivered, dlq)
@@ -224,41 +198,16 @@ def run_campaign(
     return result
 
 
-def run_rounds(
-    workdir: Path,
-    rounds: int,
-    *,
-    seed: int = 0,
-    per_campaign: int = 10,
-    target: str | None = None,
-    sync: str | None = None,
-    keep: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> Totals:
-    """Run ``rounds`` rounds in campaigns of ``per_campaign``; return the totals."""
-    totals = Totals()
-    done = 0
-    campaign = 0
-    while done < rounds:
-        n = min(per_campaign, rounds - done)
-        campaign_seed = seed * 100_003 + campaign
-        started = time.monotonic()
-        result = run_campaign(
-            workdir, campaign_seed, n, target=target, sync=sync, progress=progress
-        )
-        totals.add(result)
-        if progress is not None:
-            progress(
-                f"campaign {campaign_seed} ({result.options['sync']}): {n} rounds, "
-                f"kills {dict(result.kills)}, {time.monotonic() - started:.1f} s"
-            )
-        if not keep:
-            shutil.rmtree(workdir / f"q-{campaign_seed}", ignore_errors=True)
-            for stale in workdir.glob(f"child-{campaign_seed}-*.stderr"):
-                os.unlink(stale)
-        done += n
-        campaign += 1
-    return totals
+def run_rounds(workdir: Path, rounds: int, **how: Any) -> Totals:
+    """Run ``rounds`` rounds in campaigns; return the totals.
+
+    ``how``: ``seed``, ``per_campaign``, ``keep``, ``progress`` (see
+    :func:`~tests.torture._common.run_campaigns`), ``target`` and ``sync`` (see
+    :func:`run_campaign`).
+    """
+    return run_campaigns(
+        Totals(), run_campaign, workdir, rounds, queue="q-{}", stderr="child-{}-*.stderr", **how
+    )
 
 
 __all__ += ["ModelError"]

@@ -52,9 +52,7 @@ dead-lettered (never, with ``max_retries=0``) or in the final drain.
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import signal
 import statistics
 import threading
@@ -68,6 +66,8 @@ from typing import Any
 import ledgerq
 from ledgerq.segment.naming import handle_live_path
 from tests._child import Child
+from tests.drain import drain
+from tests.torture._common import Result, Totals, draw_options, run_campaigns
 from tests.torture._model import ModelError
 from tests.torture._payload import make, mismatch, token_of
 
@@ -469,39 +469,31 @@ class Ledger:
 
 
 @dataclass
-class SharedResult:
+class SharedResult(Result):
     """What one campaign did."""
 
-    seed: int
-    options: dict[str, Any]
-    rounds: int = 0
     processes: int = 0
-    kills: Counter[str] = field(default_factory=Counter)
-    counts: Counter[str] = field(default_factory=Counter)
     reclaim_s: list[float] = field(default_factory=list)
-    lines: int = 0
 
 
 @dataclass
-class SharedTotals:
+class SharedTotals(Totals):
     """Sums over campaigns, for the CLI and docs/reliability.md."""
 
-    campaigns: int = 0
-    rounds: int = 0
     processes: int = 0
-    lines: int = 0
-    kills: Counter[str] = field(default_factory=Counter)
-    counts: Counter[str] = field(default_factory=Counter)
     reclaim_s: list[float] = field(default_factory=list)
 
-    def add(self, result: SharedResult) -> None:
-        self.campaigns += 1
-        self.rounds += result.rounds
-        self.processes += result.processes
-        self.lines += result.lines
-        self.kills.update(result.kills)
-        self.counts.update(result.counts)
-        self.reclaim_s.extend(result.reclaim_s)
+    def headline(self, elapsed: float) -> str:
+        return (
+            f"shared-mode crash torture: {self.rounds} rounds in {self.campaigns} campaigns, "
+            f"{self.processes} processes, {elapsed:.0f} s"
+        )
+
+    def figures(self) -> list[str]:
+        return [
+            f"  leases of killed holders back (their .live file gone): {self.reclaim_summary()}",
+            f"  report lines checked: {self.lines}",
+        ]
 
     def reclaim_summary(self) -> str:
         if not self.reclaim_s:
@@ -516,20 +508,15 @@ class SharedTotals:
 
 def shared_options(rng: random.Random, sync: str | None = None) -> dict[str, Any]:
     """Queue options of a campaign, drawn from ``rng``."""
-    mode = sync or rng.choice(("always", "interval", "never"))
-    options: dict[str, Any] = {
-        "sync": mode,
-        "segment_size": rng.choice((1024, 2048, 4096)),
-        "index_interval": rng.choice((64, 512)),
-        "max_retries": rng.randint(1, 3),
-        "priorities": rng.random() < 0.4,
-        "dedup_window": 3600.0 if rng.random() < 0.7 else None,
-        "compression": "zstd" if rng.random() < 0.3 else "none",
-        "compression_min_size": 64,
-    }
-    if mode == "interval":
-        options["sync_interval"] = 0.005
-    return options
+    return draw_options(
+        rng,
+        sync,
+        segment_sizes=(1024, 2048, 4096),
+        index_intervals=(64, 512),
+        priorities=0.4,
+        dedup=0.7,
+        zstd=0.3,
+    )
 
 
 class Campaign:
@@ -776,15 +763,12 @@ class Campaign:
         self.ledger.where = f"shared campaign seed={self.seed} options={self.options} final drain"
         self.ledger.load(self.procs, self.parent_enqueues)
         log_ids = [msg.id for msg in ledgerq.follow(self.path, timeout=0.05)]
-        drained: dict[str, list[ledgerq.Message]] = {MAIN: [], AUDIT: []}
+        drained: dict[str, list[ledgerq.Message]] = {}
         # No visibility timeout for the drain: its own leases must not expire under load.
         with ledgerq.open(self.path, **{**self.options, "visibility_timeout": None}) as q:
             self.ledger.require(q.stats().corrupt_skipped == 0, "kill -9 left a corrupt region")
             for name, reader in ((MAIN, q), (AUDIT, q.reader(AUDIT))):
-                while batch := reader.dequeue_batch(64):  # type: ignore[attr-defined]
-                    for msg in batch:
-                        reader.ack(msg.id)  # type: ignore[attr-defined]
-                    drained[name].extend(batch)
+                drained[name] = drain(reader)
             dlq = q.dlq.peek(_EVERYTHING)
             q._check()
         self.ledger.check_final(drained, dlq, log_ids)
@@ -815,44 +799,19 @@ def run_shared_campaign(
     return campaign.result
 
 
-def run_shared_rounds(
-    workdir: Path,
-    rounds: int,
-    *,
-    seed: int = 0,
-    per_campaign: int = 10,
-    target: str | None = None,
-    sync: str | None = None,
-    keep: bool = False,
-    progress: Callable[[str], None] | None = None,
-    overrides: dict[str, Any] | None = None,
-) -> SharedTotals:
-    """Run ``rounds`` rounds in campaigns of ``per_campaign``; return the totals."""
-    totals = SharedTotals()
-    done = campaign = 0
-    while done < rounds:
-        n = min(per_campaign, rounds - done)
-        campaign_seed = seed * 100_003 + campaign
-        started = time.monotonic()
-        result = run_shared_campaign(
-            workdir,
-            campaign_seed,
-            n,
-            target=target,
-            sync=sync,
-            progress=progress,
-            overrides=overrides,
-        )
-        totals.add(result)
-        if progress is not None:
-            progress(
-                f"campaign {campaign_seed} ({result.options['sync']}): {n} rounds, "
-                f"kills {dict(result.kills)}, {time.monotonic() - started:.1f} s"
-            )
-        if not keep:
-            shutil.rmtree(workdir / f"shared-{campaign_seed}", ignore_errors=True)
-            for stale in workdir.glob(f"shared-{campaign_seed}-*.stderr"):
-                os.unlink(stale)
-        done += n
-        campaign += 1
-    return totals
+def run_shared_rounds(workdir: Path, rounds: int, **how: Any) -> SharedTotals:
+    """Run ``rounds`` rounds in campaigns; return the totals.
+
+    ``how``: ``seed``, ``per_campaign``, ``keep``, ``progress`` (see
+    :func:`~tests.torture._common.run_campaigns`), ``target``, ``sync`` and
+    ``overrides`` (see :func:`run_shared_campaign`).
+    """
+    return run_campaigns(
+        SharedTotals(),
+        run_shared_campaign,
+        workdir,
+        rounds,
+        queue="shared-{}",
+        stderr="shared-{}-*.stderr",
+        **how,
+    )

@@ -39,11 +39,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import signal
 import sys
 import time
-import traceback
 from typing import Any
 
 import ledgerq
@@ -52,7 +49,7 @@ from ledgerq.core.shared_queue import SharedQueueCore
 from ledgerq.core.shared_reader import SharedReaderCore
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.shared_manager import SharedSegmentManager
-from tests.torture._child import SelfKill, emit
+from tests.torture._child import Draws, emit, run_until_killed
 from tests.torture._payload import make, mismatch, token_of
 
 # Where a child can be told to die: the calls (class, method) that arm its self-kill
@@ -80,16 +77,12 @@ def now() -> int:
     return time.monotonic_ns()
 
 
-class SharedWorkload:
+class SharedWorkload(Draws):
     """Random operations of one role on one shared handle; every one reported."""
 
     def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config, keys=40, key_share=0.3)
         self.role: str = config["role"]
-        self.rng = random.Random(config["seed"])
-        self.token: int = config["token_base"]
-        self.options: dict[str, Any] = config["options"]
-        self.dedup = self.options.get("dedup_window") is not None
-        self.keys = [f"k{i}" for i in range(config.get("keys", 40))]
         self.nack_share: float = config.get("nack", 0.25)
         self.visibility: float | None = self.options.get("visibility_timeout")
         self.q = ledgerq.open(config["path"], shared=True, **self.options)
@@ -113,13 +106,8 @@ class SharedWorkload:
 
     # ------------------------------------------------------------------ operations
 
-    def _key(self) -> str | None:
-        return self.rng.choice(self.keys) if self.dedup and self.rng.random() < 0.3 else None
-
     def enqueue(self) -> None:
-        made = make(self.token)
-        self.token += 1
-        key = self._key()
+        made, key = self._next()
         emit(f"B {now()} enq {made.token} {key or '-'}\n")
         message_id = self.q.enqueue(
             made.payload, headers=made.headers, priority=made.priority, dedup_id=key
@@ -127,11 +115,8 @@ class SharedWorkload:
         emit(f"E {now()} {message_id} {made.token} {key or '-'}\n")
 
     def batch(self) -> None:
-        n = self.rng.randint(2, 6)
-        tokens = range(self.token, self.token + n)
-        self.token += n
-        keys = [self._key() for _ in tokens]
-        emit(f"B {now()} batch {tokens[0]} {n} {','.join(k or '-' for k in keys)}\n")
+        tokens, keys = self._next_batch(6)
+        emit(f"B {now()} batch {tokens[0]} {len(tokens)} {','.join(k or '-' for k in keys)}\n")
         items = [
             ledgerq.Item(made.payload, headers=made.headers, priority=made.priority, dedup_id=k)
             for made, k in zip(map(make, tokens), keys, strict=True)
@@ -226,29 +211,12 @@ def main(argv: list[str]) -> None:
     # Compact reader journals after a few KiB instead of 1 MiB, so compactions (and
     # kills inside them) happen all the time.
     journal._COMPACT_MIN_BYTES = config.get("compact_bytes", 4096)
-    kill = config.get("kill") or {}
-    target = kill.get("target")
-    killer = SelfKill(config["path"], kill.get("nth", 0), torn=kill.get("torn", False))
-    for cls, method in TARGETS.get(target, ()):
-        killer.arm_inside(cls, method)
-    killer.install()
-    emit("O\n")
-    if target == "open":
-        killer.depth += 1
-    work = SharedWorkload(config)
-    if target == "open":
-        killer.depth -= 1
-    emit(f"R {work.q.handle_id:016x} {os.getpid()}\n")  # type: ignore[attr-defined]
-    if target == "open":  # the open completed before its nth call: die right after it
-        os.kill(os.getpid(), signal.SIGKILL)
-    if target == "anywhere":
-        killer.depth += 1
-    try:
-        while True:
-            work.step()
-    except Exception:
-        emit("X " + traceback.format_exc().replace("\n", " | ") + "\n")
-        raise
+    run_until_killed(
+        config,
+        TARGETS,
+        SharedWorkload,
+        lambda work: f"R {work.q.handle_id:016x} {os.getpid()}\n",  # type: ignore[attr-defined]
+    )
 
 
 if __name__ == "__main__":

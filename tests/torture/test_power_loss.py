@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +22,10 @@ from tests.torture._powerloss import (
     Scenario,
     check_scenario,
     record_scenario,
-    scratch_dir,
 )
 from tests.torture._runner import start_child
 
 STEPS = 16  # per scenario in the short run (the CLI runs the full ones)
-
-
-@pytest.fixture
-def scratch(tmp_path: Path) -> Iterator[Path]:
-    with scratch_dir(tmp_path) as path:
-        yield path
 
 
 def _assert_clean(report: Report) -> None:

@@ -10,7 +10,6 @@ tests.torture --power-loss --shared``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,16 +18,9 @@ from tests.torture._powerloss import (
     SHARED_SCENARIOS,
     check_scenario,
     record_scenario,
-    scratch_dir,
 )
 
 STEPS = 12  # per scenario in the short run (the CLI runs the full ones)
-
-
-@pytest.fixture
-def scratch(tmp_path: Path) -> Iterator[Path]:
-    with scratch_dir(tmp_path) as path:
-        yield path
 
 
 @pytest.mark.parametrize("scenario", SHARED_SCENARIOS, ids=lambda s: s.name)
