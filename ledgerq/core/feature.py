@@ -33,6 +33,8 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+import xxhash
+
 from ledgerq.format.entry import Entry
 
 if TYPE_CHECKING:
@@ -44,10 +46,12 @@ __all__ = [
     "FailedDelivery",
     "Feature",
     "FifoSelector",
+    "HandedOff",
     "KeyAdmitter",
     "ReadersNeeded",
     "Selector",
     "Timer",
+    "handoff_key",
 ]
 
 
@@ -60,6 +64,7 @@ class Draft:
         "delay_ns",
         "expires_in_ns",
         "group",
+        "handoff",
         "headers_blob",
         "payload",
         "priority",
@@ -86,12 +91,32 @@ class Draft:
         self.group = group  # the message group, as UTF-8
         self.unique_key = unique_key  # a unique job's key (features/unique.py)
         self.compressed = False
+        # A forwarded item: (hand-off key, position in the batch, batch size)
+        # (features/forward.py); None for any other enqueue.
+        self.handoff: tuple[bytes, int, int] | None = None
 
 
 class ReadersNeeded(Exception):
     """Raised by ``admit`` in shared mode when it needs every reader's current state
     (``QueueCore.readers_current()`` is False): the core rolls the admission back and
     admits again holding every reader."""
+
+
+def handoff_key(source_path: str, reader: str, message_id: int) -> bytes:
+    """The 16-byte hand-off key of message ``message_id`` of ``reader`` of the queue in
+    ``source_path`` (absolute, resolved): xxh3-128 of their UTF-8, each followed by NUL
+    (docs/format.md, "Hand-off keys")."""
+    return xxhash.xxh3_128_digest(f"{source_path}\0{reader}\0{message_id}\0".encode())
+
+
+class HandedOff(Exception):
+    """Raised by ``admit`` for a forwarded batch whose hand-off already landed (a source
+    message delivered again after a crash): nothing is written, and the forward returns
+    ``ids``, those the batch got the first time (features/forward.py)."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__(ids)
+        self.ids = ids
 
 
 class FailedDelivery:

@@ -41,6 +41,7 @@ from ledgerq.core.args import (
     check_delay,
     check_group,
     check_headers_size,
+    check_id,
     check_payload,
     check_priority,
     check_reader_name,
@@ -52,7 +53,15 @@ from ledgerq.core.args import (
 from ledgerq.core.backlog import Backlog, written_sizes
 from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
-from ledgerq.core.feature import Draft, Feature, KeyAdmitter, ReadersNeeded, Timer
+from ledgerq.core.feature import (
+    Draft,
+    Feature,
+    HandedOff,
+    KeyAdmitter,
+    ReadersNeeded,
+    Timer,
+    handoff_key,
+)
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed, make_room
 from ledgerq.core.lifecycle import attempt as _attempt
@@ -169,6 +178,7 @@ class QueueCore(Closing):
     # The append session of shared mode (core/shared_appends), once the handle has joined
     # the session's page; None in exclusive mode: its appends are the uncontended case.
     _appends: SharedAppends | None = None
+    _resolved_path: str | None = None  # the directory resolved, at the first forward
 
     def __init__(
         self,
@@ -1091,6 +1101,114 @@ class QueueCore(Closing):
             return []
         return self._append(prepared, sizes, timeout)
 
+    # ------------------------------------------------------------------ hand-off
+
+    def _real_path(self) -> str:
+        """The queue directory, absolute and resolved (a hand-off key names it)."""
+        real = self._resolved_path
+        if real is None:
+            real = self._resolved_path = os.path.realpath(self.path)
+        return real
+
+    def _hand_off(
+        self,
+        reader: Reader,
+        message_id: object,
+        target: object,
+        items: object,
+        timeout: float | None,
+    ) -> list[int]:
+        """``reader.forward``: enqueue ``items`` into ``target`` and ack ``message_id``
+        (of ``reader``, of this queue), exactly once (features/forward.py).
+
+        Everything is checked before anything is written: the id (leased by this
+        handle), the target (another open queue), the items."""
+        message_id = check_id(message_id)
+        if not isinstance(target, QueueCore):
+            raise TypeError(
+                f"forward's target must be an open ledgerq queue, not {type(target).__name__}"
+            )
+        if target._closed:
+            raise QueueClosedError(
+                f"forward's target queue {target.path} is closed; forward into an open queue"
+            )
+        source = self._real_path()
+        if target is self or target._real_path() == source:
+            raise ValueError(
+                f"forward's target is the source queue itself ({self.path}); forward into "
+                "another queue, or enqueue and ack"
+            )
+        drafts, sizes = target._handoff_drafts(items)
+        with self._lock:
+            reader._ensure_usable()
+            reader._core.check_leased(message_id)
+        if drafts:
+            key = handoff_key(source, reader.name, message_id)
+            ids = target._append_handoff(key, drafts, sizes, timeout)
+        else:
+            check_timeout(timeout)
+            ids = []
+        # A kill -9 here leaves the items landed and the message leased: delivered
+        # again, its forward finds the hand-off key in the target and only acks.
+        reader.ack(message_id)
+        return ids
+
+    def _handoff_drafts(self, items: object) -> tuple[list[Draft], list[int] | None]:
+        """Validate forwarded ``items`` (bytes-like, an Item, or an iterable of them) for
+        this queue; nothing is written.  A forwarded item may not carry ``dedup_id``
+        or ``unique_key``: the hand-off is itself exactly once, and an item left out as
+        a duplicate would leave the batch's ids out of step with what landed."""
+        self._ensure_open()
+        if isinstance(items, (bytes, bytearray, memoryview, Item)):
+            items = [items]
+        elif isinstance(items, str) or not isinstance(items, Iterable):
+            raise TypeError(
+                "forward's items must be bytes, an Item, or a list of them, "
+                f"not {type(items).__name__}"
+            )
+        drafts: list[Draft] = []
+        sizes: list[int] | None = [] if self._backlog is not None else None
+        for item in items:
+            if isinstance(item, Item):
+                if item.dedup_id is not None or item.unique_key is not None:
+                    raise ValueError(
+                        "a forwarded Item may not carry dedup_id or unique_key (the "
+                        "hand-off is exactly once already); nothing was forwarded"
+                    )
+                drafts.append(
+                    self._prepare(
+                        item.payload,
+                        item.headers,
+                        item.priority,
+                        item.ttl,
+                        None,
+                        item.delay,
+                        item.group,
+                        sizes,
+                    )
+                )
+            else:
+                drafts.append(self._prepare(item, None, Priority.MEDIUM, None, None, sizes=sizes))
+        return drafts, sizes
+
+    def _append_handoff(
+        self, key: bytes, drafts: list[Draft], sizes: list[int] | None, timeout: float | None
+    ) -> list[int]:
+        """Append forwarded ``drafts`` as one batch under the hand-off ``key``, once: if
+        the key already landed here, write nothing and return the ids it got then."""
+        count = len(drafts)
+        for position, draft in enumerate(drafts):
+            draft.handoff = (key, position, count)
+        try:
+            return self._append(drafts, sizes, timeout)
+        except HandedOff as landed:
+            return landed.ids
+
+    def oldest_retained_id(self) -> int:
+        """The smallest id the log may still hold: below it, retention deleted (lock held;
+        in shared mode, the append session begun)."""
+        return self._manager.segments[0].first_id
+
     def _append(
         self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
     ) -> list[int]:
@@ -1555,6 +1673,17 @@ class QueueCore(Closing):
     def ack(self, message_id: int) -> None:
         """Mark a leased message done (see :meth:`Reader.ack`)."""
         self._default.ack(message_id)
+
+    def forward(
+        self,
+        message_id: int,
+        target: QueueCore,
+        items: Iterable[bytes | bytearray | memoryview | Item] | bytes | Item,
+        *,
+        timeout: float | None = 0,
+    ) -> list[int]:
+        """Hand a leased message's work on, exactly once (see :meth:`Reader.forward`)."""
+        return self._default.forward(message_id, target, items, timeout=timeout)
 
     def ack_batch(self, message_ids: Iterable[int]) -> None:
         """Mark several leased messages done at once (see :meth:`Reader.ack_batch`)."""

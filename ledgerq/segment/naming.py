@@ -13,6 +13,7 @@
         <name>.state            reader_state_path(): one reader's journal
       features/                 FEATURES_DIR: retry and dedup state
         periodic.log            PERIODIC_NAME: the periodic jobs and their last ticks
+        forwards.log            FORWARDS_NAME: the hand-off keys forwards brought here
       dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
       shared/                   SHARED_DIR: coordination of shared-mode handles
         OPENING                 OPENING_NAME: flock'ed while a shared handle opens
@@ -35,6 +36,7 @@ __all__ = [
     "APPEND_NAME",
     "DLQ_DIR",
     "FEATURES_DIR",
+    "FORWARDS_NAME",
     "INDEX_SUFFIX",
     "LIVE_SUFFIX",
     "LOCK_NAME",
@@ -81,6 +83,7 @@ SHARED_STATE_NAME = "state"
 READER_LOCK_SUFFIX = ".reader"
 LIVE_SUFFIX = ".live"
 PERIODIC_NAME = "periodic.log"  # in FEATURES_DIR
+FORWARDS_NAME = "forwards.log"  # in FEATURES_DIR
 
 # Everything a queue directory may hold: a directory holding anything else and no
 # meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).
