@@ -47,11 +47,13 @@ __all__ = [
     "Feature",
     "FifoSelector",
     "HandedOff",
+    "HandoffTaker",
     "KeyAdmitter",
     "ReadersNeeded",
     "Selector",
     "Timer",
     "handoff_key",
+    "handoff_prefix",
 ]
 
 
@@ -102,11 +104,20 @@ class ReadersNeeded(Exception):
     admits again holding every reader."""
 
 
-def handoff_key(source_path: str, reader: str, message_id: int) -> bytes:
-    """The 16-byte hand-off key of message ``message_id`` of ``reader`` of the queue in
-    ``source_path`` (absolute, resolved): xxh3-128 of their UTF-8, each followed by NUL
+_xxh3_128 = xxhash.xxh3_128_digest
+
+
+def handoff_prefix(source_path: str, reader: str) -> bytes:
+    """What the hand-off keys of ``reader`` of the queue in ``source_path`` (absolute,
+    resolved) start with: their UTF-8, each followed by NUL."""
+    return f"{source_path}\0{reader}\0".encode()
+
+
+def handoff_key(prefix: bytes, message_id: int) -> bytes:
+    """The 16-byte hand-off key of message ``message_id`` of the reader of ``prefix``
+    (:func:`handoff_prefix`): xxh3-128 of the prefix, the id in decimal and a NUL
     (docs/format.md, "Hand-off keys")."""
-    return xxhash.xxh3_128_digest(f"{source_path}\0{reader}\0{message_id}\0".encode())
+    return _xxh3_128(prefix + b"%d\0" % message_id)
 
 
 class HandedOff(Exception):
@@ -180,6 +191,22 @@ class KeyAdmitter(Protocol):
 
     def rollback(self) -> None:
         """The message write failed: undo (and cut back) what add_key wrote."""
+
+
+@runtime_checkable
+class HandoffTaker(Protocol):
+    """The feature that takes forwarded batches (features/forward.py): the core's path
+    for a batch of bytes payloads calls these, under the lock."""
+
+    def take_handoff(self, key: bytes, first_id: int, count: int, now_ns: int) -> list[int] | None:
+        """The ids the hand-off ``key`` landed before; or None, having written the
+        record of ``count`` entries from ``first_id`` stamped ``now_ns`` (before them)."""
+
+    def handoff_taken(self) -> None:
+        """The entries of the last :meth:`take_handoff` are written."""
+
+    def rollback(self) -> None:
+        """Their write failed: undo (and cut back) what take_handoff wrote."""
 
 
 class Timer(Protocol):

@@ -57,6 +57,7 @@ from ledgerq.core.feature import (
     Draft,
     Feature,
     HandedOff,
+    HandoffTaker,
     KeyAdmitter,
     ReadersNeeded,
     Timer,
@@ -530,6 +531,9 @@ class QueueCore(Closing):
         # The unique-jobs feature, for the path of a bytes payload with only a key.
         found = [f for f in self._features if isinstance(f, KeyAdmitter)]
         self._unique: KeyAdmitter | None = found[0] if found else None
+        # The hand-off feature, for the path of forwarded bytes payloads.
+        takers = [f for f in self._features if isinstance(f, HandoffTaker)]
+        self._handoff_taker: HandoffTaker | None = takers[0] if takers else None
         self._restorers = overriding("restore")
         self._flushers = overriding("flush")
         self._reader_hooks = ReaderHooks(self._features)
@@ -1123,7 +1127,8 @@ class QueueCore(Closing):
 
         Everything is checked before anything is written: the id (leased by this
         handle), the target (another open queue), the items."""
-        message_id = check_id(message_id)
+        if type(message_id) is not int:
+            message_id = check_id(message_id)
         if not isinstance(target, QueueCore):
             raise TypeError(
                 f"forward's target must be an open ledgerq queue, not {type(target).__name__}"
@@ -1132,18 +1137,41 @@ class QueueCore(Closing):
             raise QueueClosedError(
                 f"forward's target queue {target.path} is closed; forward into an open queue"
             )
-        source = self._real_path()
-        if target is self or target._real_path() == source:
+        source = self._resolved_path or self._real_path()
+        if target is self or (target._resolved_path or target._real_path()) == source:
             raise ValueError(
                 f"forward's target is the source queue itself ({self.path}); forward into "
                 "another queue, or enqueue and ack"
             )
-        drafts, sizes = target._handoff_drafts(items)
+        if (
+            type(items) is list
+            and target._plain_path
+            and timeout == 0
+            and items
+            and (
+                (type(items[0]) is bytes and len(items[0]) <= target._max_size)
+                if len(items) == 1
+                # set/map/max run in C (as enqueue_batch's check): bytes, not too large.
+                else set(map(type, items)) == {bytes} and max(map(len, items)) <= target._max_size
+            )
+        ):
+            payloads: list[bytes] | None = items
+            drafts: list[Draft] = []
+            sizes = None
+        else:
+            payloads = None
+            drafts, sizes = target._handoff_drafts(items)
+        core = reader._core
         with self._lock:
-            reader._ensure_usable()
-            reader._core.check_leased(message_id)
-        if drafts:
-            key = handoff_key(source, reader.name, message_id)
+            if self._closed or reader._removed:
+                reader._ensure_usable()
+            if message_id not in core._leased:
+                core.check_leased(message_id)  # raises, saying why
+        if payloads is not None:
+            key = handoff_key(reader._handoff_prefix or reader.handoff_prefix(), message_id)
+            ids = target._append_handoff_plain(key, payloads)
+        elif drafts:
+            key = handoff_key(reader._handoff_prefix or reader.handoff_prefix(), message_id)
             ids = target._append_handoff(key, drafts, sizes, timeout)
         else:
             check_timeout(timeout)
@@ -1203,6 +1231,61 @@ class QueueCore(Closing):
             return self._append(drafts, sizes, timeout)
         except HandedOff as landed:
             return landed.ids
+
+    def _append_handoff_plain(self, key: bytes, payloads: list[bytes]) -> list[int]:
+        """:meth:`_append_handoff` for bytes payloads with no option and no feature hook:
+        the hand-off feature writes its record before the batch (as :meth:`_append_unique`
+        has the unique-jobs feature write its own)."""
+        taker = self._handoff_taker
+        assert taker is not None
+        count = len(payloads)
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            now = self._clock_offset_ns + self._clock_mono()
+            appends = self._appends
+            if appends is None:
+                first = self._next_id
+            else:
+                first, now = appends.begin(now)
+            try:
+                try:
+                    landed = taker.take_handoff(key, first, count, now)
+                except BaseException:
+                    taker.rollback()
+                    raise
+                if landed is None:
+                    segments = len(self._manager.segments)
+                    try:
+                        if first + count > self._reserved_until:
+                            self._reserve_ids(first + count)
+                        if count == 1:
+                            rotated = self._manager.append_one(
+                                self._encode_plain(first, now, payloads[0]), first, now
+                            )
+                        else:
+                            parts, sizes = self._encode_batch(first, now, payloads)
+                            self._manager.append(parts, sizes, first, now)
+                            rotated = len(self._manager.segments) != segments
+                    except BaseException:
+                        self._count_written(first)
+                        if self._next_id > first:
+                            taker.handoff_taken()  # in the log all the same: landed
+                        else:
+                            taker.rollback()
+                        raise
+                    ticket = self._appended(first, count, rotated)
+                    taker.handoff_taken()
+            finally:
+                if appends is not None:
+                    appends.end()
+            if landed is not None:
+                return landed
+            if rotated or self._waiting or self._listeners:
+                self._after_append()
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return list(range(first, first + count))
 
     def oldest_retained_id(self) -> int:
         """The smallest id the log may still hold: below it, retention deleted (lock held;
@@ -1683,7 +1766,7 @@ class QueueCore(Closing):
         timeout: float | None = 0,
     ) -> list[int]:
         """Hand a leased message's work on, exactly once (see :meth:`Reader.forward`)."""
-        return self._default.forward(message_id, target, items, timeout=timeout)
+        return self._hand_off(self._default, message_id, target, items, timeout)
 
     def ack_batch(self, message_ids: Iterable[int]) -> None:
         """Mark several leased messages done at once (see :meth:`Reader.ack_batch`)."""

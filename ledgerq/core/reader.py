@@ -44,7 +44,7 @@ from ledgerq._errors import (
 from ledgerq._types import Item, Message, ReaderStats
 from ledgerq.core.args import check_count, check_delay, check_id, check_timeout
 from ledgerq.core.delays import NEVER_NS, DelayIndex
-from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
+from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector, handoff_prefix
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.processes import unpicklable
 from ledgerq.core.retry import RetryPolicy
@@ -1167,6 +1167,12 @@ class Reader:
         self._core = core
         self._removed = False
         self.name = core.name
+        self._handoff_prefix = b""  # (handoff_prefix, at the first forward)
+
+    def handoff_prefix(self) -> bytes:
+        """What this reader's hand-off keys start with (core/feature.handoff_prefix)."""
+        prefix = self._handoff_prefix = handoff_prefix(self._queue._real_path(), self.name)
+        return prefix
 
     def _ensure_usable(self) -> None:
         self._queue._ensure_open()

@@ -113,11 +113,15 @@ class ForwardFeature(Feature):
         self._log: AppendLog | None = None
         self._path = ""
         self._queue: QueueCore | None = None
+        self._shared = False
+        self._sync_always = False
         self._records = 0
 
     def attach(self, queue: QueueCore) -> None:
         # Nothing is read or created here: at the first forward into the queue (_load).
         self._queue = queue
+        self._shared = queue.shared
+        self._sync_always = queue.options.sync == "always"
         self._path = os.path.join(queue.path, FEATURES_DIR, FORWARDS_NAME)
 
     # ------------------------------------------------------------------ the file
@@ -218,16 +222,55 @@ class ForwardFeature(Feature):
             return None
         key, position, count = handoff
         if position == 0:
-            log = self._log
-            if log is None:
-                self._load()
-            elif self._queue is not None and self._queue.shared:
-                self._catch_up(log)
-            landed = self._landed(key)
+            landed = self._look_up(key)
             if landed is not None:
                 raise HandedOff(landed)
             self._provisional = (key, candidate_id, count, now_ns)  # (now_ns: the items' stamp)
         return None
+
+    def _look_up(self, key: bytes) -> list[int] | None:
+        """Read the file's news, then :meth:`_landed` (lock held)."""
+        log = self._log
+        if log is None:
+            self._load()
+        elif self._shared:
+            self._catch_up(log)
+        return self._landed(key)
+
+    def take_handoff(self, key: bytes, first_id: int, count: int, now_ns: int) -> list[int] | None:
+        """The core's path for a batch of bytes payloads (lock held): the ids ``key``
+        landed before; or None, having written its record - the entries come next, then
+        :meth:`handoff_taken` (or :meth:`rollback`)."""
+        log = self._log
+        if log is None:
+            log = self._load()
+        elif self._shared:
+            self._catch_up(log)
+        if key in self._taken:
+            landed = self._landed(key)
+            if landed is not None:
+                return landed
+        self._provisional = (key, first_id, count, now_ns)
+        size = log.size
+        log.append_record(_encode_record(key, first_id, count, now_ns))  # (or raises)
+        self._written_at = size
+        if self._sync_always:
+            log.sync()  # before the entries (see before_append)
+        return None
+
+    def handoff_taken(self) -> None:
+        """The entries of :meth:`take_handoff` are written (lock held)."""
+        provisional = self._provisional
+        assert provisional is not None
+        key, first_id, count, _ = provisional
+        self._provisional = self._written_at = None
+        taken = self._taken
+        if key in taken:
+            del taken[key]  # (an unverified record of it, found never written)
+        taken[key] = (first_id, count, _VERIFIED)
+        self._records += 1
+        if self._records >= 2 * KEEP_RECORDS:
+            self._rewrite_soon()
 
     def before_append(self) -> None:
         provisional = self._provisional
@@ -240,7 +283,7 @@ class ForwardFeature(Feature):
         size = log.size
         log.append_record(_encode_record(*provisional))  # raises having written nothing
         self._written_at = size
-        if queue._sync_always:
+        if self._sync_always:
             # Before the items: a power loss must not keep them and lose the record.
             log.sync()
 
@@ -255,12 +298,18 @@ class ForwardFeature(Feature):
         taken.pop(key, None)
         taken[key] = (noted_first, count, _VERIFIED)
         self._records += 1
+        if self._records >= 2 * KEEP_RECORDS:
+            self._rewrite_soon()
+
+    def _rewrite_soon(self) -> None:
+        """The file holds twice KEEP_RECORDS records: keep the newest (lock held)."""
         log = self._log
-        if log is not None and self._records >= 2 * KEEP_RECORDS:
-            try:
-                self._rewrite(log)
-            except StorageError as exc:
-                logger.warning("ledgerq: %s; the hand-off file is rewritten later", exc)
+        if log is None:
+            return
+        try:
+            self._rewrite(log)
+        except StorageError as exc:
+            logger.warning("ledgerq: %s; the hand-off file is rewritten later", exc)
 
     def rollback(self) -> None:
         provisional, self._provisional = self._provisional, None
