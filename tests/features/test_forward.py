@@ -236,14 +236,18 @@ def test_the_source_itself_is_refused(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="source queue itself"):
             a.forward(msg.id, a, [b"x"])
         # Another handle of the same directory is the same queue.
-        with ledgerq.open(tmp_path / "a", shared=True) as other:
-            with pytest.raises(ValueError, match="source queue itself"):
-                a.forward(msg.id, other, [b"x"])
+        with (
+            ledgerq.open(tmp_path / "a", shared=True) as other,
+            pytest.raises(ValueError, match="source queue itself"),
+        ):
+            a.forward(msg.id, other, [b"x"])
         # And through a symlink.
         os.symlink(tmp_path / "a", tmp_path / "link")
-        with ledgerq.open(tmp_path / "link", shared=True) as linked:
-            with pytest.raises(ValueError, match="source queue itself"):
-                a.forward(msg.id, linked, [b"x"])
+        with (
+            ledgerq.open(tmp_path / "link", shared=True) as linked,
+            pytest.raises(ValueError, match="source queue itself"),
+        ):
+            a.forward(msg.id, linked, [b"x"])
         assert a.stats().enqueued == 1
         assert a.stats().in_flight == 1  # still leased: the caller may ack or forward
 
