@@ -205,6 +205,9 @@ class HandoffTaker(Protocol):
     def handoff_taken(self) -> None:
         """The entries of the last :meth:`take_handoff` are written."""
 
+    def handed_off(self, key: bytes) -> list[int] | None:
+        """The ids the hand-off ``key`` landed, or None if it did not (writes nothing)."""
+
     def rollback(self) -> None:
         """Their write failed: undo (and cut back) what take_handoff wrote."""
 

@@ -1167,15 +1167,15 @@ class QueueCore(Closing):
                 reader._ensure_usable()
             if message_id not in core._leased:
                 core.check_leased(message_id)  # raises, saying why
+        key = handoff_key(reader._handoff_prefix or reader.handoff_prefix(), message_id)
         if payloads is not None:
-            key = handoff_key(reader._handoff_prefix or reader.handoff_prefix(), message_id)
             ids = target._append_handoff_plain(key, payloads)
         elif drafts:
-            key = handoff_key(reader._handoff_prefix or reader.handoff_prefix(), message_id)
             ids = target._append_handoff(key, drafts, sizes, timeout)
         else:
             check_timeout(timeout)
-            ids = []
+            # Nothing to hand on - but a delivery before may have: its ids, if so.
+            ids = target._append_handoff_plain(key, [])
         # A kill -9 here leaves the items landed and the message leased: delivered
         # again, its forward finds the hand-off key in the target and only acks.
         reader.ack(message_id)
@@ -1235,7 +1235,7 @@ class QueueCore(Closing):
     def _append_handoff_plain(self, key: bytes, payloads: list[bytes]) -> list[int]:
         """:meth:`_append_handoff` for bytes payloads with no option and no feature hook:
         the hand-off feature writes its record before the batch (as :meth:`_append_unique`
-        has the unique-jobs feature write its own)."""
+        has the unique-jobs feature write its own).  No payloads: only look ``key`` up."""
         taker = self._handoff_taker
         assert taker is not None
         count = len(payloads)
@@ -1249,11 +1249,14 @@ class QueueCore(Closing):
             else:
                 first, now = appends.begin(now)
             try:
-                try:
-                    landed = taker.take_handoff(key, first, count, now)
-                except BaseException:
-                    taker.rollback()
-                    raise
+                if not count:  # only the look-up: nothing is written
+                    landed = taker.handed_off(key) or []
+                else:
+                    try:
+                        landed = taker.take_handoff(key, first, count, now)
+                    except BaseException:
+                        taker.rollback()
+                        raise
                 if landed is None:
                     segments = len(self._manager.segments)
                     try:

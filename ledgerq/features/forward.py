@@ -228,6 +228,12 @@ class ForwardFeature(Feature):
             self._provisional = (key, candidate_id, count, now_ns)  # (now_ns: the items' stamp)
         return None
 
+    def handed_off(self, key: bytes) -> list[int] | None:
+        """The ids ``key`` landed, or None (lock held): a forward of no items."""
+        if self._log is None and not os.path.exists(self._path):
+            return None  # never forwarded into: nothing to look up, no file to make
+        return self._look_up(key)
+
     def _look_up(self, key: bytes) -> list[int] | None:
         """Read the file's news, then :meth:`_landed` (lock held)."""
         log = self._log
