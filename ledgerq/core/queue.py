@@ -1249,6 +1249,7 @@ class QueueCore(Closing):
             else:
                 first, now = appends.begin(now)
             try:
+                landed: list[int] | None
                 if not count:  # only the look-up: nothing is written
                     landed = taker.handed_off(key) or []
                 else:
