@@ -1291,11 +1291,6 @@ class QueueCore(Closing):
             self._log_commit.wait_durable(ticket)
         return list(range(first, first + count))
 
-    def oldest_retained_id(self) -> int:
-        """The smallest id the log may still hold: below it, retention deleted (lock held;
-        in shared mode, the append session begun)."""
-        return self._manager.segments[0].first_id
-
     def _append(
         self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
     ) -> list[int]:

@@ -16,9 +16,12 @@ the log (a kill between the two writes) is told apart as unique keys' are: it is
 *unverified* once read back from the file, until the entry it names is found in the log
 with the record's exact timestamp - one indexed read, when its key comes again (ids are
 never reused; an id another handle took after a dead one carries another timestamp).
-A record whose first id is below the log's oldest retained id (retention deleted the
-items after a consumer acked them) counts as landed.  A failed item write cuts its
-record back.  With ``sync="always"`` the record is fsynced before the items are
+A record known to be verified - written by this handle, or rewritten - needs no read;
+one read back whose entry retention has deleted since (the items consumed, then their
+segment) cannot be told from one never written and counts as not landed: a duplicate
+is possible then, never a loss, and only after a kill between the items and the ack
+followed by that deletion before the redelivery.  A failed item write cuts its record
+back.  With ``sync="always"`` the record is fsynced before the items are
 written, so a power loss cannot keep the items and lose their record.
 
 The file keeps the newest ``KEEP_RECORDS`` keys: it is rewritten (temp file, rename)
@@ -204,14 +207,11 @@ class ForwardFeature(Feature):
             queue = self._queue
             assert queue is not None
             entry = queue.entry_of(first_id)
-            if entry is None:
-                if first_id >= queue.oldest_retained_id():
-                    # Never written (a kill between the record and the items).
-                    del self._taken[key]
-                    return None
-                # Retention deleted it: its consumers had it, so it landed.
-            elif entry.timestamp != timestamp:
-                del self._taken[key]  # the id went to another append after a crash
+            if entry is None or entry.timestamp != timestamp:
+                # Never written (a kill between the record and the items; the id may
+                # have gone to another append since) - or, past retention, deleted:
+                # a duplicate then, never a loss (see the module).
+                del self._taken[key]
                 return None
             self._taken[key] = (first_id, count, _VERIFIED)
         return list(range(first_id, first_id + count))
