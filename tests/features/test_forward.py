@@ -313,3 +313,70 @@ def test_a_full_bounded_target_raises_having_written_nothing(tmp_path: Path) -> 
         assert taken is not None
         b.ack(taken.id)
         assert a.forward(second.id, b, [b"y"]) == [2]
+
+
+# ---------------------------------------------------------------------- the file
+
+
+def test_the_file_keeps_the_newest_keys_across_a_rewrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledgerq.features import forward
+
+    monkeypatch.setattr(forward, "KEEP_RECORDS", 4)
+    path = tmp_path / "b" / FEATURES_DIR / FORWARDS_NAME
+    with ledgerq.open(tmp_path / "b") as b:
+        a = ledgerq.open(tmp_path / "a")
+        a.enqueue_batch([b"%d" % n for n in range(10)])
+        leased = a.dequeue_batch(10)
+        with monkeypatch.context() as patch:
+            patch.setattr(Reader, "ack", lambda self, message_id: None)  # every ack lost
+            for msg in leased:
+                a.forward(msg.id, b, [msg.payload])
+        # 10 records: rewritten at 8 to the newest 4, then 2 more appended.
+        assert path.stat().st_size == 8 + 54 * 6  # header, 54-byte records
+        a.close()
+        with ledgerq.open(tmp_path / "a") as a:
+            again = {m.payload: m for m in a.dequeue_batch(10)}
+            # The newest keys are known: their messages are only acked.
+            for n in range(4, 10):
+                assert a.forward(again[b"%d" % n].id, b, [b"again"]) == [n + 1]
+            assert payloads(b) == [b"%d" % n for n in range(10)]
+
+
+def test_a_key_verified_here_holds_past_retention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The items were consumed and their segment deleted before the message came back:
+    the record this handle wrote (known to be in the log) still says they landed."""
+    with ledgerq.open(tmp_path / "b", segment_size=1024) as b:
+        a = ledgerq.open(tmp_path / "a")
+        a.enqueue(b"job")
+        msg = a.dequeue()
+        assert msg is not None
+        with monkeypatch.context() as patch:
+            patch.setattr(Reader, "ack", lambda self, message_id: None)
+            assert a.forward(msg.id, b, [b"item"]) == [1]
+        a.close()
+        b.enqueue_batch([b"x" * 600] * 4)  # rotations past the item's segment
+        while (taken := b.dequeue()) is not None:
+            b.ack(taken.id)
+        assert b.peek(1) == []
+        assert not os.path.exists(tmp_path / "b" / "segments" / f"{1:020d}.log")
+        with ledgerq.open(tmp_path / "a") as a:
+            again = a.dequeue()
+            assert again is not None
+            assert a.forward(again.id, b, [b"item"]) == [1]
+        assert b.stats().enqueued == 5
+
+
+def test_sync_always_forwards(tmp_path: Path) -> None:
+    with (
+        ledgerq.open(tmp_path / "a", sync="always") as a,
+        ledgerq.open(tmp_path / "b", sync="always") as b,
+    ):
+        a.enqueue_batch([b"1", b"2"])
+        first, second = a.dequeue_batch(2)
+        assert a.forward(first.id, b, [b"x"]) == [1]
+        assert a.forward(second.id, b, [b"y", ledgerq.Item(b"z")]) == [2, 3]
+        assert payloads(b) == [b"x", b"y", b"z"]
