@@ -615,8 +615,14 @@ def run(
         raise TypeError(f"reader must be a str, got {type(reader).__name__}")
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {type(handler).__name__}")
-    if forward_to is not None and not isinstance(forward_to, (str, os.PathLike)):
-        raise TypeError(f"forward_to must be a queue path, got {type(forward_to).__name__}")
+    if forward_to is not None:
+        if not isinstance(forward_to, (str, os.PathLike)):
+            raise TypeError(f"forward_to must be a queue path, got {type(forward_to).__name__}")
+        if os.path.realpath(forward_to) == os.path.realpath(path):
+            raise ValueError(
+                f"forward_to is the queue the pool consumes ({os.fspath(path)}); "
+                "forward into another queue"
+            )
     wakeup = _Wakeup()
     started = time.monotonic()
     with (

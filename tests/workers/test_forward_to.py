@@ -87,3 +87,6 @@ def test_forward_to_must_be_a_path(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="forward_to must be a queue path"):
         ledgerq.workers.run(tmp_path / "in", _results, forward_to=42)  # type: ignore[arg-type]
     assert not (tmp_path / "in").exists()
+    with pytest.raises(ValueError, match="forward_to is the queue the pool consumes"):
+        ledgerq.workers.run(tmp_path / "in", _results, forward_to=tmp_path / "." / "in")
+    assert not (tmp_path / "in").exists()
