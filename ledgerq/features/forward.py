@@ -258,7 +258,11 @@ class ForwardFeature(Feature):
                 return landed
         self._provisional = (key, first_id, count, now_ns)
         size = log.size
-        log.append_record(_encode_record(key, first_id, count, now_ns))  # (or raises)
+        # _encode_record, inlined: one call fewer per forward
+        framed = _pack_framed(
+            _RECORD_HEAD, 0x94, 0xC4, _KEY_SIZE, key, 0xCF, first_id, 0xCF, count, 0xD3, now_ns
+        )
+        log.append_record(framed + _pack_length(checksum(framed)))  # (or raises)
         self._written_at = size
         if self._sync_always:
             log.sync()  # before the entries (see before_append)
