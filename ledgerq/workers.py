@@ -39,11 +39,12 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from types import FrameType
@@ -147,10 +148,18 @@ def _leave_to_owner(_signum: int, _frame: FrameType | None) -> None:
     """Do nothing: the owner decides when a child stops (see :func:`_child_main`)."""
 
 
-def _child_main(handler: Handler, conn: Connection, owner_pid: int, measure_memory: bool) -> None:
+def _child_main(
+    handler: Handler,
+    conn: Connection,
+    owner_pid: int,
+    measure_memory: bool,
+    forwarding: bool = False,
+) -> None:
     """Run tasks from ``conn`` until told to stop (None) or the pipe closes.
 
-    Each answer is ``(kind, message id, reason, Retry delay, resident bytes or None)``.
+    Each answer is ``(kind, message id, reason, Retry delay, resident bytes or None)``;
+    when ``forwarding`` (``run(forward_to=)``), an ``"ok"`` answer carries what the
+    handler returned in place of the delay: the items the owner forwards.
     """
     _die_with(owner_pid)
     # SIGINT (Ctrl-C reaches the whole foreground group) and SIGTERM (systemd's stop
@@ -170,24 +179,31 @@ def _child_main(handler: Handler, conn: Connection, owner_pid: int, measure_memo
         if message is None:
             return
         try:
-            handler(message)
+            result = handler(message)
         except BaseException as exc:  # report every failure; the owner nacks it
             reason = f"{type(exc).__name__}: {exc}"
             delay = exc.delay if isinstance(exc, Retry) else None
             answer = ("err", message.id, reason, delay)
         else:
-            answer = ("ok", message.id, "", None)
-        conn.send((*answer, _resident_bytes() if measure_memory else None))
+            answer = ("ok", message.id, "", result if forwarding else None)
+        try:
+            conn.send((*answer, _resident_bytes() if measure_memory else None))
+        except (TypeError, AttributeError, pickle.PicklingError) as exc:
+            # (only a forwarded result can be unpicklable): a failed task, not a dead child
+            reason = f"the handler's result cannot be forwarded: {type(exc).__name__}: {exc}"
+            conn.send(("err", message.id, reason, None, None))
 
 
 class _Child:
     """One worker process and what it is doing."""
 
-    def __init__(self, ctx: Any, handler: Handler, measure_memory: bool) -> None:
+    def __init__(
+        self, ctx: Any, handler: Handler, measure_memory: bool, forwarding: bool = False
+    ) -> None:
         owner_end, child_end = ctx.Pipe()
         self.process = ctx.Process(
             target=_child_main,
-            args=(handler, child_end, os.getpid(), measure_memory),
+            args=(handler, child_end, os.getpid(), measure_memory, forwarding),
             daemon=True,
         )
         self.process.start()
@@ -287,6 +303,11 @@ def _nack(consumer: ledgerq.Reader, message_id: int, reason: str, delay: object)
     consumer.nack(message_id, reason)
 
 
+def _forwarded(result: Any) -> Any:
+    """The items a handler's result stands for (``run(forward_to=)``): None is none."""
+    return [] if result is None else result
+
+
 def _heartbeat(consumer: ledgerq.Reader, busy: list[_Child], every: float) -> float:
     """Touch the leases of busy, live children not touched for ``every`` seconds; return
     the seconds until the next touch is due."""
@@ -327,6 +348,7 @@ class _Pool:
         task_timeout: float | None,
         max_tasks_per_child: int | None,
         max_memory_per_child: int | None,
+        forward_to: ledgerq.Queue | None = None,
     ) -> None:
         methods = multiprocessing.get_all_start_methods()
         # fork lets handlers be any callable (closures too) and starts children fast.
@@ -336,13 +358,19 @@ class _Pool:
         self.task_timeout = task_timeout
         self.max_tasks_per_child = max_tasks_per_child
         self.max_memory_per_child = max_memory_per_child
+        self.forward_to = forward_to
         self.stop_requests = 0  # set by the signal handlers: 1 drain, 2 stop at once
         self.processed = self.failed = self.crashed = self.timed_out = 0
         self.released = self.recycled = 0
         self.children = [self._spawn() for _ in range(processes)]
 
     def _spawn(self) -> _Child:
-        return _Child(self.ctx, self.handler, self.max_memory_per_child is not None)
+        return _Child(
+            self.ctx,
+            self.handler,
+            self.max_memory_per_child is not None,
+            self.forward_to is not None,
+        )
 
     def _release(self, message_id: int) -> None:
         self.consumer.release(message_id)
@@ -375,6 +403,15 @@ class _Pool:
     def _settle(self, answer: tuple[str, int, str, object, int | None]) -> None:
         """Ack or nack a task as its child answered."""
         kind, message_id, reason, delay, _resident = answer
+        if kind == "ok" and self.forward_to is not None:
+            try:
+                # ``delay`` holds what the handler returned (see _child_main).
+                self.consumer.forward(message_id, self.forward_to, _forwarded(delay))
+            except (TypeError, ValueError, ledgerq.QueueFullError) as exc:
+                kind, reason, delay = "err", f"forward: {type(exc).__name__}: {exc}", None
+            else:
+                self.processed += 1
+                return
         if kind == "ok":
             self.consumer.ack(message_id)
             self.processed += 1
@@ -485,6 +522,19 @@ class _Pool:
             child.close()
 
 
+@contextlib.contextmanager
+def _open_target(
+    forward_to: str | os.PathLike[str] | None, shared: bool, options: Mapping[str, Any]
+) -> Iterator[ledgerq.Queue | None]:
+    """The queue ``run(forward_to=)`` forwards into (None: none)."""
+    if forward_to is None:
+        yield None
+        return
+    passed = {k: options[k] for k in ("encryption_key", "lock_timeout") if k in options}
+    with ledgerq.open(forward_to, shared=shared, **passed) as target:
+        yield target
+
+
 def run(
     path: str | os.PathLike[str],
     handler: Handler,
@@ -496,6 +546,7 @@ def run(
     reader: str = "default",
     max_tasks_per_child: int | None = None,
     max_memory_per_child: int | None = None,
+    forward_to: str | os.PathLike[str] | None = None,
     **options: Unpack[ledgerq.OpenOptions],
 ) -> WorkerReport:
     """Process the queue at ``path`` with ``handler`` in ``processes`` child processes.
@@ -529,6 +580,12 @@ def run(
     runs, their enqueues wake the owner at once, and several pools may share one queue;
     a killed owner's messages go back to the others within a second.  ``shared=False``
     opens it exclusively (a little faster; no other process may open it meanwhile).
+    ``forward_to``: a queue path (opened in the same mode, with the same
+    ``encryption_key`` and ``lock_timeout``): what the handler returns - bytes, an
+    ``Item``, a list of them, or None for nothing - is ``forward``ed there, exactly once
+    (``Reader.forward``), in place of the ack; a result that cannot be forwarded (a
+    str, an unpicklable object, a full bounded target) fails the task like an exception.
+
     Raises ``QueueLockedError`` when a process holds the queue in the other mode, and
     ``ValueError`` for ``max_memory_per_child`` where no resident size can be read.
     """
@@ -558,9 +615,20 @@ def run(
         raise TypeError(f"reader must be a str, got {type(reader).__name__}")
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+    if forward_to is not None:
+        if not isinstance(forward_to, (str, os.PathLike)):
+            raise TypeError(f"forward_to must be a queue path, got {type(forward_to).__name__}")
+        if os.path.realpath(forward_to) == os.path.realpath(path):
+            raise ValueError(
+                f"forward_to is the queue the pool consumes ({os.fspath(path)}); "
+                "forward into another queue"
+            )
     wakeup = _Wakeup()
     started = time.monotonic()
-    with ledgerq.open(path, shared=shared, **options) as queue:
+    with (
+        ledgerq.open(path, shared=shared, **options) as queue,
+        _open_target(forward_to, shared, options) as target,
+    ):
         consumer = queue.reader(reader)
         dead_before = queue.stats().dead_lettered
         # While a child is alive its lease is kept (touch) at half the visibility
@@ -576,6 +644,7 @@ def run(
             task_timeout=task_timeout,
             max_tasks_per_child=max_tasks_per_child,
             max_memory_per_child=max_memory_per_child,
+            forward_to=target,
         )
 
         def request_stop() -> None:

@@ -102,6 +102,12 @@ def load_handler(spec: str) -> Callable[..., Any]:
 )
 @click.option("--until-empty", is_flag=True, help="Stop once the queue is empty.")
 @click.option(
+    "--forward-to",
+    metavar="PATH",
+    help="Forward what the function returns (bytes, an Item, a list of them; None: "
+    "nothing) into the queue at PATH, exactly once, in place of the ack.",
+)
+@click.option(
     "--exclusive",
     is_flag=True,
     help="Open the queue exclusively (a little faster; no other process may open it "
@@ -119,6 +125,7 @@ def worker(
     max_memory_per_child: int | None,
     reader: str,
     until_empty: bool,
+    forward_to: str | None,
     exclusive: bool,
     as_json: bool,
     option_pairs: tuple[str, ...],
@@ -156,6 +163,7 @@ def worker(
             reader=reader,
             max_tasks_per_child=max_tasks_per_child,
             max_memory_per_child=max_memory_per_child,
+            forward_to=forward_to,
             **for_one_run(options),  # workers.run passes them to ledgerq.open
         )
     except ValueError as exc:

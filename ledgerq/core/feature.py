@@ -33,6 +33,8 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+import xxhash
+
 from ledgerq.format.entry import Entry
 
 if TYPE_CHECKING:
@@ -44,10 +46,14 @@ __all__ = [
     "FailedDelivery",
     "Feature",
     "FifoSelector",
+    "HandedOff",
+    "HandoffTaker",
     "KeyAdmitter",
     "ReadersNeeded",
     "Selector",
     "Timer",
+    "handoff_key",
+    "handoff_prefix",
 ]
 
 
@@ -60,6 +66,7 @@ class Draft:
         "delay_ns",
         "expires_in_ns",
         "group",
+        "handoff",
         "headers_blob",
         "payload",
         "priority",
@@ -86,12 +93,41 @@ class Draft:
         self.group = group  # the message group, as UTF-8
         self.unique_key = unique_key  # a unique job's key (features/unique.py)
         self.compressed = False
+        # A forwarded item: (hand-off key, position in the batch, batch size)
+        # (features/forward.py); None for any other enqueue.
+        self.handoff: tuple[bytes, int, int] | None = None
 
 
 class ReadersNeeded(Exception):
     """Raised by ``admit`` in shared mode when it needs every reader's current state
     (``QueueCore.readers_current()`` is False): the core rolls the admission back and
     admits again holding every reader."""
+
+
+_xxh3_128 = xxhash.xxh3_128_digest
+
+
+def handoff_prefix(source_path: str, reader: str) -> bytes:
+    """What the hand-off keys of ``reader`` of the queue in ``source_path`` (absolute,
+    resolved) start with: their UTF-8, each followed by NUL."""
+    return f"{source_path}\0{reader}\0".encode()
+
+
+def handoff_key(prefix: bytes, message_id: int) -> bytes:
+    """The 16-byte hand-off key of message ``message_id`` of the reader of ``prefix``
+    (:func:`handoff_prefix`): xxh3-128 of the prefix, the id in decimal and a NUL
+    (docs/format.md, "Hand-off keys")."""
+    return _xxh3_128(prefix + b"%d\0" % message_id)
+
+
+class HandedOff(Exception):
+    """Raised by ``admit`` for a forwarded batch whose hand-off already landed (a source
+    message delivered again after a crash): nothing is written, and the forward returns
+    ``ids``, those the batch got the first time (features/forward.py)."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__(ids)
+        self.ids = ids
 
 
 class FailedDelivery:
@@ -155,6 +191,25 @@ class KeyAdmitter(Protocol):
 
     def rollback(self) -> None:
         """The message write failed: undo (and cut back) what add_key wrote."""
+
+
+@runtime_checkable
+class HandoffTaker(Protocol):
+    """The feature that takes forwarded batches (features/forward.py): the core's path
+    for a batch of bytes payloads calls these, under the lock."""
+
+    def take_handoff(self, key: bytes, first_id: int, count: int, now_ns: int) -> list[int] | None:
+        """The ids the hand-off ``key`` landed before; or None, having written the
+        record of ``count`` entries from ``first_id`` stamped ``now_ns`` (before them)."""
+
+    def handoff_taken(self) -> None:
+        """The entries of the last :meth:`take_handoff` are written."""
+
+    def handed_off(self, key: bytes) -> list[int] | None:
+        """The ids the hand-off ``key`` landed, or None if it did not (writes nothing)."""
+
+    def rollback(self) -> None:
+        """Their write failed: undo (and cut back) what take_handoff wrote."""
 
 
 class Timer(Protocol):

@@ -41,6 +41,7 @@ from ledgerq.core.args import (
     check_delay,
     check_group,
     check_headers_size,
+    check_id,
     check_payload,
     check_priority,
     check_reader_name,
@@ -52,7 +53,16 @@ from ledgerq.core.args import (
 from ledgerq.core.backlog import Backlog, written_sizes
 from ledgerq.core.clock import SYSTEM_CLOCK, Clock, QueueClock, check_clock
 from ledgerq.core.closing import Closing
-from ledgerq.core.feature import Draft, Feature, KeyAdmitter, ReadersNeeded, Timer
+from ledgerq.core.feature import (
+    Draft,
+    Feature,
+    HandedOff,
+    HandoffTaker,
+    KeyAdmitter,
+    ReadersNeeded,
+    Timer,
+    handoff_key,
+)
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed, make_room
 from ledgerq.core.lifecycle import attempt as _attempt
@@ -170,6 +180,7 @@ class QueueCore(Closing):
     # The append session of shared mode (core/shared_appends), once the handle has joined
     # the session's page; None in exclusive mode: its appends are the uncontended case.
     _appends: SharedAppends | None = None
+    _resolved_path: str | None = None  # the directory resolved, at the first forward
 
     def __init__(
         self,
@@ -507,6 +518,9 @@ class QueueCore(Closing):
         # The unique-jobs feature, for the path of a bytes payload with only a key.
         found = [f for f in self._features if isinstance(f, KeyAdmitter)]
         self._unique: KeyAdmitter | None = found[0] if found else None
+        # The hand-off feature, for the path of forwarded bytes payloads.
+        takers = [f for f in self._features if isinstance(f, HandoffTaker)]
+        self._handoff_taker: HandoffTaker | None = takers[0] if takers else None
         self._restorers = overriding("restore")
         self._flushers = overriding("flush")
         self._reader_hooks = ReaderHooks(self._features)
@@ -1084,6 +1098,192 @@ class QueueCore(Closing):
             return []
         return self._append(prepared, sizes, timeout)
 
+    # ------------------------------------------------------------------ hand-off
+
+    def _real_path(self) -> str:
+        """The queue directory, absolute and resolved (a hand-off key names it)."""
+        real = self._resolved_path
+        if real is None:
+            real = self._resolved_path = os.path.realpath(self.path)
+        return real
+
+    def _hand_off(
+        self,
+        reader: Reader,
+        message_id: object,
+        target: object,
+        items: object,
+        timeout: float | None,
+    ) -> list[int]:
+        """``reader.forward``: enqueue ``items`` into ``target`` and ack ``message_id``
+        (of ``reader``, of this queue), exactly once (features/forward.py).
+
+        Everything is checked before anything is written: the id (leased by this
+        handle), the target (another open queue), the items."""
+        if type(message_id) is not int:
+            message_id = check_id(message_id)
+        if not isinstance(target, QueueCore):
+            raise TypeError(
+                f"forward's target must be an open ledgerq queue, not {type(target).__name__}"
+            )
+        if target._closed:
+            raise QueueClosedError(
+                f"forward's target queue {target.path} is closed; forward into an open queue"
+            )
+        source = self._resolved_path or self._real_path()
+        if target is self or (target._resolved_path or target._real_path()) == source:
+            raise ValueError(
+                f"forward's target is the source queue itself ({self.path}); forward into "
+                "another queue, or enqueue and ack"
+            )
+        if (
+            type(items) is list
+            and target._plain_path
+            and timeout == 0
+            and items
+            and (
+                (type(items[0]) is bytes and len(items[0]) <= target._max_size)
+                if len(items) == 1
+                # set/map/max run in C (as enqueue_batch's check): bytes, not too large.
+                else set(map(type, items)) == {bytes} and max(map(len, items)) <= target._max_size
+            )
+        ):
+            payloads: list[bytes] | None = items
+            drafts: list[Draft] = []
+            sizes = None
+        else:
+            payloads = None
+            drafts, sizes = target._handoff_drafts(items)
+        core = reader._core
+        with self._lock:
+            if self._closed or reader._removed:
+                reader._ensure_usable()
+            if message_id not in core._leased:
+                core.check_leased(message_id)  # raises, saying why
+        key = handoff_key(reader._handoff_prefix or reader.handoff_prefix(), message_id)
+        if payloads is not None:
+            ids = target._append_handoff_plain(key, payloads)
+        elif drafts:
+            ids = target._append_handoff(key, drafts, sizes, timeout)
+        else:
+            check_timeout(timeout)
+            # Nothing to hand on - but a delivery before may have: its ids, if so.
+            ids = target._append_handoff_plain(key, [])
+        # A kill -9 here leaves the items landed and the message leased: delivered
+        # again, its forward finds the hand-off key in the target and only acks.
+        reader.ack(message_id)
+        return ids
+
+    def _handoff_drafts(self, items: object) -> tuple[list[Draft], list[int] | None]:
+        """Validate forwarded ``items`` (bytes-like, an Item, or an iterable of them) for
+        this queue; nothing is written.  A forwarded item may not carry ``dedup_id``
+        or ``unique_key``: the hand-off is itself exactly once, and an item left out as
+        a duplicate would leave the batch's ids out of step with what landed."""
+        self._ensure_open()
+        if isinstance(items, (bytes, bytearray, memoryview, Item)):
+            items = [items]
+        elif isinstance(items, str) or not isinstance(items, Iterable):
+            raise TypeError(
+                "forward's items must be bytes, an Item, or a list of them, "
+                f"not {type(items).__name__}"
+            )
+        drafts: list[Draft] = []
+        sizes: list[int] | None = [] if self._backlog is not None else None
+        for item in items:
+            if isinstance(item, Item):
+                if item.dedup_id is not None or item.unique_key is not None:
+                    raise ValueError(
+                        "a forwarded Item may not carry dedup_id or unique_key (the "
+                        "hand-off is exactly once already); nothing was forwarded"
+                    )
+                drafts.append(
+                    self._prepare(
+                        item.payload,
+                        item.headers,
+                        item.priority,
+                        item.ttl,
+                        None,
+                        item.delay,
+                        item.group,
+                        sizes,
+                    )
+                )
+            else:
+                drafts.append(self._prepare(item, None, Priority.MEDIUM, None, None, sizes=sizes))
+        return drafts, sizes
+
+    def _append_handoff(
+        self, key: bytes, drafts: list[Draft], sizes: list[int] | None, timeout: float | None
+    ) -> list[int]:
+        """Append forwarded ``drafts`` as one batch under the hand-off ``key``, once: if
+        the key already landed here, write nothing and return the ids it got then."""
+        count = len(drafts)
+        for position, draft in enumerate(drafts):
+            draft.handoff = (key, position, count)
+        try:
+            return self._append(drafts, sizes, timeout)
+        except HandedOff as landed:
+            return landed.ids
+
+    def _append_handoff_plain(self, key: bytes, payloads: list[bytes]) -> list[int]:
+        """:meth:`_append_handoff` for bytes payloads with no option and no feature hook:
+        the hand-off feature writes its record before the batch (as :meth:`_append_unique`
+        has the unique-jobs feature write its own).  No payloads: only look ``key`` up."""
+        taker = self._handoff_taker
+        assert taker is not None
+        count = len(payloads)
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            now = self._clock_offset_ns + self._clock_mono()
+            appends = self._appends
+            if appends is None:
+                first = self._next_id
+            else:
+                first, now = appends.begin(now)
+            try:
+                landed: list[int] | None
+                if not count:  # only the look-up: nothing is written
+                    landed = taker.handed_off(key) or []
+                else:
+                    try:
+                        landed = taker.take_handoff(key, first, count, now)
+                    except BaseException:
+                        taker.rollback()
+                        raise
+                if landed is None:
+                    segments = len(self._manager.segments)
+                    try:
+                        if first + count > self._reserved_until:
+                            self._reserve_ids(first + count)
+                        if count == 1:
+                            rotated = self._manager.append_one(
+                                self._encode_plain(first, now, payloads[0]), first, now
+                            )
+                        else:
+                            parts, sizes = self._encode_batch(first, now, payloads)
+                            self._manager.append(parts, sizes, first, now)
+                            rotated = len(self._manager.segments) != segments
+                    except BaseException:
+                        self._count_written(first)
+                        if self._next_id > first:
+                            taker.handoff_taken()  # in the log all the same: landed
+                        else:
+                            taker.rollback()
+                        raise
+                    ticket = self._appended(first, count, rotated)
+                    taker.handoff_taken()
+            finally:
+                if appends is not None:
+                    appends.end()
+            if landed is not None:
+                return landed
+            if rotated or self._waits.waiting or self._waits.listeners:
+                self._after_append()
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return list(range(first, first + count))
+
     def _append(
         self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
     ) -> list[int]:
@@ -1278,8 +1478,8 @@ class QueueCore(Closing):
 
         Room is made by the default reader's and named readers' acks, dead-letters,
         expiries, drops and purges in this handle (they notify the condition while
-        ``_room_waiting``), and in shared mode by other processes (the housekeeper
-        watches their journals while ``_waiting``).
+        ``Waits.room_waiting`` counts a waiter), and in shared mode by other processes
+        (the housekeeper watches their journals while ``Waits.waiting`` counts one).
         """
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
@@ -1548,6 +1748,17 @@ class QueueCore(Closing):
     def ack(self, message_id: int) -> None:
         """Mark a leased message done (see :meth:`Reader.ack`)."""
         self._default.ack(message_id)
+
+    def forward(
+        self,
+        message_id: int,
+        target: QueueCore,
+        items: Iterable[bytes | bytearray | memoryview | Item] | bytes | Item,
+        *,
+        timeout: float | None = 0,
+    ) -> list[int]:
+        """Hand a leased message's work on, exactly once (see :meth:`Reader.forward`)."""
+        return self._hand_off(self._default, message_id, target, items, timeout)
 
     def ack_batch(self, message_ids: Iterable[int]) -> None:
         """Mark several leased messages done at once (see :meth:`Reader.ack_batch`)."""

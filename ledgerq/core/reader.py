@@ -41,10 +41,10 @@ from ledgerq._errors import (
     QueueClosedError,
     UnknownMessageError,
 )
-from ledgerq._types import Message, ReaderStats
+from ledgerq._types import Item, Message, ReaderStats
 from ledgerq.core.args import check_count, check_delay, check_id, check_timeout
 from ledgerq.core.delays import NEVER_NS, DelayIndex
-from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
+from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector, handoff_prefix
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.processes import unpicklable
 from ledgerq.core.retry import RetryPolicy
@@ -1180,6 +1180,12 @@ class Reader:
         self._core = core
         self._removed = False
         self.name = core.name
+        self._handoff_prefix = b""  # (handoff_prefix, at the first forward)
+
+    def handoff_prefix(self) -> bytes:
+        """What this reader's hand-off keys start with (core/feature.handoff_prefix)."""
+        prefix = self._handoff_prefix = handoff_prefix(self._queue._real_path(), self.name)
+        return prefix
 
     def _ensure_usable(self) -> None:
         self._queue._ensure_open()
@@ -1352,6 +1358,33 @@ class Reader:
                 self._waits.wake()
         if queue._sync_always:
             core.journal.commit.wait_durable(ticket)
+
+    def forward(
+        self,
+        message_id: int,
+        target: QueueCore,
+        items: Iterable[bytes | bytearray | memoryview | Item] | bytes | Item,
+        *,
+        timeout: float | None = 0,
+    ) -> list[int]:
+        """Finish a leased message by handing its work on: enqueue ``items`` into the
+        queue ``target`` and ack ``message_id``, exactly once; return the ids in ``target``.
+
+        ``items``: bytes, an :class:`~ledgerq.Item`, or a list of them, written as one
+        batch (all or nothing), as :meth:`~ledgerq.Queue.enqueue_batch` writes them.
+        A message delivered again after a crash (kill -9 at any instant, in either
+        mode) whose items already landed adds nothing: this only acks it and returns
+        the ids its items got then.  Durability is ``target``'s (its ``sync``) for the
+        items and this queue's for the ack.  ``timeout`` is the wait for room in a
+        bounded ``target`` (as ``enqueue_batch``'s).
+
+        Raises, having written nothing: :class:`UnknownMessageError` if ``message_id``
+        is not leased by this reader (by this handle), ``ValueError`` if ``target`` is
+        this queue itself or an item carries ``dedup_id``/``unique_key``,
+        :class:`QueueClosedError` if ``target`` is closed, ``TypeError`` for anything
+        that is not a queue or items.
+        """
+        return self._queue._hand_off(self, message_id, target, items, timeout)
 
     def ack_batch(self, message_ids: Iterable[int]) -> None:
         """Ack several leased messages with one journal record (and at most one fsync).

@@ -7,6 +7,7 @@ from ledgerq.core.feature import Feature
 from ledgerq.features.compression import ZstdCompression, ZstdDecompression
 from ledgerq.features.dedup import DedupFeature
 from ledgerq.features.dlq import DeadLetterFeature, DeadLetterStore, OpenConfigured
+from ledgerq.features.forward import ForwardFeature
 from ledgerq.features.periodic import PeriodicFeature
 from ledgerq.features.priority import PriorityFeature
 from ledgerq.features.ttl import TTLFeature
@@ -27,6 +28,9 @@ def build_features(options: Options, open_configured: OpenConfigured) -> list[Fe
     features.append(UniqueFeature(options))
     # Always on too (no option: reads nothing until a queue has a periodic job).
     features.append(PeriodicFeature())
+    # Always on too (no option: any queue may be a forward's target; reads nothing until
+    # the first forward into it).
+    features.append(ForwardFeature())
     if options.dedup_window is not None:
         features.append(DedupFeature(options))
     if options.priorities:

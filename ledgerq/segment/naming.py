@@ -16,6 +16,7 @@
         retries.log             RETRIES_NAME: the last failure of each failing message
         unique.log              UNIQUE_NAME: the unique keys held
         periodic.log            PERIODIC_NAME: the periodic jobs and their last ticks
+        forwards.log            FORWARDS_NAME: the hand-off keys forwards brought here
       dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
       shared/                   SHARED_DIR: coordination of shared-mode handles
         OPENING                 OPENING_NAME: flock'ed while a shared handle opens
@@ -39,6 +40,7 @@ __all__ = [
     "DEDUP_NAME",
     "DLQ_DIR",
     "FEATURES_DIR",
+    "FORWARDS_NAME",
     "INDEX_SUFFIX",
     "LIVE_SUFFIX",
     "LOCK_NAME",
@@ -92,6 +94,7 @@ DEDUP_NAME = "dedup.log"
 RETRIES_NAME = "retries.log"
 UNIQUE_NAME = "unique.log"
 PERIODIC_NAME = "periodic.log"
+FORWARDS_NAME = "forwards.log"
 
 # Everything a queue directory may hold: a directory holding anything else and no
 # meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).

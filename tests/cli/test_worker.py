@@ -170,3 +170,24 @@ def test_byte_sizes_read_as_documented() -> None:
     assert size.convert("3kB", None, None) == 3000
     assert size.convert("1G", None, None) == 1 << 30
     assert size.convert("7B", None, None) == 7
+
+
+FORWARDING = """
+def handle(message):
+    return [message.payload + b".1", message.payload + b".2"]
+"""
+
+
+def test_worker_forwards_into_another_queue(tmp_path: Path) -> None:
+    q, out = tmp_path / "q", tmp_path / "out"
+    (tmp_path / "stage.py").write_text(FORWARDING)
+    with ledgerq.open(q) as queue:
+        queue.enqueue_batch([b"a", b"b"])
+    args = ("worker", q, "stage:handle", "--processes", "2", "--until-empty", "--json")
+    report = ok(*args, "--forward-to", out, cwd=tmp_path).json()
+    assert report == {"queue": str(q), "processed": 2, "failed": 0, "dead_lettered": 0, **NONE}
+    with ledgerq.open(out) as target:
+        assert sorted(m.payload for m in target.peek(10)) == [b"a.1", b"a.2", b"b.1", b"b.2"]
+    with ledgerq.open(q) as queue:
+        assert len(queue) == 0
+        assert queue.stats().acked == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import re
 import struct
 from pathlib import Path
@@ -66,6 +67,7 @@ CHECKED_TABLES = {
     "sealing-constants",
     "unique-record",
     "periodic-record",
+    "forward-record",
 }
 
 _MARKER = re.compile(r"<!--\s*table:\s*([\w-]+)\s*-->")
@@ -528,6 +530,42 @@ def test_unique_records_read_with_the_table_alone(tmp_path: Path) -> None:
             "timestamp": stamps[second][0],
             "expires": stamps[second][1],
         },
+    ]
+
+
+def test_forward_records_read_with_the_table_alone(tmp_path: Path) -> None:
+    """features/forwards.log decoded with the spec's header, framing and record table,
+    and the key derived as the table says."""
+    import xxhash
+
+    rows = table("forward-record")
+    assert [r["field"] for r in rows] == ["key", "first_id", "count", "timestamp"]
+    with ledgerq.open(tmp_path / "a") as a, ledgerq.open(tmp_path / "b") as b:
+        a.enqueue_batch([b"1", b"2"])
+        first, second = a.dequeue_batch(2)
+        a.forward(first.id, b, [b"x", b"y"])
+        a.forward(second.id, b, [ledgerq.Item(b"z", headers={"h": "v"})])
+        stamps = {m.id: m.timestamp for m in b.peek(3)}
+    data = (tmp_path / "b" / "features" / "forwards.log").read_bytes()
+    magic, version = struct.unpack_from("<4sI", data, 0)
+    assert (magic, version) == (b"LQFW", 2)
+    pos, records = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack_from("<I", data, pos)
+        assert struct.unpack_from("<I", data, pos + length - 4)[0] == crc32c.crc32c(
+            data[pos : pos + length - 4]
+        )
+        records.append(msgpack.unpackb(data[pos + 4 : pos + length - 4]))
+        pos += length
+    source = os.path.realpath(tmp_path / "a")
+
+    def key(message_id: int) -> bytes:
+        return xxhash.xxh3_128_digest(f"{source}\0default\0{message_id}\0".encode())
+
+    by_field = [dict(zip([r["field"] for r in rows], rec, strict=True)) for rec in records]
+    assert by_field == [
+        {"key": key(first.id), "first_id": 1, "count": 2, "timestamp": stamps[1]},
+        {"key": key(second.id), "first_id": 3, "count": 1, "timestamp": stamps[3]},
     ]
 
 

@@ -1,0 +1,349 @@
+"""Hand-offs: ``forward(id, target, items)`` lands ``items`` in the target exactly once.
+
+A forward names its source message by a 16-byte *hand-off key*, the xxh3-128 digest
+of (source queue directory, source reader, source message id; ``core.feature.handoff_key``).
+The target keeps the keys it took in ``features/forwards.log`` (framed msgpack records
+``[key, first_id, count, timestamp_ns]``, format/feature_state.py), created at the first
+forward into the queue: a queue that never receives one has no file and its enqueues pay nothing.
+
+Crash safety (docs/architecture.md, "Exactly-once hand-off").  Under the target's append
+lock the record is written *before* the items, which are one batch (all or nothing in
+the log: recovery cuts a partial batch); then the source acks.  So whatever instant a
+kill -9 hits, a source message that is delivered again either finds no record (nothing
+landed: the items are written now) or a record whose items are in the log (only the ack
+is done now, and the ids that landed are returned).  A record whose batch never reached
+the log (a kill between the two writes) is told apart as unique keys' are: it is
+*unverified* once read back from the file, until the entry it names is found in the log
+with the record's exact timestamp - one indexed read, when its key comes again (ids are
+never reused; an id another handle took after a dead one carries another timestamp).
+A record known to be verified - written by this handle, or rewritten - needs no read;
+one read back whose entry retention has deleted since (the items consumed, then their
+segment) cannot be told from one never written and counts as not landed: a duplicate
+is possible then, never a loss, and only after a kill between the items and the ack
+followed by that deletion before the redelivery.  A failed item write cuts its record
+back.  With ``sync="always"`` the record is fsynced before the items are
+written, so a power loss cannot keep the items and lose their record.
+
+The file keeps the newest ``KEEP_RECORDS`` keys: it is rewritten (temp file, rename)
+once it holds twice as many.  A source message delivered again after that many later
+forwards into the same target is not recognised.
+
+Shared mode: every handle appends under the append lock and reads what the others
+appended before looking a key up; a rewrite replaces the file and the others, seeing
+theirs unlinked, read the new one whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from typing import TYPE_CHECKING, Any
+
+from ledgerq.core.feature import Draft, Feature, HandedOff, handoff_key
+from ledgerq.format.checksum import checksum
+from ledgerq.format.errors import DecodeError
+from ledgerq.format.feature_state import (
+    FEATURE_VERSION,
+    decode_feature_file,
+    decode_feature_records,
+    encode_feature_file_header,
+)
+from ledgerq.segment.appendlog import AppendLog
+from ledgerq.segment.files import StorageError, make_durable_dir
+from ledgerq.segment.naming import FEATURES_DIR, FORWARDS_NAME
+
+if TYPE_CHECKING:
+    from ledgerq.core.queue import QueueCore
+
+__all__ = ["FORWARDS_MAGIC", "KEEP_RECORDS", "ForwardFeature", "handoff_key"]
+
+logger = logging.getLogger("ledgerq")
+
+FORWARDS_MAGIC = b"LQFW"
+KEEP_RECORDS = 65536  # hand-off keys kept after a rewrite
+_KEY_SIZE = 16
+# The timestamp of a rewritten record whose items this handle knew to be in the log.
+_VERIFIED = -1
+
+# One record, framed as format/feature_state.py frames it: a MessagePack array of fixed
+# width ints (valid MessagePack, read as any decoder reads the shortest form), so a
+# record is one struct.pack and one CRC (as features/unique.py writes its records).
+_LENGTH = struct.Struct("<I")
+assert _LENGTH.size == 4
+_FRAMED = struct.Struct(">4sBBB16sBQBQBq")  # length, then the body's MessagePack bytes
+assert _FRAMED.size == 50
+_RECORD_HEAD = _LENGTH.pack(_FRAMED.size + _LENGTH.size)
+_pack_framed = _FRAMED.pack
+_pack_length = _LENGTH.pack
+
+
+def _encode_record(key: bytes, first_id: int, count: int, timestamp: int) -> bytes:
+    """The framed record of ``[key, first_id, count, timestamp]``."""
+    framed = _pack_framed(
+        _RECORD_HEAD, 0x94, 0xC4, _KEY_SIZE, key, 0xCF, first_id, 0xCF, count, 0xD3, timestamp
+    )
+    return framed + _pack_length(checksum(framed))
+
+
+def _record(value: Any) -> tuple[bytes, int, int, int] | None:
+    """``(key, first_id, count, timestamp)`` of a decoded record, or None (damaged or
+    hostile: exact types only)."""
+    if type(value) is not list or len(value) != 4:
+        return None
+    key, first_id, count, timestamp = value
+    if type(key) is not bytes or len(key) != _KEY_SIZE:
+        return None
+    if not all(type(x) is int for x in (first_id, count, timestamp)):
+        return None
+    if first_id < 1 or count < 1:
+        return None
+    return key, first_id, count, timestamp
+
+
+class ForwardFeature(Feature):
+    """Take each hand-off key once (always on; see the module)."""
+
+    name = "forward"
+    ignores_plain = True  # only drafts with a hand-off key: the plain paths skip this
+
+    def __init__(self) -> None:
+        # key -> (first id, count, timestamp or _VERIFIED), oldest first
+        self._taken: dict[bytes, tuple[int, int, int]] = {}
+        # (key, first id, count, stamp) admitted in the current call, not yet written
+        self._provisional: tuple[bytes, int, int, int] | None = None
+        self._written_at: int | None = None  # the file's size before this call's record
+        self._log: AppendLog | None = None
+        self._path = ""
+        self._queue: QueueCore | None = None
+        self._shared = False
+        self._sync_always = False
+        self._records = 0
+
+    def attach(self, queue: QueueCore) -> None:
+        # Nothing is read or created here: at the first forward into the queue (_load).
+        self._queue = queue
+        self._shared = queue.shared
+        self._sync_always = queue.options.sync == "always"
+        self._path = os.path.join(queue.path, FEATURES_DIR, FORWARDS_NAME)
+
+    # ------------------------------------------------------------------ the file
+
+    def _load(self) -> AppendLog:
+        """Open the file (creating it if missing) and read it whole (lock held)."""
+        queue = self._queue
+        assert queue is not None
+        log = AppendLog(self._path, "hand-off keys")
+        log.on_full = lambda: queue.make_room()
+        if not os.path.exists(self._path):
+            make_durable_dir(os.path.dirname(self._path))
+            log.replace(encode_feature_file_header(FORWARDS_MAGIC))
+            self._log = log
+            return log
+        log.open(0, cut=False)  # news() reads it whole; settle() cuts a torn tail
+        log.size = 0
+        self._log = log
+        self._catch_up(log)
+        return log
+
+    def _catch_up(self, log: AppendLog) -> None:
+        """Apply what the file holds past what was read (other handles' records)."""
+        queue = self._queue
+        assert queue is not None
+        news = log.news()
+        if news is None:
+            return
+        data, replaced = news
+        base = log.size
+        if replaced or base == 0:
+            self._taken.clear()
+            self._records = 0
+            try:
+                found = decode_feature_file(data, FORWARDS_MAGIC)
+            except DecodeError:
+                logger.warning("ledgerq: %s is unreadable; no hand-off key is known", log.path)
+                queue.note_corrupt_skipped(1)
+                log.replace(encode_feature_file_header(FORWARDS_MAGIC))
+                return
+        else:
+            found = decode_feature_records(data, 0)
+        if found.damaged:
+            logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, log.path)
+            queue.note_corrupt_skipped(found.damaged)
+        taken = self._taken
+        for value in found.values:
+            record = _record(value)
+            if record is None:
+                queue.note_corrupt_skipped(1)
+                continue
+            key, first_id, count, timestamp = record
+            taken.pop(key, None)  # to the end: the table stays in file order
+            taken[key] = (first_id, count, timestamp)
+        self._records += len(found.values)
+        log.settle(base + found.end)
+        if found.version != FEATURE_VERSION:
+            self._rewrite(log)
+
+    def _rewrite(self, log: AppendLog) -> None:
+        """Replace the file with the newest KEEP_RECORDS keys (append lock held)."""
+        taken = self._taken
+        while len(taken) > KEEP_RECORDS:
+            del taken[next(iter(taken))]
+        blob = encode_feature_file_header(FORWARDS_MAGIC) + b"".join(
+            _encode_record(key, *noted) for key, noted in taken.items()
+        )
+        log.replace(blob)
+        self._records = len(taken)
+
+    # ------------------------------------------------------------------ deciding
+
+    def _landed(self, key: bytes) -> list[int] | None:
+        """The ids the hand-off ``key`` landed, or None if it did not (lock held)."""
+        noted = self._taken.get(key)
+        if noted is None:
+            return None
+        first_id, count, timestamp = noted
+        if timestamp != _VERIFIED:
+            queue = self._queue
+            assert queue is not None
+            entry = queue.entry_of(first_id)
+            if entry is None or entry.timestamp != timestamp:
+                # Never written (a kill between the record and the items; the id may
+                # have gone to another append since) - or, past retention, deleted:
+                # a duplicate then, never a loss (see the module).
+                del self._taken[key]
+                return None
+            self._taken[key] = (first_id, count, _VERIFIED)
+        return list(range(first_id, first_id + count))
+
+    def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
+        handoff = draft.handoff
+        if handoff is None:
+            return None
+        key, position, count = handoff
+        if position == 0:
+            landed = self._look_up(key)
+            if landed is not None:
+                raise HandedOff(landed)
+            self._provisional = (key, candidate_id, count, now_ns)  # (now_ns: the items' stamp)
+        return None
+
+    def handed_off(self, key: bytes) -> list[int] | None:
+        """The ids ``key`` landed, or None (lock held): a forward of no items."""
+        if self._log is None and not os.path.exists(self._path):
+            return None  # never forwarded into: nothing to look up, no file to make
+        return self._look_up(key)
+
+    def _look_up(self, key: bytes) -> list[int] | None:
+        """Read the file's news, then :meth:`_landed` (lock held)."""
+        log = self._log
+        if log is None:
+            self._load()
+        elif self._shared:
+            self._catch_up(log)
+        return self._landed(key)
+
+    def take_handoff(self, key: bytes, first_id: int, count: int, now_ns: int) -> list[int] | None:
+        """The core's path for a batch of bytes payloads (lock held): the ids ``key``
+        landed before; or None, having written its record - the entries come next, then
+        :meth:`handoff_taken` (or :meth:`rollback`)."""
+        log = self._log
+        if log is None:
+            log = self._load()
+        elif self._shared:
+            self._catch_up(log)
+        if key in self._taken:
+            landed = self._landed(key)
+            if landed is not None:
+                return landed
+        self._provisional = (key, first_id, count, now_ns)
+        size = log.size
+        # _encode_record, inlined: one call fewer per forward
+        framed = _pack_framed(
+            _RECORD_HEAD, 0x94, 0xC4, _KEY_SIZE, key, 0xCF, first_id, 0xCF, count, 0xD3, now_ns
+        )
+        log.append_record(framed + _pack_length(checksum(framed)))  # (or raises)
+        self._written_at = size
+        if self._sync_always:
+            log.sync()  # before the entries (see before_append)
+        return None
+
+    def handoff_taken(self) -> None:
+        """The entries of :meth:`take_handoff` are written (lock held)."""
+        provisional = self._provisional
+        assert provisional is not None
+        key, first_id, count, _ = provisional
+        self._provisional = self._written_at = None
+        taken = self._taken
+        if key in taken:
+            del taken[key]  # (an unverified record of it, found never written)
+        taken[key] = (first_id, count, _VERIFIED)
+        self._records += 1
+        if self._records >= 2 * KEEP_RECORDS:
+            self._rewrite_soon()
+
+    def before_append(self) -> None:
+        provisional = self._provisional
+        if provisional is None:
+            return
+        queue = self._queue
+        log = self._log
+        assert queue is not None
+        assert log is not None
+        size = log.size
+        log.append_record(_encode_record(*provisional))  # raises having written nothing
+        self._written_at = size
+        if self._sync_always:
+            # Before the items: a power loss must not keep them and lose the record.
+            log.sync()
+
+    def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
+        provisional = self._provisional
+        if provisional is None:
+            return
+        key, noted_first, count, _ = provisional
+        self._provisional = None
+        self._written_at = None
+        taken = self._taken
+        taken.pop(key, None)
+        taken[key] = (noted_first, count, _VERIFIED)
+        self._records += 1
+        if self._records >= 2 * KEEP_RECORDS:
+            self._rewrite_soon()
+
+    def _rewrite_soon(self) -> None:
+        """The file holds twice KEEP_RECORDS records: keep the newest (lock held)."""
+        log = self._log
+        if log is None:
+            return
+        try:
+            self._rewrite(log)
+        except StorageError as exc:
+            logger.warning("ledgerq: %s; the hand-off file is rewritten later", exc)
+
+    def rollback(self) -> None:
+        provisional, self._provisional = self._provisional, None
+        written_at, self._written_at = self._written_at, None
+        queue = self._queue
+        if provisional is not None and queue is not None and queue._next_id > provisional[1]:
+            # The items reached the log all the same (a rotation failed after the
+            # write): the hand-off happened, its record stays.
+            self._taken[provisional[0]] = (provisional[1], provisional[2], _VERIFIED)
+            return
+        if written_at is not None and self._log is not None:
+            # The record is written, its items not: cut it back.  If that fails too it
+            # stays, unverifiable - no entry has its id and timestamp.
+            try:
+                self._log.settle(written_at)
+            except StorageError as exc:
+                logger.warning("ledgerq: %s; an unused hand-off record stays", exc)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self) -> None:
+        if self._log is not None and self._log.is_open:
+            self._log.sync()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
