@@ -15,7 +15,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
         "ledgerq.celery needs kombu (and Celery for workers): pip install 'ledgerq[celery]'"
     ) from exc
 
-from ledgerq.celery.names import BrokerURLError, InvalidNameError
+from ledgerq.celery._names import BrokerURLError, InvalidNameError
 
 __all__ = ["TRANSPORT", "BrokerURLError", "InvalidNameError", "register"]
 

@@ -5,14 +5,14 @@ kombu routes (exchanges, bindings) and this module stores.  Each kombu queue is 
 ledgerq queue ``<root>/queues/<name>``, opened in shared mode (``ledgerq.open(...,
 shared=True)``) by every process that uses it, so producers and workers in any number of
 processes meet there; each exchange's bindings are a file under ``<root>/exchanges``
-(:mod:`ledgerq.celery.bindings`) so a broadcast reaches every worker.
+(:mod:`ledgerq.celery._bindings`) so a broadcast reaches every worker.
 
 What kombu's verbs become (docs/celery.md says why):
 
 =============================  ===========================================================
 kombu                           ledgerq
 =============================  ===========================================================
-publish                         ``enqueue`` of the message dict (:mod:`ledgerq.celery.codec`);
+publish                         ``enqueue`` of the message dict (:mod:`ledgerq.celery._codec`);
                                 a future ``eta`` header becomes ``delay=``
 get / consume                   ``dequeue`` - a lease held by this connection's handle
 ack                             ``ack``
@@ -32,7 +32,7 @@ process dies (SIGKILL, OOM) the shared queue gives its leases to the other proce
 within a second, as failed deliveries - at-least-once for ``task_acks_late=True``.
 
 With an encryption key (``encryption_key`` / ``encryption_key_file``:
-:mod:`ledgerq.celery.keys`) every queue is opened - and so created - with it, and the
+:mod:`ledgerq.celery._keys`) every queue is opened - and so created - with it, and the
 key is checked against the broker's queues when the connection is established.
 """
 
@@ -53,11 +53,12 @@ from typing import Any, NamedTuple
 from kombu.transport import virtual
 
 import ledgerq
-from ledgerq.celery import codec, keys
-from ledgerq.celery.bindings import Binding, BindingTables
-from ledgerq.celery.names import BrokerURLError, broker_root, check_name
-from ledgerq.celery.temporary import TemporaryQueues
-from ledgerq.celery.wakeup import Wakeup
+from ledgerq.celery import _codec as codec
+from ledgerq.celery import _keys as keys
+from ledgerq.celery._bindings import Binding, BindingTables
+from ledgerq.celery._names import BrokerURLError, broker_root, check_name
+from ledgerq.celery._temporary import TemporaryQueues
+from ledgerq.celery._wakeup import Wakeup
 
 __all__ = ["Channel", "QoS", "Transport"]
 
@@ -229,7 +230,7 @@ class Transport(virtual.Transport):
       woken - new messages wake it at once, from any process;
     - ``encryption_key`` (32 bytes, or 64 hex digits) or ``encryption_key_file`` (a
       path, read as ``ledgerq --key-file`` reads one): every queue is encrypted with
-      it (:mod:`ledgerq.celery.keys`).
+      it (:mod:`ledgerq.celery._keys`).
     """
 
     Channel = Channel

@@ -6,7 +6,7 @@ Tasks queue (``<path>/queues/<name>``, opened in shared mode, so any number of
 processes enqueue and work at once): its path, arguments and kwargs as JSON, its
 priority as a ledgerq level (the sign of the priority: docs/django.md), ``run_after``
 as a ``delay``.  ``get_result`` reads the result from any process.  The worker side is
-``python manage.py ledgerq_worker`` (:mod:`ledgerq.django.worker`).
+``python manage.py ledgerq_worker`` (:mod:`ledgerq.django._worker`).
 
 Handles and database connections are per process (a forked child - a Django
 prefork server's worker, a pool's task process - opens its own) and shared by every

@@ -19,8 +19,8 @@ import pytest
 
 import ledgerq
 from ledgerq.celery import BrokerURLError, InvalidNameError
-from ledgerq.celery.bindings import Binding, BindingTables
-from ledgerq.celery.codec import decode, eta_delay
+from ledgerq.celery._bindings import Binding, BindingTables
+from ledgerq.celery._codec import decode, eta_delay
 from tests._child import REPO, Children, child_environment
 
 
@@ -255,7 +255,7 @@ def test_a_broadcast_to_a_temporary_queue_its_owner_removed_is_not_made_again(
 # keeps for the queue).
 _REPLIER = """
 import sys, ledgerq
-from ledgerq.celery import codec
+from ledgerq.celery import _codec as codec
 q = ledgerq.open(sys.argv[1], shared=True, remember_options=False)
 print("ready", flush=True)
 for line in sys.stdin:

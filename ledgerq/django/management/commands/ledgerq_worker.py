@@ -12,8 +12,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledgerq.django import _compat
+from ledgerq.django._worker import PoolSettings, serve
 from ledgerq.django.backend import LedgerQBackend
-from ledgerq.django.worker import PoolSettings, serve
 
 
 def _positive_int(text: str) -> int:

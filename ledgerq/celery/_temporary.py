@@ -23,7 +23,7 @@ import os
 import time
 from typing import NamedTuple
 
-from ledgerq.celery.names import check_name
+from ledgerq.celery._names import check_name
 
 __all__ = ["TemporaryQueue", "TemporaryQueues"]
 

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from ledgerq.celery.names import check_name
+from ledgerq.celery._names import check_name
 
 __all__ = ["Binding", "BindingTables"]
 
