@@ -47,7 +47,6 @@ from ledgerq._queue import Queue
 from ledgerq._rekey import rekey
 from ledgerq._types import Message, PeriodicJob
 from ledgerq.core.journal import ReaderJournal  # repair only: it writes
-from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.reader import Reader
 from ledgerq.features.periodic import read_jobs
 from ledgerq.format.entry import Entry, EntryFlags
@@ -71,6 +70,7 @@ from ledgerq.segment.layout import (
 from ledgerq.segment.lock import DirLock  # repair only: it writes
 from ledgerq.segment.meta import (  # repair only: it writes
     DELIVER_AT_VERSION,
+    ID_BLOCK,
     NEWEST_VERSION,
     DamagedMetaError,
     MetaStore,

@@ -218,6 +218,7 @@ class Holdings:
     __slots__ = (
         "cores",
         "dirlock",
+        "disk_reserve",
         "features",
         "flusher",
         "forked",
@@ -227,7 +228,6 @@ class Holdings:
         "options",
         "path",
         "queue",
-        "reserve",
         "stop_flusher",
         "tally",
     )
@@ -247,7 +247,7 @@ class Holdings:
         self.dirlock = queue._dirlock
         self.stop_flusher = queue._stop_flusher
         self.flusher = queue._flusher
-        self.reserve = queue._reserve
+        self.disk_reserve = queue._disk_reserve
         self.forked = False  # set in a forked child: nothing here is this process's
 
     def release(self, *, next_id: int, reserved_until: int, enqueued: int) -> list[Exception]:
@@ -354,7 +354,7 @@ class Holdings:
 
     def make_room(self) -> bool:
         """See :func:`make_room`."""
-        return make_room(self.reserve, self.cores, self.queue, self.path)
+        return make_room(self.disk_reserve, self.cores, self.queue, self.path)
 
 
 def make_room(
@@ -380,7 +380,7 @@ def make_room(
     )
     queue = queue_ref()
     if queue is not None:
-        queue._reserved_until = 0  # close the append gate: _reserve_ids checks the reserve
+        queue._append_gate = 0  # close the append gate: _reserve_ids checks the reserve
     for core in cores.values():
         core.journal.set_low_space(True)
     return True

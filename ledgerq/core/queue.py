@@ -66,7 +66,6 @@ from ledgerq.core.feature import (
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, finalize_unclosed, make_room
 from ledgerq.core.lifecycle import attempt as _attempt
-from ledgerq.core.meta import ID_BLOCK
 from ledgerq.core.processes import forked_error, track, tracked, unpicklable, untrack
 from ledgerq.core.reader import (
     Reader,
@@ -96,6 +95,7 @@ from ledgerq.segment.layout import subtract_ranges
 from ledgerq.segment.lock import DirLock, LockFile, lock_mode_holding
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import (
+    ID_BLOCK,
     DamagedMetaError,
     Meta,
     MetaStore,
@@ -326,10 +326,10 @@ class QueueCore(Closing):
             copy.encryption if copy else None,
         )
         counters = meta.counters
-        self._reserve = self._new_disk_reserve()
+        self._disk_reserve = self._new_disk_reserve()
         # Not a method of the queue (see lifecycle): the journals keep it.
         self._make_room = functools.partial(
-            make_room, self._reserve, self._cores, weakref.ref(self), self.path
+            make_room, self._disk_reserve, self._cores, weakref.ref(self), self.path
         )
         recovering = self._open_log(meta)
         self._log_commit = GroupCommit(self._manager.sync_active)
@@ -413,7 +413,7 @@ class QueueCore(Closing):
             sync_on_rotate=opts.sync == "always",
         )
         self._recover_log(meta)
-        self._reserve_ids_at_open()
+        self._reserve_first_ids()
         return True
 
     def _new_disk_reserve(self) -> DiskReserve:
@@ -429,7 +429,7 @@ class QueueCore(Closing):
         )
         self._keeper.note_loaded(self._manager, self._tally)
         floor = meta.next_id if meta.clean else max(meta.next_id, meta.reserved_until)
-        self._reserve.ensure()  # before recovery: its space can take recovery's writes
+        self._disk_reserve.ensure()  # before recovery: its space can take recovery's writes
         self._open_segments(floor)
         if meta.gaps_from is None:
             # First open by a ledgerq that records its gaps: the gaps below this id (of
@@ -443,15 +443,15 @@ class QueueCore(Closing):
             0, self._manager.log_next_id - counters.get("enqueued_through", meta.next_id)
         )
 
-    def _reserve_ids_at_open(self) -> None:
+    def _reserve_first_ids(self) -> None:
         """Save the first id reservation, and open the append gate if the disk allows.
 
         The durable id reservation, and the gate of the append paths: an append of an
-        id at or past _reserved_until takes the slow path (_reserve_ids) first.  The
+        id at or past _append_gate takes the slow path (_reserve_ids) first.  The
         gate is closed (set low) while the disk reserve is spent, or while the
         reservation could not be saved, so the fast paths pay nothing for either.
         """
-        self._ids_reserved_until = self._reserved_until = self._next_id
+        self._ids_reserved_until = self._append_gate = self._next_id
         try:
             self._ids_reserved_until = self._next_id + ID_BLOCK
             self._save_meta(clean=False)
@@ -461,8 +461,8 @@ class QueueCore(Closing):
             self._ids_reserved_until = self._next_id
             logger.warning("ledgerq: %s; the first enqueue will reserve ids", exc)
         else:
-            if self._reserve.is_held:  # else the gate stays closed: see _reserve_ids
-                self._reserved_until = self._ids_reserved_until
+            if self._disk_reserve.is_held:  # else the gate stays closed: see _reserve_ids
+                self._append_gate = self._ids_reserved_until
 
     def _new_holdings(self) -> Holdings:
         return Holdings(self)
@@ -528,7 +528,7 @@ class QueueCore(Closing):
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
         journal = self._new_journal(name)
         journal.on_full = self._make_room
-        journal.set_low_space(not self._reserve.is_held)
+        journal.set_low_space(not self._disk_reserve.is_held)
         is_new = not os.path.exists(journal.path)
         try:
             with storage_errors("open reader state", journal.path):
@@ -729,7 +729,7 @@ class QueueCore(Closing):
             with storage_errors("open the segments in", self._manager.directory):
                 self._manager.open(min_next_id=floor)
         except StorageError as exc:
-            if exc.errno != errno.ENOSPC or not self._reserve.release():
+            if exc.errno != errno.ENOSPC or not self._disk_reserve.release():
                 raise
             logger.warning("ledgerq: %s; opening again with the disk reserve's space", exc)
             self._manager.close()
@@ -739,11 +739,11 @@ class QueueCore(Closing):
 
     # ------------------------------------------------------------------ the disk reserve
 
-    def _restore_reserve(self) -> bool:
+    def _restore_disk_reserve(self) -> bool:
         """Write the reserve again if it was released and there is room; True if held."""
-        if self._reserve.is_held:
+        if self._disk_reserve.is_held:
             return True
-        if not self._reserve.ensure():
+        if not self._disk_reserve.ensure():
             return False
         logger.warning("ledgerq: %s has room again: its disk reserve is back", self.path)
         for reader in self._readers.values():
@@ -938,7 +938,7 @@ class QueueCore(Closing):
                     else self._encode_plain(message_id, now, payload)
                 )
                 try:
-                    if message_id >= self._reserved_until:
+                    if message_id >= self._append_gate:
                         self._reserve_ids(message_id + 1)
                     rotated = self._manager.append_one(record, message_id, now)
                 except BaseException:
@@ -988,7 +988,7 @@ class QueueCore(Closing):
                 if held is None:
                     record = self._encode_plain(message_id, now, payload)
                     try:
-                        if message_id >= self._reserved_until:
+                        if message_id >= self._append_gate:
                             self._reserve_ids(message_id + 1)
                         rotated = self._manager.append_one(record, message_id, now)
                     except BaseException:
@@ -1037,7 +1037,7 @@ class QueueCore(Closing):
                 parts, sizes = self._encode_batch(first, now, payloads)
                 segments = len(self._manager.segments)
                 try:
-                    if first + count > self._reserved_until:
+                    if first + count > self._append_gate:
                         self._reserve_ids(first + count)
                     self._manager.append(parts, sizes, first, now)
                 except BaseException:
@@ -1254,7 +1254,7 @@ class QueueCore(Closing):
                 if landed is None:
                     segments = len(self._manager.segments)
                     try:
-                        if first + count > self._reserved_until:
+                        if first + count > self._append_gate:
                             self._reserve_ids(first + count)
                         if count == 1:
                             rotated = self._manager.append_one(
@@ -1369,7 +1369,7 @@ class QueueCore(Closing):
         segments = len(self._manager.segments)
         try:
             records = self._encode_drafts(to_write, first, now)
-            if first + count > self._reserved_until:
+            if first + count > self._append_gate:
                 self._reserve_ids(first + count)
             for feature in self._preparers:
                 feature.before_append()
@@ -1522,7 +1522,7 @@ class QueueCore(Closing):
             self._manager.directory,
             OSError(
                 errno.ENOSPC,
-                f"No space left for messages (the last {self._reserve.size // 1024} KiB "
+                f"No space left for messages (the last {self._disk_reserve.size // 1024} KiB "
                 "are kept for acks, which free space)",
             ),
         )
@@ -1541,14 +1541,14 @@ class QueueCore(Closing):
         stays the one in memory too - otherwise the next append would believe itself
         covered and write ids no durable record reserves.
         """
-        if not self._restore_reserve():
+        if not self._restore_disk_reserve():
             self._refuse_full_disk()
         appends = self._appends
         if appends is not None:
             # Another handle may have raised the reservation already (the page's copy).
             self._ids_reserved_until = max(self._ids_reserved_until, appends.reserved_until())
         if end <= self._ids_reserved_until:  # the gate was closed for the reserve only
-            self._reserved_until = self._ids_reserved_until
+            self._append_gate = self._ids_reserved_until
             return
         previous = self._ids_reserved_until
         self._ids_reserved_until = end + ID_BLOCK
@@ -1559,7 +1559,7 @@ class QueueCore(Closing):
             raise
         if appends is not None:
             appends.publish_reserved(self._ids_reserved_until)
-        self._reserved_until = self._ids_reserved_until
+        self._append_gate = self._ids_reserved_until
 
     def _appended(self, first: int, count: int, rotated: bool) -> int:
         """Account ``count`` entries from id ``first`` now in the log (lock held).
@@ -1883,8 +1883,8 @@ class QueueCore(Closing):
                 self._appends.retire_consumed()
         except StorageError as exc:
             logger.warning("ledgerq: retention could not delete a segment (%s)", exc)
-        if len(self._manager.segments) < segments and not self._reserve.is_held:
-            self._restore_reserve()  # the space of a deleted segment refills it first
+        if len(self._manager.segments) < segments and not self._disk_reserve.is_held:
+            self._restore_disk_reserve()  # the space of a deleted segment refills it first
 
     def _apply_retention(self) -> None:
         """Apply retention (lock held); cheap when there is nothing to delete.
@@ -1979,7 +1979,7 @@ class QueueCore(Closing):
         with self._lock:
             self._ensure_open()
             self._apply_retention()
-            self._restore_reserve()
+            self._restore_disk_reserve()
             for reader in self._readers.values():
                 reader._core.checkpoint()
 

@@ -87,7 +87,7 @@ class SharedAppends:
         while the disk reserve is spent."""
         self._begin_append()
         if self._memory[SLOT_RESERVE_SPENT]:
-            self._queue._reserved_until = 0
+            self._queue._append_gate = 0
         active = self._manager.segments[-1]
         newest = active.last_timestamp
         # (SegmentManager.next_id, inlined)

@@ -546,7 +546,7 @@ class SharedQueueCore(QueueCore):
             # reserve's space, on a new manager - the first one is closed)
             manager = self._manager
             assert isinstance(manager, SharedSegmentManager)
-            self._reserve_ids_at_open()
+            self._reserve_first_ids()
             self._forget_dead_handles()
             old = self._old_page_counters(page_path)
             counters = {
@@ -560,7 +560,7 @@ class SharedQueueCore(QueueCore):
             self._locking = LOCKING_WORDS if wants_lock_words() else LOCKING_FLOCK
 
             def write() -> None:
-                counters["reserve_spent"] = 0 if self._reserve.is_held else 1
+                counters["reserve_spent"] = 0 if self._disk_reserve.is_held else 1
                 write_page(
                     page_path,
                     encode_page(
@@ -585,7 +585,7 @@ class SharedQueueCore(QueueCore):
             self._append_lock = self._step_lock(APPEND_LOCK, self._append_file, "the append lock")
             manager.set_append_lock(self._append_lock)
             tally.attach(page)
-            self._attach_reserve(page)
+            self._attach_disk_reserve(page)
             manager.set_claim_region(self._claim_region)
             return True
         page = SharedPage(page_path)
@@ -599,12 +599,12 @@ class SharedQueueCore(QueueCore):
             manager.join()
         self._next_id = manager.next_id
         self._start_clock()
-        self._attach_reserve(page)
-        self._reserve.ensure()  # the queue's: written if missing and there is room
+        self._attach_disk_reserve(page)
+        self._disk_reserve.ensure()  # the queue's: written if missing and there is room
         self._ids_reserved_until = page.get(SLOT_RESERVED_UNTIL)
-        # The append gate (see QueueCore._reserve_ids_at_open): closed while the reserve
+        # The append gate (see QueueCore._reserve_first_ids): closed while the reserve
         # is spent (the page's word is checked at every append too).
-        self._reserved_until = self._ids_reserved_until if self._reserve.is_held else 0
+        self._append_gate = self._ids_reserved_until if self._disk_reserve.is_held else 0
         self._enqueued = _enqueued(page, self._next_id)  # (stats() reads the page)
         return False
 
@@ -700,8 +700,8 @@ class SharedQueueCore(QueueCore):
     def _new_disk_reserve(self) -> SharedDiskReserve:
         return SharedDiskReserve(os.path.join(self.path, RESERVE_NAME))
 
-    def _attach_reserve(self, page: SharedPage) -> None:
-        reserve = self._reserve
+    def _attach_disk_reserve(self, page: SharedPage) -> None:
+        reserve = self._disk_reserve
         assert isinstance(reserve, SharedDiskReserve)
         reserve.attach(page, self.appends_locked)
         manager = self._manager
@@ -1036,7 +1036,7 @@ class SharedQueueCore(QueueCore):
                 core.checkpoint()
                 core.publish_head()
             self._retire_consumed()
-            self._restore_reserve()
+            self._restore_disk_reserve()
 
     # ------------------------------------------------------------------ readers
 

@@ -5,7 +5,13 @@ The files are JSON (``docs/format.md`` lists their fields; a test keeps the two 
 step).  ``meta.json`` is read by the queue when it opens and by every reader that works
 without the queue's lock (``ledgerq.segment.readonly``), and replaced atomically (temp
 file, fsync, rename, fsync of the directory) - so a reader sees the old file or the new
-one.  Why ids are *reserved* through it is explained in ``ledgerq.core.meta``.
+one.
+
+Ids are never reused, even when a power cut loses entries whose ids were already
+returned.  So ids are *reserved* in blocks of :data:`ID_BLOCK`: before handing out an id
+at or past ``reserved_until``, the queue durably records a new ``reserved_until`` a
+block further on (``QueueCore._reserve_ids``).  After an unclean shutdown the next id is
+at least ``reserved_until``; after a clean close it is exactly ``next_id``.
 
 ``meta.json`` is rewritten often (every id block, every open and close); a file
 rewritten often is the one a full disk, a careless script or a bad restore damages.
@@ -36,6 +42,7 @@ from ledgerq.segment.naming import (
 
 __all__ = [
     "DELIVER_AT_VERSION",
+    "ID_BLOCK",
     "ENCRYPTED_VERSION",
     "FORMAT_VERSION",
     "NEWEST_VERSION",
@@ -71,6 +78,8 @@ DELIVER_AT_VERSION = 2
 # its sealed entries for damage, or rewriting meta.json without the key check.
 ENCRYPTED_VERSION = 3
 NEWEST_VERSION = ENCRYPTED_VERSION  # the newest version this ledgerq reads
+
+ID_BLOCK = 1 << 20  # ids reserved ahead at a time (see the module's docstring)
 
 
 class DamagedMetaError(NotAQueueError):

@@ -7,7 +7,7 @@ again next time rather than write ids that no durable record covers.
 
 The save is made to fail for real: a directory where the temporary ``meta.json.tmp``
 must be created (EISDIR).  Reaching the end of a reservation block takes a million ids,
-so the tests move the in-memory edge of the reservation instead (``_reserved_until``).
+so the tests move the in-memory edge of the reservation instead (``_append_gate``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 import ledgerq
 from ledgerq import Item
-from ledgerq.core.meta import ID_BLOCK
+from ledgerq.segment.meta import ID_BLOCK
 
 Append = Callable[[ledgerq.Queue], list[int]]
 
@@ -47,7 +47,7 @@ def test_a_failed_reservation_appends_nothing_and_is_retried(tmp_path: Path, kin
     with ledgerq.open(path, **options) as q:
         assert q.enqueue(b"first") == 1
         # The next append must reserve ids first (the durable reservation, and the gate).
-        q._reserved_until = q._ids_reserved_until = q.stats().next_id
+        q._append_gate = q._ids_reserved_until = q.stats().next_id
         saved = _meta(path)
         blocker = path / "meta.json.tmp"
         blocker.mkdir()  # where the meta save writes its temporary file
