@@ -168,3 +168,23 @@ def test_bad_columns_fail_when_the_read_is_made(
 
     with pytest.raises(ledgerq.ConfigError, match=reason):
         read_options({"path": str(tree), "columns": given})
+
+
+def test_a_stream_reads_the_asked_columns(spark: Any, tmp_path: Path) -> None:
+    from tests.spark.helpers import await_termination
+
+    source, sink = tmp_path / "queues", tmp_path / "sink"
+    with ledgerq.open(source / "a", segment_size=256) as q:
+        q.enqueue_batch([b"a%d" % i for i in range(30)])
+    stream = spark.readStream.format("ledgerq").option("columns", "payload,id").load(str(source))
+    assert stream.schema.fieldNames() == ["payload", "id"]
+    query = (
+        stream.writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    await_termination(query)
+    rows = spark.read.parquet(str(sink)).collect()
+    assert sorted((r["id"], r["payload"]) for r in rows) == [(i + 1, b"a%d" % i) for i in range(30)]
