@@ -18,6 +18,11 @@ Run by hand (it is not part of the test suite).  Method:
   the ``noop`` sink, which materialises every column of every row;
 * each variant first runs once untimed (Python worker start-up, JIT); the table shows
   the median and the min-max of ``--repeats`` timed runs (no means), as rows/s;
+* the CPU time each run costs, the JVM's and its Python workers' together (read from
+  ``/proc``, Linux only): on a shared machine, wall times swing with other work, CPU
+  time much less, so its ratio is the steadier comparison;
+* two columns (``id``, ``payload``): ``select`` after a whole read, option ``columns``,
+  and Parquet's ``select`` (which reads only those columns);
 * also measured: the same scan without Spark, in this process (the Python cost per row
   that Spark's workers pay), a pushed-down id range against the same filter applied by
   Spark after a full scan, and a write of the rows back into sharded queues.
@@ -39,6 +44,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 FLOOR_NAME = "the same rows made in memory by a Python data source that reads nothing"
+TWO = ("id", "payload")
+TWO_SELECT = "ledgerq (enqueue_batch), select(id, payload) of a whole read"
+TWO_OPTION = "ledgerq (enqueue_batch), option columns=id,payload"
+TWO_PARQUET = "Parquet, select(id, payload)"
 
 
 def _build(root: Path, payloads: list[bytes], queues: int, *, batch: bool) -> None:
@@ -67,6 +76,31 @@ def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
         fn()
         times.append(time.perf_counter() - start)
     return times
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` and its descendants (Linux ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        parents[int(name)] = int(fields[1])
+        # utime, stime, and those of waited-for children
+        used[int(name)] = sum(int(v) for v in fields[11:15]) / tick
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        total += used.get(current, 0.0)
+        stack.extend(child for child, parent in parents.items() if parent == current)
+    return total
 
 
 def _rate(rows: int, times: list[float]) -> str:
@@ -232,15 +266,24 @@ def main(argv: list[str] | None = None) -> int:
             ),
             parquet_name: lambda: noop(spark.read.parquet(str(parquet))),
             FLOOR_NAME: lambda: noop(spark.read.format("ledgerq_floor").load()),
+            TWO_SELECT: lambda: noop(spark.read.format("ledgerq").load(source).select(*TWO)),
+            TWO_OPTION: lambda: noop(
+                spark.read.format("ledgerq").option("columns", ",".join(TWO)).load(source)
+            ),
+            TWO_PARQUET: lambda: noop(spark.read.parquet(str(parquet)).select(*TWO)),
         }
+        jvm = spark._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[attr-defined]
         times: dict[str, list[float]] = {name: [] for name in variants}
+        cpus: dict[str, list[float]] = {name: [] for name in variants}
         for fn in variants.values():
             fn()  # warm-up
         for _ in range(args.repeats):  # interleaved, so drift hits every variant alike
             for name, fn in variants.items():
+                cpu = _cpu_seconds(jvm)
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
+                cpus[name].append(_cpu_seconds(jvm) - cpu)
 
         def local_scan(path: str) -> Callable[[], None]:
             tasks = plan_tasks(ReadOptions(paths=(path,)), Pushed())
@@ -288,22 +331,25 @@ def main(argv: list[str] | None = None) -> int:
     parquet_rate = statistics.median(args.rows / t for t in times[parquet_name])
     floor_rate = statistics.median(args.rows / t for t in times[FLOOR_NAME])
     print(f"## Spark throughput: {args.rows:,} messages of {args.size} B, {args.master}\n")
-    print("| what | rows/s, median (min-max) |")
-    print("|---|---|")
+    print("| what | rows/s, median (min-max) | best | CPU s (JVM + workers), median |")
+    print("|---|---|---|---|")
     for name, values in times.items():
-        print(f"| {name}, noop sink | {_rate(args.rows, values)} |")
+        print(
+            f"| {name}, noop sink | {_rate(args.rows, values)} | "
+            f"{args.rows / min(values) / 1e3:,.0f}k | {statistics.median(cpus[name]):.2f} |"
+        )
     print(
         "| the same scan without Spark, one Python process (enqueue_batch) | "
-        f"{_rate(args.rows, local)} |"
+        f"{_rate(args.rows, local)} | | |"
     )
     print(
         "| the same scan without Spark, one Python process (enqueue) | "
-        f"{_rate(args.rows, local_singles)} |"
+        f"{_rate(args.rows, local_singles)} | | |"
     )
     if writes:
         print(
             '| Spark write into 2 sharded queues (`mode("append")`, payload only) | '
-            f"{_rate(args.rows, writes)} |"
+            f"{_rate(args.rows, writes)} | | |"
         )
     print(
         f"\nledgerq (Arrow) reads at **{batch_rate / parquet_rate:.2f}x** of Parquet's rate "
@@ -312,6 +358,18 @@ def main(argv: list[str] | None = None) -> int:
         f"source that reads nothing came at **{floor_rate / parquet_rate:.2f}x** of Parquet's "
         f"rate: ledgerq reads at {batch_rate / floor_rate:.2f}x and "
         f"{single_rate / floor_rate:.2f}x of what the Python data source API carries here."
+    )
+    best = {name: args.rows / min(values) for name, values in times.items()}
+    cpu = {name: statistics.median(values) for name, values in cpus.items()}
+    print(
+        f"\nBest-of-{args.repeats} rates against Parquet's best: "
+        f"**{best[names[0]] / best[parquet_name]:.2f}x** (enqueue_batch) and "
+        f"**{best[names[2]] / best[parquet_name]:.2f}x** (enqueue); CPU time per read, "
+        f"Parquet's over ledgerq's: {cpu[parquet_name] / cpu[names[0]]:.2f}x and "
+        f"{cpu[parquet_name] / cpu[names[2]]:.2f}x. Two columns: option columns at "
+        f"{best[TWO_OPTION] / best[TWO_SELECT]:.2f}x the rate of a select after a whole "
+        f"read (CPU {cpu[TWO_OPTION]:.2f} s against {cpu[TWO_SELECT]:.2f} s), "
+        f"{best[TWO_OPTION] / best[TWO_PARQUET]:.2f}x Parquet's select (best of each)."
     )
     print(
         f"\nA pushed-down id range (2,000 of {args.rows:,} rows, `where id between ...`): "

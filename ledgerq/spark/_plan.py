@@ -49,6 +49,7 @@ class ReadOptions:
     pushdown: bool = True
     starting_offsets: str = "earliest"
     max_records_per_trigger: int | None = None
+    columns: tuple[str, ...] | None = None  # option columns: the schema's, in this order
     # encryption_key_hex, decoded: the key of the encrypted queues read (never in repr).
     encryption_key: bytes | None = field(default=None, repr=False)
 
@@ -203,6 +204,7 @@ def plan_queue(
                 state=None if state is None else state.restricted(seg.first_id, seg.next_first_id),
                 failfast=options.failfast,
                 name_id=seg.name_id,
+                columns=options.columns,
                 encryption_key=key,
             )
         )

@@ -70,6 +70,7 @@ from ledgerq.spark._layout import ReaderSnapshot
 __all__ = [
     "ARROW_SCHEMA",
     "ARROW_SCHEMA_WITH_STATE",
+    "COLUMNS",
     "ScanStats",
     "SegmentTask",
     "scan_segment",
@@ -95,6 +96,8 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 ARROW_SCHEMA_WITH_STATE = ARROW_SCHEMA.append(pa.field("state", pa.string()))
+# Every column a read can give, in the schema's order (``state`` only with a reader).
+COLUMNS = tuple(ARROW_SCHEMA_WITH_STATE.names)
 
 PENDING, LEASED, ACKED = "pending", "leased", "acked"
 
@@ -152,6 +155,8 @@ class SegmentTask:
     state: ReaderSnapshot | None = None
     failfast: bool = False
     name_id: int | None = None  # the id in the file's name, when it is not first_id
+    # The columns a row has, in order (option ``columns``); None: the whole schema.
+    columns: tuple[str, ...] | None = None
     # An encrypted queue's key (checked against the queue when the task was planned);
     # never in repr().  Its entries leave the vectorised path to be opened one by one.
     encryption_key: bytes | None = field(default=None, repr=False)
@@ -683,7 +688,12 @@ class _ArrowSink:
         self.task = task
         self.stats = stats
         self.filter = _Filter(task)
-        self.schema = ARROW_SCHEMA if task.state is None else ARROW_SCHEMA_WITH_STATE
+        full = ARROW_SCHEMA if task.state is None else ARROW_SCHEMA_WITH_STATE
+        self.names = full.names if task.columns is None else list(task.columns)
+        self.schema = pa.schema([full.field(name) for name in self.names])
+        # Only the columns asked for are built (and sent to Spark): less to make, to
+        # serialise and for the JVM to convert, row by row.
+        self.wanted = frozenset(self.names)
 
     def run(self) -> Iterator[pa.RecordBatch]:
         scan = _SegmentScan(self.task, self.stats)
@@ -705,42 +715,49 @@ class _ArrowSink:
         rows = len(ids)
         if not rows:
             return None
-        columns = [
-            pa.repeat(pa.scalar(self.task.queue, pa.string()), rows),
-            ids,
-            ts,
-            pa.nulls(rows, _TS),
-            pa.repeat(pa.scalar(1, pa.int32()), rows),
-            _empty_maps(rows),
-            _slice(entries, _HEADER_SIZE, -_CRC_SIZE, size),
-            pa.nulls(rows, _TS),
-        ]
+        wanted = self.wanted
+        columns: dict[str, pa.Array] = {"id": ids, "timestamp": ts}
+        if "queue" in wanted:
+            columns["queue"] = pa.repeat(pa.scalar(self.task.queue, pa.string()), rows)
+        for name in ("expires_at", "deliver_at"):
+            if name in wanted:
+                columns[name] = pa.nulls(rows, _TS)
+        if "priority" in wanted:
+            columns["priority"] = pa.repeat(pa.scalar(1, pa.int32()), rows)
+        if "headers" in wanted:
+            columns["headers"] = _empty_maps(rows)
+        if "payload" in wanted:
+            columns["payload"] = _slice(entries, _HEADER_SIZE, -_CRC_SIZE, size)
         return self._batch(columns, ids)
 
     def _decoded(self, piece: _Decoded) -> pa.RecordBatch | None:
         ids = pa.array(piece.ids, pa.int64())
         ts = _ns_to_us(pa.array(piece.timestamps, pa.int64()))
-        columns = [
-            pa.repeat(pa.scalar(self.task.queue, pa.string()), len(ids)),
-            ids,
-            ts,
-            _ns_to_us(pa.array(piece.expires, pa.int64())),
-            pa.array(piece.priorities, pa.int32()),
-            pa.array([list(h.items()) for h in piece.headers], _HEADERS),
-            pa.array(piece.payloads, pa.binary()),
-            _ns_to_us(pa.array(piece.deliver, pa.int64())),
-        ]
+        wanted = self.wanted
+        columns: dict[str, pa.Array] = {"id": ids, "timestamp": ts}
+        if "queue" in wanted:
+            columns["queue"] = pa.repeat(pa.scalar(self.task.queue, pa.string()), len(ids))
+        if "expires_at" in wanted:
+            columns["expires_at"] = _ns_to_us(pa.array(piece.expires, pa.int64()))
+        if "priority" in wanted:
+            columns["priority"] = pa.array(piece.priorities, pa.int32())
+        if "headers" in wanted:
+            columns["headers"] = pa.array([list(h.items()) for h in piece.headers], _HEADERS)
+        if "payload" in wanted:
+            columns["payload"] = pa.array(piece.payloads, pa.binary())
+        if "deliver_at" in wanted:
+            columns["deliver_at"] = _ns_to_us(pa.array(piece.deliver, pa.int64()))
         mask = self.filter.mask(ids, ts)
         if mask is not None:
-            columns = [c.filter(mask) for c in columns]
-            ids = columns[1]
+            columns = {name: c.filter(mask) for name, c in columns.items()}
+            ids = columns["id"]
         if not len(ids):
             return None
         return self._batch(columns, ids)
 
-    def _batch(self, columns: list[pa.Array], ids: pa.Array) -> pa.RecordBatch:
+    def _batch(self, columns: dict[str, pa.Array], ids: pa.Array) -> pa.RecordBatch:
         state = self.task.state
-        if state is not None:
+        if state is not None and "state" in self.wanted:
             acked = pc.less(ids, state.head)
             if state.done:
                 acked = pc.or_(acked, pc.is_in(ids, value_set=pa.array(sorted(state.done))))
@@ -748,8 +765,10 @@ class _ArrowSink:
             if state.leased:
                 leased = pc.is_in(ids, value_set=pa.array(sorted(state.leased)))
                 other = pc.if_else(leased, LEASED, other)
-            columns.append(pc.if_else(acked, ACKED, other))
-        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+            columns["state"] = pc.if_else(acked, ACKED, other)
+        return pa.RecordBatch.from_arrays(
+            [columns[name] for name in self.names], schema=self.schema
+        )
 
 
 def _empty_maps(rows: int) -> pa.MapArray:
@@ -771,6 +790,9 @@ class _TupleSink:
         self.task = task
         self.stats = stats
         self.filter = _Filter(task)
+        full = COLUMNS if task.state is not None else COLUMNS[:-1]
+        # the positions of the asked-for columns in a whole row (None: the whole row)
+        self.pick = None if task.columns is None else [full.index(c) for c in task.columns]
 
     def run(self) -> Iterator[tuple[Any, ...]]:
         scan = _SegmentScan(self.task, self.stats)
@@ -805,7 +827,9 @@ class _TupleSink:
             None if deliver is None else _datetime(deliver),
         )
         state = self.task.state
-        return row if state is None else (*row, _state_of(state, message_id))
+        if state is not None:
+            row = (*row, _state_of(state, message_id))
+        return row if self.pick is None else tuple(row[i] for i in self.pick)
 
     def _plain(self, piece: _Plain) -> Iterator[tuple[Any, ...]]:
         buf, offsets = piece.buf, piece.offsets

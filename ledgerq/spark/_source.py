@@ -102,7 +102,11 @@ class LedgerqDataSource(DataSource):
         return "ledgerq"
 
     def schema(self) -> StructType:
-        return READ_SCHEMA_WITH_STATE if self.options.get("reader") else READ_SCHEMA
+        full = READ_SCHEMA_WITH_STATE if self.options.get("reader") else READ_SCHEMA
+        columns = _columns_option(self.options, full)
+        if columns is None:
+            return full
+        return StructType([full[name] for name in columns])
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = read_options(self.options)
@@ -159,6 +163,28 @@ def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"option {name} must be true or false, got {raw!r}")
 
 
+def _columns_option(options: Mapping[str, str], full: StructType) -> tuple[str, ...] | None:
+    """Option ``columns``: the names of the columns to read, in order (None: all)."""
+    raw = options.get("columns")
+    if raw is None:
+        return None
+    names = tuple(part.strip().lower() for part in str(raw).split(","))
+    valid = full.fieldNames()
+    unknown = [n for n in names if n not in valid]
+    if not all(names) or unknown or len(set(names)) != len(names):
+        what = (
+            f"unknown column {unknown[0]!r}"
+            if unknown and unknown[0]
+            else ("a column named twice" if all(names) else "an empty name")
+        )
+        extra = "" if "state" in valid else " (state needs the reader option)"
+        raise ConfigError(
+            f"option columns must name columns of the ledgerq schema, each once, separated "
+            f"by commas; got {raw!r}: {what}. The columns: {', '.join(valid)}{extra}"
+        )
+    return names
+
+
 def read_options(options: Mapping[str, str]) -> ReadOptions:
     """Parse the string options of a read (names are case-insensitive)."""
     paths: list[str] = []
@@ -188,6 +214,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
     else:
         _parse_offsets(starting)  # validate now
     reader = options.get("reader") or None
+    full = READ_SCHEMA_WITH_STATE if reader else READ_SCHEMA
     return ReadOptions(
         paths=tuple(paths),
         reader=reader,
@@ -198,6 +225,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         encryption_key=encryption_key_option(options),
         starting_offsets=starting,
         max_records_per_trigger=max_rows,
+        columns=_columns_option(options, full),
     )
 
 
