@@ -56,7 +56,12 @@ OUTER = {
         "ledgerq.segment.lock",
         "ledgerq.segment.meta",
     },
-    "ledgerq.workers": set(),
+    "ledgerq.workers": {
+        # The pools' own files in the queue's shared/: the start times a rate limit
+        # shares across pools, and the progress records of their running tasks.
+        "ledgerq.segment.progress",
+        "ledgerq.segment.ratelimit",
+    },
 }
 READ_ONLY = "ledgerq.segment.readonly"
 # Private API modules an outer module may use as if they were public (the public

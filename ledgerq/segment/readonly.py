@@ -113,6 +113,8 @@ from ledgerq.segment.naming import (
     log_path,
     reader_state_path,
 )
+from ledgerq.segment.progress import Progress, read_progress
+from ledgerq.segment.ratelimit import RateState, read_rate_state
 from ledgerq.segment.readonly_state import (
     HEADER_ADVICE,
     JournalTail,
@@ -176,6 +178,8 @@ __all__ = [
     "LogTail",
     "Meta",
     "QueueDir",
+    "Progress",
+    "RateState",
     "ReaderState",
     "RecordType",
     "SegmentDirectory",
@@ -210,6 +214,8 @@ __all__ = [
     "pread_exact",
     "queue_dir_problem",
     "read_index",
+    "read_progress",
+    "read_rate_state",
     "read_index_ends",
     "read_index_tail",
     "reader_heads",

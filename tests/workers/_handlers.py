@@ -113,3 +113,43 @@ def hang_noting_attempts(message: ledgerq.Message) -> None:
     """Note ``<id> <attempt> <time_ns>``, then hang (past any task timeout)."""
     _note_attempt(message)
     time.sleep(3600)  # the workload: a task that never ends on its own
+
+
+CLOCK_FILE = "LEDGERQ_TEST_CLOCK_FILE"
+
+
+class FileClock:
+    """A clock every process reads from one file the test rewrites (``set``): time
+    that passes only when the test says, the same for pools in several processes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def set(self, mono_ns: int) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as file:
+            file.write(str(mono_ns))
+        os.replace(tmp, self.path)  # readers see the old time or the new one
+
+    def monotonic_ns(self) -> int:
+        with open(self.path) as file:
+            return int(file.read())
+
+    def time_ns(self) -> int:
+        return 1_750_000_000_000_000_000 + self.monotonic_ns()
+
+
+def clocked(message: ledgerq.Message) -> None:
+    """Note ``<id> <the test clock's time>``: when, for the limiter, the task started."""
+    now = FileClock(os.environ[CLOCK_FILE]).monotonic_ns()
+    _note(b"%d %d\n" % (message.id, now))
+
+
+def report_then_wait(message: ledgerq.Message) -> None:
+    """Report progress 0.5 ("half of <payload>"), wait for the FIFO ``go-<payload>`` like
+    :func:`wait_for_go`, then record."""
+    name = message.payload.decode()
+    ledgerq.workers.progress(0.5, note=f"half of {name}")
+    with open(os.path.join(os.environ[GO_DIR], f"go-{name}"), "rb") as go:
+        go.read()
+    _record(message)
