@@ -153,3 +153,11 @@ def report_then_wait(message: ledgerq.Message) -> None:
     with open(os.path.join(os.environ[GO_DIR], f"go-{name}"), "rb") as go:
         go.read()
     _record(message)
+
+
+def report_then_crash_once(message: ledgerq.Message) -> None:
+    """Report progress, then kill the process on the first attempt; record on the next."""
+    ledgerq.workers.progress(0.1, note=f"attempt {message.attempts}")
+    if message.attempts == 1:
+        os._exit(9)
+    _record(message)
