@@ -109,6 +109,15 @@ class RateState:
     starts: int
     rate: float
 
+    @property
+    def limit(self) -> str:
+        """The limit as ``workers.run`` takes it: ``"20/s"`` (``/m``, ``/h``)."""
+        unit = _UNITS.get(self.period_ns)
+        return f"{self.count}/{unit}" if unit else f"{self.count} per {self.period_ns / 1e9:g} s"
+
+
+_UNITS = {1_000_000_000: "s", 60_000_000_000: "m", 3_600_000_000_000: "h"}
+
 
 def _rate(header: _Header, now_ns: int) -> float:
     period = header[3]
