@@ -96,6 +96,51 @@ def parse_rate_limit(rate_limit: object) -> tuple[int, int]:
     return int(count), _PERIODS_NS[unit]
 
 
+_TRACEPARENT = "traceparent"  # the W3C header an enqueue inside a span carries
+_tracing: Any = None  # (tracer, propagator, consumer kind), False without OpenTelemetry
+
+
+def _task_span(message: Message) -> Any:
+    """A span for the handler of a ``message`` that carries a trace context, its
+    parent that context - or None where ``opentelemetry-api`` is not installed.  Only
+    traced messages get here: an untraced task costs one header lookup."""
+    global _tracing
+    if _tracing is None:
+        try:
+            from opentelemetry import trace
+            from opentelemetry.trace.propagation.tracecontext import (
+                TraceContextTextMapPropagator,
+            )
+        except ImportError:
+            _tracing = False
+        else:
+            tracer = trace.get_tracer("ledgerq.workers")
+            _tracing = (tracer, TraceContextTextMapPropagator(), trace.SpanKind.CONSUMER)
+    if _tracing is False:
+        return None
+    tracer, propagator, kind = _tracing
+    return tracer.start_as_current_span(
+        "ledgerq task",
+        context=propagator.extract(message.headers),
+        kind=kind,
+        attributes={
+            "messaging.system": "ledgerq",
+            "messaging.operation.type": "process",
+            "messaging.message.id": str(message.id),
+        },
+    )
+
+
+def _call(handler: Handler, message: Message) -> None:
+    """``handler(message)``, inside the producer's trace when the message carries one."""
+    span = _task_span(message) if _TRACEPARENT in message.headers else None
+    if span is None:
+        handler(message)
+        return
+    with span:
+        handler(message)
+
+
 class _Task:
     """The task a child runs now, for :func:`progress` (None outside a pool task)."""
 
@@ -233,7 +278,7 @@ def _child_main(handler: Handler, conn: Connection, owner_pid: int, measure_memo
             return
         _Task.conn, _Task.message_id = conn, message.id
         try:
-            handler(message)
+            _call(handler, message)
         except BaseException as exc:  # report every failure; the owner nacks it
             reason = f"{type(exc).__name__}: {exc}"
             delay = exc.delay if isinstance(exc, Retry) else None

@@ -161,3 +161,22 @@ def report_then_crash_once(message: ledgerq.Message) -> None:
     if message.attempts == 1:
         os._exit(9)
     _record(message)
+
+
+def traced(message: ledgerq.Message) -> None:
+    """Note ``<id> <trace id> <parent span id> <span name>`` of the span it runs in
+    (``-`` for none): the producer's trace continued, or not."""
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    context = span.get_span_context()
+    parent = getattr(span, "parent", None)
+    _note(
+        b"%d %032x %s %s\n"
+        % (
+            message.id,
+            context.trace_id,
+            b"%016x" % parent.span_id if parent is not None else b"-",
+            getattr(span, "name", "-").replace(" ", "_").encode(),
+        )
+    )
