@@ -48,18 +48,20 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from types import FrameType
-from typing import Any, Unpack
+from typing import Any, Unpack, cast
 
 import ledgerq
 from ledgerq._options import MAX_SECONDS
 from ledgerq._types import Message
+from ledgerq.segment.progress import MAX_NOTE_CHARS, remove_progress, write_progress
+from ledgerq.segment.ratelimit import MAX_COUNT, Grant, RateLimiter
 
 try:
     import resource
 except ImportError:  # not Unix: /proc or nothing
     resource = None  # type: ignore[assignment]
 
-__all__ = ["Retry", "WorkerReport", "run"]
+__all__ = ["Retry", "WorkerReport", "progress", "run"]
 
 logger = logging.getLogger("ledgerq")
 
@@ -71,6 +73,111 @@ _REAP_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _MAX_WAIT_SLICE_S = 86_400.0  # one wait of the owner, at most
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PERIODS_NS = {"s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
+_PROGRESS = "progress"  # the kind of a child's progress report (its answers: "ok", "err")
+
+
+def parse_rate_limit(rate_limit: object) -> tuple[int, int]:
+    """``"N/s"``, ``"N/m"`` or ``"N/h"`` as (N, the period in ns); TypeError or
+    ValueError naming what is wrong otherwise."""
+    if not isinstance(rate_limit, str):
+        raise TypeError(f'rate_limit must be a str like "20/s", got {type(rate_limit).__name__}')
+    count, _, unit = rate_limit.strip().partition("/")
+    if (
+        unit not in _PERIODS_NS
+        or not count.isdigit()
+        or not count.isascii()
+        or not 1 <= int(count) <= MAX_COUNT
+    ):
+        raise ValueError(
+            f'rate_limit must be "N/s", "N/m" or "N/h" with N a whole number from 1 to '
+            f"{MAX_COUNT} (at most N task starts per second, minute or hour), "
+            f"got {rate_limit!r}"
+        )
+    return int(count), _PERIODS_NS[unit]
+
+
+_TRACEPARENT = "traceparent"  # the W3C header an enqueue inside a span carries
+_tracing: Any = None  # (tracer, propagator, consumer kind), False without OpenTelemetry
+
+
+def _task_span(message: Message) -> Any:
+    """A span for the handler of a ``message`` that carries a trace context, its
+    parent that context - or None where ``opentelemetry-api`` is not installed.  Only
+    traced messages get here: an untraced task costs one header lookup."""
+    global _tracing
+    if _tracing is None:
+        try:
+            from opentelemetry import trace
+            from opentelemetry.trace.propagation.tracecontext import (
+                TraceContextTextMapPropagator,
+            )
+        except ImportError:
+            _tracing = False
+        else:
+            tracer = trace.get_tracer("ledgerq.workers")
+            _tracing = (tracer, TraceContextTextMapPropagator(), trace.SpanKind.CONSUMER)
+    if _tracing is False:
+        return None
+    tracer, propagator, kind = _tracing
+    return tracer.start_as_current_span(
+        "ledgerq task",
+        context=propagator.extract(message.headers),
+        kind=kind,
+        attributes={
+            "messaging.system": "ledgerq",
+            "messaging.operation.type": "process",
+            "messaging.message.id": str(message.id),
+        },
+    )
+
+
+def _call(handler: Handler, message: Message) -> Any:
+    """``handler(message)``, inside the producer's trace when the message carries one;
+    what it returns (``run(forward_to=)`` forwards it)."""
+    span = _task_span(message) if _TRACEPARENT in message.headers else None
+    if span is None:
+        return handler(message)
+    with span:
+        return handler(message)
+
+
+class _Task:
+    """The task a child runs now, for :func:`progress` (None outside a pool task)."""
+
+    conn: Connection | None = None
+    message_id = 0
+    lock = threading.Lock()  # a handler's threads may report at once: one send at a time
+
+
+def progress(fraction: float, note: str = "") -> None:
+    """Report how far the running task is: ``fraction`` done (0 to 1) and a ``note``.
+
+    Call it from a handler run by :func:`run`: the report is kept with the message's
+    lease, in ``shared/progress/`` of the queue (never fsynced), until the message is
+    acked, nacked or released; the console's in-flight view and ``ledgerq stats
+    --json`` show it.  Outside a pool's task (a handler called by a test) it checks its
+    arguments and does nothing.  Each report is sent to the pool's owner, which keeps
+    the newest of those that arrive together: calling it often costs the handler a
+    pipe write each time.  Raises TypeError or ValueError - before anything is sent -
+    for a fraction that is not a number from 0 to 1, or a note that is not a str of at
+    most 1000 characters.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise TypeError(f"progress fraction must be a number, got {type(fraction).__name__}")
+    if not 0 <= fraction <= 1:  # NaN is not
+        raise ValueError(f"progress fraction must be from 0 to 1, got {fraction!r}")
+    if not isinstance(note, str):
+        raise TypeError(f"progress note must be a str, got {type(note).__name__}")
+    if len(note) > MAX_NOTE_CHARS:
+        raise ValueError(
+            f"progress note must be at most {MAX_NOTE_CHARS} characters, got {len(note)}"
+        )
+    conn = _Task.conn
+    if conn is None:
+        return
+    with _Task.lock, contextlib.suppress(OSError):  # the owner is gone: the task is too
+        conn.send((_PROGRESS, _Task.message_id, float(fraction), note))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,20 +285,25 @@ def _child_main(
             return
         if message is None:
             return
+        _Task.conn, _Task.message_id = conn, message.id
         try:
-            result = handler(message)
+            result = _call(handler, message)
         except BaseException as exc:  # report every failure; the owner nacks it
             reason = f"{type(exc).__name__}: {exc}"
             delay = exc.delay if isinstance(exc, Retry) else None
             answer = ("err", message.id, reason, delay)
         else:
             answer = ("ok", message.id, "", result if forwarding else None)
-        try:
-            conn.send((*answer, _resident_bytes() if measure_memory else None))
-        except (TypeError, AttributeError, pickle.PicklingError) as exc:
-            # (only a forwarded result can be unpicklable): a failed task, not a dead child
-            reason = f"the handler's result cannot be forwarded: {type(exc).__name__}: {exc}"
-            conn.send(("err", message.id, reason, None, None))
+        finally:
+            _Task.conn = None
+        with _Task.lock:
+            try:
+                conn.send((*answer, _resident_bytes() if measure_memory else None))
+            except (TypeError, AttributeError, pickle.PicklingError) as exc:
+                # (only a forwarded result can be unpicklable): a failed task, not a dead
+                # child
+                reason = f"the handler's result cannot be forwarded: {type(exc).__name__}: {exc}"
+                conn.send(("err", message.id, reason, None, None))
 
 
 class _Child:
@@ -213,6 +325,7 @@ class _Child:
         self.started = 0.0
         self.touched = 0.0  # when its lease was last kept (assign, heartbeat)
         self.tasks_done = 0
+        self.reported = False  # whether its task has a progress record
 
     def assign(self, message: Message) -> bool:
         """Send ``message`` to the child; False when its pipe is closed (it died idle)."""
@@ -221,6 +334,7 @@ class _Child:
         except OSError:  # BrokenPipeError, ConnectionResetError: the child is gone
             return False
         self.task = message
+        self.reported = False
         self.started = self.touched = time.monotonic()
         return True
 
@@ -349,6 +463,10 @@ class _Pool:
         max_tasks_per_child: int | None,
         max_memory_per_child: int | None,
         forward_to: ledgerq.Queue | None = None,
+        limiter: RateLimiter | None = None,
+        queue_dir: str = "",
+        reader: str = "default",
+        wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         methods = multiprocessing.get_all_start_methods()
         # fork lets handlers be any callable (closures too) and starts children fast.
@@ -362,6 +480,11 @@ class _Pool:
         self.stop_requests = 0  # set by the signal handlers: 1 drain, 2 stop at once
         self.processed = self.failed = self.crashed = self.timed_out = 0
         self.released = self.recycled = 0
+        self.limiter = limiter
+        self.limit_wait: float | None = None  # seconds until the limiter allows a start
+        self.queue_dir = queue_dir
+        self.reader = reader
+        self.wall_ns = wall_ns
         self.children = [self._spawn() for _ in range(processes)]
 
     def _spawn(self) -> _Child:
@@ -376,13 +499,72 @@ class _Pool:
         self.consumer.release(message_id)
         self.released += 1
 
+    def _ended(self, child: _Child) -> None:
+        """``child``'s task is settled: its progress record goes.  Only a task that
+        reported has one - or a message delivered before, whose earlier delivery's pool
+        may have died with a record (no syscall for the first delivery that did not)."""
+        task = child.task
+        if task is not None and (child.reported or task.attempts > 1):
+            child.reported = False
+            try:
+                remove_progress(self.queue_dir, self.reader, task.id)
+            except OSError as exc:  # a stale record shows; the task is settled anyway
+                logger.warning("ledgerq worker: progress of message %d: %s", task.id, exc)
+
+    def _report(self, child: _Child, report: tuple[str, int, float, str]) -> None:
+        """Keep a child's progress report (the newest of those read together)."""
+        task = child.task
+        if task is None or report[1] != task.id:
+            return  # a late report of a task already settled
+        try:
+            write_progress(
+                self.queue_dir,
+                self.reader,
+                task.id,
+                task.attempts,
+                report[2],
+                report[3],
+                self.wall_ns(),
+            )
+        except OSError as exc:  # progress is for people: it never fails a task
+            logger.warning("ledgerq worker: progress of message %d: %s", task.id, exc)
+        else:
+            child.reported = True
+
+    def _receive(self, child: _Child) -> tuple[str, int, str, object, int | None] | None:
+        """The child's answer, if one is there; progress reports read on the way are
+        kept (the newest).  Raises EOFError/OSError when the pipe broke."""
+        latest = None
+        try:
+            while True:
+                item = child.conn.recv()
+                if item[0] != _PROGRESS:
+                    return item  # type: ignore[no-any-return]
+                latest = item
+                if not child.conn.poll(0):
+                    return None
+        finally:
+            if latest is not None:
+                self._report(child, latest)
+
     def lease(self) -> None:
-        """Lease one message for each idle child and hand it over."""
+        """Lease one message for each idle child and hand it over - with a rate limit,
+        each only as the limiter grants a start (else :attr:`limit_wait` says when)."""
+        self.limit_wait = None
         for child in self.children:
             if child.task is not None:
                 continue
+            grant: Grant | None = None
+            if self.limiter is not None:
+                answer = self.limiter.acquire()
+                if not isinstance(answer, Grant):
+                    self.limit_wait = answer / 1e9
+                    return
+                grant = answer
             message = self.consumer.dequeue()
             if message is None:
+                if grant is not None and self.limiter is not None:
+                    self.limiter.cancel(grant)  # no start: not counted (if still newest)
                 return
             if self.stop_requests:  # the signal came during the dequeue: not started
                 self._release(message.id)
@@ -400,8 +582,9 @@ class _Pool:
         else:
             self.children[index] = self._spawn()
 
-    def _settle(self, answer: tuple[str, int, str, object, int | None]) -> None:
+    def _settle(self, child: _Child, answer: tuple[str, int, str, object, int | None]) -> None:
         """Ack or nack a task as its child answered."""
+        self._ended(child)
         kind, message_id, reason, delay, _resident = answer
         if kind == "ok" and self.forward_to is not None:
             try:
@@ -431,13 +614,14 @@ class _Pool:
         for child in list(self.children):
             if child.task is not None and child.conn in ready:
                 try:
-                    answer = child.conn.recv()
+                    answer = self._receive(child)
                 except (EOFError, OSError):
+                    answer = None
                     ready.append(child.process.sentinel)
-                else:
+                if answer is not None:
+                    self._settle(child, answer)
                     child.task = None
                     child.tasks_done += 1
-                    self._settle(answer)
                     if self._is_spent(child, answer[4]) and child.process.sentinel not in ready:
                         # The task is settled (acked or nacked as it ended); only the
                         # process goes.  It exits at once on None: the join is short.
@@ -467,6 +651,7 @@ class _Pool:
                         # (no delay given here) and max_retries apply.
                         reason = f"task timed out after {timeout:g} s (its process was killed)"
                         self.timed_out += 1
+                    self._ended(child)
                     self.consumer.nack(task.id, reason)
                     self.failed += 1
                 child.kill()
@@ -485,6 +670,8 @@ class _Pool:
         hint = self.consumer.seconds_to_next_expiry()
         if hint is not None:
             timeout = hint if timeout is None else min(timeout, hint)
+        if self.limit_wait is not None and not self.stop_requests:
+            timeout = self.limit_wait if timeout is None else min(timeout, self.limit_wait)
         if timeout is not None:
             # wait() polls, which takes at most 2**31 ms (~24 days): look again after a
             # day at most.
@@ -506,14 +693,17 @@ class _Pool:
             if task is None:
                 continue
             child.kill()
+            answer = None
             try:
-                answer = child.conn.recv() if child.conn.poll(0) else None
+                while answer is None and child.conn.poll(0):
+                    answer = self._receive(child)
             except (EOFError, OSError):  # cut in the middle of its answer
                 answer = None
             try:
                 if answer is not None:
-                    self._settle(answer)
+                    self._settle(child, answer)
                 else:
+                    self._ended(child)
                     self._release(task.id)
             except ledgerq.LedgerQError as exc:  # the queue failed: it returns them itself
                 logger.error("ledgerq worker: giving back message %d: %s", task.id, exc)
@@ -547,6 +737,7 @@ def run(
     max_tasks_per_child: int | None = None,
     max_memory_per_child: int | None = None,
     forward_to: str | os.PathLike[str] | None = None,
+    rate_limit: str | None = None,
     **options: Unpack[ledgerq.OpenOptions],
 ) -> WorkerReport:
     """Process the queue at ``path`` with ``handler`` in ``processes`` child processes.
@@ -569,6 +760,18 @@ def run(
     what a forked child shares with the owner, so a fresh child starts near the
     owner's size: set the limit above it.
 
+    ``rate_limit``: ``"N/s"``, ``"N/m"`` or ``"N/h"`` - at most N task starts in any
+    window of one second, minute or hour, across every pool on this machine that
+    consumes the queue at once (in either mode, whatever reader), bursts of up to N
+    allowed.  The start times are kept in the queue directory (``shared/ratelimit``),
+    so the limit holds across pools, reopens and a pool killed with -9 (its starts age
+    out: nothing stays held).  It is the queue's: the last pool started with a
+    ``rate_limit`` sets it for every pool running with one (a pool without one is not
+    limited).  Times are the machine's monotonic clock (the ``clock`` option's
+    ``monotonic_ns`` when given).
+
+    A handler may call :func:`progress` to report how far its task is.
+
     Runs until SIGINT/SIGTERM or, with ``until_empty``, until no message is pending or
     in flight.  The first signal (to the owner or to its whole process group: children
     leave signals to the owner) stops leasing and lets running tasks finish, acked or
@@ -586,10 +789,12 @@ def run(
     (``Reader.forward``), in place of the ack; a result that cannot be forwarded (a
     str, an unpicklable object, a full bounded target) fails the task like an exception.
 
-    Raises ``QueueLockedError`` when a process holds the queue in the other mode, and
-    ``ValueError`` for ``max_memory_per_child`` where no resident size can be read.
+    Raises ``QueueLockedError`` when a process holds the queue in the other mode,
+    ``ValueError`` for ``max_memory_per_child`` where no resident size can be read, and
+    TypeError or ValueError for a malformed ``rate_limit`` (before the queue is opened).
     """
     _check_positive("processes", processes, int, "an int")
+    limit = None if rate_limit is None else parse_rate_limit(rate_limit)
     if not isinstance(shared, bool):
         raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
     if task_timeout is not None:
@@ -636,6 +841,13 @@ def run(
         # the task_timeout's and the crash handling's to judge.
         visibility = queue.options.visibility_timeout
         heartbeat = None if visibility is None else visibility / 2
+        # Not an OpenOptions key (tests pass one through to ledgerq.open): the pool's
+        # rate limit and progress times come from it too.
+        clock: ledgerq.Clock | None = cast("dict[str, Any]", options).get("clock")
+        limiter = None
+        if limit is not None:
+            monotonic_ns = time.monotonic_ns if clock is None else clock.monotonic_ns
+            limiter = RateLimiter(queue.path, *limit, monotonic_ns)
         remove_listener = queue.add_listener(wakeup.poke)
         pool = _Pool(
             consumer,
@@ -645,6 +857,10 @@ def run(
             max_tasks_per_child=max_tasks_per_child,
             max_memory_per_child=max_memory_per_child,
             forward_to=target,
+            limiter=limiter,
+            queue_dir=queue.path,
+            reader=reader,
+            wall_ns=time.time_ns if clock is None else clock.time_ns,
         )
 
         def request_stop() -> None:
@@ -685,6 +901,8 @@ def run(
             remove_listener()
             pool.shut_down()
             wakeup.close()
+            if limiter is not None:
+                limiter.close()
         dead_lettered = queue.stats().dead_lettered - dead_before
     return WorkerReport(
         processed=pool.processed,

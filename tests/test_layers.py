@@ -90,7 +90,12 @@ OUTER: dict[str, dict[str, str]] = {
         "ledgerq.segment.naming": "the files it copies and writes, by their names",
         "ledgerq.segment.scanner": "a sealed segment's index is trusted once it checks out",
     },
-    "ledgerq.workers": {},
+    "ledgerq.workers": {
+        # The pools' own files in the queue's shared/: they write them, the console and
+        # `ledgerq stats` only read them (through segment.readonly).
+        "ledgerq.segment.progress": "the progress records of the pool's running tasks",
+        "ledgerq.segment.ratelimit": "the start times a rate limit shares across pools",
+    },
 }
 READ_ONLY = "ledgerq.segment.readonly"
 # What segment.readonly exports: what a reader of a queue it does not own needs - a
@@ -131,6 +136,10 @@ READ_ONLY_API = {
     "VIEW_ATTEMPTS",
     "view_message",
     "view_sealer",
+    "Progress",
+    "RateState",
+    "read_progress",
+    "read_rate_state",
 }
 # Private API modules an outer module may use as if they were public (the public
 # names they define are re-exported by ``ledgerq``): none but the shared value types.

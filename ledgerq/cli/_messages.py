@@ -507,8 +507,11 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
     --json prints one object: pending, in_flight, enqueued, acked, nacked,
     dead_lettered, expired, duplicates, dropped, corrupt_skipped, lost, segments,
     disk_bytes (integers), oldest_pending_age (seconds), next_id, readers (an object
-    per reader), dlq (messages waiting in the dead-letter queue) and periodic (the
-    periodic jobs, as 'ledgerq periodic list --json' shows them).  On a read-only
+    per reader), dlq (messages waiting in the dead-letter queue), periodic (the
+    periodic jobs, as 'ledgerq periodic list --json' shows them), rate_limit (the
+    worker pools' start-rate limit: limit, count, period, starts, current_rate; null
+    without one) and progress (what the handlers of in-flight messages reported with
+    ledgerq.workers.progress: reader, id, attempts, fraction, note, updated).  On a read-only
     file system the queue is read without its lock, and the output says so (--json:
     read_without_lock).
     """
@@ -524,6 +527,7 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
         figures, dlq, note = _readonly.stats(queue), _readonly.dlq_pending(queue), _readonly.NOTE
         jobs = None  # (not read without the lock)
     from ledgerq.cli._periodic import job_json, jobs_table
+    from ledgerq.cli._pool import pool_json, progress_rows, rate_limit_text
 
     if as_json:
         value = dataclasses.asdict(figures)
@@ -532,6 +536,7 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
         value["dlq"] = dlq
         if jobs is not None:
             value["periodic"] = [job_json(job) for job in jobs]
+        value.update(pool_json(queue))
         if note is not None:
             value["read_without_lock"] = note
         write_json({"queue": queue, **value})
@@ -558,6 +563,9 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
         ("disk", f"{format_bytes(figures.disk_bytes)} in {plural(figures.segments, 'segment')}"),
         ("next id", str(figures.next_id)),
     ]
+    limit = rate_limit_text(queue)
+    if limit is not None:
+        rows.append(("rate limit", limit))
     for name, value_text in rows:
         summary.add_row(name, value_text)
     readers = Table(title="readers", title_justify="left")
@@ -582,6 +590,14 @@ def stats(queue: str, as_json: bool, option_pairs: tuple[str, ...]) -> None:
             format_age(reader.oldest_pending_age),
         )
     tables = [summary, readers]
+    reported = progress_rows(queue)
+    if reported:
+        progress = Table(title="in-flight progress", title_justify="left")
+        for name in ("reader", "id", "done", "note"):
+            progress.add_column(name, justify="right" if name in ("id", "done") else "left")
+        for reader_name, message_id, done, text in reported:
+            progress.add_row(Text(reader_name), message_id, done, Text(printable(text)))
+        tables.append(progress)
     if jobs:
         tables.append(jobs_table(jobs))
     if note is not None:

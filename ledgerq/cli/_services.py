@@ -108,6 +108,12 @@ def load_handler(spec: str) -> Callable[..., Any]:
     "nothing) into the queue at PATH, exactly once, in place of the ack.",
 )
 @click.option(
+    "--rate-limit",
+    metavar="N/s|N/m|N/h",
+    help="At most N task starts per second, minute or hour for this queue, across every "
+    "worker on this machine at once (bursts of up to N).",
+)
+@click.option(
     "--exclusive",
     is_flag=True,
     help="Open the queue exclusively (a little faster; no other process may open it "
@@ -126,6 +132,7 @@ def worker(
     reader: str,
     until_empty: bool,
     forward_to: str | None,
+    rate_limit: str | None,
     exclusive: bool,
     as_json: bool,
     option_pairs: tuple[str, ...],
@@ -151,6 +158,11 @@ def worker(
         raise CliError(
             "the worker pool (ledgerq.workers) is not part of this ledgerq installation yet"
         ) from None
+    if rate_limit is not None:
+        try:
+            workers.parse_rate_limit(rate_limit)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--rate-limit") from None
     handler = load_handler(handler_spec)
     try:
         report = workers.run(
@@ -164,6 +176,7 @@ def worker(
             max_tasks_per_child=max_tasks_per_child,
             max_memory_per_child=max_memory_per_child,
             forward_to=forward_to,
+            rate_limit=rate_limit,
             **for_one_run(options),  # workers.run passes them to ledgerq.open
         )
     except ValueError as exc:

@@ -16,6 +16,7 @@ import functools
 import gc
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -76,6 +77,7 @@ from ledgerq.core.reader import (
 )
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_appends import SharedAppends
+from ledgerq.core.tracing import TRACE_MODULE, traced_items, with_trace_context
 from ledgerq.core.waits import Waits
 from ledgerq.format.entry import (
     Entry,
@@ -126,6 +128,7 @@ logger = logging.getLogger("ledgerq")
 
 DEFAULT_READER = "default"
 _MEDIUM = Priority.MEDIUM
+_MODULES = sys.modules  # TRACE_MODULE in it: OpenTelemetry is in use (core/tracing)
 _NO_READERS = contextlib.nullcontext()  # an exclusive append holds no reader's step
 _NS = 1_000_000_000
 _COMPRESSED = int(EntryFlags.COMPRESSED)
@@ -865,7 +868,12 @@ class QueueCore(Closing):
         None: forever), then raises :class:`QueueFullError` having written nothing.
         A payload larger than ``max_pending_bytes`` raises
         :class:`MessageTooLargeError` at once.
+
+        Inside a current OpenTelemetry span, the message carries its W3C
+        ``traceparent`` header (core/tracing; nothing without OpenTelemetry).
         """
+        if TRACE_MODULE in _MODULES:
+            headers = with_trace_context(headers)
         if (
             type(payload) is bytes
             and headers is None
@@ -1061,8 +1069,11 @@ class QueueCore(Closing):
 
         Every item is validated first: if any is invalid, nothing is written.  In a
         bounded queue the batch waits up to ``timeout`` for room for all of it (as
-        :meth:`enqueue`): all or nothing.
+        :meth:`enqueue`): all or nothing.  Inside a current OpenTelemetry span, each
+        message carries its ``traceparent`` header (as :meth:`enqueue`).
         """
+        if TRACE_MODULE in _MODULES:
+            items = traced_items(items)
         if self._plain_path and timeout == 0:
             limit = self.options.max_message_size
             payloads = items if isinstance(items, list) else list(items)

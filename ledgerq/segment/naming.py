@@ -24,6 +24,9 @@
         state                   SHARED_STATE_NAME: the state page (format.shared_state)
         <name>.reader           reader_lock_path(): flock'ed across a reader's step
         <handle:016x>.live      handle_live_path(): flock'ed while that handle lives
+        ratelimit               RATE_LIMIT_NAME: the worker pools' start times (rate_limit=)
+        progress/               PROGRESS_DIR: what running pool tasks reported
+          <reader>.<id:020d>    progress_path(): one in-flight message's progress
       reserve                   RESERVE_NAME: disk space held back for acks on a full disk
 
 A file being replaced is written first as ``<name>.tmp`` (TMP_SUFFIX) and renamed.
@@ -49,7 +52,9 @@ __all__ = [
     "OPENING_NAME",
     "OPTIONS_NAME",
     "PERIODIC_NAME",
+    "PROGRESS_DIR",
     "QUEUE_NAMES",
+    "RATE_LIMIT_NAME",
     "READERS_DIR",
     "RESERVE_NAME",
     "RETRIES_NAME",
@@ -67,6 +72,9 @@ __all__ = [
     "list_segment_ids",
     "log_path",
     "parse_log_name",
+    "parse_progress_name",
+    "progress_path",
+    "rate_limit_path",
     "reader_lock_path",
     "reader_state_path",
 ]
@@ -95,6 +103,8 @@ RETRIES_NAME = "retries.log"
 UNIQUE_NAME = "unique.log"
 PERIODIC_NAME = "periodic.log"
 FORWARDS_NAME = "forwards.log"
+RATE_LIMIT_NAME = "ratelimit"  # in SHARED_DIR
+PROGRESS_DIR = "progress"  # in SHARED_DIR
 
 # Everything a queue directory may hold: a directory holding anything else and no
 # meta.json is not a queue (``meta.json.tmp``: a first open killed before its rename).
@@ -194,3 +204,22 @@ def list_live_handles(queue_dir: str) -> list[int]:
     except FileNotFoundError:
         return []
     return sorted(int(m.group(1), 16) for m in map(_LIVE_NAME.match, names) if m)
+
+
+def rate_limit_path(queue_dir: str) -> str:
+    """Path of the file the worker pools of the queue at ``queue_dir`` share a rate limit in."""
+    return os.path.join(queue_dir, SHARED_DIR, RATE_LIMIT_NAME)
+
+
+def progress_path(queue_dir: str, reader: str, message_id: int) -> str:
+    """Path of the progress record of the message ``message_id`` leased by ``reader``."""
+    return os.path.join(queue_dir, SHARED_DIR, PROGRESS_DIR, f"{reader}.{message_id:020d}")
+
+
+_PROGRESS_NAME = re.compile(r"^(.+)\.(\d{20})$")
+
+
+def parse_progress_name(name: str) -> tuple[str, int] | None:
+    """The reader and message id a progress record's file name says (None: not one)."""
+    match = _PROGRESS_NAME.match(name)
+    return (match.group(1), int(match.group(2))) if match else None

@@ -77,6 +77,8 @@ from ledgerq.segment.naming import (
     list_reader_names,
     list_segment_ids,
 )
+from ledgerq.segment.progress import Progress, read_progress
+from ledgerq.segment.ratelimit import RateState, read_rate_state
 from ledgerq.segment.readonly_state import JournalTail, ReaderState, reader_heads, replay_reader
 from ledgerq.segment.readonly_tail import LogTail, SegmentTail, last_complete_id
 from ledgerq.segment.watch import DirectoryWatcher, WatchMode, open_watcher
@@ -117,6 +119,11 @@ __all__ = [
     "VIEW_ATTEMPTS",
     "view_message",
     "view_sealer",
+    # what the worker pools share (the console and `ledgerq stats` show it)
+    "Progress",
+    "RateState",
+    "read_progress",
+    "read_rate_state",
 ]
 
 logger = logging.getLogger("ledgerq")

@@ -38,7 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 import ledgerq
 from ledgerq import tools
-from ledgerq.ui import _browse
+from ledgerq.ui import _browse, _pool
 from ledgerq.ui._actions import Action, ActionRefused, Job, JobBoard, Verb
 from ledgerq.ui._actions import Scope as ActionScope
 from ledgerq.ui._catalog import Catalog
@@ -476,6 +476,7 @@ def _queue_context(console: Console, name: str, files: QueueFiles) -> dict[str, 
         "name": name,
         "figures": figures,
         "rates": rates,
+        "rate_limit": _pool.rate_limit(files.path),
         "periodic": tools.periodic_jobs(files.path),
         "count_chart": counts,
         "rate_chart": chart(
@@ -493,11 +494,12 @@ def queue_page(console: Console, request: Request) -> Response:
     else:
         next_up = _browse.next_messages(files, NEXT_MESSAGES)
         leased = _browse.in_flight_messages(files, NEXT_MESSAGES)
+    reports = _pool.progress_of(files.path, DEFAULT_READER, [(v.id, v.attempts) for v in leased])
     return console.render(
         "queue.html",
         title=name,
         next_up=[(v, short(v.message.payload)) for v in next_up],
-        leased=[(v, short(v.message.payload)) for v in leased],
+        leased=[(v, short(v.message.payload), reports.get(v.id)) for v in leased],
         **context,
     )
 
@@ -534,6 +536,20 @@ def api_queue(console: Console, request: Request) -> Response:
         }
         for job in tools.periodic_jobs(files.path)
     ]
+    limit = _pool.rate_limit(files.path)
+    value["rate_limit"] = None if limit is None else limit.json()
+    if figures.is_locked:
+        value["in_flight_progress"] = []
+    else:
+        leased = _browse.in_flight_messages(files, NEXT_MESSAGES)
+        reports = _pool.progress_of(
+            files.path, DEFAULT_READER, [(v.id, v.attempts) for v in leased]
+        )
+        value["in_flight_progress"] = [
+            {"id": v.id, "attempts": v.attempts, **_pool.progress_json(reports[v.id])}
+            for v in leased
+            if v.id in reports
+        ]
     return JSONResponse(value)
 
 

@@ -155,9 +155,27 @@ def test_worker_refuses_bad_limits_and_reader_names(tmp_path: Path) -> None:
         ("--max-memory-per-child", "5iB"),
         ("--max-tasks-per-child", "0"),
         ("--reader", "../elsewhere"),
+        ("--rate-limit", "20"),
+        ("--rate-limit", "0/s"),
+        ("--rate-limit", "20/day"),
     ]:
         result = fails(*base, flag, value, cwd=tmp_path, code=2)
         assert flag in result.err and "Traceback" not in result.err, result
+
+
+def test_worker_with_a_rate_limit(tmp_path: Path) -> None:
+    """--rate-limit reaches the pool: its start times are in the queue's shared/."""
+    q = tmp_path / "q"
+    (tmp_path / "tasks.py").write_text(HANDLER)
+    with ledgerq.open(q) as queue:
+        queue.enqueue_batch([b"a", b"c"])
+    args = ("worker", q, "tasks:handle", "--until-empty", "--rate-limit", "1000/s", "--json")
+    assert ok(*args, cwd=tmp_path).json()["processed"] == 2
+    from ledgerq.segment.readonly import read_rate_state
+
+    state = read_rate_state(str(q), 0)
+    assert state is not None and (state.count, state.period_ns) == (1000, 10**9)
+    assert state.starts >= 2
 
 
 def test_byte_sizes_read_as_documented() -> None:

@@ -68,6 +68,8 @@ CHECKED_TABLES = {
     "unique-record",
     "periodic-record",
     "forward-record",
+    "rate-limit",
+    "progress-record",
 }
 
 _MARKER = re.compile(r"<!--\s*table:\s*([\w-]+)\s*-->")
@@ -656,6 +658,64 @@ def test_files() -> None:
     assert reader_lock.format(name="r") == naming.reader_lock_path("", "r")
     (live,) = [p for p in paths if p.endswith(".live")]
     assert live.format(handle=0xAB) == naming.handle_live_path("", 0xAB)
+    assert f"{shared}/{naming.RATE_LIMIT_NAME}" in paths
+    assert naming.rate_limit_path("") == f"{shared}/{naming.RATE_LIMIT_NAME}"
+    (progress,) = [p for p in paths if p.startswith(f"{shared}/{naming.PROGRESS_DIR}/")]
+    assert progress.format(reader="r", id=42) == naming.progress_path("", "r", 42)
+    assert naming.parse_progress_name(progress.format(reader="a.b", id=7).split("/")[-1]) == (
+        "a.b",
+        7,
+    )
+
+
+def test_rate_limit_table_matches_the_layout(tmp_path: Path) -> None:
+    """shared/ratelimit decoded with the table alone, as a limiter wrote it."""
+    from ledgerq.segment import ratelimit
+
+    rows = table("rate-limit")
+    assert_rows_match_struct(rows, ratelimit.HEADER)
+    assert "128" in SPEC.read_text().split("<!-- table: rate-limit -->")[0].rsplit("###", 1)[1]
+    assert ratelimit.HEADER_SIZE == 128 and ratelimit.SLOT.size == 8
+    assert str(ratelimit.MAX_COUNT) in row("rate-limit", "count")["meaning"]
+    now = [7_000_000_000]
+    limiter = ratelimit.RateLimiter(str(tmp_path), 3, 1_000_000_000, lambda: now[0])
+    for step in range(4):
+        limiter.acquire()
+        now[0] += 1000 * step
+    limiter.close()
+    raw = (tmp_path / "shared" / "ratelimit").read_bytes()
+    values, end = walk(rows, raw)
+    assert values["magic"] == b"LQRL" and values["version"] == ratelimit.VERSION == 1
+    assert (values["count"], values["period_ns"], values["head"], values["starts"]) == (
+        3,
+        1_000_000_000,
+        0,
+        3,
+    )
+    assert raw[end:128] == bytes(128 - end) and len(raw) == 128 + 3 * 8
+    slots = [v for (v,) in struct.iter_unpack("<Q", raw[128:])]
+    assert slots == [7_000_000_000, 7_000_000_000, 7_000_001_000]
+
+
+def test_progress_record_read_with_the_table_alone() -> None:
+    from ledgerq.segment import progress
+
+    rows = table("progress-record")
+    assert_rows_match_struct(rows[:-1], progress.RECORD)
+    assert str(progress.MAX_NOTE_CHARS) in rows[-1]["meaning"]
+    blob = progress.encode_progress(42, 2, 0.25, "résumé", 1_700_000_000_000_000_000)
+    values, end = walk(rows, blob)
+    assert end == len(blob)
+    assert values == {
+        "magic": b"LQPG",
+        "version": progress.VERSION,
+        "id": 42,
+        "attempts": 2,
+        "updated": 1_700_000_000_000_000_000,
+        "fraction_ppm": 250_000,
+        "note_length": len("résumé".encode()),
+        "note": "résumé",
+    }
 
 
 def test_meta_fields() -> None:

@@ -113,3 +113,70 @@ def hang_noting_attempts(message: ledgerq.Message) -> None:
     """Note ``<id> <attempt> <time_ns>``, then hang (past any task timeout)."""
     _note_attempt(message)
     time.sleep(3600)  # the workload: a task that never ends on its own
+
+
+CLOCK_FILE = "LEDGERQ_TEST_CLOCK_FILE"
+
+
+class FileClock:
+    """A clock every process reads from one file the test rewrites (``set``): time
+    that passes only when the test says, the same for pools in several processes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def set(self, mono_ns: int) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as file:
+            file.write(str(mono_ns))
+        os.replace(tmp, self.path)  # readers see the old time or the new one
+
+    def monotonic_ns(self) -> int:
+        with open(self.path) as file:
+            return int(file.read())
+
+    def time_ns(self) -> int:
+        return 1_750_000_000_000_000_000 + self.monotonic_ns()
+
+
+def clocked(message: ledgerq.Message) -> None:
+    """Note ``<id> <the test clock's time>``: when, for the limiter, the task started."""
+    now = FileClock(os.environ[CLOCK_FILE]).monotonic_ns()
+    _note(b"%d %d\n" % (message.id, now))
+
+
+def report_then_wait(message: ledgerq.Message) -> None:
+    """Report progress 0.5 ("half of <payload>"), wait for the FIFO ``go-<payload>`` like
+    :func:`wait_for_go`, then record."""
+    name = message.payload.decode()
+    ledgerq.workers.progress(0.5, note=f"half of {name}")
+    with open(os.path.join(os.environ[GO_DIR], f"go-{name}"), "rb") as go:
+        go.read()
+    _record(message)
+
+
+def report_then_crash_once(message: ledgerq.Message) -> None:
+    """Report progress, then kill the process on the first attempt; record on the next."""
+    ledgerq.workers.progress(0.1, note=f"attempt {message.attempts}")
+    if message.attempts == 1:
+        os._exit(9)
+    _record(message)
+
+
+def traced(message: ledgerq.Message) -> None:
+    """Note ``<id> <trace id> <parent span id> <span name>`` of the span it runs in
+    (``-`` for none): the producer's trace continued, or not."""
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    context = span.get_span_context()
+    parent = getattr(span, "parent", None)
+    _note(
+        b"%d %032x %s %s\n"
+        % (
+            message.id,
+            context.trace_id,
+            b"%016x" % parent.span_id if parent is not None else b"-",
+            getattr(span, "name", "-").replace(" ", "_").encode(),
+        )
+    )
