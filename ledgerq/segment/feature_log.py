@@ -141,6 +141,7 @@ class FeatureLog:
         self._defer = False  # opening alone: a failed rewrite defers, never raises
         self._inode = 0  # the file this handle appends to (has_news)
         self._ahead: int | None = None  # the size before records written ahead (undo_ahead)
+        self._ahead_records = 0  # and the records then
 
     # ------------------------------------------------------------------ loading
 
@@ -309,10 +310,13 @@ class FeatureLog:
         """Append records written *before* what they describe (lock held), or raise
         having written nothing: then :meth:`keep_ahead` once the operation is done, or
         :meth:`undo_ahead` if it failed."""
-        size = self._log.size
-        self.append(blob, count)
+        log = self._log
+        size = log.size
+        log.append_record(blob)  # (append, inlined: this is every forward's path)
         if self._ahead is None:
             self._ahead = size
+            self._ahead_records = self.records
+        self.records += count
 
     def keep_ahead(self) -> None:
         """The operation the records written ahead describe is done: they stay."""
@@ -329,6 +333,8 @@ class FeatureLog:
             self._log.settle(size)
         except StorageError as exc:
             logger.warning("ledgerq: %s; records of a failed write stay in the %s", exc, self.what)
+        else:
+            self.records = self._ahead_records  # (they are not in the file: not counted)
 
     def _not_saved(self, exc: StorageError) -> None:
         logger.warning("ledgerq: %s; the %s will be saved whole at the next sync", exc, self.what)
