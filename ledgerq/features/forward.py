@@ -199,7 +199,8 @@ class ForwardFeature(Feature):
         :meth:`handoff_taken` (or :meth:`rollback`)."""
         log = self._log
         assert log is not None
-        log.current(create=True)
+        if log.stale:  # (exclusive mode, once loaded: no call at all)
+            log.current(create=True)
         if key in self._taken:
             landed = self._landed(key)
             if landed is not None:
@@ -219,7 +220,17 @@ class ForwardFeature(Feature):
         provisional = self._provisional
         assert provisional is not None
         self._provisional = None
-        self._taken_now(provisional)
+        # _taken_now, inlined: this is every forward's path
+        key, first_id, count, _ = provisional
+        log = self._log
+        assert log is not None
+        log.keep_ahead()
+        taken = self._taken
+        if key in taken:
+            del taken[key]  # (an unverified record of it, found never written)
+        taken[key] = (first_id, count, _VERIFIED)
+        if log.records >= 2 * KEEP_RECORDS:
+            log.compact()  # to the newest KEEP_RECORDS (if it fails, later)
 
     def before_append(self) -> None:
         provisional = self._provisional
