@@ -27,9 +27,10 @@ was written ahead of an operation that then failed).  A feature that writes it
 *after* (a dedup id once its message is in the log, a retry reason once the nack is
 counted) uses :meth:`append_or_defer`: the record stays in the table, later records
 are appended as usual, and the table is written whole by :meth:`save_deferred`
-(dedup: before another id is promised) or at the next :meth:`flush` (sync, close).  The open of a handle alone with the queue
-never fails for a write either: the file as it is holds the table, or, when it
-cannot be appended to, the table waits in memory the same way.  (This is the fix of
+(dedup: before another id is promised) or at the next :meth:`flush` (sync, close).
+The open of a handle alone with the queue never fails for a write either: the file
+as it is holds the table, or, when it cannot be appended to, the table waits in
+memory the same way.  (This is the fix of
 docs/reliability.md's bugs 21 and 32: a dedup record lost after a full disk, then a
 crash.)
 
