@@ -213,22 +213,17 @@ class ForwardFeature(Feature):
         log.append_ahead(framed + _pack_length(checksum(framed)))  # (or raises)
         if self._sync_always:
             log.sync()  # before the entries (see before_append)
+        # Noted now (at the end: the table stays in file order), taken back by rollback
+        # if the entries fail; the key is not there (or _landed just dropped it).
+        self._taken[key] = (first_id, count, _VERIFIED)
         return None
 
     def handoff_taken(self) -> None:
         """The entries of :meth:`take_handoff` are written (lock held)."""
-        provisional = self._provisional
-        assert provisional is not None
-        self._provisional = None
-        # _taken_now, inlined: this is every forward's path
-        key, first_id, count, _ = provisional
+        self._provisional = None  # (in the table since take_handoff)
         log = self._log
         assert log is not None
         log.keep_ahead()
-        taken = self._taken
-        if key in taken:
-            del taken[key]  # (an unverified record of it, found never written)
-        taken[key] = (first_id, count, _VERIFIED)
         if log.records >= 2 * KEEP_RECORDS:
             log.compact()  # to the newest KEEP_RECORDS (if it fails, later)
 
@@ -273,6 +268,8 @@ class ForwardFeature(Feature):
             log.keep_ahead()
             self._taken[provisional[0]] = (provisional[1], provisional[2], _VERIFIED)
             return
+        if provisional is not None:
+            self._taken.pop(provisional[0], None)  # (noted by take_handoff)
         # The record is written, its items not: cut it back.  If that fails too it
         # stays, unverifiable - no entry has its id and timestamp.
         log.undo_ahead()
