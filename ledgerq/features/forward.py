@@ -243,17 +243,13 @@ class ForwardFeature(Feature):
         if provisional is None:
             return
         self._provisional = None
-        self._taken_now(provisional)
-
-    def _taken_now(self, provisional: tuple[bytes, int, int, int]) -> None:
-        """The items of the record written ahead are in the log (lock held)."""
-        key, first_id, count, _ = provisional
+        key, noted_first, count, _ = provisional
         log = self._log
         assert log is not None
         log.keep_ahead()
         taken = self._taken
         taken.pop(key, None)  # (an unverified record of it, found never written)
-        taken[key] = (first_id, count, _VERIFIED)
+        taken[key] = (noted_first, count, _VERIFIED)
         if log.records >= 2 * KEEP_RECORDS:
             log.compact()  # to the newest KEEP_RECORDS (if it fails, later)
 
