@@ -28,37 +28,30 @@ The file keeps the newest ``KEEP_RECORDS`` keys: it is rewritten (temp file, ren
 once it holds twice as many.  A source message delivered again after that many later
 forwards into the same target is not recognised.
 
-Shared mode: every handle appends under the append lock and reads what the others
-appended before looking a key up; a rewrite replaces the file and the others, seeing
-theirs unlinked, read the new one whole.
+The file's protocol (loading, damage, a torn tail, the version upgrade, shared mode, a
+full disk) is :class:`~ledgerq.segment.feature_log.FeatureLog`'s; the record is one it
+writes *ahead* (``append_ahead``, then ``keep_ahead`` or ``undo_ahead``).  Shared mode:
+every handle appends under the append lock and reads what the others appended before
+looking a key up; a rewrite replaces the file and the others, seeing theirs unlinked,
+read the new one whole.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import struct
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.core.feature import Draft, Feature, HandedOff, handoff_key
 from ledgerq.format.checksum import checksum
-from ledgerq.format.errors import DecodeError
-from ledgerq.format.feature_state import (
-    FEATURE_VERSION,
-    decode_feature_file,
-    decode_feature_records,
-    encode_feature_file_header,
-)
-from ledgerq.segment.appendlog import AppendLog
-from ledgerq.segment.files import StorageError, make_durable_dir
-from ledgerq.segment.naming import FEATURES_DIR, FORWARDS_NAME
+from ledgerq.segment.feature_log import FeatureLog
+from ledgerq.segment.naming import FORWARDS_NAME, feature_log_path
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
 
 __all__ = ["FORWARDS_MAGIC", "KEEP_RECORDS", "ForwardFeature", "handoff_key"]
-
-logger = logging.getLogger("ledgerq")
 
 FORWARDS_MAGIC = b"LQFW"
 KEEP_RECORDS = 65536  # hand-off keys kept after a rewrite
@@ -112,88 +105,44 @@ class ForwardFeature(Feature):
         self._taken: dict[bytes, tuple[int, int, int]] = {}
         # (key, first id, count, stamp) admitted in the current call, not yet written
         self._provisional: tuple[bytes, int, int, int] | None = None
-        self._written_at: int | None = None  # the file's size before this call's record
-        self._log: AppendLog | None = None
-        self._path = ""
+        self._log: FeatureLog | None = None
         self._queue: QueueCore | None = None
-        self._shared = False
         self._sync_always = False
-        self._records = 0
 
     def attach(self, queue: QueueCore) -> None:
-        # Nothing is read or created here: at the first forward into the queue (_load).
+        # Nothing is read or created here: at the first forward into the queue (_current).
         self._queue = queue
-        self._shared = queue.shared
         self._sync_always = queue.options.sync == "always"
-        self._path = os.path.join(queue.path, FEATURES_DIR, FORWARDS_NAME)
+        self._log = FeatureLog(
+            feature_log_path(queue.path, FORWARDS_NAME),
+            FORWARDS_MAGIC,
+            "hand-off keys",
+            queue,
+            self,
+        )
 
-    # ------------------------------------------------------------------ the file
+    # ------------------------------------------------------------------ the table
 
-    def _load(self) -> AppendLog:
-        """Open the file (creating it if missing) and read it whole (lock held)."""
-        queue = self._queue
-        assert queue is not None
-        log = AppendLog(self._path, "hand-off keys")
-        log.on_full = lambda: queue.make_room()
-        if not os.path.exists(self._path):
-            make_durable_dir(os.path.dirname(self._path))
-            log.replace(encode_feature_file_header(FORWARDS_MAGIC))
-            self._log = log
-            return log
-        log.open(0, cut=False)  # news() reads it whole; settle() cuts a torn tail
-        log.size = 0
-        self._log = log
-        self._catch_up(log)
-        return log
-
-    def _catch_up(self, log: AppendLog) -> None:
-        """Apply what the file holds past what was read (other handles' records)."""
-        queue = self._queue
-        assert queue is not None
-        news = log.news()
-        if news is None:
-            return
-        data, replaced = news
-        base = log.size
-        if replaced or base == 0:
-            self._taken.clear()
-            self._records = 0
-            try:
-                found = decode_feature_file(data, FORWARDS_MAGIC)
-            except DecodeError:
-                logger.warning("ledgerq: %s is unreadable; no hand-off key is known", log.path)
-                queue.note_corrupt_skipped(1)
-                log.replace(encode_feature_file_header(FORWARDS_MAGIC))
-                return
-        else:
-            found = decode_feature_records(data, 0)
-        if found.damaged:
-            logger.warning("ledgerq: skipped %d damaged records in %s", found.damaged, log.path)
-            queue.note_corrupt_skipped(found.damaged)
+    def apply_record(self, value: Any) -> bool:
+        record = _record(value)
+        if record is None:
+            return False
+        key, first_id, count, timestamp = record
         taken = self._taken
-        for value in found.values:
-            record = _record(value)
-            if record is None:
-                queue.note_corrupt_skipped(1)
-                continue
-            key, first_id, count, timestamp = record
-            taken.pop(key, None)  # to the end: the table stays in file order
-            taken[key] = (first_id, count, timestamp)
-        self._records += len(found.values)
-        log.settle(base + found.end)
-        if found.version != FEATURE_VERSION:
-            self._rewrite(log)
+        taken.pop(key, None)  # to the end: the table stays in file order
+        taken[key] = (first_id, count, timestamp)
+        return True
 
-    def _rewrite(self, log: AppendLog) -> None:
-        """Replace the file with the newest KEEP_RECORDS keys (append lock held)."""
+    def clear_table(self) -> None:
+        self._taken.clear()
+
+    def table_records(self) -> Iterator[bytes]:
+        """The records of the newest KEEP_RECORDS keys (a rewrite)."""
         taken = self._taken
         while len(taken) > KEEP_RECORDS:
             del taken[next(iter(taken))]
-        blob = encode_feature_file_header(FORWARDS_MAGIC) + b"".join(
-            _encode_record(key, *noted) for key, noted in taken.items()
-        )
-        log.replace(blob)
-        self._records = len(taken)
+        for key, noted in taken.items():
+            yield _encode_record(key, *noted)
 
     # ------------------------------------------------------------------ deciding
 
@@ -230,17 +179,18 @@ class ForwardFeature(Feature):
 
     def handed_off(self, key: bytes) -> list[int] | None:
         """The ids ``key`` landed, or None (lock held): a forward of no items."""
-        if self._log is None and not os.path.exists(self._path):
+        log = self._log
+        assert log is not None
+        if not log.is_loaded and not os.path.exists(log.path):
             return None  # never forwarded into: nothing to look up, no file to make
         return self._look_up(key)
 
     def _look_up(self, key: bytes) -> list[int] | None:
-        """Read the file's news, then :meth:`_landed` (lock held)."""
+        """The file's news (created at the first forward), then :meth:`_landed` (lock
+        held)."""
         log = self._log
-        if log is None:
-            self._load()
-        elif self._shared:
-            self._catch_up(log)
+        assert log is not None
+        log.current(create=True)
         return self._landed(key)
 
     def take_handoff(self, key: bytes, first_id: int, count: int, now_ns: int) -> list[int] | None:
@@ -248,51 +198,42 @@ class ForwardFeature(Feature):
         landed before; or None, having written its record - the entries come next, then
         :meth:`handoff_taken` (or :meth:`rollback`)."""
         log = self._log
-        if log is None:
-            log = self._load()
-        elif self._shared:
-            self._catch_up(log)
+        assert log is not None
+        if log.stale:  # (exclusive mode, once loaded: no call at all)
+            log.current(create=True)
         if key in self._taken:
             landed = self._landed(key)
             if landed is not None:
                 return landed
         self._provisional = (key, first_id, count, now_ns)
-        size = log.size
         # _encode_record, inlined: one call fewer per forward
         framed = _pack_framed(
             _RECORD_HEAD, 0x94, 0xC4, _KEY_SIZE, key, 0xCF, first_id, 0xCF, count, 0xD3, now_ns
         )
-        log.append_record(framed + _pack_length(checksum(framed)))  # (or raises)
-        self._written_at = size
+        log.append_ahead(framed + _pack_length(checksum(framed)))  # (or raises)
         if self._sync_always:
             log.sync()  # before the entries (see before_append)
+        # Noted now (at the end: the table stays in file order), taken back by rollback
+        # if the entries fail; the key is not there (or _landed just dropped it).
+        self._taken[key] = (first_id, count, _VERIFIED)
         return None
 
     def handoff_taken(self) -> None:
         """The entries of :meth:`take_handoff` are written (lock held)."""
-        provisional = self._provisional
-        assert provisional is not None
-        key, first_id, count, _ = provisional
-        self._provisional = self._written_at = None
-        taken = self._taken
-        if key in taken:
-            del taken[key]  # (an unverified record of it, found never written)
-        taken[key] = (first_id, count, _VERIFIED)
-        self._records += 1
-        if self._records >= 2 * KEEP_RECORDS:
-            self._rewrite_soon()
+        self._provisional = None  # (in the table since take_handoff)
+        log = self._log
+        assert log is not None
+        log.keep_ahead()
+        if log.records >= 2 * KEEP_RECORDS:
+            log.compact()  # to the newest KEEP_RECORDS (if it fails, later)
 
     def before_append(self) -> None:
         provisional = self._provisional
         if provisional is None:
             return
-        queue = self._queue
         log = self._log
-        assert queue is not None
         assert log is not None
-        size = log.size
-        log.append_record(_encode_record(*provisional))  # raises having written nothing
-        self._written_at = size
+        log.append_ahead(_encode_record(*provisional))  # raises having written nothing
         if self._sync_always:
             # Before the items: a power loss must not keep them and lose the record.
             log.sync()
@@ -301,47 +242,38 @@ class ForwardFeature(Feature):
         provisional = self._provisional
         if provisional is None:
             return
-        key, noted_first, count, _ = provisional
         self._provisional = None
-        self._written_at = None
-        taken = self._taken
-        taken.pop(key, None)
-        taken[key] = (noted_first, count, _VERIFIED)
-        self._records += 1
-        if self._records >= 2 * KEEP_RECORDS:
-            self._rewrite_soon()
-
-    def _rewrite_soon(self) -> None:
-        """The file holds twice KEEP_RECORDS records: keep the newest (lock held)."""
+        key, noted_first, count, _ = provisional
         log = self._log
-        if log is None:
-            return
-        try:
-            self._rewrite(log)
-        except StorageError as exc:
-            logger.warning("ledgerq: %s; the hand-off file is rewritten later", exc)
+        assert log is not None
+        log.keep_ahead()
+        taken = self._taken
+        taken.pop(key, None)  # (an unverified record of it, found never written)
+        taken[key] = (noted_first, count, _VERIFIED)
+        if log.records >= 2 * KEEP_RECORDS:
+            log.compact()  # to the newest KEEP_RECORDS (if it fails, later)
 
     def rollback(self) -> None:
         provisional, self._provisional = self._provisional, None
-        written_at, self._written_at = self._written_at, None
-        queue = self._queue
+        queue, log = self._queue, self._log
+        if log is None:
+            return
         if provisional is not None and queue is not None and queue._next_id > provisional[1]:
             # The items reached the log all the same (a rotation failed after the
             # write): the hand-off happened, its record stays.
+            log.keep_ahead()
             self._taken[provisional[0]] = (provisional[1], provisional[2], _VERIFIED)
             return
-        if written_at is not None and self._log is not None:
-            # The record is written, its items not: cut it back.  If that fails too it
-            # stays, unverifiable - no entry has its id and timestamp.
-            try:
-                self._log.settle(written_at)
-            except StorageError as exc:
-                logger.warning("ledgerq: %s; an unused hand-off record stays", exc)
+        if provisional is not None:
+            self._taken.pop(provisional[0], None)  # (noted by take_handoff)
+        # The record is written, its items not: cut it back.  If that fails too it
+        # stays, unverifiable - no entry has its id and timestamp.
+        log.undo_ahead()
 
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
-        if self._log is not None and self._log.is_open:
+        if self._log is not None:
             self._log.sync()
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """The one protocol of a feature's log: a table kept in memory, its records on disk.
 
-A feature (dedup ids, unique keys, retry reasons, periodic jobs) keeps a table in
-memory and says each change of it as a record appended to its file under
+A feature (dedup ids, unique keys, retry reasons, periodic jobs, hand-offs) keeps a
+table in memory and says each change of it as a record appended to its file under
 ``features/`` (framed as format/feature_state.py frames them), which now and then
 is rewritten whole as the records of the table.  The steps are the same for every
 feature, and are here once; the feature gives only its table, a :class:`FeatureTable`
@@ -20,15 +20,17 @@ feature took kept.
 
 Full disk.  An append that fails is cut back (:class:`AppendLog`) and, on ENOSPC,
 tried once more in the disk reserve's room (the host's ``make_room``).  A feature
-that writes its record *before* what it describes (unique keys, periodic fires) uses
-:meth:`FeatureLog.append`, which raises having written nothing: its caller undoes
-the operation.  A feature that writes it *after* (a dedup id once its message is in
-the log, a retry reason once the nack is counted) uses :meth:`append_or_defer`: the
-record stays in the table, later records are appended as usual, and the table is
-written whole by :meth:`save_deferred` (dedup: before another id is promised) or at
-the next :meth:`flush` (sync, close).  The open of a handle alone with the queue
-never fails for a write either: the file as it is holds the table, or, when it
-cannot be appended to, the table waits in memory the same way.  (This is the fix of
+that writes its record *before* what it describes (unique keys, periodic fires,
+hand-offs) uses :meth:`FeatureLog.append` or :meth:`append_ahead`, which raise having
+written nothing: its caller undoes the operation (:meth:`undo_ahead` cuts back what
+was written ahead of an operation that then failed).  A feature that writes it
+*after* (a dedup id once its message is in the log, a retry reason once the nack is
+counted) uses :meth:`append_or_defer`: the record stays in the table, later records
+are appended as usual, and the table is written whole by :meth:`save_deferred`
+(dedup: before another id is promised) or at the next :meth:`flush` (sync, close).
+The open of a handle alone with the queue never fails for a write either: the file
+as it is holds the table, or, when it cannot be appended to, the table waits in
+memory the same way.  (This is the fix of
 docs/reliability.md's bugs 21 and 32: a dedup record lost after a full disk, then a
 crash.)
 
@@ -138,9 +140,14 @@ class FeatureLog:
         self.records = 0  # records in the file (live or not): when to compact
         self.unsaved = False  # the table holds what the file does not: write it whole
         self._loaded = False
+        # Whether current() has anything to do: not loaded yet, or shared mode (the
+        # others may have appended).  A plain attribute, for a hot path (a forward) to
+        # skip the call: ``if log.stale: log.current(...)``.
+        self.stale = True
         self._defer = False  # opening alone: a failed rewrite defers, never raises
         self._inode = 0  # the file this handle appends to (has_news)
         self._ahead: int | None = None  # the size before records written ahead (undo_ahead)
+        self._ahead_records = 0  # and the records then
 
     # ------------------------------------------------------------------ loading
 
@@ -192,6 +199,7 @@ class FeatureLog:
             self._log.close()
             raise
         self._loaded = True
+        self.stale = self._shared
         return True
 
     def current(self, *, create: bool = False) -> bool:
@@ -309,10 +317,13 @@ class FeatureLog:
         """Append records written *before* what they describe (lock held), or raise
         having written nothing: then :meth:`keep_ahead` once the operation is done, or
         :meth:`undo_ahead` if it failed."""
-        size = self._log.size
-        self.append(blob, count)
+        log = self._log
+        size = log.size
+        log.append_record(blob)  # (append, inlined: this is every forward's path)
         if self._ahead is None:
             self._ahead = size
+            self._ahead_records = self.records
+        self.records += count
 
     def keep_ahead(self) -> None:
         """The operation the records written ahead describe is done: they stay."""
@@ -329,6 +340,8 @@ class FeatureLog:
             self._log.settle(size)
         except StorageError as exc:
             logger.warning("ledgerq: %s; records of a failed write stay in the %s", exc, self.what)
+        else:
+            self.records = self._ahead_records  # (they are not in the file: not counted)
 
     def _not_saved(self, exc: StorageError) -> None:
         logger.warning("ledgerq: %s; the %s will be saved whole at the next sync", exc, self.what)

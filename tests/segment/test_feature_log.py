@@ -192,6 +192,31 @@ def test_records_written_ahead_are_kept_or_cut_back(tmp_path: Path) -> None:
     table.log.append_ahead(encode_feature_record(["b", 3]))  # (one operation, two records)
     table.log.undo_ahead()  # ...that failed
     table.log.undo_ahead()  # (nothing more to undo)
+    assert table.log.records == 1  # the records cut back are not counted (compaction)
     table.put("c", 3)
     table.log.close()
     assert read_feature_values(str(path), MAGIC) == [["a", 1], ["c", 3]]
+
+
+def test_stale_says_whether_current_has_anything_to_do(tmp_path: Path) -> None:
+    """Exclusive mode: nothing once loaded; shared mode: always (the others append)."""
+    table = Table(tmp_path / "t.log", None)
+    assert table.log.stale
+    table.log.current(create=True)
+    assert not table.log.stale
+    table.log.close()
+    with (
+        ledgerq.open(tmp_path / "q", shared=True) as a,
+        ledgerq.open(tmp_path / "q", shared=True) as b,
+    ):
+        one = Table(tmp_path / "q" / "features" / "t.log", a)
+        two = Table(tmp_path / "q" / "features" / "t.log", b)
+        with one.log.locked():
+            one.log.current(create=True)
+        assert one.log.stale
+        two.put("a", 1)
+        with one.log.locked():
+            one.log.current()
+        assert one.rows == {"a": 1} and one.log.stale
+        one.log.close()
+        two.log.close()
