@@ -63,6 +63,7 @@ class Child:
         self.stderr_path = stderr_path
         self.timed_out = False
         self._watchdog_seconds = watchdog_seconds
+        self._dumped = threading.Event()  # never set: _expire's bounded pause
         with open(stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, *self.args],
@@ -81,6 +82,14 @@ class Child:
     def _expire(self) -> None:
         self.timed_out = True
         with contextlib.suppress(OSError):
+            pid = self.proc.pid
+            if os.getpgid(pid) == pid:
+                # A child leading its own process group (a pool's owner) may have asked
+                # faulthandler to dump every thread on SIGUSR1 (its forked processes
+                # inherit that): their stacks reach the stderr the failure shows.  A
+                # signal nobody handles ends the group, which the SIGKILL does anyway.
+                os.killpg(pid, signal.SIGUSR1)
+                self._dumped.wait(2.0)
             self.proc.send_signal(signal.SIGKILL)
 
     def stderr_text(self) -> str:

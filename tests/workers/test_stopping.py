@@ -20,7 +20,8 @@ from tests.workers import _handlers
 
 # The owner: its own process group, the pool's log on stdout, then its report.
 _OWNER = """
-import logging, os, sys
+import faulthandler, logging, os, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the watchdog's dump of a hang
 import ledgerq.workers as w
 from tests.workers import _handlers as h
 os.setpgrp()
