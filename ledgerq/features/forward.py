@@ -39,12 +39,11 @@ read the new one whole.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.core.feature import Draft, Feature, HandedOff, handoff_key
-from ledgerq.format.checksum import checksum
+from ledgerq.format.feature_state import keyed_record_encoder
 from ledgerq.segment.feature_log import FeatureLog
 from ledgerq.segment.naming import FORWARDS_NAME, feature_log_path
 
@@ -59,24 +58,8 @@ _KEY_SIZE = 16
 # The timestamp of a rewritten record whose items this handle knew to be in the log.
 _VERIFIED = -1
 
-# One record, framed as format/feature_state.py frames it: a MessagePack array of fixed
-# width ints (valid MessagePack, read as any decoder reads the shortest form), so a
-# record is one struct.pack and one CRC (as features/unique.py writes its records).
-_LENGTH = struct.Struct("<I")
-assert _LENGTH.size == 4
-_FRAMED = struct.Struct(">4sBBB16sBQBQBq")  # length, then the body's MessagePack bytes
-assert _FRAMED.size == 50
-_RECORD_HEAD = _LENGTH.pack(_FRAMED.size + _LENGTH.size)
-_pack_framed = _FRAMED.pack
-_pack_length = _LENGTH.pack
-
-
-def _encode_record(key: bytes, first_id: int, count: int, timestamp: int) -> bytes:
-    """The framed record of ``[key, first_id, count, timestamp]``."""
-    framed = _pack_framed(
-        _RECORD_HEAD, 0x94, 0xC4, _KEY_SIZE, key, 0xCF, first_id, 0xCF, count, 0xD3, timestamp
-    )
-    return framed + _pack_length(checksum(framed))
+# One record, ``[key, first_id, count, timestamp]``: one struct.pack and one CRC.
+_encode_record = keyed_record_encoder("QQq")
 
 
 def _record(value: Any) -> tuple[bytes, int, int, int] | None:
@@ -206,11 +189,7 @@ class ForwardFeature(Feature):
             if landed is not None:
                 return landed
         self._provisional = (key, first_id, count, now_ns)
-        # _encode_record, inlined: one call fewer per forward
-        framed = _pack_framed(
-            _RECORD_HEAD, 0x94, 0xC4, _KEY_SIZE, key, 0xCF, first_id, 0xCF, count, 0xD3, now_ns
-        )
-        log.append_ahead(framed + _pack_length(checksum(framed)))  # (or raises)
+        log.append_ahead(_encode_record(key, first_id, count, now_ns))  # (or raises)
         if self._sync_always:
             log.sync()  # before the entries (see before_append)
         # Noted now (at the end: the table stays in file order), taken back by rollback

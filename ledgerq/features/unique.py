@@ -40,7 +40,6 @@ and the others, seeing their file unlinked, read the new one whole.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +47,7 @@ import xxhash
 
 from ledgerq._options import Options
 from ledgerq.core.feature import Draft, Feature, ReadersNeeded
-from ledgerq.format.checksum import checksum
+from ledgerq.format.feature_state import keyed_record_encoder
 from ledgerq.format.sealing import keyed_digest
 from ledgerq.segment.feature_log import FeatureLog
 from ledgerq.segment.naming import UNIQUE_NAME, feature_log_path
@@ -75,26 +74,8 @@ def unique_digest(unique_key: str) -> bytes:
     return xxhash.xxh3_128_digest((_DOMAIN + unique_key).encode())
 
 
-# One record, framed as format/feature_state.py frames it: the MessagePack array written
-# with fixed-width ints (uint64 id, int64 times) - valid MessagePack, which any decoder
-# reads as it reads the shortest form - so a record is one struct.pack and one CRC.
-# The record's u32 length (little-endian, as the framing says) is a constant: packed
-# once, as the first field of the big-endian struct of the body.
-_LENGTH = struct.Struct("<I")
-assert _LENGTH.size == 4
-_FRAMED = struct.Struct(">4sBBB16sBQBqBq")  # length, then the body's MessagePack bytes
-assert _FRAMED.size == 50
-_RECORD_HEAD = _LENGTH.pack(_FRAMED.size + _LENGTH.size)
-_pack_framed = _FRAMED.pack
-_pack_length = _LENGTH.pack
-
-
-def _encode_record(digest: bytes, message_id: int, timestamp: int, expires: int) -> bytes:
-    """The framed record of ``[digest, message_id, timestamp, expires]``."""
-    framed = _pack_framed(
-        _RECORD_HEAD, 0x94, 0xC4, 16, digest, 0xCF, message_id, 0xD3, timestamp, 0xD3, expires
-    )
-    return framed + _pack_length(checksum(framed))
+# One record, ``[digest, message_id, timestamp, expires]``: one struct.pack and one CRC.
+_encode_record = keyed_record_encoder("Qqq")
 
 
 def _record(value: Any) -> tuple[bytes, int, int, int] | None:
