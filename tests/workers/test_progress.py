@@ -16,8 +16,9 @@ from tests.shared._procs import wait_until
 from tests.workers import _handlers
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "exclusive"])
 def test_a_report_is_readable_while_the_task_runs_and_gone_after(
-    tmp_path: Path, done_log: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, done_log: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
 ) -> None:
     path = tmp_path / "q"
     go_dir = tmp_path / "go"
@@ -29,7 +30,7 @@ def test_a_report_is_readable_while_the_task_runs_and_gone_after(
     reports: list[WorkerReport] = []
     pool = threading.Thread(
         target=lambda: reports.append(
-            run(path, _handlers.report_then_wait, processes=1, until_empty=True)
+            run(path, _handlers.report_then_wait, processes=1, until_empty=True, shared=shared)
         )
     )
     pool.start()
