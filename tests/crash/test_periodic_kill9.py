@@ -26,23 +26,15 @@ from tests.shared.conftest import locking  # noqa: F401  (the fixture)
 START = SteppedClock().wall_ns
 
 AT_INSTANT = """
-import os, signal, sys
+import os, sys
 import ledgerq
-from ledgerq.segment.manager import SegmentManager
+from tests.crash._kill_at import kill_in_segment_writes
 from tests.clocks import SteppedClock
 path, shared, instant = sys.argv[1], sys.argv[2] == "shared", sys.argv[3]
 clock = SteppedClock()
 q = ledgerq.open(path, shared=shared, clock=clock)
 q.add_periodic("j", b"p", every=10)
-def killing(write):
-    def append(self, *args, **kwargs):
-        if instant == "before":
-            os.kill(os.getpid(), signal.SIGKILL)
-        write(self, *args, **kwargs)
-        os.kill(os.getpid(), signal.SIGKILL)
-    return append
-SegmentManager.append = killing(SegmentManager.append)
-SegmentManager.append_one = killing(SegmentManager.append_one)
+kill_in_segment_writes(instant)
 clock.elapse(10)
 os.write(1, b"firing\\n")
 q.dequeue()  # fires the tick: killed inside
