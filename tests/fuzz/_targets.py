@@ -55,6 +55,7 @@ from ledgerq._types import Message
 from ledgerq.format.checksum import checksum, checksum_v1
 from ledgerq.format.errors import CorruptRecord, DecodeError
 from ledgerq.format.reader_state import StateRecordType
+from tests.encryption._files import set_encryption_block
 
 __all__ = ["TARGETS", "Target", "executions", "run_target"]
 
@@ -376,12 +377,7 @@ def _encrypted_queue_template() -> Path:
         "queue_id": FUZZ_QUEUE_ID.hex(),
         "key_check": sealing.key_check(FUZZ_KEY, FUZZ_QUEUE_ID).hex(),
     }
-    for name in ("meta.json", "options.json"):
-        path = template / name
-        if path.exists():
-            value = json.loads(path.read_text())
-            value["encryption"] = block
-            path.write_text(json.dumps(value))
+    set_encryption_block(template, block)
     for leftover in (template / "segments").iterdir():
         leftover.unlink()
     return template
@@ -435,12 +431,15 @@ def _memcache(data: bytes) -> None:
     assert parser.buffered <= 512 + 4096 + len(data)
 
 
-def _kestrel3(data: bytes) -> None:
-    allowed = (journal3.TruncatedRecord, journal3.BadRecord)
+def _walk_records(
+    data: bytes, decode: Callable[[bytes, int], Any], allowed: tuple[type[Exception], ...]
+) -> None:
+    """Decode record after record until the end, one of the ``allowed`` errors or a None
+    (the end marker); every record decoded must move on."""
     pos = 0
     while pos < len(data):
         try:
-            record = journal3.decode_record3(data, pos)
+            record = decode(data, pos)
         except allowed:
             break
         if record is None:
@@ -449,16 +448,14 @@ def _kestrel3(data: bytes) -> None:
         pos += record.size
 
 
+def _kestrel3(data: bytes) -> None:
+    _walk_records(data, journal3.decode_record3, (journal3.TruncatedRecord, journal3.BadRecord))
+
+
 def _kestrel_old(data: bytes) -> None:
-    allowed = (oldjournal.TruncatedRecord, oldjournal.BadRecord)
-    pos = 0
-    while pos < len(data):
-        try:
-            record = oldjournal.decode_record(data, pos)
-        except allowed:
-            break
-        assert record.size > 0
-        pos += record.size
+    _walk_records(
+        data, oldjournal.decode_record, (oldjournal.TruncatedRecord, oldjournal.BadRecord)
+    )
 
 
 # ---------------------------------------------------------------------- registry
