@@ -21,6 +21,7 @@ import ledgerq
 from ledgerq.features.periodic import TICK_HEADER
 from tests._child import Children
 from tests.clocks import SECOND, SteppedClock
+from tests.drain import drain_ticks
 from tests.shared.conftest import locking  # noqa: F401  (the fixture)
 
 START = SteppedClock().wall_ns
@@ -42,14 +43,6 @@ os.write(1, b"returned\\n")
 """
 
 
-def ticks_of(q: ledgerq.Queue) -> list[int]:
-    got = []
-    while (msg := q.dequeue()) is not None:
-        got.append(int(msg.headers[TICK_HEADER]))
-        q.ack(msg.id)
-    return got
-
-
 @pytest.mark.parametrize("instant", ["before", "after"])
 def test_kill9_inside_a_fire_exclusive(tmp_path: Path, children: Children, instant: str) -> None:
     path = tmp_path / "q"
@@ -60,10 +53,10 @@ def test_kill9_inside_a_fire_exclusive(tmp_path: Path, children: Children, insta
     clock = SteppedClock()
     clock.elapse(10)  # the tick's instant: nothing later is due
     with ledgerq.open(path, clock=clock) as q:
-        assert ticks_of(q) == [START + 10 * SECOND]
+        assert drain_ticks(q) == [START + 10 * SECOND]
         assert q.periodic()[0].last_run_ns == START + 10 * SECOND
     with ledgerq.open(path, clock=clock) as q:
-        assert ticks_of(q) == []
+        assert drain_ticks(q) == []
 
 
 @pytest.mark.usefixtures("locking")
@@ -80,10 +73,10 @@ def test_kill9_inside_a_fire_shared(tmp_path: Path, children: Children, instant:
         # The dead child held the append lock: taken over, its tail repaired (a whole
         # message kept), its FIRE record read back and checked against the log.
         beside.poll_timer()
-        assert ticks_of(beside) == [START + 10 * SECOND]
+        assert drain_ticks(beside) == [START + 10 * SECOND]
         assert beside.periodic()[0].last_run_ns == START + 10 * SECOND
     with ledgerq.open(path, shared=True, clock=clock) as q:
-        assert ticks_of(q) == []
+        assert drain_ticks(q) == []
 
 
 LOOP = """
