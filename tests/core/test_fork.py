@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,21 +21,13 @@ from pathlib import Path
 import pytest
 
 import ledgerq
-from tests._child import REPO, child_environment
+from tests._child import run_python
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 
 def _scenario(name: str, path: Path) -> list[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.core._forking", name, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env=child_environment(),
-        check=False,
-    )
+    proc = run_python("-m", "tests.core._forking", name, str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.stdout.splitlines()
