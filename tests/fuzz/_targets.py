@@ -82,14 +82,23 @@ class Target:
 # ---------------------------------------------------------------------- pure decoders
 
 
-def _entry(data: bytes) -> None:
-    for pos in (0, 1, 5):
+def _entries_at(
+    data: bytes, positions: tuple[int, ...]
+) -> Iterator[tuple[int, entry_format.Entry, int]]:
+    """``(position, entry, stop)`` of each of ``positions`` (ascending, up to the end of
+    ``data``) at which an entry decodes; a DecodeError there passes it over."""
+    for pos in positions:
         if pos > len(data):
-            break
+            return
         try:
             entry, stop = entry_format.decode_entry(data, pos)
         except DecodeError:
             continue
+        yield pos, entry, stop
+
+
+def _entry(data: bytes) -> None:
+    for pos, entry, stop in _entries_at(data, (0, 1, 5)):
         assert entry.size == stop - pos
         assert entry_format.MIN_ENTRY_SIZE <= entry.size <= len(data) - pos
         # Never delivered unless the checksum its format names holds (a v1 entry CRC-32,
@@ -123,13 +132,7 @@ def _sealed_entry(data: bytes) -> None:
     """Decode, then open as the queue does: a sealed payload opens to exactly what was
     sealed, or raises CorruptRecord - never other bytes.  The input is also taken as the
     sealed content itself (sealed here, so the content parser sees arbitrary bytes)."""
-    for pos in (0, 1):
-        if pos > len(data):
-            break
-        try:
-            entry, _ = entry_format.decode_entry(data, pos)
-        except DecodeError:
-            continue
+    for _, entry, _ in _entries_at(data, (0, 1)):
         if not entry.flags & entry_format.EntryFlags.ENCRYPTED:
             continue
         try:
