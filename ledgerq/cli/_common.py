@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,6 +58,7 @@ __all__ = [
     "using_queue",
     "write_bytes",
     "write_json",
+    "write_labelled",
     "write_line",
     "write_outcome",
     "write_rich",
@@ -406,6 +407,12 @@ def confirm_purge(what: str, yes: bool) -> bool:
 def write_line(text: str) -> None:
     """Write one line of text to stdout as UTF-8, whatever the locale."""
     write_bytes(text.encode("utf-8", "surrogateescape") + b"\n")
+
+
+def write_labelled(label: str, items: Iterable[object]) -> None:
+    """Write each of ``items`` as its own line, ``label: item``."""
+    for item in items:
+        write_line(f"{label}: {item}")
 
 
 def write_bytes(data: bytes) -> None:
