@@ -54,6 +54,7 @@ __all__ = [
     "require_queue",
     "stderr_console",
     "stdout_console",
+    "timeout_option",
     "using_existing",
     "using_queue",
     "write_bytes",
@@ -272,6 +273,19 @@ class Seconds(click.ParamType[float]):
             bound = "> 0" if self.min_open else ">= 0"
             self.fail(f"{value!r} must be a number of seconds {bound}", param, ctx)
         return number
+
+
+def timeout_option(help: str) -> Callable[[F], F]:  # noqa: A002 - click's name for it
+    """``--timeout SECONDS``: how long a command waits (0, the default: not at all;
+    ``inf``: forever), as the ``timeout`` of the queue's own waits."""
+    return click.option(
+        "--timeout",
+        type=Seconds(allow_inf=True),
+        default=0.0,
+        show_default=True,
+        metavar="SECONDS",
+        help=help,
+    )
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)

@@ -33,6 +33,7 @@ from ledgerq.cli._common import (
     printable,
     queue_argument,
     reporting_if_output_closed,
+    timeout_option,
     using_existing,
     using_queue,
     write_bytes,
@@ -148,14 +149,9 @@ def _split_lines(data: bytes) -> Iterator[list[bytes]]:
     help="A unique job: while the message enqueued with this key is not finished (acked, "
     "dead-lettered, expired), add nothing and print its id (1 to 1024 bytes of UTF-8).",
 )
-@click.option(
-    "--timeout",
-    type=Seconds(allow_inf=True),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="In a bounded queue (max_pending, max_pending_bytes), wait up to this long for "
-    "room ('inf' waits forever); 0 fails at once when the queue is full.",
+@timeout_option(
+    "In a bounded queue (max_pending, max_pending_bytes), wait up to this long for "
+    "room ('inf' waits forever); 0 fails at once when the queue is full."
 )
 @options_option
 def enqueue(
@@ -305,14 +301,7 @@ def _notify_ready(fd: int) -> None:
     help="Do not ack: the message stays leased until the command exits, then comes back "
     "(attempts + 1; a lost lease counts as a failed delivery).",
 )
-@click.option(
-    "--timeout",
-    type=Seconds(allow_inf=True),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait up to this long for a message ('inf' waits forever).",
-)
+@timeout_option("Wait up to this long for a message ('inf' waits forever).")
 @click.option("--reader", "reader_name", metavar="NAME", help="Consume as this named reader.")
 @click.option(
     "--ready-fd",
