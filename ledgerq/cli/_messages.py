@@ -61,6 +61,19 @@ def parse_headers(pairs: tuple[str, ...]) -> dict[str, str] | None:
     return headers or None
 
 
+def _check_utf8_size(text: str | None, max_bytes: int, option: str) -> None:
+    """Refuse ``text`` (the value of ``option``, if given) unless it is 1 to ``max_bytes``
+    bytes of UTF-8, as ``enqueue`` would."""
+    if text is None:
+        return
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        size = 0
+    if not 0 < size <= max_bytes:
+        raise click.BadParameter(f"must be 1 to {max_bytes} bytes of UTF-8", param_hint=option)
+
+
 def _strip_eol(line: bytes) -> bytes:
     if line.endswith(b"\n"):
         line = line[:-1]
@@ -181,20 +194,9 @@ def enqueue(
         raise click.UsageError("give DATA or --file, not both")
     headers = parse_headers(header_pairs)
     level = PRIORITY_NAMES[priority.lower()]
-    if group is not None:
-        try:
-            size = len(group.encode())
-        except UnicodeEncodeError:
-            size = 0
-        if not 0 < size <= 255:  # checked before the queue is opened (or created)
-            raise click.BadParameter("must be 1 to 255 bytes of UTF-8", param_hint="--group")
-    if unique_key is not None:
-        try:
-            size = len(unique_key.encode())
-        except UnicodeEncodeError:
-            size = 0
-        if not 0 < size <= 1024:  # checked before the queue is opened (or created)
-            raise click.BadParameter("must be 1 to 1024 bytes of UTF-8", param_hint="--unique-key")
+    # Checked before the queue is opened (or created).
+    _check_utf8_size(group, 255, "--group")
+    _check_utf8_size(unique_key, 1024, "--unique-key")
     options = option_overrides(option_pairs)
     enqueued: list[int] = []
 
