@@ -7,8 +7,8 @@ import math
 import os
 import stat
 import sys
-from collections.abc import Iterator, Sequence
-from typing import IO
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, TypeVar
 
 import click
 
@@ -43,11 +43,33 @@ from ledgerq.cli._common import (
 )
 from ledgerq.cli._keys import current_key
 
-__all__ = ["PRIORITY_NAMES", "dequeue", "enqueue", "parse_headers", "peek", "stats"]
+__all__ = [
+    "PRIORITY_NAMES",
+    "dequeue",
+    "enqueue",
+    "parse_headers",
+    "peek",
+    "priority_option",
+    "stats",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_EMPTY = 3  # dequeue found no message in time (1 is taken by errors, 2 by usage errors)
 _BATCH = 1000  # lines enqueued per write when the input is a regular file
 PRIORITY_NAMES = {p.name.lower(): p for p in ledgerq.Priority}
+
+
+def priority_option(help: str) -> Callable[[F], F]:  # noqa: A002 - click's name for it
+    """``--priority low|medium|high`` (any case; medium by default): a key of
+    :data:`PRIORITY_NAMES`."""
+    return click.option(
+        "--priority",
+        type=click.Choice(list(PRIORITY_NAMES), case_sensitive=False),
+        default="medium",
+        show_default=True,
+        help=help,
+    )
 
 
 def parse_headers(pairs: tuple[str, ...]) -> dict[str, str] | None:
@@ -131,13 +153,7 @@ def _split_lines(data: bytes) -> Iterator[list[bytes]]:
     metavar="KEY=VALUE",
     help="A message header (repeatable).",
 )
-@click.option(
-    "--priority",
-    type=click.Choice(list(PRIORITY_NAMES), case_sensitive=False),
-    default="medium",
-    show_default=True,
-    help="Delivery priority (used when the queue has priorities on).",
-)
+@priority_option("Delivery priority (used when the queue has priorities on).")
 @click.option(
     "--ttl",
     type=Seconds(min_open=True),
