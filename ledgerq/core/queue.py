@@ -572,16 +572,8 @@ class QueueCore(Opening, Closing):
             else:
                 first, now = appends.begin(now)
             try:
-                parts, sizes = self._encode_batch(first, now, payloads)
-                segments = len(self._manager.segments)
-                try:
-                    if first + count > self._append_gate:
-                        self._reserve_ids(first + count)
-                    self._manager.append(parts, sizes, first, now)
-                except BaseException:
-                    self._count_written(first)
-                    raise
-                ticket = self._appended(first, count, len(self._manager.segments) != segments)
+                rotated = self._write_plain(first, now, payloads)
+                ticket = self._appended(first, count, rotated)
             finally:
                 if appends is not None:
                     appends.end()
@@ -589,6 +581,26 @@ class QueueCore(Opening, Closing):
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
         return list(range(first, first + count))
+
+    def _write_plain(self, first: int, now: int, payloads: list[bytes]) -> bool:
+        """Write bytes ``payloads`` as the entries ``first``, ``first + 1``, ... stamped
+        ``now`` (lock held, an append session begun): the ids reserved, one ``writev``.
+        Returns whether the log rotated; on a failure, counts what reached the log
+        (:meth:`_count_written`) and raises."""
+        count = len(payloads)
+        manager = self._manager
+        segments = len(manager.segments)
+        try:
+            if first + count > self._append_gate:
+                self._reserve_ids(first + count)
+            if count == 1:
+                return manager.append_one(self._encode_plain(first, now, payloads[0]), first, now)
+            parts, sizes = self._encode_batch(first, now, payloads)
+            manager.append(parts, sizes, first, now)
+        except BaseException:
+            self._count_written(first)
+            raise
+        return len(manager.segments) != segments
 
     def enqueue_batch(
         self,
@@ -793,20 +805,9 @@ class QueueCore(Opening, Closing):
                         taker.rollback()
                         raise
                 if landed is None:
-                    segments = len(self._manager.segments)
                     try:
-                        if first + count > self._append_gate:
-                            self._reserve_ids(first + count)
-                        if count == 1:
-                            rotated = self._manager.append_one(
-                                self._encode_plain(first, now, payloads[0]), first, now
-                            )
-                        else:
-                            parts, sizes = self._encode_batch(first, now, payloads)
-                            self._manager.append(parts, sizes, first, now)
-                            rotated = len(self._manager.segments) != segments
+                        rotated = self._write_plain(first, now, payloads)
                     except BaseException:
-                        self._count_written(first)
                         if self._next_id > first:
                             taker.handoff_taken()  # in the log all the same: landed
                         else:
