@@ -90,6 +90,7 @@ from ledgerq.segment.meta import (
 from ledgerq.segment.naming import (
     reader_state_path,
 )
+from ledgerq.segment.shared_page import FeatureLogWord
 from ledgerq.segment.steplock import Budget
 
 __all__ = ["DEFAULT_READER", "QueueCore"]
@@ -269,6 +270,11 @@ class QueueCore(Opening, Closing):
     def note_corrupt_skipped(self, count: int) -> None:
         """Count damaged records a feature skipped in its own files (``stats()``)."""
         self._tally.corrupt_skipped += count
+
+    def feature_log_word(self, path: str) -> FeatureLogWord | None:
+        """The change word of a feature log in shared mode's page: none here, where no
+        other handle writes the file (``segment/feature_log``)."""
+        return None
 
     # ------------------------------------------------------------------ the disk reserve
 

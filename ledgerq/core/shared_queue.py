@@ -90,7 +90,7 @@ from ledgerq.segment.readonly_state import replay_reader
 from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.shared_manager import SharedSegmentManager
-from ledgerq.segment.shared_page import JournalSlot, SharedPage, write_page
+from ledgerq.segment.shared_page import FeatureLogWord, JournalSlot, SharedPage, write_page
 from ledgerq.segment.shared_reserve import SharedDiskReserve
 from ledgerq.segment.steplock import (
     Alone,
@@ -618,11 +618,11 @@ class SharedQueueCore(QueueCore):
         version = page_version(page.memory[:64])
         if version is not None and version != SHARED_VERSION:
             if version < SHARED_VERSION:
-                why = (
-                    "which lock with flock, and this ledgerq's lock words do not exclude them"
-                    if version == 2
-                    else "which write format 1, and this ledgerq writes format 2"
-                )
+                why = {
+                    3: "which write the feature logs without saying so in the page, so this "
+                    "ledgerq's handles would miss what they write",
+                    2: "which lock with flock, and this ledgerq's lock words do not exclude them",
+                }.get(version, "which write format 1, and this ledgerq writes format 2")
                 age = f"an older ledgerq (state page version {version}), {why}"
             else:
                 age = (
@@ -695,6 +695,11 @@ class SharedQueueCore(QueueCore):
             return probe.try_acquire()
         finally:
             probe.close()
+
+    def feature_log_word(self, path: str) -> FeatureLogWord | None:
+        """The change word of the feature log ``path`` in the session's page."""
+        page = self._page
+        return None if page is None else FeatureLogWord.of(page, os.path.basename(path))
 
     def _new_disk_reserve(self) -> SharedDiskReserve:
         return SharedDiskReserve(os.path.join(self.path, RESERVE_NAME))

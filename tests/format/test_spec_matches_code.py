@@ -416,10 +416,14 @@ def test_shared_state_tables_match_the_layout() -> None:
         "enqueued_through": page.SLOT_ENQUEUED_THROUGH,
         "reserve_spent": page.SLOT_RESERVE_SPENT,
         "locking": page.SLOT_LOCKING,
+        **{
+            f"{name}_log": page.SLOT_FEATURE_LOGS + 8 * i
+            for i, name in enumerate(page.FEATURE_LOGS)
+        },
         "append_lock": page.APPEND_LOCK,
         "readers": page.READER_SLOTS_AT,
     }
-    assert all(r["size"] == "8" and r["type"] == "u64" for r in rows[3:11])
+    assert all(r["size"] == "8" and r["type"] == "u64" for r in rows[3:16])
     assert int(rows[-2]["size"]) == page.LOCK_BLOCK_SIZE
     assert int(rows[-1]["size"]) == page.READER_SLOTS * page.READER_SLOT_SIZE
     assert page.READER_SLOTS_AT + page.READER_SLOTS * page.READER_SLOT_SIZE == page.PAGE_SIZE
@@ -445,7 +449,7 @@ def test_shared_state_tables_match_the_layout() -> None:
     tail = page.SharedTail(11, 2048, 40, 1999, 1_700_000_000_000_000_000, 1024, 3)
     blob = page.encode_page(tail, reserved_until=99, counters={"duplicates": 5, "reserve_spent": 1})
     values, _ = walk(rows[:2], blob)
-    assert values["magic"] == b"LQSP" and values["version"] == page.SHARED_VERSION == 3
+    assert values["magic"] == b"LQSP" and values["version"] == page.SHARED_VERSION == 4
     assert struct.unpack_from("<Q", blob, page.SLOT_LOCKING)[0] == page.LOCKING_WORDS
     tail_values, _ = walk(tail_rows, blob[page.TAIL_OFFSET :])
     assert [tail_values[f] for f in page.SharedTail._fields] == list(tail)
