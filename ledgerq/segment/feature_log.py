@@ -235,7 +235,8 @@ class FeatureLog:
     def _change_word(self) -> FeatureLogWord | None:
         if not self._word_found:
             host = self._host
-            self._word = host.feature_log_word(self.path) if host is not None else None
+            # (Exclusive mode has none: no other handle writes the file.)
+            self._word = host.feature_log_word(self.path) if self._shared and host else None
             self._word_found = True
         return self._word
 
