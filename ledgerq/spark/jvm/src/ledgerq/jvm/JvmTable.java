@@ -1,0 +1,270 @@
+package ledgerq.jvm;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+import net.razorvine.pickle.Unpickler;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.connector.catalog.Column;
+import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.SupportsWrite;
+import org.apache.spark.sql.connector.catalog.Table;
+import org.apache.spark.sql.connector.catalog.TableCapability;
+import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.connector.metric.CustomMetric;
+import org.apache.spark.sql.connector.metric.CustomTaskMetric;
+import org.apache.spark.sql.connector.read.Batch;
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.PartitionReader;
+import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.sql.connector.read.Scan;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
+import org.apache.spark.sql.connector.read.streaming.ContinuousStream;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
+import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.WriteBuilder;
+import org.apache.spark.sql.execution.datasources.v2.python.PythonInputPartition;
+import org.apache.spark.sql.internal.connector.SupportsMetadata;
+import org.apache.spark.sql.sources.Filter;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+/** The Python source's table, whose batch scans read in the JVM (see DefaultSource). */
+public final class JvmTable implements Table, SupportsRead, SupportsWrite {
+  /** Session conf that turns the JVM reader off ("false"): every read is the Python one. */
+  public static final String CONF = "spark.ledgerq.jvmReader";
+
+  private final Table inner;
+
+  public JvmTable(Table inner) {
+    this.inner = inner;
+  }
+
+  @Override
+  public String name() {
+    return inner.name();
+  }
+
+  @Override
+  @SuppressWarnings("deprecation")
+  public StructType schema() {
+    return inner.schema();
+  }
+
+  @Override
+  public Column[] columns() {
+    return inner.columns();
+  }
+
+  @Override
+  public Transform[] partitioning() {
+    return inner.partitioning();
+  }
+
+  @Override
+  public Map<String, String> properties() {
+    return inner.properties();
+  }
+
+  @Override
+  public Set<TableCapability> capabilities() {
+    return inner.capabilities();
+  }
+
+  @Override
+  public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
+    return new JvmScanBuilder(((SupportsRead) inner).newScanBuilder(options), options);
+  }
+
+  @Override
+  public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
+    return ((SupportsWrite) inner).newWriteBuilder(info);
+  }
+}
+
+final class JvmScanBuilder implements ScanBuilder, SupportsPushDownFilters {
+  private final ScanBuilder inner;
+  private final CaseInsensitiveStringMap options;
+
+  JvmScanBuilder(ScanBuilder inner, CaseInsensitiveStringMap options) {
+    this.inner = inner;
+    this.options = options;
+  }
+
+  @Override
+  public Filter[] pushFilters(Filter[] filters) {
+    return inner instanceof SupportsPushDownFilters p ? p.pushFilters(filters) : filters;
+  }
+
+  @Override
+  public Filter[] pushedFilters() {
+    return inner instanceof SupportsPushDownFilters p ? p.pushedFilters() : new Filter[0];
+  }
+
+  @Override
+  public Scan build() {
+    return new JvmScan(inner.build(), options);
+  }
+}
+
+final class JvmScan implements Scan, SupportsMetadata {
+  private final Scan inner;
+  private final CaseInsensitiveStringMap options;
+
+  JvmScan(Scan inner, CaseInsensitiveStringMap options) {
+    this.inner = inner;
+    this.options = options;
+  }
+
+  @Override
+  public StructType readSchema() {
+    return inner.readSchema();
+  }
+
+  @Override
+  public String description() {
+    return inner.description();
+  }
+
+  @Override
+  public Batch toBatch() {
+    return new JvmBatch(inner.toBatch(), readSchema(), options);
+  }
+
+  @Override
+  public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
+    return inner.toMicroBatchStream(checkpointLocation);
+  }
+
+  @Override
+  public ContinuousStream toContinuousStream(String checkpointLocation) {
+    return inner.toContinuousStream(checkpointLocation);
+  }
+
+  @Override
+  public CustomMetric[] supportedCustomMetrics() {
+    return inner.supportedCustomMetrics();
+  }
+
+  @Override
+  public CustomTaskMetric[] reportDriverMetrics() {
+    return inner.reportDriverMetrics();
+  }
+
+  @Override
+  public scala.collection.immutable.Map<String, String> getMetaData() {
+    if (inner instanceof SupportsMetadata m) {
+      return m.getMetaData();
+    }
+    return scala.collection.immutable.Map$.MODULE$.empty();
+  }
+}
+
+/**
+ * The Python source's batch plan, read in the JVM. Its partitions carry their task as
+ * JSON text (ledgerq/spark/_plan.py task_to_json); a plan the JVM reader cannot serve
+ * (an encrypted queue, or the reader turned off) is handed back to the Python reader
+ * whole, so a query never mixes the two.
+ */
+final class JvmBatch implements Batch {
+  private final Batch inner;
+  private final StructType schema;
+  private final CaseInsensitiveStringMap options;
+  private InputPartition[] planned;
+  private boolean python;
+
+  JvmBatch(Batch inner, StructType schema, CaseInsensitiveStringMap options) {
+    this.inner = inner;
+    this.schema = schema;
+    this.options = options;
+  }
+
+  private synchronized void plan() {
+    if (planned != null) {
+      return;
+    }
+    InputPartition[] given = inner.planInputPartitions();
+    python = !enabled();
+    List<InputPartition> tasks = new ArrayList<>();
+    Unpickler unpickler = new Unpickler();
+    for (InputPartition p : given) {
+      if (python) {
+        break;
+      }
+      Object value = valueOf(unpickler, (PythonInputPartition) p);
+      if (value == null) {
+        continue; // Spark's stand-in partition of an empty plan
+      }
+      if (!(value instanceof String text)) {
+        python = true; // not a task this reader knows
+        break;
+      }
+      SegmentTask task = SegmentTask.fromJson(text);
+      if (task.encryptionKeyHex != null) {
+        python = true; // sealed entries are opened by the Python reader
+        break;
+      }
+      tasks.add(new JvmPartition(text));
+    }
+    planned = python ? given : tasks.toArray(new InputPartition[0]);
+  }
+
+  private boolean enabled() {
+    String option = options.get("jvm");
+    if (option != null) {
+      return !option.trim().equalsIgnoreCase("false");
+    }
+    return !SparkSession.active().conf().get(JvmTable.CONF, "true").trim().equalsIgnoreCase("false");
+  }
+
+  private static Object valueOf(Unpickler unpickler, PythonInputPartition partition) {
+    try {
+      Object unpickled = unpickler.loads(partition.pickedPartition());
+      if (unpickled instanceof Map<?, ?> fields) { // a ClassDict: the object's __dict__
+        return fields.get("value");
+      }
+      return unpickled;
+    } catch (Exception exc) {
+      return new Object(); // not ours to read: the Python reader takes the plan
+    }
+  }
+
+  @Override
+  public InputPartition[] planInputPartitions() {
+    plan();
+    return planned;
+  }
+
+  @Override
+  public PartitionReaderFactory createReaderFactory() {
+    plan();
+    return python ? inner.createReaderFactory() : new JvmReaderFactory(schema);
+  }
+}
+
+final class JvmPartition implements InputPartition {
+  private static final long serialVersionUID = 1L;
+  final String task;
+
+  JvmPartition(String task) {
+    this.task = task;
+  }
+}
+
+final class JvmReaderFactory implements PartitionReaderFactory {
+  private static final long serialVersionUID = 1L;
+  private final StructType schema;
+
+  JvmReaderFactory(StructType schema) {
+    this.schema = schema;
+  }
+
+  @Override
+  public PartitionReader<InternalRow> createReader(InputPartition partition) {
+    return new SegmentRows(SegmentTask.fromJson(((JvmPartition) partition).task), schema);
+  }
+}
