@@ -17,6 +17,7 @@ sources and of the pyspark version, so an upgrade of either builds it again.  Wi
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -29,7 +30,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["CACHE_ENV", "PROVIDER", "READER_CONF", "enable_jvm_reader", "jvm_classpath", "jvm_jar"]
+__all__ = [
+    "CACHE_ENV",
+    "PROVIDER",
+    "READER_CONF",
+    "enable_jvm_reader",
+    "jvm_classpath",
+    "jvm_jar",
+    "jvm_scan",
+]
 
 logger = logging.getLogger("ledgerq")
 
@@ -127,6 +136,37 @@ def jvm_classpath() -> list[str]:
     if jar is None:
         return []
     return [jar, str(_pyspark_jars() / "*")]
+
+
+def _java() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return os.path.join(home, "bin", "java")
+    return shutil.which("java")
+
+
+def jvm_scan(tasks: list[str]) -> list[dict[str, Any]] | None:
+    """Run the JVM reader without Spark on ``tasks`` (``_plan.task_to_json`` texts).
+
+    One ``java`` process for all of them (``ledgerq.jvm.Dump``); per task, a dict of
+    ``rows`` (``[id, timestamp_us, expires_at_us, priority, headers, payload_hex,
+    deliver_at_us]``) and the counts ``corrupt_regions``, ``corrupt_bytes`` and
+    ``lost_messages``, or ``{"error": message}`` when the read failed.  None without
+    a JDK.  For the tests that hold the JVM reader to the format and to the Python
+    reader.
+    """
+    classpath = jvm_classpath()
+    java = _java()
+    if not classpath or java is None:
+        return None
+    done = subprocess.run(
+        [java, "-cp", os.pathsep.join(classpath), "ledgerq.jvm.Dump"],
+        input="".join(task + "\n" for task in tasks),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
 def _provider_visible(spark: SparkSession) -> bool:

@@ -17,6 +17,9 @@ from pyspark.sql import functions as F  # noqa: E402
 from ledgerq.spark import PUSHDOWN_CONF  # noqa: E402
 from tests.spark.helpers import build_tree, log_view  # noqa: E402
 
+# Every test here runs on both readers (conftest.py: the JVM one and the Python one).
+pytestmark = pytest.mark.usefixtures("reader")
+
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
