@@ -86,9 +86,22 @@ def _digest() -> str:
 def jvm_jar() -> str | None:
     """The path of the JVM reader's jar, compiled first if needed; None without ``javac``.
 
-    A failed compilation is logged (with javac's output) and also gives None: reads then
-    use the Python reader.
+    A failed compilation, or a cache directory that cannot be written, is logged (with
+    javac's output) and also gives None: reads then use the Python reader.
     """
+    try:
+        return _build_jar()
+    except OSError as exc:
+        logger.warning(
+            "ledgerq: the JVM reader's jar could not be built (%s); Spark reads use the "
+            "Python reader (set %s to a writable directory)",
+            exc,
+            CACHE_ENV,
+        )
+        return None
+
+
+def _build_jar() -> str | None:
     target = _cache_root() / _digest() / _JAR_NAME
     if target.exists():
         return str(target)
