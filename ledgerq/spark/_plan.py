@@ -253,6 +253,11 @@ def task_to_json(task: SegmentTask) -> str:
             "encryption_key_hex": None
             if task.encryption_key is None
             else task.encryption_key.hex(),
+            # The JVM reader's: the queue's identity, which salts its entry key and
+            # authenticates every sealed entry (the key was checked against it already).
+            "queue_id_hex": None
+            if task.encryption_key is None
+            else (stored_block(task.path) or {}).get("queue_id"),
         },
         separators=(",", ":"),
     )

@@ -29,7 +29,7 @@ from ledgerq.spark._plan import task_to_json  # noqa: E402
 from ledgerq.spark._scan import ScanStats, SegmentTask, scan_segment  # noqa: E402
 from ledgerq.tools import iter_messages  # noqa: E402
 from tests.encryption._files import KEY  # noqa: E402
-from tests.spark.helpers import segment_files  # noqa: E402
+from tests.spark.helpers import flipped_copy, segment_files  # noqa: E402
 from tests.spark.test_scan import _fixed_queue, _queue  # noqa: E402
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -86,16 +86,7 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> None:
 
 def _damaged_copies(clean: Path, root: Path) -> list[Path]:
     size = segment_files(clean)[0].stat().st_size
-    out = []
-    for offset in range(size):
-        damaged = root / f"d{offset}"
-        shutil.copytree(clean, damaged)
-        target = segment_files(damaged)[0]
-        data = bytearray(target.read_bytes())
-        data[offset] ^= 1 << (offset % 8)
-        target.write_bytes(bytes(data))
-        out.append(damaged)
-    return out
+    return [flipped_copy(clean, root / f"d{offset}", offset) for offset in range(size)]
 
 
 @pytest.mark.parametrize("kind", ["mixed", "fixed"])
@@ -144,6 +135,52 @@ def test_pushed_bounds_and_reader_state_read_as_in_python(tmp_path: Path) -> Non
     _compare(tasks)
 
 
+def _sealed_queue(path: Path) -> Path:
+    with ledgerq.open(
+        path, encryption_key=KEY, compression="zstd", compression_min_size=32, index_interval=200
+    ) as q:
+        for i in range(10):
+            payload = f"secret {i} ".encode() * (1 + i % 4)
+            q.enqueue(payload, headers={"i": str(i)} if i % 2 else None, priority=i % 3)
+    return path
+
+
+def test_encrypted_queues_read_as_in_python(tmp_path: Path) -> None:
+    """Sealed entries opened; a flipped bit anywhere, a tampered entry whose CRC was made
+    right again (authentication fails), an entry that is not sealed: all as in Python."""
+    from ledgerq.format.checksum import checksum
+    from ledgerq.format.entry import decode_entry, encode_entry
+
+    clean = _sealed_queue(tmp_path / "clean")
+    tasks = _tasks(clean, encryption_key=KEY)
+    log = segment_files(clean)[0]
+    raw = log.read_bytes()
+    step = 7
+    for offset in range(0, len(raw), step):
+        tasks.extend(
+            _tasks(flipped_copy(clean, tmp_path / f"d{offset}", offset), encryption_key=KEY)
+        )
+    at = 0
+    while at < len(raw):
+        _, end = decode_entry(raw, at)
+        tampered = tmp_path / f"t{at}"
+        shutil.copytree(clean, tampered)
+        data = bytearray(raw)
+        data[end - 10] ^= 1  # inside the tag
+        data[end - 4 : end] = checksum(bytes(data[at : end - 4])).to_bytes(4, "little")
+        segment_files(tampered)[0].write_bytes(bytes(data))
+        tasks.extend(_tasks(tampered, encryption_key=KEY))
+        tasks.extend(_tasks(tampered, encryption_key=KEY, failfast=True))
+        at = end
+    forged = tmp_path / "forged"
+    shutil.copytree(clean, forged)
+    with open(segment_files(forged)[0], "ab") as f:
+        f.write(encode_entry(11, 1, b"not sealed"))
+    tasks.extend(_tasks(forged, encryption_key=KEY))
+    _compare(tasks)
+    assert jvm_scan([task_to_json(tasks[0])])[0]["rows"][0][5] == (b"secret 0 ").hex()  # type: ignore[index]
+
+
 def _read_in_jvm(df: Any) -> bool:
     """Whether the batch scan of ``df``'s plan reads its segments in the JVM."""
     plan = df._jdf.queryExecution().executedPlan()
@@ -166,15 +203,28 @@ def test_batch_reads_are_served_by_the_jvm_reader(spark: Any, reader: str, tmp_p
     plain = spark.read.format("ledgerq").load(str(tmp_path / "plain"))
     assert _read_in_jvm(plain) == (reader == "jvm")
     assert sorted(r["payload"] for r in plain.collect()) == [b"a", b"b"]
-    # An encrypted queue: the whole read goes to the Python reader, which opens it.
+    # An encrypted queue, with its key: the JVM reader opens it too.
     sealed = (
         spark.read.format("ledgerq")
         .option("encryption_key_hex", KEY.hex())
         .load(str(tmp_path / "sealed"))
     )
-    assert not _read_in_jvm(sealed)
+    assert _read_in_jvm(sealed) == (reader == "jvm")
     assert [r["payload"] for r in sealed.collect()] == [b"secret"]
     # The option overrides the session's choice, for one read.
     python = spark.read.format("ledgerq").option("jvm", "false").load(str(tmp_path / "plain"))
     assert not _read_in_jvm(python)
     assert spark.conf.get(READER_CONF) == ("true" if reader == "jvm" else "false")
+
+
+def test_without_javac_there_is_no_jar_and_reads_stay_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledgerq.spark import jvm_jar
+    from ledgerq.spark._jvm import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no javac on it
+    assert jvm_jar() is None
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("*.jar"))

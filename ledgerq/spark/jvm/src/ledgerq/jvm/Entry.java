@@ -46,6 +46,7 @@ public final class Entry {
   public Long deliverAtNs;
   public Map<String, String> headers;
   public byte[] buf; // the payload is buf[payloadAt, payloadAt + payloadLength)
+  public int start; // the entry's first byte in buf
   public int payloadAt;
   public int payloadLength;
   public int needed; // with INCOMPLETE: bytes the entry needs in all
@@ -197,6 +198,7 @@ public final class Entry {
       }
     }
     buf = b;
+    start = pos;
     payloadAt = at;
     payloadLength = crcAt - at;
     return VALID;

@@ -3,33 +3,15 @@ package ledgerq.jvm;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 
 import net.razorvine.pickle.Unpickler;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.connector.catalog.Column;
-import org.apache.spark.sql.connector.catalog.SupportsRead;
-import org.apache.spark.sql.connector.catalog.SupportsWrite;
-import org.apache.spark.sql.connector.catalog.Table;
-import org.apache.spark.sql.connector.catalog.TableCapability;
-import org.apache.spark.sql.connector.expressions.Transform;
-import org.apache.spark.sql.connector.metric.CustomMetric;
-import org.apache.spark.sql.connector.metric.CustomTaskMetric;
 import org.apache.spark.sql.connector.read.Batch;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
-import org.apache.spark.sql.connector.read.Scan;
-import org.apache.spark.sql.connector.read.ScanBuilder;
-import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
-import org.apache.spark.sql.connector.read.streaming.ContinuousStream;
-import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
-import org.apache.spark.sql.connector.write.LogicalWriteInfo;
-import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonInputPartition;
-import org.apache.spark.sql.internal.connector.SupportsMetadata;
-import org.apache.spark.sql.sources.Filter;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 import org.slf4j.Logger;
@@ -38,8 +20,8 @@ import org.slf4j.LoggerFactory;
 /**
  * The Python source's batch plan, read in the JVM. Its partitions carry their task as
  * JSON text (ledgerq/spark/_plan.py task_to_json); a plan the JVM reader cannot serve
- * (an encrypted queue, or the reader turned off) is handed back to the Python reader
- * whole, so a query never mixes the two.
+ * (the reader turned off, or a task it does not know) is handed back to the Python
+ * reader whole, so a query never mixes the two.
  */
 public final class JvmBatch implements Batch {
   private static final Logger LOG = LoggerFactory.getLogger("ledgerq");
@@ -76,8 +58,8 @@ public final class JvmBatch implements Batch {
         break;
       }
       SegmentTask task = SegmentTask.fromJson(text);
-      if (task.encryptionKeyHex != null) {
-        python = true; // sealed entries are opened by the Python reader
+      if (task.encryptionKeyHex != null && task.queueIdHex == null) {
+        python = true; // a key but no queue identity to open the entries with
         break;
       }
       tasks.add(new JvmPartition(text));
@@ -91,7 +73,11 @@ public final class JvmBatch implements Batch {
     if (option != null) {
       return !option.trim().equalsIgnoreCase("false");
     }
-    return !SparkSession.active().conf().get(JvmTable.CONF, "true").trim().equalsIgnoreCase("false");
+    scala.Option<SparkSession> session = SparkSession.getActiveSession();
+    if (session.isEmpty()) {
+      return true;
+    }
+    return !session.get().conf().get(JvmTable.CONF, "true").trim().equalsIgnoreCase("false");
   }
 
   private static Object valueOf(Unpickler unpickler, PythonInputPartition partition) {

@@ -51,6 +51,7 @@ public final class SegmentRows implements PartitionReader<InternalRow> {
   private final Long idHi; // the highest wanted id (id_hi and ids)
   private final boolean filtering;
   private final boolean wantsPayload;
+  private final Sealer sealer; // an encrypted queue's (planned with its key)
   private FileChannel file;
   private Scanner scanner;
   private boolean done;
@@ -75,6 +76,7 @@ public final class SegmentRows implements PartitionReader<InternalRow> {
       payload |= k == PAYLOAD;
     }
     wantsPayload = payload;
+    sealer = task.encryptionKeyHex == null ? null : new Sealer(task.encryptionKeyHex, task.queueIdHex);
     Long hi = task.idHi;
     if (task.maxId != null) {
       hi = hi == null ? task.maxId : Math.min(hi, task.maxId);
@@ -192,14 +194,29 @@ public final class SegmentRows implements PartitionReader<InternalRow> {
   private boolean make(Entry e) throws IOException {
     // Opened before the row filter, as the Python reader does: a damaged payload is
     // reported (or fails a FAILFAST read) whether or not its row is wanted.
-    if ((e.flags & Entry.ENCRYPTED) != 0) {
-      // Planned without a key (a queue that is not encrypted): as the Python reader.
-      skip(e, "it is encrypted: read with option encryption_key_hex");
-      return false;
+    byte[] src = e.buf;
+    int at = e.payloadAt;
+    int length = e.payloadLength;
+    Map<String, String> headers = e.headers;
+    if (sealer != null || (e.flags & Entry.ENCRYPTED) != 0) {
+      // An encrypted queue: every entry must open (one that is not sealed is a forgery).
+      if (sealer == null) {
+        skip(e, "it is encrypted: read with option encryption_key_hex");
+        return false;
+      }
+      Sealer.Opened opened = sealer.open(e);
+      if (opened == null) {
+        skip(e, sealer.problem);
+        return false;
+      }
+      src = opened.body;
+      at = 0;
+      length = src.length;
+      headers = opened.headers;
     }
     byte[] payload = null;
     if ((e.flags & Entry.COMPRESSED) != 0) {
-      payload = unzstd(e);
+      payload = unzstd(e, src, at, length);
       if (payload == null) {
         return false;
       }
@@ -209,8 +226,7 @@ public final class SegmentRows implements PartitionReader<InternalRow> {
       return false;
     }
     if (payload == null && wantsPayload) {
-      payload = new byte[e.payloadLength];
-      System.arraycopy(e.buf, e.payloadAt, payload, 0, e.payloadLength);
+      payload = at == 0 && length == src.length ? src : java.util.Arrays.copyOfRange(src, at, at + length);
     }
     for (int i = 0; i < kinds.length; i++) {
       switch (kinds[i]) {
@@ -219,7 +235,7 @@ public final class SegmentRows implements PartitionReader<InternalRow> {
         case TS: row.update(i, tsUs); break;
         case EXPIRES: row.update(i, e.expiresAtNs == null ? null : e.expiresAtNs / 1000); break;
         case PRIORITY: row.update(i, e.priority); break;
-        case HEADERS: row.update(i, e.headers == null ? EMPTY_MAP : map(e.headers)); break;
+        case HEADERS: row.update(i, headers == null ? EMPTY_MAP : map(headers)); break;
         case PAYLOAD: row.update(i, payload); break;
         case DELIVER: row.update(i, e.deliverAtNs == null ? null : e.deliverAtNs / 1000); break;
         default: row.update(i, stateOf(e.id)); break;
@@ -250,9 +266,9 @@ public final class SegmentRows implements PartitionReader<InternalRow> {
     return new ArrayBasedMapData(new GenericArrayData(keys), new GenericArrayData(values));
   }
 
-  private byte[] unzstd(Entry e) throws IOException {
+  private byte[] unzstd(Entry e, byte[] src, int at, int length) throws IOException {
     String problem;
-    try (ZstdInputStream in = new ZstdInputStream(new ByteArrayInputStream(e.buf, e.payloadAt, e.payloadLength))) {
+    try (ZstdInputStream in = new ZstdInputStream(new ByteArrayInputStream(src, at, length))) {
       ByteArrayOutputStream out = new ByteArrayOutputStream();
       byte[] chunk = new byte[1 << 16];
       long total = 0;

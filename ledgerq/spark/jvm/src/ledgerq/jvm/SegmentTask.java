@@ -36,6 +36,7 @@ public final class SegmentTask {
   public Long nameId;
   public String[] columns;
   public String encryptionKeyHex;
+  public String queueIdHex; // with a key: the queue's identity (meta.json's encryption)
 
   /** Parse the JSON text of a task. */
   public static SegmentTask fromJson(String text) {
@@ -79,6 +80,8 @@ public final class SegmentTask {
     }
     JsonNode key = raw.get("encryption_key_hex");
     t.encryptionKeyHex = key == null || key.isNull() ? null : key.asText();
+    JsonNode queueId = raw.get("queue_id_hex");
+    t.queueIdHex = queueId == null || queueId.isNull() ? null : queueId.asText();
     return t;
   }
 
