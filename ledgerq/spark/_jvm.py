@@ -179,7 +179,9 @@ def jvm_scan(tasks: list[str]) -> list[dict[str, Any]] | None:
         text=True,
         check=True,
     )
-    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    # One JSON document a line; split on "\n" only: splitlines() also splits on the
+    # U+0085 and U+2028 a header value may hold (Jackson writes them unescaped).
+    return [json.loads(line) for line in done.stdout.split("\n") if line.strip()]
 
 
 def _provider_visible(spark: SparkSession) -> bool:
