@@ -53,22 +53,39 @@ _DEFAULT_READER = "default"  # the reader ``Queue.dequeue`` uses (docs/usage.md)
 _T = TypeVar("_T")
 
 
-class _Waker:
-    """Wakes one waiting coroutine from whichever thread changed the queue.
+class _Wait:
+    """One coroutine's wait for a change of the queue, up to a deadline on the loop.
 
-    ``wake`` runs under the queue lock in the thread that enqueued, nacked or
-    closed; it only schedules ``event.set`` on the loop.  ``armed`` makes a
-    burst of enqueues schedule one wake-up, not one per message: the waiter
-    re-arms (on the loop) *before* it looks at the queue, so a change made
-    after that look always finds it armed - no wake-up is lost.
+    Used as a context manager: it registers ``wake`` with ``add_listener`` (the queue's
+    :meth:`~ledgerq.Queue.add_listener` or ``add_room_listener``) on entry and removes
+    it on exit.  ``wake`` runs under the queue lock in the thread that changed the
+    queue; it only schedules ``event.set`` on the loop.  ``armed`` makes a burst of
+    changes schedule one wake-up, not one per message: the waiter calls :meth:`arm`
+    (on the loop) *before* it looks at the queue, so a change made after that look
+    always finds it armed - no wake-up is lost.
     """
 
-    __slots__ = ("armed", "event", "loop")
+    __slots__ = ("_add_listener", "_deadline", "_remove", "armed", "event", "loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(
+        self,
+        add_listener: Callable[[Callable[[], None]], Callable[[], None]],
+        wait: float | None,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
         self.event = asyncio.Event()
         self.armed = True
+        self._deadline = None if wait is None else self.loop.time() + wait
+        self._add_listener = add_listener
+        self._remove: Callable[[], None] | None = None
+
+    def __enter__(self) -> _Wait:
+        self._remove = self._add_listener(self.wake)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._remove is not None
+        self._remove()
 
     def wake(self) -> None:
         if not self.armed:
@@ -77,6 +94,23 @@ class _Waker:
         try:
             self.loop.call_soon_threadsafe(self.event.set)
         except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def arm(self) -> None:
+        """Re-arm and clear *before* looking, so a change after the look wakes us."""
+        self.armed = True
+        self.event.clear()
+
+    def seconds_left(self) -> float | None:
+        """Seconds to the deadline (None: there is none; <= 0: it has passed)."""
+        return None if self._deadline is None else self._deadline - self.loop.time()
+
+    async def sleep(self, seconds: float | None) -> None:
+        """Return on a wake-up, or after ``seconds`` (None: only on a wake-up)."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self.event.wait()
+        except TimeoutError:
             pass
 
 
@@ -118,33 +152,20 @@ class AsyncReader:
         messages = reader.dequeue_batch(n, 0)
         if messages or wait == 0:
             return messages
-        loop = asyncio.get_running_loop()
-        deadline = None if wait is None else loop.time() + wait
-        waker = _Waker(loop)
-        remove = self._queue.add_listener(waker.wake)
-        try:
+        with _Wait(self._queue.add_listener, wait) as waiting:
             while True:
-                # Re-arm and clear *before* looking, so a change after the look wakes us.
-                waker.armed = True
-                waker.event.clear()
+                waiting.arm()
                 messages = reader.dequeue_batch(n, 0)
                 if messages:
                     return messages
-                pause = None if deadline is None else deadline - loop.time()
-                if pause is not None and pause <= 0:
+                left = waiting.seconds_left()
+                if left is not None and left <= 0:
                     return []
                 # An expiring visibility timeout, or a delayed message falling due,
                 # makes a message available without any enqueue or nack to wake us:
                 # wake up for it too.
                 expiry = reader.seconds_to_next_expiry()
-                pause = min((t for t in (pause, expiry) if t is not None), default=None)
-                try:
-                    async with asyncio.timeout(pause):
-                        await waker.event.wait()
-                except TimeoutError:
-                    pass
-        finally:
-            remove()
+                await waiting.sleep(min((t for t in (left, expiry) if t is not None), default=None))
 
     async def ack(self, message_id: int) -> None:
         """Mark a leased message done (see :meth:`ledgerq.Reader.ack`); runs in a thread."""
@@ -282,28 +303,16 @@ class AsyncQueue:
         wait = check_timeout(timeout)
         if wait == 0:
             return await asyncio.to_thread(append)
-        loop = asyncio.get_running_loop()
-        deadline = None if wait is None else loop.time() + wait
-        waker = _Waker(loop)
-        remove = self._queue.add_room_listener(waker.wake)
-        try:
+        with _Wait(self._queue.add_room_listener, wait) as waiting:
             while True:
-                # Re-arm and clear *before* trying, so room made after the try wakes us.
-                waker.armed = True
-                waker.event.clear()
+                waiting.arm()
                 try:
                     return await asyncio.to_thread(append)
                 except QueueFullError:
-                    pause = None if deadline is None else deadline - loop.time()
-                    if pause is not None and pause <= 0:
+                    left = waiting.seconds_left()
+                    if left is not None and left <= 0:
                         raise
-                try:
-                    async with asyncio.timeout(pause):
-                        await waker.event.wait()
-                except TimeoutError:
-                    pass
-        finally:
-            remove()
+                await waiting.sleep(left)
 
     async def dequeue(self, timeout: float | None = 0) -> Message | None:
         """Lease the next message (see :meth:`AsyncReader.dequeue`)."""

@@ -26,7 +26,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["REPO", "WATCHDOG_SECONDS", "Child", "Children", "child_environment"]
+__all__ = [
+    "REPO",
+    "WATCHDOG_SECONDS",
+    "Child",
+    "Children",
+    "child_environment",
+    "run_python",
+    "start_logged",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 WATCHDOG_SECONDS = 120.0
@@ -39,6 +47,41 @@ def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update(extra)
     return env
+
+
+def run_python(
+    *args: str | os.PathLike[str],
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS`` in the checkout to its end (a child that lives past
+    ``timeout`` seconds raises ``subprocess.TimeoutExpired``); return it, its stdout
+    and stderr as text.  ``env`` defaults to :func:`child_environment`."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=child_environment() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def start_logged(
+    args: Sequence[str | os.PathLike[str]], *, log: Path, cwd: Path, env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start ``python ARGS`` in a session of its own (its process group can be killed
+    whole), its stdout and stderr appended to ``log``; the caller stops and reaps it."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 class Child:

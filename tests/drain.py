@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import ledgerq
+from ledgerq.features.periodic import TICK_HEADER
 
 
 def drain(reader: Any) -> list[ledgerq.Message]:
@@ -16,3 +17,13 @@ def drain(reader: Any) -> list[ledgerq.Message]:
             reader.ack(msg.id)
         delivered.extend(batch)
     return delivered
+
+
+def drain_ticks(q: Any) -> list[int]:
+    """Lease and ack, one dequeue at a time (each may fire a due periodic job), every
+    message ``q`` delivers; return the periodic tick of each, in delivery order."""
+    got = []
+    while (msg := q.dequeue()) is not None:
+        got.append(int(msg.headers[TICK_HEADER]))
+        q.ack(msg.id)
+    return got

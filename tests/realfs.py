@@ -26,15 +26,24 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import ledgerq
 from tests._child import REPO, child_environment
 
-__all__ = ["Ballast", "SmallDisk", "can_mount", "crash_child", "small_disk"]
+__all__ = [
+    "Ballast",
+    "SmallDisk",
+    "can_mount",
+    "crash_child",
+    "drain_until_enqueue_works",
+    "fill_with_messages",
+    "small_disk",
+]
 
 _CHUNK = 64 * 1024
 _BALLAST_PREFIX = ".ballast-"
@@ -146,6 +155,43 @@ class SmallDisk(Ballast):
             _run("umount", "-l", str(self.path))
 
 
+def fill_with_messages(q: ledgerq.Queue, disk: Ballast) -> list[int]:
+    """Enqueue 1,000-byte messages into ``q`` until the disk refuses them, then fill
+    what is left with ballast; return the ids enqueued."""
+    ids: list[int] = []
+    try:
+        while True:
+            ids += q.enqueue_batch([b"x" * 1000] * 16)
+    except ledgerq.StorageError:
+        pass
+    disk.fill()
+    assert disk.is_full()
+    return ids
+
+
+def drain_until_enqueue_works(
+    takers: Sequence[ledgerq.Queue],
+    into: ledgerq.Queue,
+    drained: list[int],
+    payload: bytes = b"new",
+) -> int:
+    """Dequeue and ack a message (from each of ``takers`` in turn), appending its id to
+    ``drained``, and after each ack try to enqueue ``payload`` into ``into``, until one goes
+    through; return its id.  Fails if the queue empties first."""
+    turn = 0
+    while True:
+        q = takers[turn % len(takers)]
+        turn += 1
+        message = q.dequeue()
+        assert message is not None, "drained the whole queue, enqueues still refused"
+        q.ack(message.id)
+        drained.append(message.id)
+        try:
+            return into.enqueue(payload)
+        except ledgerq.StorageError:
+            continue
+
+
 def _run(*argv: str) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -153,12 +199,12 @@ def _run(*argv: str) -> None:
 
 
 # What every crash_child script starts with: ARGS (the keywords given), a Ballast of the
-# disk, report() (one JSON line per call, written at once), and ledgerq.
+# disk, fill_with_messages(), report() (one JSON line per call, written at once), and ledgerq.
 _PRELUDE = """\
 import json, os, sys
 from pathlib import Path
 import ledgerq
-from tests.realfs import Ballast
+from tests.realfs import Ballast, fill_with_messages
 ARGS = json.loads(sys.argv[1])
 disk = Ballast(Path(ARGS["disk"]))
 
@@ -172,7 +218,8 @@ def crash_child(disk: Path, script: str, *, timeout: float = 120.0, **args: Any)
     """Run ``script`` in a child process that then crashes; return what it reported.
 
     The script sees ``ARGS`` (``args`` and ``disk``, JSON-decoded), ``disk`` (a
-    :class:`Ballast` of ``disk``), ``ledgerq`` and ``report(*values)``; after its last
+    :class:`Ballast` of ``disk``), ``ledgerq``, ``fill_with_messages`` and
+    ``report(*values)``; after its last
     line the child ends with ``os._exit(0)``: the queue is neither closed nor synced,
     as after a crash.  Each ``report`` call is one list in the result.  Fails the test
     (with the child's stderr) if the script raised.

@@ -8,14 +8,11 @@ producer/consumer scenario runs end to end with real processes on the stdlib-onl
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from array import array
 from pathlib import Path
 
 from benchmarks.multiprocess import verify
-
-REPO = Path(__file__).resolve().parent.parent
+from tests._child import run_python
 
 
 def test_producer_and_consumer_processes_on_plain_sqlite_deliver_every_message_once(
@@ -32,14 +29,7 @@ def test_producer_and_consumer_processes_on_plain_sqlite_deliver_every_message_o
         "per_producer": 300,
         "cap_seconds": 30.0,
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.multiprocess", json.dumps(spec)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_python("-m", "benchmarks.multiprocess", json.dumps(spec))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["produced"] == result["consumed"] == result["distinct"] == 600

@@ -224,6 +224,51 @@ def test_the_storage_stack_imports_only_downwards() -> None:
     assert not violations, "layer violations:\n" + "\n".join(sorted(violations))
 
 
+def runtime_imports_of(path: Path) -> set[str]:
+    """The ledgerq modules ``path`` imports when it runs: those of :func:`imports_of`
+    but the ones under ``if TYPE_CHECKING:``, which only annotations use."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_the_storage_stack_has_no_import_cycle() -> None:
+    # Inside a layer too, modules import one another in one direction: each can be read
+    # (and tested) with only what it imports; a cycle is a knot a newcomer must cut.
+    stack = {
+        module_name(path): path
+        for path in MODULES
+        if module_name(path).split(".")[1:2] and module_name(path).split(".")[1] in LAYERS
+    }
+    graph = {name: runtime_imports_of(path) & stack.keys() - {name} for name, path in stack.items()}
+    cycles = []
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            cycles.append(" -> ".join([*trail[trail.index(name) :], name]))
+            return
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            visit(imported, [*trail, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+    assert "ledgerq.core.reader" in graph["ledgerq.core.queue"]  # the check sees imports
+
+
 def test_features_never_import_each_other() -> None:
     violations = []
     for path in (PACKAGE / "features").rglob("*.py"):

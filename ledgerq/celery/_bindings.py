@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from ledgerq.celery._names import check_name
+from ledgerq.celery._owners import process_is_alive
 
 __all__ = ["Binding", "BindingTables"]
 
@@ -41,16 +42,6 @@ class Binding(NamedTuple):
     routing_key: str
     pattern: str
     queue: str
-
-
-def _process_is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True
 
 
 class BindingTables:
@@ -82,7 +73,7 @@ class BindingTables:
     @staticmethod
     def _is_live(row: dict[str, object]) -> bool:
         owner = row.get("owner_pid")
-        return not isinstance(owner, int) or _process_is_alive(owner)
+        return not isinstance(owner, int) or process_is_alive(owner)
 
     def table(self, exchange: str) -> list[Binding]:
         """Return the live bindings of ``exchange`` (none when it has no table)."""

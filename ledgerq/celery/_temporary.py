@@ -24,6 +24,7 @@ import time
 from typing import NamedTuple
 
 from ledgerq.celery._names import check_name
+from ledgerq.celery._owners import process_is_alive
 
 __all__ = ["TemporaryQueue", "TemporaryQueues"]
 
@@ -38,16 +39,6 @@ class TemporaryQueue(NamedTuple):
     auto_delete: bool
     expires_s: float | None
     declared_at: float
-
-
-def _process_is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True
 
 
 class TemporaryQueues:
@@ -109,7 +100,7 @@ class TemporaryQueues:
             if name.startswith(".") or not name.endswith(".json"):
                 continue
             entry = self.read(name[: -len(".json")])
-            if entry is None or _process_is_alive(entry.owner_pid):
+            if entry is None or process_is_alive(entry.owner_pid):
                 continue
             expired = entry.expires_s is not None and now - entry.declared_at >= entry.expires_s
             if entry.auto_delete or expired:

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -54,10 +54,12 @@ __all__ = [
     "require_queue",
     "stderr_console",
     "stdout_console",
+    "timeout_option",
     "using_existing",
     "using_queue",
     "write_bytes",
     "write_json",
+    "write_labelled",
     "write_line",
     "write_outcome",
     "write_rich",
@@ -273,6 +275,19 @@ class Seconds(click.ParamType[float]):
         return number
 
 
+def timeout_option(help: str) -> Callable[[F], F]:  # noqa: A002 - click's name for it
+    """``--timeout SECONDS``: how long a command waits (0, the default: not at all;
+    ``inf``: forever), as the ``timeout`` of the queue's own waits."""
+    return click.option(
+        "--timeout",
+        type=Seconds(allow_inf=True),
+        default=0.0,
+        show_default=True,
+        metavar="SECONDS",
+        help=help,
+    )
+
+
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 _SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
@@ -406,6 +421,12 @@ def confirm_purge(what: str, yes: bool) -> bool:
 def write_line(text: str) -> None:
     """Write one line of text to stdout as UTF-8, whatever the locale."""
     write_bytes(text.encode("utf-8", "surrogateescape") + b"\n")
+
+
+def write_labelled(label: str, items: Iterable[object]) -> None:
+    """Write each of ``items`` as its own line, ``label: item``."""
+    for item in items:
+        write_line(f"{label}: {item}")
 
 
 def write_bytes(data: bytes) -> None:

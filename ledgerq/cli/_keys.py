@@ -49,26 +49,25 @@ def _remember_key(ctx: click.Context, param: click.Parameter, value: str | None)
     ctx.meta[KEY_META] = key
 
 
+def _key_option(name: str, help: str) -> Callable[[F], F]:  # noqa: A002 - click's name
+    """An option ``name PATH`` that reads a key file into the context (not a parameter)."""
+    return click.option(name, metavar="PATH", expose_value=False, callback=_remember_key, help=help)
+
+
 def key_file_option(func: F) -> F:
     """``--key-file PATH``: the queue's encryption key (see the module docstring)."""
-    return click.option(
+    return _key_option(
         "--key-file",
-        metavar="PATH",
-        expose_value=False,
-        callback=_remember_key,
-        help="The encryption key of an encrypted queue: a file of 32 raw bytes or 64 hex "
+        "The encryption key of an encrypted queue: a file of 32 raw bytes or 64 hex "
         "digits (docs/encryption.md).",
     )(func)
 
 
 def server_key_file_option(func: F) -> F:
     """``--encryption-key-file PATH``: ``ledgerq serve``'s name for ``--key-file``."""
-    return click.option(
+    return _key_option(
         "--encryption-key-file",
-        metavar="PATH",
-        expose_value=False,
-        callback=_remember_key,
-        help="The key every queue is encrypted with (as --key-file): new queues are created "
+        "The key every queue is encrypted with (as --key-file): new queues are created "
         "encrypted, and a plain queue or one under another key is refused.",
     )(func)
 

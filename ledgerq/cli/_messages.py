@@ -7,8 +7,8 @@ import math
 import os
 import stat
 import sys
-from collections.abc import Iterator, Sequence
-from typing import IO
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, TypeVar
 
 import click
 
@@ -33,6 +33,7 @@ from ledgerq.cli._common import (
     printable,
     queue_argument,
     reporting_if_output_closed,
+    timeout_option,
     using_existing,
     using_queue,
     write_bytes,
@@ -42,11 +43,33 @@ from ledgerq.cli._common import (
 )
 from ledgerq.cli._keys import current_key
 
-__all__ = ["PRIORITY_NAMES", "dequeue", "enqueue", "parse_headers", "peek", "stats"]
+__all__ = [
+    "PRIORITY_NAMES",
+    "dequeue",
+    "enqueue",
+    "parse_headers",
+    "peek",
+    "priority_option",
+    "stats",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_EMPTY = 3  # dequeue found no message in time (1 is taken by errors, 2 by usage errors)
 _BATCH = 1000  # lines enqueued per write when the input is a regular file
 PRIORITY_NAMES = {p.name.lower(): p for p in ledgerq.Priority}
+
+
+def priority_option(help: str) -> Callable[[F], F]:  # noqa: A002 - click's name for it
+    """``--priority low|medium|high`` (any case; medium by default): a key of
+    :data:`PRIORITY_NAMES`."""
+    return click.option(
+        "--priority",
+        type=click.Choice(list(PRIORITY_NAMES), case_sensitive=False),
+        default="medium",
+        show_default=True,
+        help=help,
+    )
 
 
 def parse_headers(pairs: tuple[str, ...]) -> dict[str, str] | None:
@@ -58,6 +81,19 @@ def parse_headers(pairs: tuple[str, ...]) -> dict[str, str] | None:
             raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--header")
         headers[key] = value
     return headers or None
+
+
+def _check_utf8_size(text: str | None, max_bytes: int, option: str) -> None:
+    """Refuse ``text`` (the value of ``option``, if given) unless it is 1 to ``max_bytes``
+    bytes of UTF-8, as ``enqueue`` would."""
+    if text is None:
+        return
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        size = 0
+    if not 0 < size <= max_bytes:
+        raise click.BadParameter(f"must be 1 to {max_bytes} bytes of UTF-8", param_hint=option)
 
 
 def _strip_eol(line: bytes) -> bytes:
@@ -117,13 +153,7 @@ def _split_lines(data: bytes) -> Iterator[list[bytes]]:
     metavar="KEY=VALUE",
     help="A message header (repeatable).",
 )
-@click.option(
-    "--priority",
-    type=click.Choice(list(PRIORITY_NAMES), case_sensitive=False),
-    default="medium",
-    show_default=True,
-    help="Delivery priority (used when the queue has priorities on).",
-)
+@priority_option("Delivery priority (used when the queue has priorities on).")
 @click.option(
     "--ttl",
     type=Seconds(min_open=True),
@@ -148,14 +178,9 @@ def _split_lines(data: bytes) -> Iterator[list[bytes]]:
     help="A unique job: while the message enqueued with this key is not finished (acked, "
     "dead-lettered, expired), add nothing and print its id (1 to 1024 bytes of UTF-8).",
 )
-@click.option(
-    "--timeout",
-    type=Seconds(allow_inf=True),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="In a bounded queue (max_pending, max_pending_bytes), wait up to this long for "
-    "room ('inf' waits forever); 0 fails at once when the queue is full.",
+@timeout_option(
+    "In a bounded queue (max_pending, max_pending_bytes), wait up to this long for "
+    "room ('inf' waits forever); 0 fails at once when the queue is full."
 )
 @options_option
 def enqueue(
@@ -185,20 +210,9 @@ def enqueue(
         raise click.UsageError("give DATA or --file, not both")
     headers = parse_headers(header_pairs)
     level = PRIORITY_NAMES[priority.lower()]
-    if group is not None:
-        try:
-            size = len(group.encode())
-        except UnicodeEncodeError:
-            size = 0
-        if not 0 < size <= 255:  # checked before the queue is opened (or created)
-            raise click.BadParameter("must be 1 to 255 bytes of UTF-8", param_hint="--group")
-    if unique_key is not None:
-        try:
-            size = len(unique_key.encode())
-        except UnicodeEncodeError:
-            size = 0
-        if not 0 < size <= 1024:  # checked before the queue is opened (or created)
-            raise click.BadParameter("must be 1 to 1024 bytes of UTF-8", param_hint="--unique-key")
+    # Checked before the queue is opened (or created).
+    _check_utf8_size(group, 255, "--group")
+    _check_utf8_size(unique_key, 1024, "--unique-key")
     options = option_overrides(option_pairs)
     enqueued: list[int] = []
 
@@ -305,14 +319,7 @@ def _notify_ready(fd: int) -> None:
     help="Do not ack: the message stays leased until the command exits, then comes back "
     "(attempts + 1; a lost lease counts as a failed delivery).",
 )
-@click.option(
-    "--timeout",
-    type=Seconds(allow_inf=True),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait up to this long for a message ('inf' waits forever).",
-)
+@timeout_option("Wait up to this long for a message ('inf' waits forever).")
 @click.option("--reader", "reader_name", metavar="NAME", help="Consume as this named reader.")
 @click.option(
     "--ready-fd",

@@ -24,7 +24,7 @@ from ledgerq.cli._common import (
     write_outcome,
     write_rich,
 )
-from ledgerq.cli._messages import PRIORITY_NAMES, parse_headers
+from ledgerq.cli._messages import PRIORITY_NAMES, parse_headers, priority_option
 
 __all__ = ["job_json", "periodic"]
 
@@ -109,13 +109,7 @@ def list_jobs(queue: str, as_json: bool, payload_mode: str, option_pairs: tuple[
 @click.option(
     "--header", "header_pairs", multiple=True, metavar="KEY=VALUE", help="A header (repeatable)."
 )
-@click.option(
-    "--priority",
-    type=click.Choice(list(PRIORITY_NAMES), case_sensitive=False),
-    default="medium",
-    show_default=True,
-    help="The messages' priority.",
-)
+@priority_option("The messages' priority.")
 @json_option
 @options_option
 def add(

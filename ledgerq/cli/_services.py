@@ -25,6 +25,7 @@ from ledgerq.cli._common import (
     reporting_if_output_closed,
     require_queue,
     write_json,
+    write_labelled,
     write_line,
     write_outcome,
 )
@@ -422,12 +423,9 @@ def import_kestrel(
                 write_line(f"reader {name!r}: {what}")
             else:
                 write_line(f"fan-out child {r.queue}+{name}: {what}")
-        for quirk in r.quirks:
-            write_line(f"quirk: {quirk}")
-        for torn in r.cut:
-            write_line(f"cut: {torn}")
-        for damage in r.damage:
-            write_line(f"damaged: {damage}")
+        write_labelled("quirk", r.quirks)
+        write_labelled("cut", r.cut)
+        write_labelled("damaged", r.damage)
         for child in r.children:
             describe(child)
 
@@ -541,5 +539,4 @@ def ship(
         if not as_json:
             for name, offset, length in report.corrupt:
                 write_line(f"damaged: {name}:{offset}: {length} bytes copied as they are")
-            for note in report.notes:
-                write_line(f"note: {note}")
+            write_labelled("note", report.notes)

@@ -26,6 +26,7 @@ from ledgerq.cli._common import (
     using_existing,
     write_bytes,
     write_json,
+    write_labelled,
     write_line,
     write_outcome,
 )
@@ -182,12 +183,9 @@ def _print_report(
         write_json(value)
         return
     if result is not None:
-        for problem in result.fixed:
-            write_line(f"fixed: {problem}")
-        for action in result.actions:
-            write_line(f"repair: {action}")
-        for failure in result.not_done:
-            write_line(f"not repaired: {failure}")
+        write_labelled("fixed", result.fixed)
+        write_labelled("repair", result.actions)
+        write_labelled("not repaired", result.not_done)
     for problem in report.problems:
         write_line(str(problem))
     if result is None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import xxhash
 
 from ledgerq.format.entry import Entry
+from ledgerq.segment.feature_log import FeatureLog
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
@@ -45,6 +46,7 @@ __all__ = [
     "Draft",
     "FailedDelivery",
     "Feature",
+    "FeatureWithLog",
     "FifoSelector",
     "HandedOff",
     "HandoffTaker",
@@ -356,3 +358,20 @@ class Feature:
 
     def close(self) -> None:
         """Release the feature's resources (after a final flush)."""
+
+
+class FeatureWithLog(Feature):
+    """A feature whose state is a table kept in one feature log (segment/feature_log):
+    made durable and closed with it.  ``_log`` is set at attach."""
+
+    _log: FeatureLog | None = None
+
+    def flush(self) -> None:
+        """fdatasync the log, first writing the table whole if a record could not be
+        written; raises :class:`StorageError` while the disk is still full."""
+        if self._log is not None:
+            self._log.flush()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()

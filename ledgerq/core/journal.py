@@ -320,19 +320,25 @@ class SharedReaderJournal(ReaderJournal):
             self.generation = max(self.generation, slot.generation) + (1 if reread[1] else 0)
             return reread
         self.generation = generation  # replaced (or removed): the new file, whole
+        records, _ = self._adopt_new_file()
+        whole = list(records)
+        self.size = self._adopted_size = records.end
+        self._set_compaction_point()
+        return whole, True
+
+    def _adopt_new_file(self) -> tuple[StateRecords, bytes]:
+        """Open the file now at the journal's path (another handle replaced it) and
+        take it as this handle's: its records and its bytes, read whole."""
         fd = self._reopen()
         try:
             data = os.pread(fd, os.fstat(fd).st_size, 0)
-            records: StateRecords = journal_records(data, self.path)
+            records = journal_records(data, self.path)
             self.version = state_file_version(data[: STATE_FILE_HEADER.size])
         except BaseException:
             os.close(fd)
             raise
         self.adopt(fd, 0)
-        whole = list(records)
-        self.size = self._adopted_size = records.end
-        self._set_compaction_point()
-        return whole, True
+        return records, data
 
     def _read_published(self, length: int) -> list[StateRecord]:
         """The whole records other handles appended, up to the published ``length``."""
@@ -413,15 +419,7 @@ class SharedReaderJournal(ReaderJournal):
             st = os.fstat(fd)
         restarted = st.st_nlink == 0
         if restarted:
-            fd = self._reopen()
-            try:
-                data = os.pread(fd, os.fstat(fd).st_size, 0)
-                records: StateRecords = journal_records(data, self.path)
-                self.version = state_file_version(data[: STATE_FILE_HEADER.size])
-            except BaseException:
-                os.close(fd)
-                raise
-            self.adopt(fd, 0)
+            records, data = self._adopt_new_file()
             base = 0
         else:
             size = st.st_size

@@ -90,7 +90,7 @@ from ledgerq.segment.readonly_state import replay_reader
 from ledgerq.segment.scanner import CorruptRegion
 from ledgerq.segment.segment import Segment
 from ledgerq.segment.shared_manager import SharedSegmentManager
-from ledgerq.segment.shared_page import JournalSlot, SharedPage, write_page
+from ledgerq.segment.shared_page import FeatureLogWord, JournalSlot, SharedPage, write_page
 from ledgerq.segment.shared_reserve import SharedDiskReserve
 from ledgerq.segment.steplock import (
     Alone,
@@ -120,6 +120,28 @@ def _new_handle_id() -> int:
     return handle_id
 
 
+class _PageCounter:
+    """A counter of :class:`SharedTally`: the state page's slot once the tally is
+    attached to the page, a value of the tally's own before (``local``)."""
+
+    __slots__ = ("local", "slot")
+
+    def __init__(self, slot: int, local: str) -> None:
+        self.slot = slot
+        self.local = local
+
+    def __get__(self, tally: SharedTally, owner: object = None) -> int:
+        page = tally._page
+        return page.get(self.slot) if page is not None else int(getattr(tally, self.local))
+
+    def __set__(self, tally: SharedTally, value: int) -> None:
+        page = tally._page
+        if page is not None:
+            page.set(self.slot, value)
+        else:
+            setattr(tally, self.local, value)
+
+
 class SharedTally(Tally):
     """The queue-wide counters of a shared-mode handle: the state page's, once attached.
 
@@ -129,6 +151,9 @@ class SharedTally(Tally):
     """
 
     __slots__ = ("_corrupt", "_dups", "_page")
+
+    duplicates = _PageCounter(SLOT_DUPLICATES, "_dups")
+    corrupt_skipped = _PageCounter(SLOT_CORRUPT_SKIPPED, "_corrupt")
 
     def __init__(self, counters: dict[str, int]) -> None:
         self._page: SharedPage | None = None
@@ -140,32 +165,6 @@ class SharedTally(Tally):
     def attach(self, page: SharedPage) -> None:
         """Count in ``page`` from now on (it holds the values already)."""
         self._page = page
-
-    @property
-    def duplicates(self) -> int:
-        page = self._page
-        return page.get(SLOT_DUPLICATES) if page is not None else self._dups
-
-    @duplicates.setter
-    def duplicates(self, value: int) -> None:
-        page = self._page
-        if page is not None:
-            page.set(SLOT_DUPLICATES, value)
-        else:
-            self._dups = value
-
-    @property
-    def corrupt_skipped(self) -> int:
-        page = self._page
-        return page.get(SLOT_CORRUPT_SKIPPED) if page is not None else self._corrupt
-
-    @corrupt_skipped.setter
-    def corrupt_skipped(self, value: int) -> None:
-        page = self._page
-        if page is not None:
-            page.set(SLOT_CORRUPT_SKIPPED, value)
-        else:
-            self._corrupt = value
 
     def on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
         self.corrupt_skipped += 1
@@ -619,11 +618,11 @@ class SharedQueueCore(QueueCore):
         version = page_version(page.memory[:64])
         if version is not None and version != SHARED_VERSION:
             if version < SHARED_VERSION:
-                why = (
-                    "which lock with flock, and this ledgerq's lock words do not exclude them"
-                    if version == 2
-                    else "which write format 1, and this ledgerq writes format 2"
-                )
+                why = {
+                    3: "which write the feature logs without saying so in the page, so this "
+                    "ledgerq's handles would miss what they write",
+                    2: "which lock with flock, and this ledgerq's lock words do not exclude them",
+                }.get(version, "which write format 1, and this ledgerq writes format 2")
                 age = f"an older ledgerq (state page version {version}), {why}"
             else:
                 age = (
@@ -696,6 +695,11 @@ class SharedQueueCore(QueueCore):
             return probe.try_acquire()
         finally:
             probe.close()
+
+    def feature_log_word(self, path: str) -> FeatureLogWord | None:
+        """The change word of the feature log ``path`` in the session's page."""
+        page = self._page
+        return None if page is None else FeatureLogWord.of(page, os.path.basename(path))
 
     def _new_disk_reserve(self) -> SharedDiskReserve:
         return SharedDiskReserve(os.path.join(self.path, RESERVE_NAME))

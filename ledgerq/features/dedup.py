@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from ledgerq._options import Options
-from ledgerq.core.feature import Draft, Feature
+from ledgerq.core.feature import Draft, FeatureWithLog
 from ledgerq.format.feature_state import encode_feature_record
 from ledgerq.format.sealing import keyed_digest
 from ledgerq.segment.feature_log import FeatureLog
@@ -68,7 +68,7 @@ def _table_record(value: Any) -> tuple[bytes, int, int] | None:
     return key, message_id, expires_ns
 
 
-class DedupFeature(Feature):
+class DedupFeature(FeatureWithLog):
     """Remember dedup ids for a window; answer repeats with the original id."""
 
     name = "dedup"
@@ -79,7 +79,6 @@ class DedupFeature(Feature):
         self._max_entries = options.dedup_max_entries
         self._table: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
         self._provisional: list[bytes] = []
-        self._log: FeatureLog | None = None
         # An encrypted queue keys its table with a keyed hash (HMAC under a key derived
         # from the encryption key): an unkeyed digest in dedup.log would let whoever
         # holds the disk confirm a guessed dedup id.
@@ -166,14 +165,6 @@ class DedupFeature(Feature):
             self._expire(now_ns)
         if log.should_compact(len(self._table), factor=2, slack=1024):
             log.compact()
-
-    def flush(self) -> None:
-        if self._log is not None:
-            self._log.flush()  # raises StorageError while the disk is still full
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
 
     def stats(self, counters: dict[str, Any]) -> None:
         counters["dedup_entries"] = len(self._table)

@@ -42,7 +42,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ledgerq.core.feature import Draft, Feature, HandedOff, handoff_key
+from ledgerq.core.feature import Draft, FeatureWithLog, HandedOff, handoff_key
 from ledgerq.format.feature_state import keyed_record_encoder
 from ledgerq.segment.feature_log import FeatureLog
 from ledgerq.segment.naming import FORWARDS_NAME, feature_log_path
@@ -77,7 +77,7 @@ def _record(value: Any) -> tuple[bytes, int, int, int] | None:
     return key, first_id, count, timestamp
 
 
-class ForwardFeature(Feature):
+class ForwardFeature(FeatureWithLog):
     """Take each hand-off key once (always on; see the module)."""
 
     name = "forward"
@@ -88,7 +88,6 @@ class ForwardFeature(Feature):
         self._taken: dict[bytes, tuple[int, int, int]] = {}
         # (key, first id, count, stamp) admitted in the current call, not yet written
         self._provisional: tuple[bytes, int, int, int] | None = None
-        self._log: FeatureLog | None = None
         self._queue: QueueCore | None = None
         self._sync_always = False
 
@@ -250,11 +249,3 @@ class ForwardFeature(Feature):
         log.undo_ahead()
 
     # ------------------------------------------------------------------ lifecycle
-
-    def flush(self) -> None:
-        if self._log is not None:
-            self._log.sync()
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()

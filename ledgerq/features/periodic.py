@@ -56,7 +56,7 @@ import msgpack
 from ledgerq._errors import CorruptionError, LedgerQError, QueueFullError
 from ledgerq._types import PeriodicJob, Priority
 from ledgerq.core.cron import CronSchedule
-from ledgerq.core.feature import Draft, Feature
+from ledgerq.core.feature import Draft, Feature, FeatureWithLog
 from ledgerq.format.entry import encode_headers
 from ledgerq.format.feature_state import encode_feature_record
 from ledgerq.format.sealing import EntrySealer
@@ -173,7 +173,7 @@ def _exact(value: Any, *types: type) -> bool:
     )
 
 
-class PeriodicFeature(Feature):
+class PeriodicFeature(FeatureWithLog):
     """Durable periodic jobs (always on; costs nothing until the first add_periodic)."""
 
     name = "periodic"
@@ -182,7 +182,6 @@ class PeriodicFeature(Feature):
         self._queue: QueueCore | None = None
         self._sealer: EntrySealer | None = None
         self._detached = False  # read_jobs: a file read without the queue (nor its key)
-        self._log: FeatureLog | None = None
         self._schedules: dict[str, _Schedule] = {}
         self._by_revision: dict[int, _Schedule] = {}
         self._revision = 0  # the largest revision the file has used
@@ -579,14 +578,6 @@ class PeriodicFeature(Feature):
             # The FIRE record is written, its message not: cut it back.  If that fails
             # it stays, unverifiable (no message has its id and timestamp): not fired.
             self._log.undo_ahead()
-
-    def flush(self) -> None:
-        if self._log is not None:
-            self._log.sync()
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
 
 
 class _FireHooks(Feature):

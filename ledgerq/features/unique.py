@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from ledgerq._options import Options
-from ledgerq.core.feature import Draft, Feature, ReadersNeeded
+from ledgerq.core.feature import Draft, FeatureWithLog, ReadersNeeded
 from ledgerq.format.feature_state import keyed_record_encoder
 from ledgerq.format.sealing import keyed_digest
 from ledgerq.segment.feature_log import FeatureLog
@@ -92,7 +92,7 @@ def _record(value: Any) -> tuple[bytes, int, int, int] | None:
     return digest, message_id, timestamp, expires
 
 
-class UniqueFeature(Feature):
+class UniqueFeature(FeatureWithLog):
     """Hold unique keys while their message is unfinished (always on; see the module)."""
 
     name = "unique"
@@ -113,7 +113,6 @@ class UniqueFeature(Feature):
         # digest -> (id, timestamp, expires) admitted in the current call, not yet written
         self._provisional: dict[bytes, tuple[int, int, int]] = {}
         self._added = b""  # the digest add_key wrote the record of
-        self._log: FeatureLog | None = None
         self._queue: QueueCore | None = None
         self._sweep_at = _SWEEP_AT
 
@@ -340,11 +339,3 @@ class UniqueFeature(Feature):
             log.compact()  # (if it fails, the old file holds every held key too)
 
     # ------------------------------------------------------------------ lifecycle
-
-    def flush(self) -> None:
-        if self._log is not None:
-            self._log.sync()
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()

@@ -21,7 +21,9 @@ disk finds room for it in the disk reserve)::
     120     8     reserve_spent u64   1 while the queue's disk ``reserve`` is released
     128     8     locking u64         how this session's handles exclude each other:
                                       1 lock words (compare-and-swap), 2 flock files
-    136     56    zero
+    136     5 x 8 the feature logs' change words u64 (FEATURE_LOGS' order), bumped
+                                      before every write of that file (append lock held)
+    176     16    zero
     192     16    the append lock (a lock block, below)
     208     304   zero
     512     124 x 128  reader slots (below), claimed in order
@@ -64,10 +66,11 @@ reader's lock, and are read under it.
 The tail's checksum is the format's (``format.checksum.checksum``: CRC-32C since format
 2).  The page is never upgraded in place - the first handle of a session writes a new
 one - so an older page is met only by a handle joining a session that an older ledgerq
-started: that handle refuses to join (version 2: its handles lock with ``flock``, which
+started: that handle refuses to join (version 3: its handles write the feature logs
+without bumping their change words; version 2: its handles lock with ``flock``, which
 lock words do not exclude; version 1: format 1), and the first handle of the next
-session reads the old page's counters (:func:`page_version`) and writes a version 3
-page.  An older ledgerq refuses a version 3 page of a live session in turn.
+session reads the old page's counters (:func:`page_version`) and writes a version 4
+page.  An older ledgerq refuses a version 4 page of a live session in turn.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ from ledgerq.format.checksum import checksum
 
 __all__ = [
     "APPEND_LOCK",
+    "FEATURE_LOGS",
     "LOCKING_FLOCK",
     "LOCKING_WORDS",
     "LOCK_BLOCK_SIZE",
@@ -97,6 +101,7 @@ __all__ = [
     "SLOT_DUPLICATES",
     "SLOT_ENQUEUED_BASE",
     "SLOT_ENQUEUED_THROUGH",
+    "SLOT_FEATURE_LOGS",
     "SLOT_JOURNAL_GENERATION",
     "SLOT_JOURNAL_LENGTH",
     "SLOT_KEY",
@@ -121,7 +126,7 @@ __all__ = [
 ]
 
 SHARED_MAGIC = b"LQSP"
-SHARED_VERSION = 3  # 2: the flock design; 1: format 1 (the tail's checksum CRC-32)
+SHARED_VERSION = 4  # 3: no feature-log words; 2: the flock design; 1: format 1 (CRC-32)
 PAGE_SIZE = 16384
 OLD_PAGE_SIZE = 4096  # versions 1 and 2
 STATE_HEADER = struct.Struct("<4sI")
@@ -144,6 +149,12 @@ SLOT_ENQUEUED_THROUGH = 112
 SLOT_RESERVE_SPENT = 120
 SLOT_LOCKING = 128
 _SLOTS_END = 136
+# One word a feature log (in FEATURE_LOGS' order): bumped, under the append lock, by
+# every handle before it writes that file, so a handle whose last look saw the same
+# value knows the file holds nothing new without an fstat of it.
+SLOT_FEATURE_LOGS = 136
+FEATURE_LOGS = ("dedup", "retries", "periodic", "unique", "forwards")
+_FEATURE_LOGS_END = SLOT_FEATURE_LOGS + 8 * len(FEATURE_LOGS)
 assert TAIL_OFFSET + TAIL_RECORD.size == SLOT_WRITING
 
 LOCKING_WORDS = 1  # lock words taken by compare-and-swap (the atomicshm package)
@@ -156,6 +167,7 @@ LOCK_WAITERS = 12  # u32
 LOCK_BLOCK_SIZE = 16
 LOCK_SUSPECT = 1  # owner value: free, the guarded file to be repaired (no handle id is 1)
 APPEND_LOCK = 192
+assert _FEATURE_LOGS_END <= APPEND_LOCK
 
 READER_SLOTS_AT = 512
 READER_SLOT_SIZE = 128

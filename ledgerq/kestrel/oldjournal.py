@@ -42,7 +42,7 @@ import re
 import struct
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from ledgerq.kestrel._types import JournalDamage, KestrelItem
@@ -456,17 +456,7 @@ class Replay:
         if len(self.implied & set(self.open)) >= 2:
             self.quirks[Q_IMPLIED_OPEN] = len(self.implied & set(self.open))
             self.quirk_first.setdefault(Q_IMPLIED_OPEN, self.queue_name)
-        restored = [
-            KestrelItem(
-                data=item.data,
-                add_time_ms=item.add_time_ms,
-                expire_time_ms=item.expire_time_ms,
-                file=item.file,
-                offset=item.offset,
-                xid=xid,
-            )
-            for xid, item in sorted(self.open.items())
-        ]
+        restored = [replace(item, xid=xid) for xid, item in sorted(self.open.items())]
         return restored + list(self.items)
 
     def quirk_lines(self) -> list[str]:

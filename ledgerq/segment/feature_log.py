@@ -40,7 +40,9 @@ since its last look (:meth:`catch_up`: the bytes past where it stopped reading; 
 torn record there, a dead handle's, is cut).  A rewrite replaces the file under that
 lock too; the others notice that their descriptor's file has no name left and read
 the new one whole.  So every handle's table is the file's, and any of them may
-rewrite it.  A handle that joins a session reads the file as it is (under the lock)
+rewrite it.  Each write bumps the file's change word in the state page first
+(``FeatureLogWord``): a look that finds the word as this handle left it costs one read
+of memory, not an ``fstat``.  A handle that joins a session reads the file as it is (under the lock)
 and rewrites nothing at open: only one alone with the queue compacts then.  In
 exclusive mode there is no lock to take and nothing to catch up: the calls for it
 cost nothing.
@@ -64,6 +66,7 @@ from ledgerq.format.feature_state import (
 )
 from ledgerq.segment.appendlog import AppendLog
 from ledgerq.segment.files import StorageError, make_durable_dir
+from ledgerq.segment.shared_page import FeatureLogWord
 
 __all__ = ["FeatureHost", "FeatureLog", "FeatureTable", "read_feature_values"]
 
@@ -90,6 +93,11 @@ class FeatureHost(Protocol):
 
     def note_corrupt_skipped(self, count: int) -> None:
         """Count damaged records skipped (``stats().corrupt_skipped``)."""
+        ...
+
+    def feature_log_word(self, path: str) -> FeatureLogWord | None:
+        """Shared mode: the change word of the feature log ``path`` in the state page
+        (None: exclusive mode, or no word for that file)."""
         ...
 
 
@@ -148,6 +156,12 @@ class FeatureLog:
         self._inode = 0  # the file this handle appends to (has_news)
         self._ahead: int | None = None  # the size before records written ahead (undo_ahead)
         self._ahead_records = 0  # and the records then
+        # Shared mode: the file's change word in the state page (found at the first
+        # look), and its value when this handle's table last equalled the file (-1:
+        # unknown, read the file): see FeatureLogWord.
+        self._word: FeatureLogWord | None = None
+        self._word_found = False
+        self._seen = -1
 
     # ------------------------------------------------------------------ loading
 
@@ -218,7 +232,35 @@ class FeatureLog:
         if self._shared and self._loaded:
             self._catch_up_locked()
 
+    def _change_word(self) -> FeatureLogWord | None:
+        if not self._word_found:
+            host = self._host
+            self._word = host.feature_log_word(self.path) if host is not None else None
+            self._word_found = True
+        return self._word
+
+    def _writing(self) -> None:
+        """Shared mode, before any write of the file (append lock held): bump its change
+        word, so that the others read the file at their next look.  A handle whose table
+        equalled the file stays current: it writes what its table holds."""
+        word = self._word if self._word_found else self._change_word()
+        if word is not None and word.bump() == self._seen:
+            self._seen += 1
+
     def _catch_up_locked(self) -> None:
+        # Nothing written since this handle's last look (the word says so): no fstat.
+        word = self._word if self._word_found else self._change_word()
+        if word is None:
+            self._read_news()
+            return
+        if word.value() == self._seen:
+            return
+        self._read_news()
+        # The table is the file now, whatever this look wrote (an upgrade's rewrite):
+        # under the append lock, nobody else has bumped the word meanwhile.
+        self._seen = word.value()
+
+    def _read_news(self) -> None:
         log = self._log
         merge = False
         if not log.is_open:
@@ -294,6 +336,8 @@ class FeatureLog:
     def append(self, blob: bytes, count: int = 1) -> None:
         """Append ``count`` encoded records, or raise :class:`StorageError` having written
         nothing (lock held).  They have reached the OS when this returns."""
+        if self._shared:
+            self._writing()
         self._log.append_record(blob)
         self.records += count
 
@@ -305,6 +349,8 @@ class FeatureLog:
             return False  # never opened (a full disk at open): unsaved already
         # After a record that could not be written, later ones are still appended: the
         # failed one was cut back, so none lands after a fragment.
+        if self._shared:
+            self._writing()
         try:
             self._log.append_record(blob)
         except StorageError as exc:
@@ -319,6 +365,8 @@ class FeatureLog:
         :meth:`undo_ahead` if it failed."""
         log = self._log
         size = log.size
+        if self._shared:
+            self._writing()
         log.append_record(blob)  # (append, inlined: this is every forward's path)
         if self._ahead is None:
             self._ahead = size
@@ -336,6 +384,8 @@ class FeatureLog:
         size, self._ahead = self._ahead, None
         if size is None:
             return
+        if self._shared:
+            self._writing()
         try:
             self._log.settle(size)
         except StorageError as exc:
@@ -377,6 +427,8 @@ class FeatureLog:
 
     def _replace(self, records: list[bytes]) -> None:
         """Replace the file with a header and ``records`` (temp file, rename)."""
+        if self._shared:
+            self._writing()
         try:
             self._log.replace(encode_feature_file_header(self._magic) + b"".join(records))
         except StorageError as exc:

@@ -27,10 +27,12 @@ from types import ModuleType
 import xxhash
 
 from ledgerq.format.shared_state import (
+    FEATURE_LOGS,
     PAGE_SIZE,
     READER_SLOT_SIZE,
     READER_SLOTS,
     READER_SLOTS_AT,
+    SLOT_FEATURE_LOGS,
     SLOT_JOURNAL_GENERATION,
     SLOT_JOURNAL_LENGTH,
     SLOT_KEY,
@@ -44,6 +46,13 @@ from ledgerq.format.shared_state import (
     page_problem,
 )
 from ledgerq.segment.files import storage_errors, write_all
+from ledgerq.segment.naming import (
+    DEDUP_NAME,
+    FORWARDS_NAME,
+    PERIODIC_NAME,
+    RETRIES_NAME,
+    UNIQUE_NAME,
+)
 
 __all__ = ["HAS_ATOMICS", "JournalSlot", "SharedPage", "write_page"]
 
@@ -222,6 +231,43 @@ class SharedPage:
         memory, self._map = self._map, None
         if memory is not None:
             memory.close()
+
+
+# The feature logs' file names, each to its word (FEATURE_LOGS spells the words' order).
+_FEATURE_LOG_WORDS = {
+    name: SLOT_FEATURE_LOGS + 8 * FEATURE_LOGS.index(name.removesuffix(".log"))
+    for name in (DEDUP_NAME, RETRIES_NAME, PERIODIC_NAME, UNIQUE_NAME, FORWARDS_NAME)
+}
+
+
+class FeatureLogWord:
+    """The change word of one feature log in the page: every handle bumps it before it
+    writes the file (an append, a cut, a replacement), under the append lock, as every
+    write of a feature log is; so a handle that saw this value at its last look knows,
+    with one read of memory, that the file holds nothing new (``segment/feature_log``).
+    A writer that dies mid-write has bumped it already: the next look reads the file,
+    and cuts what it left torn."""
+
+    __slots__ = ("_at", "_memory")
+
+    def __init__(self, page: SharedPage, at: int) -> None:
+        self._memory = page.memory
+        self._at = at
+
+    @classmethod
+    def of(cls, page: SharedPage, file_name: str) -> FeatureLogWord | None:
+        """The word of the feature log named ``file_name`` (None: not a feature log)."""
+        at = _FEATURE_LOG_WORDS.get(file_name)
+        return None if at is None else cls(page, at)
+
+    def value(self) -> int:
+        return int(_U64.unpack_from(self._memory, self._at)[0])
+
+    def bump(self) -> int:
+        """Add one (append lock held); returns the value before."""
+        before = int(_U64.unpack_from(self._memory, self._at)[0])
+        _U64.pack_into(self._memory, self._at, before + 1)
+        return before
 
 
 class JournalSlot:

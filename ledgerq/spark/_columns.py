@@ -125,26 +125,24 @@ def _deliver_at(column: pa.Array, where: str) -> pa.Array:
     return micros
 
 
-def _group(column: pa.Array, where: str) -> pa.Array:
-    column = column.cast(pa.string())
-    size = pc.binary_length(column)
-    _fail(
-        pc.or_(pc.equal(size, 0), pc.greater(size, _MAX_GROUP_BYTES)),
-        f"group must be 1 to {_MAX_GROUP_BYTES} bytes of UTF-8",
-        where,
-    )
-    return column
+def _utf8(name: str, max_bytes: int) -> Normalize:
+    """The check of a text column ``enqueue`` takes as 1 to ``max_bytes`` bytes of UTF-8."""
+
+    def normalize(column: pa.Array, where: str) -> pa.Array:
+        column = column.cast(pa.string())
+        size = pc.binary_length(column)
+        _fail(
+            pc.or_(pc.equal(size, 0), pc.greater(size, max_bytes)),
+            f"{name} must be 1 to {max_bytes} bytes of UTF-8",
+            where,
+        )
+        return column
+
+    return normalize
 
 
-def _unique_key(column: pa.Array, where: str) -> pa.Array:
-    column = column.cast(pa.string())
-    size = pc.binary_length(column)
-    _fail(
-        pc.or_(pc.equal(size, 0), pc.greater(size, _MAX_UNIQUE_KEY_BYTES)),
-        f"unique_key must be 1 to {_MAX_UNIQUE_KEY_BYTES} bytes of UTF-8",
-        where,
-    )
-    return column
+_group = _utf8("group", _MAX_GROUP_BYTES)
+_unique_key = _utf8("unique_key", _MAX_UNIQUE_KEY_BYTES)
 
 
 def _dedup_id(column: pa.Array, where: str) -> pa.Array:

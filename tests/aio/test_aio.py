@@ -20,17 +20,14 @@ import pytest
 import ledgerq
 import ledgerq.aio
 from ledgerq.aio import AsyncQueue
+from tests.aioguard import run_guarded
 
 T = TypeVar("T")
 GUARD_S = 30.0  # a hang guard, not a timing assertion
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    async def guarded() -> T:
-        async with asyncio.timeout(GUARD_S):
-            return await coro
-
-    return asyncio.run(guarded())
+    return run_guarded(coro, GUARD_S)
 
 
 class WaitProbe:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests._child import REPO, child_environment
+from tests._child import REPO, child_environment, start_logged
 
 __all__ = ["Broker", "Worker", "wait_until"]
 
@@ -79,33 +79,29 @@ class Worker:
     def __init__(self, broker: Broker, log: Path, *, name: str, concurrency: int = 2) -> None:
         self.log = log
         self.name = name
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "tests.celery.tasksapp",
-                    "worker",
-                    "-P",
-                    "prefork",
-                    "-c",
-                    str(concurrency),
-                    "-n",
-                    f"{name}@%h",
-                    # Cluster chatter the tests do not need: faster startup.
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "--loglevel=INFO",
-                ],
-                cwd=REPO,
-                env=broker.env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = start_logged(
+            [
+                "-m",
+                "celery",
+                "-A",
+                "tests.celery.tasksapp",
+                "worker",
+                "-P",
+                "prefork",
+                "-c",
+                str(concurrency),
+                "-n",
+                f"{name}@%h",
+                # Cluster chatter the tests do not need: faster startup.
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel=INFO",
+            ],
+            log=log,
+            cwd=REPO,
+            env=broker.env(),
+        )
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -14,6 +14,11 @@ from tests.celery._worker import Broker, Worker, wait_until
 WAIT = 30.0
 
 
+def _wait_for_events(broker: Broker, tags: tuple[str, ...], event: str, what: str) -> None:
+    """Wait until each of ``tags`` has had ``event`` (a mark its task left)."""
+    wait_until(lambda: all(broker.events(tag, event) for tag in tags), WAIT, what)
+
+
 def test_a_worker_killed_with_sigkill_leaves_nothing_lost_and_acked_tasks_done_once(
     tmp_path: Path,
 ) -> None:
@@ -24,29 +29,17 @@ def test_a_worker_killed_with_sigkill_leaves_nothing_lost_and_acked_tasks_done_o
         first.wait_ready()
         for tag in ("quick-1", "quick-2"):
             client.send_task("tasksapp.record", args=[tag])
-        wait_until(
-            lambda: broker.events("quick-1", "done") and broker.events("quick-2", "done"),
-            WAIT,
-            "the quick tasks",
-        )
+        _wait_for_events(broker, ("quick-1", "quick-2"), "done", "the quick tasks")
         # Two tasks that hold both pool processes until the kill (acks_late: not acked).
         for tag in ("held-1", "held-2"):
             client.send_task("tasksapp.hold_first_run", args=[tag])
-        wait_until(
-            lambda: broker.events("held-1", "started") and broker.events("held-2", "started"),
-            WAIT,
-            "the held tasks to start",
-        )
+        _wait_for_events(broker, ("held-1", "held-2"), "started", "the held tasks to start")
     finally:
         first.kill()
     second = Worker(broker, tmp_path / "second.log", name="second")
     try:
         second.wait_ready()
-        wait_until(
-            lambda: broker.events("held-1", "done") and broker.events("held-2", "done"),
-            WAIT,
-            "the held tasks to run again",
-        )
+        _wait_for_events(broker, ("held-1", "held-2"), "done", "the held tasks to run again")
         for tag in ("held-1", "held-2"):
             assert len(broker.events(tag, "started")) == 2, tag
             assert len(broker.events(tag, "done")) == 1, tag

@@ -25,6 +25,7 @@ import ledgerq
 import ledgerq.aio
 import ledgerq.workers
 from ledgerq import Item, Priority
+from tests.blocked import close_during_a_blocked_dequeue
 
 
 @pytest.fixture
@@ -208,19 +209,7 @@ def test_dequeue_timeout_waits_for_an_enqueue(qpath: Path) -> None:
 
 
 def test_close_wakes_blocked_dequeue(qpath: Path) -> None:
-    q = ledgerq.open(qpath)
-    errors: list[BaseException] = []
-
-    def consume() -> None:
-        try:
-            q.dequeue(timeout=None)
-        except ledgerq.QueueClosedError as exc:
-            errors.append(exc)
-
-    consumer = threading.Thread(target=consume)
-    consumer.start()
-    q.close()
-    consumer.join()
+    errors = close_during_a_blocked_dequeue(ledgerq.open(qpath))
     assert len(errors) == 1
 
 

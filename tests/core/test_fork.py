@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,21 +21,14 @@ from pathlib import Path
 import pytest
 
 import ledgerq
-from tests._child import REPO, child_environment
+from tests._child import run_python
+from tests.forked import in_a_forked_child
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 
 def _scenario(name: str, path: Path) -> list[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.core._forking", name, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env=child_environment(),
-        check=False,
-    )
+    proc = run_python("-m", "tests.core._forking", name, str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.stdout.splitlines()
@@ -240,26 +231,19 @@ def test_a_shared_handle_in_a_forked_child_says_to_open_the_childs_own(tmp_path:
     path = tmp_path / "q"
     with ledgerq.open(path, shared=True) as q:
         q.enqueue(b"from the parent")
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report, then leave without running any cleanup
+
+        def child() -> str:
             try:
-                os.close(read_end)
-                try:
-                    q.enqueue(b"inherited")
-                    said = "no error"
-                except ledgerq.ForkedQueueError as exc:
-                    said = str(exc)
-                with ledgerq.open(path, shared=True) as own:
-                    own.enqueue(b"from the child")
-                os.write(write_end, said.encode())
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as pipe:
-            said = pipe.read().decode()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+                q.enqueue(b"inherited")
+                said = "no error"
+            except ledgerq.ForkedQueueError as exc:
+                said = str(exc)
+            with ledgerq.open(path, shared=True) as own:
+                own.enqueue(b"from the child")
+            return said
+
+        said, code = in_a_forked_child(child)
+        assert code == 0, said
         assert "ledgerq.open(path, shared=True)" in said, said
         assert "keeps the child out" not in said
         assert [m.payload for m in q.dequeue_batch(10)] == [b"from the parent", b"from the child"]

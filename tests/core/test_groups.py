@@ -53,12 +53,18 @@ def test_one_message_of_a_group_at_a_time_in_id_order(tmp_path: Path) -> None:
         q._check()
 
 
+def _lease_the_head_of_group_a(q: ledgerq.Queue) -> int:
+    """Enqueue ``a1`` and ``a2`` in group ``a`` and lease ``a1``, its head; return its id."""
+    a1 = q.enqueue(b"a1", group="a")
+    q.enqueue(b"a2", group="a")
+    msg = q.dequeue()
+    assert msg is not None and msg.id == a1
+    return a1
+
+
 def test_a_nacked_head_comes_back_before_the_rest_of_its_group(tmp_path: Path) -> None:
     with ledgerq.open(tmp_path / "q", max_retries=0) as q:
-        a1 = q.enqueue(b"a1", group="a")
-        q.enqueue(b"a2", group="a")
-        msg = q.dequeue()
-        assert msg is not None and msg.id == a1
+        a1 = _lease_the_head_of_group_a(q)
         q.nack(a1)
         again = q.dequeue_batch(10)
         assert [(m.id, m.attempts) for m in again] == [(a1, 2)]
@@ -68,10 +74,7 @@ def test_a_nacked_head_comes_back_before_the_rest_of_its_group(tmp_path: Path) -
 
 def test_a_dead_lettered_head_frees_its_group(tmp_path: Path) -> None:
     with ledgerq.open(tmp_path / "q", max_retries=1) as q:
-        a1 = q.enqueue(b"a1", group="a")
-        q.enqueue(b"a2", group="a")
-        msg = q.dequeue()
-        assert msg is not None and msg.id == a1
+        a1 = _lease_the_head_of_group_a(q)
         q.nack(a1, "poison")
         assert payloads(q.dequeue_batch(10)) == [b"a2"]
         assert q.stats().dead_lettered == 1

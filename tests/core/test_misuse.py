@@ -19,6 +19,7 @@ import pytest
 
 import ledgerq
 import ledgerq.aio
+from tests.forked import in_a_forked_child
 
 
 @pytest.fixture
@@ -170,24 +171,17 @@ def shared_dir() -> Iterator[Path]:
 def _open_as_nobody(path: Path) -> str:
     """Open ``path`` in a forked child running as ``nobody``; return what it raised."""
     ledgerq.open(path.parent / ".warm-up").close()  # import every module while root
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
+
+    def as_nobody() -> str:
+        os.setgid(65534)
+        os.setuid(65534)
         try:
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                ledgerq.open(path).close()
-                outcome = "opened"
-            except Exception as exc:
-                outcome = f"{type(exc).__name__}: {exc}"
-            os.write(write_end, outcome.encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        outcome = pipe.read().decode()
-    os.waitpid(pid, 0)
+            ledgerq.open(path).close()
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "opened"
+
+    outcome, _ = in_a_forked_child(as_nobody)
     return outcome
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import ledgerq
+from tests._child import run_python
 
 
 def consume_all(reader: ledgerq.Reader | ledgerq.Queue) -> int:
@@ -229,13 +228,8 @@ os._exit(0)  # a crash: no close, no meta.json save
 
 def test_the_counts_add_up_after_a_crash_that_followed_a_drop(tmp_path: Path) -> None:
     path = tmp_path / "q"
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD_DROPS, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    proc = run_python("-c", _CHILD_DROPS, str(path))
+    assert proc.returncode == 0, proc.stderr
     dropped_before_crash = int(proc.stdout)
     with ledgerq.open(path) as q:
         stats = q.stats()

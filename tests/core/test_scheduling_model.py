@@ -72,6 +72,13 @@ class SchedulingMachine(RuleBasedStateMachine):
     def _ids(self, state: str) -> list[int]:
         return sorted(i for i, m in self.msgs.items() if m.state == state)
 
+    def _live_lease(self, data: st.DataObject) -> tuple[int, Msg] | None:
+        """A leased message drawn from the model, or None when its lease has expired
+        (another take may have it now: the step is skipped)."""
+        message_id = data.draw(st.sampled_from(self._ids("leased")))
+        m = self.msgs[message_id]
+        return None if m.deadline <= self.now else (message_id, m)
+
     def _group_first(self, group: str) -> int:
         return min(i for i, m in self.msgs.items() if m.group == group and m.state != "acked")
 
@@ -137,10 +144,9 @@ class SchedulingMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._ids("leased"))
     @rule(data=st.data(), delay=st.sampled_from([None, None, 3.0]))
     def nack(self, data: st.DataObject, delay: float | None) -> None:
-        message_id = data.draw(st.sampled_from(self._ids("leased")))
-        m = self.msgs[message_id]
-        if m.deadline <= self.now:
+        if (lease := self._live_lease(data)) is None:
             return
+        message_id, m = lease
         self.q.nack(message_id, "model", delay=delay)
         m.state = "available"
         m.not_before = self.now + (int(delay * SECOND) if delay else policy_ns(m.deliveries))
@@ -148,10 +154,9 @@ class SchedulingMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._ids("leased"))
     @rule(data=st.data(), delay=st.sampled_from([None, 4.0]))
     def release(self, data: st.DataObject, delay: float | None) -> None:
-        message_id = data.draw(st.sampled_from(self._ids("leased")))
-        m = self.msgs[message_id]
-        if m.deadline <= self.now:
+        if (lease := self._live_lease(data)) is None:
             return
+        message_id, m = lease
         self.q.release(message_id, delay=delay)
         m.state = "available"
         m.deliveries -= 1
@@ -161,10 +166,9 @@ class SchedulingMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._ids("leased"))
     @rule(data=st.data(), seconds=st.sampled_from([None, 50.0]))
     def touch(self, data: st.DataObject, seconds: float | None) -> None:
-        message_id = data.draw(st.sampled_from(self._ids("leased")))
-        m = self.msgs[message_id]
-        if m.deadline <= self.now:
+        if (lease := self._live_lease(data)) is None:
             return
+        message_id, m = lease
         self.q.touch(message_id, seconds)
         m.deadline = self.now + int((seconds or VISIBILITY) * SECOND)
 

@@ -7,12 +7,11 @@ exactly as they would with ENOSPC on a full disk: no mocks, real files.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import ledgerq
+from tests._child import run_python
 
 CHILD = textwrap.dedent(
     """
@@ -43,13 +42,7 @@ CHILD = textwrap.dedent(
 
 def test_refused_write_raises_clearly_and_loses_nothing(tmp_path: Path) -> None:
     path = tmp_path / "q"
-    result = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_python("-c", CHILD, str(path))
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["error"] == "StorageError"

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import gc
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 import ledgerq
-from tests._child import REPO, child_environment
+from tests._child import run_python
 
 
 def _meta(path: Path) -> dict[str, object]:
@@ -114,15 +112,7 @@ def test_a_queue_left_open_at_exit_is_closed_cleanly(tmp_path: Path) -> None:
         print("done", flush=True)
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-X", "dev", "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=child_environment(),
-        check=False,
-    )
+    proc = run_python("-X", "dev", "-c", script, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "ResourceWarning: unclosed ledgerq queue" in proc.stderr
     assert _meta(path)["clean"] is True

@@ -27,7 +27,7 @@ AT_INSTANT = """
 import os, signal, sys
 import ledgerq
 from ledgerq.segment.appendlog import AppendLog
-from ledgerq.segment.manager import SegmentManager
+from tests.crash._kill_at import kill_in_segment_writes
 source, target, shared, instant = sys.argv[1], sys.argv[2], sys.argv[3] == "shared", sys.argv[4]
 a = ledgerq.open(source, shared=shared)
 b = ledgerq.open(target, shared=shared)
@@ -39,16 +39,10 @@ def append_record(self, data):
     record(self, data)
     if self.path.endswith("forwards.log"):
         die()  # the record is written, the items are not
-def killing(write):
-    def append(self, *args, **kwargs):
-        write(self, *args, **kwargs)
-        die()  # the items are written, the source is not acked
-    return append
 if instant == "record":
     AppendLog.append_record = append_record
 elif instant == "items":
-    SegmentManager.append = killing(SegmentManager.append)
-    SegmentManager.append_one = killing(SegmentManager.append_one)
+    kill_in_segment_writes("after")  # the items are written, the source is not acked
 os.write(1, b"forwarding\\n")
 a.forward(msg.id, b, [b"first-1", b"first-2"])
 os.write(1, b"returned\\n")

@@ -82,6 +82,28 @@ def run_until_killed(child: Child, log: ChildLog, reports: int) -> None:
         log.feed(line)
 
 
+def start_round(
+    spawn: Spawn,
+    program: str,
+    path: Path,
+    sync: str,
+    rng: random.Random,
+    round_no: int,
+    segment_size: int,
+) -> tuple[Child, ChildLog]:
+    """Start round ``round_no``'s child, its tokens from ``round_no * TOKEN_STRIDE``."""
+    base = round_no * TOKEN_STRIDE
+    child = spawn(
+        program,
+        path,
+        sync=sync,
+        seed=rng.randrange(1 << 32),
+        token_base=base,
+        segment_size=segment_size,
+    )
+    return child, ChildLog(base)
+
+
 def open_queue(path: Path, segment_size: int) -> ledgerq.Queue:
     return ledgerq.open(path, segment_size=segment_size, max_retries=0)
 
@@ -125,16 +147,7 @@ def test_returned_enqueues_survive_kill9(tmp_path: Path, spawn: Spawn, sync: str
         what = f"sync={sync} round {round_no}"
         path = tmp_path / f"q{round_no}"
         segment_size = rng.choice((200, 1024, 4096))
-        base = round_no * TOKEN_STRIDE
-        child = spawn(
-            "enqueue",
-            path,
-            sync=sync,
-            seed=rng.randrange(1 << 32),
-            token_base=base,
-            segment_size=segment_size,
-        )
-        log = ChildLog(base)
+        child, log = start_round(spawn, "enqueue", path, sync, rng, round_no, segment_size)
         run_until_killed(child, log, rng.randrange(1, 300))
 
         with open_queue(path, segment_size) as q:
@@ -176,16 +189,7 @@ def test_enqueues_accumulate_across_repeated_kill9(tmp_path: Path, spawn: Spawn,
     highest = 0  # highest id ever seen
     for round_no in range(CUMULATIVE_ROUNDS):
         what = f"sync={sync} round {round_no}"
-        base = round_no * TOKEN_STRIDE
-        child = spawn(
-            "enqueue",
-            path,
-            sync=sync,
-            seed=rng.randrange(1 << 32),
-            token_base=base,
-            segment_size=segment_size,
-        )
-        log = ChildLog(base)
+        child, log = start_round(spawn, "enqueue", path, sync, rng, round_no, segment_size)
         if round_no % 3 == 2:
             # Killed as soon as it says it is opening the queue: likely inside recovery.
             assert child.line() == "O"
@@ -253,16 +257,7 @@ def test_acks_and_leases_across_kill9(tmp_path: Path, spawn: Spawn, sync: str) -
 
     for round_no in range(1, MIXED_ROUNDS + 1):
         what = f"sync={sync} round {round_no}"
-        base = round_no * TOKEN_STRIDE
-        child = spawn(
-            "mixed",
-            path,
-            sync=sync,
-            seed=rng.randrange(1 << 32),
-            token_base=base,
-            segment_size=segment_size,
-        )
-        log = ChildLog(base)
+        child, log = start_round(spawn, "mixed", path, sync, rng, round_no, segment_size)
         run_until_killed(child, log, rng.randrange(1, 150))
 
         # Replay the reports against the model.

@@ -21,41 +21,26 @@ import ledgerq
 from ledgerq.features.periodic import TICK_HEADER
 from tests._child import Children
 from tests.clocks import SECOND, SteppedClock
+from tests.drain import drain_ticks
 from tests.shared.conftest import locking  # noqa: F401  (the fixture)
 
 START = SteppedClock().wall_ns
 
 AT_INSTANT = """
-import os, signal, sys
+import os, sys
 import ledgerq
-from ledgerq.segment.manager import SegmentManager
+from tests.crash._kill_at import kill_in_segment_writes
 from tests.clocks import SteppedClock
 path, shared, instant = sys.argv[1], sys.argv[2] == "shared", sys.argv[3]
 clock = SteppedClock()
 q = ledgerq.open(path, shared=shared, clock=clock)
 q.add_periodic("j", b"p", every=10)
-def killing(write):
-    def append(self, *args, **kwargs):
-        if instant == "before":
-            os.kill(os.getpid(), signal.SIGKILL)
-        write(self, *args, **kwargs)
-        os.kill(os.getpid(), signal.SIGKILL)
-    return append
-SegmentManager.append = killing(SegmentManager.append)
-SegmentManager.append_one = killing(SegmentManager.append_one)
+kill_in_segment_writes(instant)
 clock.elapse(10)
 os.write(1, b"firing\\n")
 q.dequeue()  # fires the tick: killed inside
 os.write(1, b"returned\\n")
 """
-
-
-def ticks_of(q: ledgerq.Queue) -> list[int]:
-    got = []
-    while (msg := q.dequeue()) is not None:
-        got.append(int(msg.headers[TICK_HEADER]))
-        q.ack(msg.id)
-    return got
 
 
 @pytest.mark.parametrize("instant", ["before", "after"])
@@ -68,10 +53,10 @@ def test_kill9_inside_a_fire_exclusive(tmp_path: Path, children: Children, insta
     clock = SteppedClock()
     clock.elapse(10)  # the tick's instant: nothing later is due
     with ledgerq.open(path, clock=clock) as q:
-        assert ticks_of(q) == [START + 10 * SECOND]
+        assert drain_ticks(q) == [START + 10 * SECOND]
         assert q.periodic()[0].last_run_ns == START + 10 * SECOND
     with ledgerq.open(path, clock=clock) as q:
-        assert ticks_of(q) == []
+        assert drain_ticks(q) == []
 
 
 @pytest.mark.usefixtures("locking")
@@ -88,10 +73,10 @@ def test_kill9_inside_a_fire_shared(tmp_path: Path, children: Children, instant:
         # The dead child held the append lock: taken over, its tail repaired (a whole
         # message kept), its FIRE record read back and checked against the log.
         beside.poll_timer()
-        assert ticks_of(beside) == [START + 10 * SECOND]
+        assert drain_ticks(beside) == [START + 10 * SECOND]
         assert beside.periodic()[0].last_run_ns == START + 10 * SECOND
     with ledgerq.open(path, shared=True, clock=clock) as q:
-        assert ticks_of(q) == []
+        assert drain_ticks(q) == []
 
 
 LOOP = """

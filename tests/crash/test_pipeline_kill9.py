@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import importlib.util
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -34,6 +36,21 @@ def load_pipeline() -> ModuleType:
     return module
 
 
+def run_stage(
+    root: Path, source: str, handler: Callable[..., Any], target: str, shared: bool
+) -> None:
+    """Run one stage of the pipeline under ``root``: a two-process pool over ``source``
+    that forwards into ``target``, until ``source`` is empty."""
+    ledgerq.workers.run(
+        root / source,
+        handler,
+        processes=2,
+        until_empty=True,
+        shared=shared,
+        forward_to=root / target,
+    )
+
+
 @pytest.mark.parametrize("mode", ["shared", "exclusive"])
 def test_kill9_of_the_middle_stage(tmp_path: Path, children: Children, mode: str) -> None:
     pipeline = load_pipeline()
@@ -45,14 +62,7 @@ def test_kill9_of_the_middle_stage(tmp_path: Path, children: Children, mode: str
         q.enqueue_batch(orders)
     with ledgerq.open(root / "priced", shared=shared):
         pass  # there to be followed before the child writes into it
-    ledgerq.workers.run(
-        root / "orders",
-        pipeline.parse,
-        processes=2,
-        until_empty=True,
-        shared=shared,
-        forward_to=root / "parsed",
-    )
+    run_stage(root, "orders", pipeline.parse, "parsed", shared)
 
     args = ["-m", "ledgerq.cli", "worker", str(root / "parsed"), "pipeline:price"]
     args += ["--forward-to", str(root / "priced"), "--processes", "2"]
@@ -74,25 +84,11 @@ def test_kill9_of_the_middle_stage(tmp_path: Path, children: Children, mode: str
 
     # Started again: the messages the dead pool had leased are delivered again; those
     # whose items had landed only ack.
-    ledgerq.workers.run(
-        root / "parsed",
-        pipeline.price,
-        processes=2,
-        until_empty=True,
-        shared=shared,
-        forward_to=root / "priced",
-    )
+    run_stage(root, "parsed", pipeline.price, "priced", shared)
     with ledgerq.open(root / "parsed", shared=shared) as parsed:
         assert parsed.stats().pending == 0
         assert parsed.stats().in_flight == 0
-    ledgerq.workers.run(
-        root / "priced",
-        pipeline.total,
-        processes=2,
-        until_empty=True,
-        shared=shared,
-        forward_to=root / "totals",
-    )
+    run_stage(root, "priced", pipeline.total, "totals", shared)
     with ledgerq.open(root / "totals", shared=shared) as totals:
         lines = Counter(m.payload.decode() for m in totals.peek(10 * ORDERS))
     expected = {f"order-{n} apple {3 * (1 + n % 3)}" for n in range(ORDERS)}

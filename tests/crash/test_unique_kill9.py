@@ -105,21 +105,13 @@ def test_kill9_shared_keeps_every_key_held_once(tmp_path: Path, children: Childr
 # process (SIGKILL) just before the message's bytes are written - the key's record is
 # already in features/unique.log - or just after them, before the call returns.
 AT_INSTANT = """
-import os, signal, sys
+import os, sys
 import ledgerq
-from ledgerq.segment.manager import SegmentManager
+from tests.crash._kill_at import kill_in_segment_writes
 path, shared, instant = sys.argv[1], sys.argv[2] == "shared", sys.argv[3]
 q = ledgerq.open(path, shared=shared)
 os.write(1, b"E k0 %d\\n" % q.enqueue(b"k0", unique_key="k0"))
-def killing(write):
-    def append(self, *args, **kwargs):
-        if instant == "before":
-            os.kill(os.getpid(), signal.SIGKILL)
-        write(self, *args, **kwargs)
-        os.kill(os.getpid(), signal.SIGKILL)
-    return append
-SegmentManager.append = killing(SegmentManager.append)
-SegmentManager.append_one = killing(SegmentManager.append_one)
+kill_in_segment_writes(instant)
 q.enqueue(b"k1", unique_key="k1", **({"headers": {"h": "v"}} if sys.argv[4] == "1" else {}))
 os.write(1, b"returned\\n")
 """

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests._child import child_environment
+from tests._child import child_environment, start_logged
 
 __all__ = ["PROJECT", "Site", "Worker", "wait_until"]
 
@@ -45,15 +45,9 @@ class Worker:
 
     def __init__(self, site: Site, log: Path, args: list[str]) -> None:
         self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "manage.py", "ledgerq_worker", *args],
-                cwd=PROJECT,
-                env=site.env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = start_logged(
+            ["manage.py", "ledgerq_worker", *args], log=log, cwd=PROJECT, env=site.env()
+        )
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -3,11 +3,9 @@ that are one file; this one is a project)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from tests._child import REPO, child_environment
+from tests._child import REPO, child_environment, run_python
 
 DEMO = REPO / "examples" / "django_project" / "demo.py"
 
@@ -15,14 +13,7 @@ DEMO = REPO / "examples" / "django_project" / "demo.py"
 def test_the_django_example_project_runs(tmp_path: Path) -> None:
     env = child_environment()
     env.pop("DJANGO_SETTINGS_MODULE", None)  # the example names its own
-    done = subprocess.run(
-        [sys.executable, str(DEMO), str(tmp_path / "tasks")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    done = run_python(DEMO, tmp_path / "tasks", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "charge: 'charged order 1001: 25.99' (attempts 1)" in done.stdout
     assert "report: 'report for monday (attempt 1)'" in done.stdout

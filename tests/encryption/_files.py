@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -27,3 +29,14 @@ def files_holding(directory: Path, needle: bytes) -> list[str]:
 def segment_bytes(directory: Path) -> bytes:
     """The segment logs of the queue at ``directory``, in name order, concatenated."""
     return b"".join(p.read_bytes() for p in sorted((directory / "segments").glob("*.log")))
+
+
+def set_encryption_block(queue: Path, block: dict[str, Any]) -> None:
+    """Write ``block`` as the ``encryption`` object of the queue's meta.json and of its
+    options.json, where there is one: the queue then claims that key check and identity."""
+    for name in ("meta.json", "options.json"):
+        path = queue / name
+        if path.exists():
+            value = json.loads(path.read_text())
+            value["encryption"] = block
+            path.write_text(json.dumps(value))

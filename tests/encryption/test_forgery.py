@@ -32,7 +32,7 @@ from ledgerq.cli import _readonly
 from tests._child import Children
 from tests.cli._run import run
 from tests.encryption import _forge
-from tests.encryption._files import KEY, segment_bytes
+from tests.encryption._files import KEY, segment_bytes, set_encryption_block
 
 Delivered = list[tuple[int, bytes, dict[str, str]]]
 HEADERS = {"h": "genuine header"}
@@ -392,12 +392,7 @@ def test_another_queues_identity_under_the_same_key_fails_every_entry(tmp_path: 
     _fill(queue)
     _fill(other, {1: b"other"})
     block = json.loads((other / "meta.json").read_text())["encryption"]
-    for name in ("meta.json", "options.json"):
-        file = queue / name
-        if file.exists():
-            value = json.loads(file.read_text())
-            value["encryption"] = block
-            file.write_text(json.dumps(value))
+    set_encryption_block(queue, block)
     with ledgerq.open(queue, encryption_key=KEY) as q:
         assert q.dequeue_batch(10) == []
         assert q.stats().corrupt_skipped == len(GENUINE)

@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.faults._inject import KNOWN_BUGS, all_faults, classify, list_sites, run_with_fault
+from tests.faults._inject import KNOWN_BUGS, all_faults, list_sites, run_with_fault, sort_problems
 from tests.faults._realsweep import count_sites, run_at
 from tests.faults._shim import quiet_ledgerq, scratch_dir
 from tests.faults.test_faults import OPTIONS
@@ -44,12 +44,7 @@ def sweep(workdir: Path, sync: str, steps: int, seed: int) -> tuple[int, Counter
         with quiet_ledgerq():
             run, _ = run_with_fault(root, fault, options=options, seed=seed, steps=steps)
         shutil.rmtree(root)
-        for problem in run.problems:
-            bug = classify(problem, run)
-            if bug is None:
-                unknown.append(f"{sync} {fault}: {problem}")
-            else:
-                known[bug] += 1
+        sort_problems(run, f"{sync} {fault}", known, unknown)
     return len(faults), known, unknown
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import ledgerq
+from tests.faults._reopen import reopen_and_check
 from tests.faults._shim import FAMILIES, Interposer
 from tests.torture._child import Workload
 from tests.torture._payload import matches, mismatch, token_of
@@ -55,6 +56,7 @@ __all__ = [
     "classify",
     "list_sites",
     "run_with_fault",
+    "sort_problems",
 ]
 
 ERRNOS = {"ENOSPC": errno_codes.ENOSPC, "EIO": errno_codes.EIO}
@@ -366,21 +368,8 @@ def run_with_fault(
     except Exception as exc:
         run.problems.append(f"after the fault cleared, reopen and work failed: {exc!r}")
     run.problems.extend(ledger.problems)
-    _check_reopened(path, options, ledger, run)
+    reopen_and_check(path, options, run.problems, lambda q: _check_contents(q, ledger, run))
     return run, injector
-
-
-def _check_reopened(path: Path, options: dict[str, Any], ledger: _Ledger, run: FaultRun) -> None:
-    try:
-        q = ledgerq.open(path, **options)
-    except Exception as exc:
-        run.problems.append(f"the queue does not reopen: {type(exc).__name__}: {exc}")
-        return
-    try:
-        with q:
-            _check_contents(q, ledger, run)
-    except Exception as exc:
-        run.problems.append(f"the reopened queue fails: {type(exc).__name__}: {exc}")
 
 
 def _check_contents(q: ledgerq.Queue, ledger: _Ledger, run: FaultRun) -> None:
@@ -454,6 +443,17 @@ KNOWN_BUGS: dict[str, str] = {}
 def classify(problem: str, run: FaultRun) -> str | None:
     """The known bug a problem of ``run`` is an instance of, or None if it is new."""
     return None
+
+
+def sort_problems(run: FaultRun, label: str, known: Counter[str], unknown: list[str]) -> None:
+    """Count each problem of ``run`` under the known bug it is an instance of in
+    ``known``, or add it, after ``label``, to ``unknown``."""
+    for problem in run.problems:
+        bug = classify(problem, run)
+        if bug is None:
+            unknown.append(f"{label}: {problem}")
+        else:
+            known[bug] += 1
 
 
 def all_faults(sites: list[tuple[str, int, bool]]) -> list[Fault]:

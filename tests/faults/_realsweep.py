@@ -38,6 +38,7 @@ from typing import Any
 import ledgerq
 from ledgerq import tools
 from tests._child import REPO, child_environment
+from tests.faults._reopen import reopen_and_check
 from tests.realfs import SmallDisk
 from tests.torture._payload import matches, mismatch, token_of
 
@@ -200,16 +201,7 @@ def _check(path: Path, ledger: _Ledger, run: RealRun) -> None:
     report = tools.verify(path)
     for problem in report.problems:
         run.problems.append(f"verify after the crash: {problem}")
-    try:
-        q = ledgerq.open(path)
-    except Exception as exc:
-        run.problems.append(f"the queue does not reopen: {type(exc).__name__}: {exc}")
-        return
-    try:
-        with q:
-            _check_contents(q, ledger, run)
-    except Exception as exc:
-        run.problems.append(f"the reopened queue fails: {type(exc).__name__}: {exc}")
+    reopen_and_check(path, {}, run.problems, lambda q: _check_contents(q, ledger, run))
 
 
 def _check_contents(q: ledgerq.Queue, ledger: _Ledger, run: RealRun) -> None:

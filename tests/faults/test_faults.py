@@ -25,9 +25,9 @@ from tests.faults._inject import (
     Fault,
     FaultInjector,
     all_faults,
-    classify,
     list_sites,
     run_with_fault,
+    sort_problems,
 )
 from tests.faults._shim import quiet_ledgerq, scratch_dir
 
@@ -61,12 +61,7 @@ def _sweep(tmp_path: Path, sync: str) -> None:
             run, _ = run_with_fault(tmp_path / f"run{n}", fault, options=options)
         shutil.rmtree(tmp_path / f"run{n}")
         fired += run.fired > 0
-        for problem in run.problems:
-            bug = classify(problem, run)
-            if bug is None:
-                unknown.append(f"{fault}: {problem}")
-            else:
-                known[bug] += 1
+        sort_problems(run, str(fault), known, unknown)
     assert fired == len(faults), "a fault never fired: the workload is not deterministic"
     assert not unknown, "\n".join(unknown[:20])
 

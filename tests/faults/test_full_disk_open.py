@@ -21,20 +21,13 @@ import pytest
 
 import ledgerq
 from tests.cli._run import run
-from tests.realfs import SmallDisk, crash_child
+from tests.realfs import SmallDisk, crash_child, drain_until_enqueue_works, fill_with_messages
 
 
 def _fill_with_messages(path: Path, disk: SmallDisk, **options: object) -> list[int]:
     """Enqueue 1 KB messages until the disk refuses, then fill the rest with ballast."""
-    ids: list[int] = []
     q = ledgerq.open(path, **options)  # type: ignore[arg-type]
-    try:
-        while True:
-            ids += q.enqueue_batch([b"x" * 1000] * 16)
-    except ledgerq.StorageError:
-        pass
-    disk.fill()
-    assert disk.is_full()
+    ids = fill_with_messages(q, disk)
     q.close()  # on the full disk: a close raised there too, before
     return ids
 
@@ -68,17 +61,8 @@ def test_a_full_disk_is_drained_until_enqueues_work_again(small_disk: SmallDisk)
         with pytest.raises(ledgerq.StorageError, match="No space left"):
             q.enqueue(b"refused")  # nothing written: the last space is for acks
         assert q.stats().pending == len(ids)
-        drained = []
-        while True:
-            message = q.dequeue()
-            assert message is not None, "the whole queue was drained, enqueues still refused"
-            q.ack(message.id)
-            drained.append(message.id)
-            try:
-                new_id = q.enqueue(b"new")
-                break
-            except ledgerq.StorageError:
-                continue
+        drained: list[int] = []
+        new_id = drain_until_enqueue_works([q], q, drained)
         assert q.stats().segments < segments  # retention deleted what the acks consumed
         assert new_id > ids[-1]
     with ledgerq.open(path) as q:
@@ -94,14 +78,7 @@ def test_a_crashed_queue_reopens_on_a_full_disk(small_disk: SmallDisk) -> None:
         small_disk.path,
         """
         q = ledgerq.open(ARGS["queue"], segment_size=256 * 1024)
-        ids = []
-        try:
-            while True:
-                ids += q.enqueue_batch([b"x" * 1000] * 16)
-        except ledgerq.StorageError:
-            pass
-        disk.fill()
-        report(ids)
+        report(fill_with_messages(q, disk))
         """,
         queue=str(path),
     )

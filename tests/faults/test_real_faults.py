@@ -13,11 +13,17 @@ from ledgerq.segment.appendlog import AppendLog
 from tests.realfs import SmallDisk, crash_child
 
 
+def _open_log(path: Path, content: bytes, valid_size: int) -> AppendLog:
+    """An append log over a file that holds ``content``, opened at ``valid_size``."""
+    path.write_bytes(content)
+    log = AppendLog(str(path), "test log")
+    log.open(valid_size)
+    return log
+
+
 def test_a_failed_append_on_a_full_disk_is_cut_back(small_disk: SmallDisk) -> None:
     path = small_disk.path / "log"
-    path.write_bytes(b"HEAD")
-    log = AppendLog(str(path), "test log")
-    log.open(4)
+    log = _open_log(path, b"HEAD", 4)
     small_disk.fill(leave_bytes=3000)  # room for part of the next append, not all of it
     record = b"r" * 64 * 1024
     with pytest.raises(StorageError, match="disk is full"):
@@ -32,9 +38,7 @@ def test_a_failed_append_on_a_full_disk_is_cut_back(small_disk: SmallDisk) -> No
 
 def test_open_cuts_bytes_past_the_valid_size(tmp_path: Path) -> None:
     path = tmp_path / "log"
-    path.write_bytes(b"goodtorn")
-    log = AppendLog(str(path), "test log")
-    log.open(4)
+    log = _open_log(path, b"goodtorn", 4)
     log.append_record(b"more")
     log.sync()
     log.close()
@@ -45,9 +49,7 @@ def test_open_cuts_bytes_past_the_valid_size(tmp_path: Path) -> None:
 
 def test_replace_swaps_the_file_and_appends_to_the_new_one(tmp_path: Path) -> None:
     path = tmp_path / "log"
-    path.write_bytes(b"old")
-    log = AppendLog(str(path), "test log")
-    log.open(3)
+    log = _open_log(path, b"old", 3)
     log.replace(b"new")
     log.append_record(b"!")
     log.close()

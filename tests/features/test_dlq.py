@@ -19,6 +19,13 @@ def fail(q: ledgerq.Queue, reason: str) -> ledgerq.Message:
     return msg
 
 
+def _enqueue_and_fail_once(path: Path, max_retries: int, payload: bytes, reason: str) -> None:
+    """Enqueue ``payload`` into the queue at ``path``, lease and nack it, and close."""
+    with ledgerq.open(path, max_retries=max_retries) as q:
+        q.enqueue(payload)
+        fail(q, reason)
+
+
 def test_nack_max_retries_times_moves_to_dlq_with_headers(tmp_path: Path) -> None:
     with ledgerq.open(tmp_path / "q", max_retries=3) as q:
         original = q.enqueue(b"poison", headers={"job": "7"}, priority=ledgerq.Priority.HIGH)
@@ -52,9 +59,7 @@ def test_max_retries_zero_never_dead_letters(tmp_path: Path) -> None:
 
 def test_retry_count_survives_reopen(tmp_path: Path) -> None:
     path = tmp_path / "q"
-    with ledgerq.open(path, max_retries=2) as q:
-        q.enqueue(b"x")
-        fail(q, "one")
+    _enqueue_and_fail_once(path, 2, b"x", "one")
     with ledgerq.open(path, max_retries=2) as q:
         msg = q.dequeue()
         assert msg is not None and msg.attempts == 2
@@ -131,9 +136,7 @@ def test_requeue_all_and_unknown_ids(tmp_path: Path) -> None:
 
 def test_dlq_survives_reopen(tmp_path: Path) -> None:
     path = tmp_path / "q"
-    with ledgerq.open(path, max_retries=1) as q:
-        q.enqueue(b"a")
-        fail(q, "x")
+    _enqueue_and_fail_once(path, 1, b"a", "x")
     with ledgerq.open(path, max_retries=1) as q:
         assert len(q.dlq) == 1
         assert q.stats().dead_lettered == 1

@@ -15,6 +15,7 @@ import pytest
 import ledgerq
 from ledgerq.core.reader import Reader
 from ledgerq.segment.naming import FEATURES_DIR, FORWARDS_NAME
+from tests.features._forward import forward_losing_the_ack, lease_new
 
 KEY = bytes(range(32))
 MODES: dict[str, dict[str, Any]] = {
@@ -34,18 +35,12 @@ def payloads(q: ledgerq.Queue) -> list[bytes]:
     return [m.payload for m in q.peek(1000)]
 
 
-class AckLost(Exception):
-    """The instant after the items landed: the ack never happens."""
-
-
 def test_forward_enqueues_into_the_target_and_acks(tmp_path: Path, options: dict[str, Any]) -> None:
     with (
         ledgerq.open(tmp_path / "a", **options) as a,
         ledgerq.open(tmp_path / "b", **options) as b,
     ):
-        a.enqueue(b"job")
-        msg = a.dequeue()
-        assert msg is not None
+        msg = lease_new(a)
         ids = a.forward(msg.id, b, [b"one", ledgerq.Item(b"two", headers={"h": "v"})])
         assert ids == [1, 2]
         got = b.peek(10)
@@ -74,18 +69,10 @@ def test_a_single_bytes_or_item_is_one_item(tmp_path: Path) -> None:
 def test_a_message_delivered_again_adds_nothing(
     tmp_path: Path, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def ack(self: Reader, message_id: int) -> None:
-        raise AckLost(message_id)
-
     with ledgerq.open(tmp_path / "b", **options) as b:
         a = ledgerq.open(tmp_path / "a", **options)
-        a.enqueue(b"job")
-        msg = a.dequeue()
-        assert msg is not None
-        with monkeypatch.context() as patch:
-            patch.setattr(Reader, "ack", ack)
-            with pytest.raises(AckLost):
-                a.forward(msg.id, b, [b"one", b"two"])
+        msg = lease_new(a)
+        forward_losing_the_ack(monkeypatch, a, msg.id, b, [b"one", b"two"])
         assert payloads(b) == [b"one", b"two"]
         a.close()  # the lease returns: delivered again at the next open
         with ledgerq.open(tmp_path / "a", **options) as a:
@@ -102,9 +89,7 @@ def test_a_message_delivered_again_adds_nothing(
         ledgerq.open(tmp_path / "b", **options) as b,
         ledgerq.open(tmp_path / "a", **options) as a,
     ):
-        a.enqueue(b"next")
-        nxt = a.dequeue()
-        assert nxt is not None
+        nxt = lease_new(a, b"next")
         assert a.forward(nxt.id, b, [b"four"]) == [3]
         assert payloads(b) == [b"one", b"two", b"four"]
 
@@ -112,18 +97,10 @@ def test_a_message_delivered_again_adds_nothing(
 def test_the_target_is_reopened_between_the_forward_and_the_redelivery(
     tmp_path: Path, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def ack(self: Reader, message_id: int) -> None:
-        raise AckLost(message_id)
-
     a = ledgerq.open(tmp_path / "a", **options)
     b = ledgerq.open(tmp_path / "b", **options)
-    a.enqueue(b"job")
-    msg = a.dequeue()
-    assert msg is not None
-    with monkeypatch.context() as patch:
-        patch.setattr(Reader, "ack", ack)
-        with pytest.raises(AckLost):
-            a.forward(msg.id, b, [b"one"])
+    msg = lease_new(a)
+    forward_losing_the_ack(monkeypatch, a, msg.id, b, [b"one"])
     a.close()
     b.close()
     with (
@@ -158,18 +135,12 @@ def test_named_readers_hand_off_each_their_own(tmp_path: Path, options: dict[str
 def test_a_redelivered_message_of_a_named_reader_adds_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def ack(self: Reader, message_id: int) -> None:
-        raise AckLost(message_id)
-
     with ledgerq.open(tmp_path / "b") as b:
         with ledgerq.open(tmp_path / "a") as a:
             a.enqueue(b"job")
             msg = a.reader("stage").dequeue()
             assert msg is not None
-            with monkeypatch.context() as patch:
-                patch.setattr(Reader, "ack", ack)
-                with pytest.raises(AckLost):
-                    a.reader("stage").forward(msg.id, b, [b"one"])
+            forward_losing_the_ack(monkeypatch, a.reader("stage"), msg.id, b, [b"one"])
         with ledgerq.open(tmp_path / "a") as a:
             stage = a.reader("stage")
             again = stage.dequeue()
@@ -230,9 +201,7 @@ def test_an_id_not_leased_raises_and_writes_nothing(tmp_path: Path) -> None:
 
 def test_the_source_itself_is_refused(tmp_path: Path) -> None:
     with ledgerq.open(tmp_path / "a", shared=True) as a:
-        a.enqueue(b"job")
-        msg = a.dequeue()
-        assert msg is not None
+        msg = lease_new(a)
         with pytest.raises(ValueError, match="source queue itself"):
             a.forward(msg.id, a, [b"x"])
         # Another handle of the same directory is the same queue.
@@ -256,9 +225,7 @@ def test_a_closed_target_is_refused(tmp_path: Path) -> None:
     with ledgerq.open(tmp_path / "a") as a:
         b = ledgerq.open(tmp_path / "b")
         b.close()
-        a.enqueue(b"job")
-        msg = a.dequeue()
-        assert msg is not None
+        msg = lease_new(a)
         with pytest.raises(ledgerq.QueueClosedError, match="is closed"):
             a.forward(msg.id, b, [b"x"])
         assert a.stats().in_flight == 1
@@ -281,9 +248,7 @@ def test_bad_items_raise_and_write_nothing(
     tmp_path: Path, items: Any, error: type[Exception], match: str
 ) -> None:
     with ledgerq.open(tmp_path / "a") as a, ledgerq.open(tmp_path / "b") as b:
-        a.enqueue(b"job")
-        msg = a.dequeue()
-        assert msg is not None
+        msg = lease_new(a)
         with pytest.raises(error, match=match):
             a.forward(msg.id, b, items)
         assert len(b) == 0
@@ -293,9 +258,7 @@ def test_bad_items_raise_and_write_nothing(
 
 def test_a_target_that_is_not_a_queue_is_refused(tmp_path: Path) -> None:
     with ledgerq.open(tmp_path / "a") as a:
-        a.enqueue(b"job")
-        msg = a.dequeue()
-        assert msg is not None
+        msg = lease_new(a)
         with pytest.raises(TypeError, match="open ledgerq queue"):
             a.forward(msg.id, str(tmp_path / "b"), [b"x"])  # type: ignore[arg-type]
         assert not (tmp_path / "b").exists()
@@ -351,9 +314,7 @@ def test_a_key_verified_here_holds_past_retention(
     the record this handle wrote (known to be in the log) still says they landed."""
     with ledgerq.open(tmp_path / "b", segment_size=1024) as b:
         a = ledgerq.open(tmp_path / "a")
-        a.enqueue(b"job")
-        msg = a.dequeue()
-        assert msg is not None
+        msg = lease_new(a)
         with monkeypatch.context() as patch:
             patch.setattr(Reader, "ack", lambda self, message_id: None)
             assert a.forward(msg.id, b, [b"item"]) == [1]

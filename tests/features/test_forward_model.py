@@ -140,22 +140,17 @@ class ForwardMachine(RuleBasedStateMachine):
         self.b._check()
 
 
-class ForwardSharedMachine(ForwardMachine):
-    options: ClassVar[dict[str, Any]] = {"shared": True}
-
-
-class ForwardEncryptedMachine(ForwardMachine):
-    options: ClassVar[dict[str, Any]] = {"encryption_key": bytes(range(32))}
-
-
 _SETTINGS = settings(max_examples=10, stateful_step_count=40, deadline=None)
 
 
 @pytest.mark.parametrize(
-    "machine",
-    [ForwardMachine, ForwardSharedMachine, ForwardEncryptedMachine],
+    "options",
+    [{}, {"shared": True}, {"encryption_key": bytes(range(32))}],
     ids=["exclusive", "shared", "encrypted"],
 )
-def test_forward_follows_the_model(machine: type[ForwardMachine]) -> None:
-    machine.TestCase.settings = _SETTINGS
-    machine.TestCase().runTest()
+def test_forward_follows_the_model(
+    options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ForwardMachine, "options", options)
+    ForwardMachine.TestCase.settings = _SETTINGS
+    ForwardMachine.TestCase().runTest()

@@ -233,25 +233,23 @@ class UniqueWithAuditMachine(UniqueMachine):
     readers = ("default", "audit")
 
 
-class UniqueSharedMachine(UniqueMachine):
-    options: ClassVar[dict[str, Any]] = {"shared": True}
-
-
-class UniqueEncryptedMachine(UniqueMachine):
-    options: ClassVar[dict[str, Any]] = {"encryption_key": bytes(range(32))}
-
-
 _SETTINGS = settings(max_examples=8, stateful_step_count=30, deadline=None)
 
 
 @pytest.mark.parametrize(
-    "machine",
-    [UniqueMachine, UniqueWithAuditMachine, UniqueSharedMachine, UniqueEncryptedMachine],
+    ("machine", "options"),
+    [
+        (UniqueMachine, {}),
+        (UniqueWithAuditMachine, {}),
+        (UniqueMachine, {"shared": True}),
+        (UniqueMachine, {"encryption_key": bytes(range(32))}),
+    ],
     ids=["exclusive", "audit-reader", "shared", "encrypted"],
 )
 def test_unique_keys_follow_the_model(
-    machine: type[UniqueMachine], monkeypatch: pytest.MonkeyPatch
+    machine: type[UniqueMachine], options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(machine, "options", options)
     # Sweeps (forgetting finished keys, rewriting the file) every few keys, not 1024.
     monkeypatch.setattr(unique, "_SWEEP_AT", 2)
     machine.TestCase.settings = _SETTINGS

@@ -28,6 +28,21 @@ def empty(dest: str) -> None:
     q.close()
 
 
+def _lease(q: ledgerq.Queue) -> ledgerq.Message:
+    m = q.dequeue()
+    assert m is not None
+    return m
+
+
+def _ack_release_nack(q: ledgerq.Queue, acks: int, reason: str) -> None:
+    """Lease and ack ``acks`` messages, then lease and release one, then lease one and
+    nack it with ``reason``: LEASE, ACK, RELEASE and NACK records in the journal."""
+    for _ in range(acks):
+        q.ack(_lease(q).id)
+    q.release(_lease(q).id)
+    q.nack(_lease(q).id, reason)
+
+
 def main(dest: str, *, clean: bool = False) -> None:
     q = ledgerq.open(
         dest,
@@ -54,35 +69,15 @@ def main(dest: str, *, clean: bool = False) -> None:
     m = reader.dequeue()
     assert m is not None
     reader.ack(m.id)
-    for _ in range(4):
-        m = q.dequeue()
-        assert m is not None
-        q.ack(m.id)
-    m = q.dequeue()
-    assert m is not None
-    q.release(m.id)
-    m = q.dequeue()
-    assert m is not None
-    q.nack(m.id, "first failure")
-    m = q.dequeue()
-    assert m is not None
-    q.nack(m.id, "again")  # max_retries=1: dead-lettered
+    _ack_release_nack(q, 4, "first failure")
+    q.nack(_lease(q).id, "again")  # max_retries=1: dead-lettered
     q.close()  # the journals are now CHECKPOINTs
     if clean:
         return  # fixtures/v1_clean: closed cleanly, its newest segment still appendable
     # Reopened and left without a close (as a killed process leaves it), so that the
     # journals also hold LEASE, ACK, NACK and RELEASE records after their CHECKPOINT.
     q = ledgerq.open(dest, sync="always")
-    for _ in range(3):
-        m = q.dequeue()
-        assert m is not None
-        q.ack(m.id)
-    m = q.dequeue()
-    assert m is not None
-    q.release(m.id)
-    m = q.dequeue()
-    assert m is not None
-    q.nack(m.id, "later")
+    _ack_release_nack(q, 3, "later")
     q.enqueue(b"after reopen")
     os._exit(0)
 

@@ -416,10 +416,14 @@ def test_shared_state_tables_match_the_layout() -> None:
         "enqueued_through": page.SLOT_ENQUEUED_THROUGH,
         "reserve_spent": page.SLOT_RESERVE_SPENT,
         "locking": page.SLOT_LOCKING,
+        **{
+            f"{name}_log": page.SLOT_FEATURE_LOGS + 8 * i
+            for i, name in enumerate(page.FEATURE_LOGS)
+        },
         "append_lock": page.APPEND_LOCK,
         "readers": page.READER_SLOTS_AT,
     }
-    assert all(r["size"] == "8" and r["type"] == "u64" for r in rows[3:11])
+    assert all(r["size"] == "8" and r["type"] == "u64" for r in rows[3:16])
     assert int(rows[-2]["size"]) == page.LOCK_BLOCK_SIZE
     assert int(rows[-1]["size"]) == page.READER_SLOTS * page.READER_SLOT_SIZE
     assert page.READER_SLOTS_AT + page.READER_SLOTS * page.READER_SLOT_SIZE == page.PAGE_SIZE
@@ -445,7 +449,7 @@ def test_shared_state_tables_match_the_layout() -> None:
     tail = page.SharedTail(11, 2048, 40, 1999, 1_700_000_000_000_000_000, 1024, 3)
     blob = page.encode_page(tail, reserved_until=99, counters={"duplicates": 5, "reserve_spent": 1})
     values, _ = walk(rows[:2], blob)
-    assert values["magic"] == b"LQSP" and values["version"] == page.SHARED_VERSION == 3
+    assert values["magic"] == b"LQSP" and values["version"] == page.SHARED_VERSION == 4
     assert struct.unpack_from("<Q", blob, page.SLOT_LOCKING)[0] == page.LOCKING_WORDS
     tail_values, _ = walk(tail_rows, blob[page.TAIL_OFFSET :])
     assert [tail_values[f] for f in page.SharedTail._fields] == list(tail)
@@ -497,6 +501,23 @@ def test_constants() -> None:
         assert actual == expected, r
 
 
+def _feature_log_records(path: Path, magic: bytes) -> list[Any]:
+    """The records of a feature log, read as the spec says: an 8-byte header (magic,
+    version 2), then records framed by their length and a trailing CRC-32C, each a
+    msgpack value."""
+    data = path.read_bytes()
+    assert struct.unpack_from("<4sI", data, 0) == (magic, 2)
+    pos, records = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack_from("<I", data, pos)
+        assert struct.unpack_from("<I", data, pos + length - 4)[0] == crc32c.crc32c(
+            data[pos : pos + length - 4]
+        )
+        records.append(msgpack.unpackb(data[pos + 4 : pos + length - 4]))
+        pos += length
+    return records
+
+
 def test_unique_records_read_with_the_table_alone(tmp_path: Path) -> None:
     """features/unique.log decoded with the spec's header, framing and record table."""
     import xxhash
@@ -507,17 +528,7 @@ def test_unique_records_read_with_the_table_alone(tmp_path: Path) -> None:
         first = q.enqueue(b"a", unique_key="job-1")
         second = q.enqueue(b"b", unique_key="job-2", ttl=60)
         stamps = {m.id: (m.timestamp, m.expires_at) for m in q.peek(2)}
-    data = (tmp_path / "q" / "features" / "unique.log").read_bytes()
-    magic, version = struct.unpack_from("<4sI", data, 0)
-    assert (magic, version) == (b"LQUK", 2)
-    pos, records = 8, []
-    while pos < len(data):
-        (length,) = struct.unpack_from("<I", data, pos)
-        assert struct.unpack_from("<I", data, pos + length - 4)[0] == crc32c.crc32c(
-            data[pos : pos + length - 4]
-        )
-        records.append(msgpack.unpackb(data[pos + 4 : pos + length - 4]))
-        pos += length
+    records = _feature_log_records(tmp_path / "q" / "features" / "unique.log", b"LQUK")
     by_field = [dict(zip([r["field"] for r in rows], rec, strict=True)) for rec in records]
     assert by_field == [
         {
@@ -548,17 +559,7 @@ def test_forward_records_read_with_the_table_alone(tmp_path: Path) -> None:
         a.forward(first.id, b, [b"x", b"y"])
         a.forward(second.id, b, [ledgerq.Item(b"z", headers={"h": "v"})])
         stamps = {m.id: m.timestamp for m in b.peek(3)}
-    data = (tmp_path / "b" / "features" / "forwards.log").read_bytes()
-    magic, version = struct.unpack_from("<4sI", data, 0)
-    assert (magic, version) == (b"LQFW", 2)
-    pos, records = 8, []
-    while pos < len(data):
-        (length,) = struct.unpack_from("<I", data, pos)
-        assert struct.unpack_from("<I", data, pos + length - 4)[0] == crc32c.crc32c(
-            data[pos : pos + length - 4]
-        )
-        records.append(msgpack.unpackb(data[pos + 4 : pos + length - 4]))
-        pos += length
+    records = _feature_log_records(tmp_path / "b" / "features" / "forwards.log", b"LQFW")
     source = os.path.realpath(tmp_path / "a")
 
     def key(message_id: int) -> bytes:
@@ -591,19 +592,10 @@ def test_periodic_records_read_with_the_table_alone(tmp_path: Path) -> None:
         msg = q.dequeue()
         assert msg is not None
         q.remove_periodic("j")
-    data = (tmp_path / "q" / "features" / "periodic.log").read_bytes()
-    magic, version = struct.unpack_from("<4sI", data, 0)
-    assert (magic, version) == (b"LQPJ", 2)
-    pos, records = 8, []
-    while pos < len(data):
-        (length,) = struct.unpack_from("<I", data, pos)
-        assert struct.unpack_from("<I", data, pos + length - 4)[0] == crc32c.crc32c(
-            data[pos : pos + length - 4]
-        )
-        value = msgpack.unpackb(data[pos + 4 : pos + length - 4])
+    records = []
+    for value in _feature_log_records(tmp_path / "q" / "features" / "periodic.log", b"LQPJ"):
         fields = [f.split()[0] for f in kinds[value[0]]["fields"].split(", ")]
         records.append((kinds[value[0]]["name"], dict(zip(fields, value[1:], strict=True))))
-        pos += length
     tick = clock.wall_ns
     assert records == [
         (

@@ -55,6 +55,7 @@ from ledgerq._types import Message
 from ledgerq.format.checksum import checksum, checksum_v1
 from ledgerq.format.errors import CorruptRecord, DecodeError
 from ledgerq.format.reader_state import StateRecordType
+from tests.encryption._files import set_encryption_block
 
 __all__ = ["TARGETS", "Target", "executions", "run_target"]
 
@@ -81,14 +82,23 @@ class Target:
 # ---------------------------------------------------------------------- pure decoders
 
 
-def _entry(data: bytes) -> None:
-    for pos in (0, 1, 5):
+def _entries_at(
+    data: bytes, positions: tuple[int, ...]
+) -> Iterator[tuple[int, entry_format.Entry, int]]:
+    """``(position, entry, stop)`` of each of ``positions`` (ascending, up to the end of
+    ``data``) at which an entry decodes; a DecodeError there passes it over."""
+    for pos in positions:
         if pos > len(data):
-            break
+            return
         try:
             entry, stop = entry_format.decode_entry(data, pos)
         except DecodeError:
             continue
+        yield pos, entry, stop
+
+
+def _entry(data: bytes) -> None:
+    for pos, entry, stop in _entries_at(data, (0, 1, 5)):
         assert entry.size == stop - pos
         assert entry_format.MIN_ENTRY_SIZE <= entry.size <= len(data) - pos
         # Never delivered unless the checksum its format names holds (a v1 entry CRC-32,
@@ -122,13 +132,7 @@ def _sealed_entry(data: bytes) -> None:
     """Decode, then open as the queue does: a sealed payload opens to exactly what was
     sealed, or raises CorruptRecord - never other bytes.  The input is also taken as the
     sealed content itself (sealed here, so the content parser sees arbitrary bytes)."""
-    for pos in (0, 1):
-        if pos > len(data):
-            break
-        try:
-            entry, _ = entry_format.decode_entry(data, pos)
-        except DecodeError:
-            continue
+    for _, entry, _ in _entries_at(data, (0, 1)):
         if not entry.flags & entry_format.EntryFlags.ENCRYPTED:
             continue
         try:
@@ -376,12 +380,7 @@ def _encrypted_queue_template() -> Path:
         "queue_id": FUZZ_QUEUE_ID.hex(),
         "key_check": sealing.key_check(FUZZ_KEY, FUZZ_QUEUE_ID).hex(),
     }
-    for name in ("meta.json", "options.json"):
-        path = template / name
-        if path.exists():
-            value = json.loads(path.read_text())
-            value["encryption"] = block
-            path.write_text(json.dumps(value))
+    set_encryption_block(template, block)
     for leftover in (template / "segments").iterdir():
         leftover.unlink()
     return template
@@ -435,12 +434,15 @@ def _memcache(data: bytes) -> None:
     assert parser.buffered <= 512 + 4096 + len(data)
 
 
-def _kestrel3(data: bytes) -> None:
-    allowed = (journal3.TruncatedRecord, journal3.BadRecord)
+def _walk_records(
+    data: bytes, decode: Callable[[bytes, int], Any], allowed: tuple[type[Exception], ...]
+) -> None:
+    """Decode record after record until the end, one of the ``allowed`` errors or a None
+    (the end marker); every record decoded must move on."""
     pos = 0
     while pos < len(data):
         try:
-            record = journal3.decode_record3(data, pos)
+            record = decode(data, pos)
         except allowed:
             break
         if record is None:
@@ -449,16 +451,14 @@ def _kestrel3(data: bytes) -> None:
         pos += record.size
 
 
+def _kestrel3(data: bytes) -> None:
+    _walk_records(data, journal3.decode_record3, (journal3.TruncatedRecord, journal3.BadRecord))
+
+
 def _kestrel_old(data: bytes) -> None:
-    allowed = (oldjournal.TruncatedRecord, oldjournal.BadRecord)
-    pos = 0
-    while pos < len(data):
-        try:
-            record = oldjournal.decode_record(data, pos)
-        except allowed:
-            break
-        assert record.size > 0
-        pos += record.size
+    _walk_records(
+        data, oldjournal.decode_record, (oldjournal.TruncatedRecord, oldjournal.BadRecord)
+    )
 
 
 # ---------------------------------------------------------------------- registry

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,16 @@ class Table:
             self.log.current(create=True)
             self.apply_record([key, number])
             self.log.append(encode_feature_record([key, number]))
+
+
+@contextmanager
+def _tables_of_two_handles(queue: Path, path: Path) -> Iterator[tuple[Table, Table]]:
+    """The table of ``path`` in each of two shared handles of the queue at ``queue``."""
+    with (
+        ledgerq.open(queue, shared=True) as q1,
+        ledgerq.open(queue, shared=True) as q2,
+    ):
+        yield Table(path, q1), Table(path, q2)
 
 
 def test_records_survive_a_reopen_and_a_torn_tail_is_cut(tmp_path: Path) -> None:
@@ -133,11 +144,7 @@ def test_a_format_1_file_is_rewritten_as_format_2_with_every_record_kept(tmp_pat
 
 def test_shared_handles_see_each_others_records_and_rewrites(tmp_path: Path) -> None:
     path = tmp_path / "q" / "features" / "t.log"
-    with (
-        ledgerq.open(tmp_path / "q", shared=True) as q1,
-        ledgerq.open(tmp_path / "q", shared=True) as q2,
-    ):
-        one, two = Table(path, q1), Table(path, q2)
+    with _tables_of_two_handles(tmp_path / "q", path) as (one, two):
         one.log.open(compact=True)  # beside another handle: read as it is, not rewritten
         two.log.open(compact=True)
         one.put("a", 1)
@@ -160,11 +167,7 @@ def test_shared_handles_see_each_others_records_and_rewrites(tmp_path: Path) -> 
 
 def test_has_news_tells_a_change_by_another_handle(tmp_path: Path) -> None:
     path = tmp_path / "q" / "features" / "t.log"
-    with (
-        ledgerq.open(tmp_path / "q", shared=True) as q1,
-        ledgerq.open(tmp_path / "q", shared=True) as q2,
-    ):
-        one, two = Table(path, q1), Table(path, q2)
+    with _tables_of_two_handles(tmp_path / "q", path) as (one, two):
         assert not one.log.has_news()  # no file yet
         one.put("a", 1)
         assert not one.log.has_news()  # its own append

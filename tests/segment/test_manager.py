@@ -13,8 +13,6 @@ import errno
 import json
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,10 +44,8 @@ from ledgerq.format.index import (
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.scanner import CorruptRegion, EntryScanner
 from ledgerq.segment.segment import Segment
+from tests._child import run_python
 from tests.segment._log import BASE_NS, payload_for
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 # ---------------------------------------------------------------------- the model
 
@@ -596,15 +592,7 @@ def test_a_write_the_file_system_cuts_short_is_cut_back_and_retried_whole(
     """A real short write (RLIMIT_FSIZE in a child process, as a filling disk does):
     the append raises StorageError naming the log, the file is back at its size, and
     the next append after room returns lands right after the earlier entries."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    run = subprocess.run(
-        [sys.executable, "-c", _SHORT_WRITE_CHILD, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    run = run_python("-c", _SHORT_WRITE_CHILD, str(tmp_path), timeout=60)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     size = report["size"]

@@ -16,10 +16,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+import pytest
 
 GUARD_S = 20.0  # a hang guard, never a timing assertion
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -137,6 +139,18 @@ class ServerProcess:
     ) -> None:
         self.stop()
         self._stderr_path.unlink(missing_ok=True)
+
+
+def serving(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *args: str
+) -> Generator[ServerProcess, None, ServerProcess]:
+    """The body of a module-scoped server fixture (``yield from``): a server with
+    ``args`` over a new data directory; once it is stopped it must have exited 0."""
+    data = tmp_path_factory.mktemp(name) / "data"
+    with ServerProcess(data, *args) as proc:
+        yield proc
+    assert proc.returncode == 0, proc.stderr
+    return proc
 
 
 Value = tuple[bytes, int, bytes, int | None]  # key, flags, data, cas

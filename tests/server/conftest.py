@@ -8,15 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.server._harness import Raw, ServerProcess
+from tests.server._harness import Raw, ServerProcess, serving
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    data = tmp_path_factory.mktemp("serve") / "data"
-    with ServerProcess(data, "--max-open-reads", "1") as proc:
-        yield proc
-    assert proc.returncode == 0, proc.stderr
+    proc = yield from serving(tmp_path_factory, "serve", "--max-open-reads", "1")
     assert "Traceback" not in proc.stderr, proc.stderr
 
 

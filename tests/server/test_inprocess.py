@@ -15,17 +15,14 @@ import pytest
 
 import ledgerq
 from ledgerq.server import DataDirLockedError, Server, ServerConfig
+from tests.aioguard import run_guarded
 
 T = TypeVar("T")
 GUARD_S = 20.0
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    async def guarded() -> T:
-        async with asyncio.timeout(GUARD_S):
-            return await coro
-
-    return asyncio.run(guarded())
+    return run_guarded(coro, GUARD_S)
 
 
 class Conn:

@@ -10,16 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.server._harness import Raw, ServerProcess, until
+from tests.server._harness import Raw, ServerProcess, serving, until
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server with a 1 KiB item limit."""
-    data = tmp_path_factory.mktemp("small") / "data"
-    with ServerProcess(data, "--max-item-size", "1024") as proc:
-        yield proc
-    assert proc.returncode == 0, proc.stderr
+    yield from serving(tmp_path_factory, "small", "--max-item-size", "1024")
 
 
 def test_oversize_set_is_refused_before_its_data_is_sent(small: ServerProcess) -> None:

@@ -27,6 +27,7 @@ from ledgerq.shard import (
     split_id,
     write_shard_count,
 )
+from tests.blocked import close_during_a_blocked_dequeue
 
 
 def keys_for(index: int, shards: int, count: int = 1) -> list[str]:
@@ -246,19 +247,7 @@ def test_a_blocked_dequeue_wakes_when_a_lease_times_out(tmp_path: Path) -> None:
 
 def test_close_wakes_a_blocked_dequeue(tmp_path: Path) -> None:
     q = ledgerq.open_sharded(tmp_path / "r", 2)
-    errors: list[BaseException] = []
-
-    def wait() -> None:
-        try:
-            q.dequeue(timeout=None)
-        except ledgerq.QueueClosedError as exc:
-            errors.append(exc)
-
-    waiter = threading.Thread(target=wait)
-    waiter.start()
-    q.close()
-    waiter.join(timeout=60)
-    assert not waiter.is_alive()
+    errors = close_during_a_blocked_dequeue(q)
     assert len(errors) == 1 and q.closed
     with pytest.raises(ledgerq.QueueClosedError):
         q.enqueue(b"x")

@@ -19,6 +19,14 @@ def start(children: Children, mode: str, path: Path, *options: str) -> Child:
     return child
 
 
+def start_holder(children: Children, path: Path, count: int) -> Child:
+    """Start a worker that leases ``count`` messages of the queue at ``path`` and holds
+    them; return once it has them all."""
+    holder = start(children, "lease", path, f"n={count}")
+    holder.wait_for("HELD")
+    return holder
+
+
 @dataclass
 class Reports:
     """Every line one worker wrote, gathered by a thread, with the time each was read."""

@@ -10,10 +10,12 @@ The cases that can happen (docs/format.md, "Upgrades in shared mode"):
   rewritten under the lock every append to it takes (the reader's, the append lock);
 * a session a format-1 ledgerq started (its state page is version 1), or one the flock
   design started (version 2: its handles lock with flock, which lock words do not
-  exclude), or a newer ledgerq (version 4): a handle refuses to join, before it writes
-  anything;
-* a version 1 or 2 page left by a finished session: the next first handle keeps its
-  counters and writes a version 3 page.
+  exclude), or the lock-word design before the feature-log words (version 3: its
+  handles write the feature logs without bumping their words, so ours would miss
+  their unique keys and hand-offs), or a newer ledgerq (version 5): a handle refuses
+  to join, before it writes anything;
+* a version 1, 2 or 3 page left by a finished session: the next first handle keeps its
+  counters and writes a version 4 page.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ import ledgerq
 from ledgerq.format.checksum import checksum
 from ledgerq.format.feature_state import decode_feature_file
 from ledgerq.format.shared_state import (
+    LOCKING_WORDS,
     OLD_PAGE_SIZE,
+    PAGE_SIZE,
     SHARED_VERSION,
     SLOT_CORRUPT_SKIPPED,
     SLOT_DUPLICATES,
+    SLOT_LOCKING,
     STATE_HEADER,
     TAIL_FIELDS,
     TAIL_OFFSET,
@@ -74,10 +79,13 @@ def _files(path: Path) -> dict[str, bytes]:
 
 def _old_page(version: int, duplicates: int = 0, corrupt_skipped: int = 0) -> bytes:
     """The state page an older ledgerq writes: 4 KiB; version 1 (format 1, the tail's
-    checksum CRC-32) or 2 (format 2 with the flock design, CRC-32C)."""
+    checksum CRC-32) or 2 (format 2 with the flock design, CRC-32C); or 16 KiB, version
+    3 (lock words, no feature-log words)."""
     fields = TAIL_FIELDS.pack(1, 0, 0, -1, 0, -1, 1)
     crc = zlib.crc32(fields) if version == 1 else checksum(fields)
-    page = bytearray(OLD_PAGE_SIZE)
+    page = bytearray(OLD_PAGE_SIZE if version < 3 else PAGE_SIZE)
+    if version >= 3:
+        struct.pack_into("<Q", page, SLOT_LOCKING, LOCKING_WORDS)
     STATE_HEADER.pack_into(page, 0, b"LQSP", version)
     page[TAIL_OFFSET : TAIL_OFFSET + 64] = fields + struct.pack("<II", crc, 0)
     struct.pack_into("<Q", page, SLOT_DUPLICATES, duplicates)
@@ -114,7 +122,12 @@ def test_a_handle_does_not_join_a_session_of_a_format_1_ledgerq(old_session: Pat
 
 
 @pytest.mark.parametrize(
-    ("version", "says"), [(2, r"older ledgerq \(state page version 2\)"), (4, "newer ledgerq")]
+    ("version", "says"),
+    [
+        (2, r"older ledgerq \(state page version 2\)"),
+        (3, r"older ledgerq \(state page version 3\).*feature logs"),
+        (5, "newer ledgerq"),
+    ],
 )
 def test_a_handle_does_not_join_a_session_of_another_lock_design(
     tmp_path: Path, version: int, says: str
@@ -124,7 +137,7 @@ def test_a_handle_does_not_join_a_session_of_another_lock_design(
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         q.enqueue(b"kept")
-    page = _old_page(2) if version == 2 else _old_page(2).replace(b"LQSP\x02", b"LQSP\x04", 1)
+    page = _old_page(version) if version < 4 else _old_page(3).replace(b"LQSP\x03", b"LQSP\x05", 1)
     fd = _hold_shared(path, page)
     try:
         before = _files(path)
@@ -137,7 +150,7 @@ def test_a_handle_does_not_join_a_session_of_another_lock_design(
         assert [m.payload for m in q.dequeue_batch(10)] == [b"kept"]
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_the_next_session_keeps_an_older_pages_counters(tmp_path: Path, version: int) -> None:
     path = _copy("v1_clean", tmp_path)
     (path / "shared").mkdir()

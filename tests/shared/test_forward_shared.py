@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import ledgerq
-from ledgerq.core.reader import Reader
 from tests._child import Children
+from tests.features._forward import forward_losing_the_ack, lease_new
 from tests.shared.conftest import locking  # noqa: F401  (the fixture)
 
 WORKER = """
@@ -69,25 +69,14 @@ def test_another_handle_that_gets_the_message_back_only_acks(
     handle that gets the message back finds the items there, in another process's
     view of the target - the file's news read under the append lock."""
 
-    class AckLost(Exception):
-        pass
-
-    def ack(self: Reader, message_id: int) -> None:
-        raise AckLost
-
     with (
         ledgerq.open(tmp_path / "a", shared=True) as a1,
         ledgerq.open(tmp_path / "a", shared=True) as a2,
         ledgerq.open(tmp_path / "b", shared=True) as b1,
         ledgerq.open(tmp_path / "b", shared=True) as b2,
     ):
-        a1.enqueue(b"job")
-        msg = a1.dequeue()
-        assert msg is not None
-        with monkeypatch.context() as patch:
-            patch.setattr(Reader, "ack", ack)
-            with pytest.raises(AckLost):
-                a1.forward(msg.id, b1, [b"one"])
+        msg = lease_new(a1)
+        forward_losing_the_ack(monkeypatch, a1, msg.id, b1, [b"one"])
         a1.close()  # its leases go back to the queue
         again = a2.dequeue(timeout=30)
         assert again is not None

@@ -18,7 +18,7 @@ import ledgerq
 from ledgerq.format.feature_state import decode_feature_file
 from ledgerq.format.shared_state import SLOT_RESERVE_SPENT, SLOT_WRITING
 from tests._child import Children
-from tests.realfs import SmallDisk, can_mount
+from tests.realfs import SmallDisk, can_mount, drain_until_enqueue_works, fill_with_messages
 
 from ._procs import start
 from ._worker import payload
@@ -28,16 +28,15 @@ def _spent(q: ledgerq.Queue) -> int:
     return q._page.get(SLOT_RESERVE_SPENT)  # type: ignore[attr-defined, no-any-return]
 
 
-def _fill(q: ledgerq.Queue, disk: SmallDisk) -> list[int]:
-    ids: list[int] = []
-    try:
-        while True:
-            ids += q.enqueue_batch([b"x" * 1000] * 16)
-    except ledgerq.StorageError:
-        pass
-    disk.fill()
-    assert disk.is_full()
-    return ids
+def _ack_until_reserve_spent(q: ledgerq.Queue, reserve: Path) -> list[int]:
+    """Dequeue and ack with ``q`` until its acks spent the disk reserve; return the ids."""
+    drained: list[int] = []
+    while reserve.exists():
+        message = q.dequeue()
+        assert message is not None and len(drained) < 100
+        q.ack(message.id)
+        drained.append(message.id)
+    return drained
 
 
 def test_a_reserve_spent_by_one_handle_stops_every_handles_enqueues(
@@ -48,16 +47,11 @@ def test_a_reserve_spent_by_one_handle_stops_every_handles_enqueues(
     a = ledgerq.open(path, shared=True, segment_size=256 * 1024)
     b = ledgerq.open(path, shared=True, segment_size=256 * 1024)
     try:
-        ids = _fill(a, small_disk)
+        ids = fill_with_messages(a, small_disk)
         assert reserve.exists() and not _spent(b)
         # a's acks meet the full disk (once its journal needs a new page): a spends the
         # reserve, for the whole queue.
-        drained: list[int] = []
-        while reserve.exists():
-            message = a.dequeue()
-            assert message is not None and len(drained) < 100
-            a.ack(message.id)
-            drained.append(message.id)
+        drained = _ack_until_reserve_spent(a, reserve)
         assert _spent(b)
         # b never met the full disk, and the reserve's room is free now: still, the room
         # is for acks - b refuses, writing nothing.
@@ -65,17 +59,7 @@ def test_a_reserve_spent_by_one_handle_stops_every_handles_enqueues(
             b.enqueue(b"refused")
         # Both drain (b's acks through the spent reserve too) until retention deleted
         # segments: then b's enqueue writes the reserve again and goes through.
-        for turn in range(len(ids)):
-            q = (a, b)[turn % 2]
-            message = q.dequeue()
-            assert message is not None, "drained the whole queue, enqueues still refused"
-            q.ack(message.id)
-            drained.append(message.id)
-            try:
-                new_id = b.enqueue(b"new")
-                break
-            except ledgerq.StorageError:
-                continue
+        new_id = drain_until_enqueue_works([a, b], b, drained)
         assert new_id > ids[-1]
         assert reserve.stat().st_size == 32 * 1024 and not _spent(a)
         assert a.enqueue(b"a again") == new_id + 1, "and a learned it is back"
@@ -139,25 +123,13 @@ def test_another_process_learns_that_the_reserve_is_spent_and_back(
     reserve = path / "reserve"
     with ledgerq.open(path, shared=True, segment_size=256 * 1024) as a:
         other = start(children, "hold", path, "segment_size=262144")
-        ids = _fill(a, small_disk)
-        drained = 0
-        while reserve.exists():  # a's acks spend the reserve
-            message = a.dequeue()
-            assert message is not None and drained < 100
-            a.ack(message.id)
-            drained += 1
+        ids = fill_with_messages(a, small_disk)
+        _ack_until_reserve_spent(a, reserve)
         other.send("enq 1")
         refused = other.line()  # (its one answer: "E <id>" had it enqueued)
         assert refused.startswith("X StorageError") and "No space left for messages" in refused
-        while True:  # a drains until retention made room and its enqueue wrote the reserve
-            message = a.dequeue()
-            assert message is not None, "drained the whole queue, enqueues still refused"
-            a.ack(message.id)
-            try:
-                new_id = a.enqueue(payload(0))
-                break
-            except ledgerq.StorageError:
-                continue
+        # a drains until retention made room and its enqueue wrote the reserve
+        new_id = drain_until_enqueue_works([a], a, [], payload(0))
         assert reserve.exists() and new_id > ids[-1]
         other.send("enq 2")
         assert other.line() == f"E {new_id + 1} 2", "the other process enqueues again"
@@ -174,23 +146,10 @@ def test_a_handle_drains_through_a_reserve_another_one_spent(small_disk: SmallDi
     a = ledgerq.open(path, shared=True, segment_size=1 << 20)
     b = ledgerq.open(path, shared=True, segment_size=1 << 20)
     try:
-        ids = _fill(a, small_disk)
-        drained: list[int] = []
-        while reserve.exists():
-            message = a.dequeue()
-            assert message is not None and len(drained) < 100
-            a.ack(message.id)
-            drained.append(message.id)
-        while True:  # b alone drains, until retention made room for its enqueue
-            message = b.dequeue()
-            assert message is not None, "drained the whole queue, enqueues still refused"
-            b.ack(message.id)
-            drained.append(message.id)
-            try:
-                new_id = b.enqueue(b"new")
-                break
-            except ledgerq.StorageError:
-                continue
+        ids = fill_with_messages(a, small_disk)
+        drained = _ack_until_reserve_spent(a, reserve)
+        # b alone drains, until retention made room for its enqueue
+        new_id = drain_until_enqueue_works([b], b, drained)
         assert drained == ids[: len(drained)] and new_id > ids[-1]
     finally:
         a.close()

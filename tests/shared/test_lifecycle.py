@@ -21,7 +21,7 @@ import ledgerq
 from ledgerq.segment.naming import handle_live_path, list_live_handles
 from tests._child import Children
 
-from ._procs import start
+from ._procs import start, start_holder
 from ._worker import payload
 
 
@@ -49,8 +49,7 @@ def test_after_every_process_was_killed_the_next_open_recovers(
     path = tmp_path / "q"
     producer = start(children, "produce", path, "count=50", "sync='always'")
     producer.wait_for("BYE")
-    holder = start(children, "lease", path, "n=3")
-    holder.wait_for("HELD")
+    holder = start_holder(children, path, 3)
     other = start(children, "hold", path)
     for child in (holder, other):
         child.kill_and_drain()
@@ -69,8 +68,7 @@ def test_a_dead_holder_without_its_liveness_file_is_reclaimed_too(
     path = tmp_path / "q"
     with ledgerq.open(path, shared=True) as q:
         q.enqueue_batch([payload(1), payload(2)])
-        holder = start(children, "lease", path, "n=2")
-        holder.wait_for("HELD")
+        holder = start_holder(children, path, 2)
         live = [h for h in list_live_handles(str(path)) if h != q.handle_id]  # type: ignore[attr-defined]
         assert len(live) == 1
         holder.kill_and_drain()
@@ -178,8 +176,7 @@ def test_a_stopped_holder_is_alive(tmp_path: Path, children: Children) -> None:
     path = tmp_path / "q"
     with ledgerq.open(path, shared=True) as q:
         q.enqueue(payload(1))
-        holder = start(children, "lease", path, "n=1")
-        holder.wait_for("HELD")
+        holder = start_holder(children, path, 1)
         holder.signal(signal.SIGSTOP)
         try:
             assert q.dequeue(timeout=1.0) is None

@@ -4,32 +4,32 @@ news (replace, remove) seen by every handle."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import ledgerq
-from ledgerq.features.periodic import NAME_HEADER, TICK_HEADER
+from ledgerq.features.periodic import NAME_HEADER
 from tests._child import Children
 from tests.clocks import SECOND, SteppedClock
+from tests.drain import drain_ticks
 
 START = SteppedClock().wall_ns
 
 
-def ticks(q: ledgerq.Queue) -> list[int]:
-    """Lease and ack everything ready: the tick of each message."""
-    got = []
-    while (msg := q.dequeue()) is not None:
-        got.append(int(msg.headers[TICK_HEADER]))
-        q.ack(msg.id)
-    return got
-
-
-def test_two_handles_fire_a_tick_once(tmp_path: Path, locking: str) -> None:
+@contextmanager
+def _two_handles(path: Path) -> Iterator[tuple[SteppedClock, ledgerq.Queue, ledgerq.Queue]]:
+    """Two shared handles of the queue at ``path``, on one stepped clock."""
     clock = SteppedClock()
-    path = tmp_path / "q"
     with (
         ledgerq.open(path, shared=True, clock=clock) as a,
         ledgerq.open(path, shared=True, clock=clock) as b,
     ):
+        yield clock, a, b
+
+
+def test_two_handles_fire_a_tick_once(tmp_path: Path, locking: str) -> None:
+    with _two_handles(tmp_path / "q") as (clock, a, b):
         a.add_periodic("j", b"p", every=10)
         b.poll_timer()  # (its housekeeper's look): b knows the job too
         for n in range(1, 4):
@@ -37,24 +37,19 @@ def test_two_handles_fire_a_tick_once(tmp_path: Path, locking: str) -> None:
             # Both views say the tick is due; the first to dequeue fires it, the other
             # finds it fired (under the append lock) and adds nothing.
             first, second = (a, b) if n % 2 else (b, a)
-            assert ticks(first) == [START + 10 * n * SECOND]
-            assert ticks(second) == []
+            assert drain_ticks(first) == [START + 10 * n * SECOND]
+            assert drain_ticks(second) == []
         assert [j.last_run_ns for j in b.periodic()] == [START + 30 * SECOND]
 
 
 def test_replace_and_remove_in_one_handle_are_seen_by_another(tmp_path: Path, locking: str) -> None:
-    clock = SteppedClock()
-    path = tmp_path / "q"
-    with (
-        ledgerq.open(path, shared=True, clock=clock) as a,
-        ledgerq.open(path, shared=True, clock=clock) as b,
-    ):
+    with _two_handles(tmp_path / "q") as (clock, a, b):
         a.add_periodic("j", b"old", every=10)
         b.poll_timer()
         clock.elapse(5)
         a.add_periodic("j", b"new", every=10)  # replaced: next tick at START + 15 s
         clock.elapse(5)
-        assert ticks(b) == []  # b's stale view says START + 10 s: found not due
+        assert drain_ticks(b) == []  # b's stale view says START + 10 s: found not due
         clock.elapse(5)
         msg = b.dequeue()
         assert msg is not None and msg.payload == b"new"
@@ -62,7 +57,7 @@ def test_replace_and_remove_in_one_handle_are_seen_by_another(tmp_path: Path, lo
         b.ack(msg.id)
         assert a.remove_periodic("j")
         clock.elapse(10)
-        assert ticks(b) == []  # fired only after checking: the job is gone
+        assert drain_ticks(b) == []  # fired only after checking: the job is gone
         assert b.periodic() == [] and a.periodic() == []
 
 
@@ -78,7 +73,7 @@ def test_a_handle_that_never_heard_of_the_job_learns_it_by_polling(
         clock.elapse(10)
         b.poll_timer()
         assert len(b) == 1
-        assert ticks(b) == [START + 10 * SECOND]
+        assert drain_ticks(b) == [START + 10 * SECOND]
 
 
 STEPPER = """
@@ -124,7 +119,7 @@ def test_processes_fire_each_tick_once(tmp_path: Path, children: Children) -> No
                 if took != "-":
                     taken.append(int(took))
             clock.elapse(10)
-            taken += ticks(q)
+            taken += drain_ticks(q)
             assert taken == [START + 10 * k * SECOND for k in range(1, n + 1)], taken
         for child in procs:
             child.finish()

@@ -19,7 +19,7 @@ import pytest
 import ledgerq
 from tests._child import Children
 
-from ._procs import Reports, start, wait_until
+from ._procs import Reports, start, start_holder, wait_until
 from ._worker import payload, token_of
 
 
@@ -60,8 +60,7 @@ def test_close_returns_the_handles_leases_to_the_others(tmp_path: Path, children
     path = tmp_path / "q"
     with ledgerq.open(path, shared=True) as q:
         q.enqueue_batch([payload(t) for t in range(3)])
-        holder = start(children, "lease", path, "n=3")
-        holder.wait_for("HELD")
+        holder = start_holder(children, path, 3)
         assert q.dequeue() is None
         holder.send("close")
         holder.wait_for("BYE")
@@ -232,8 +231,7 @@ def test_a_blocked_dequeue_wakes_on_a_reclaimed_lease(tmp_path: Path, children: 
     path = tmp_path / "q"
     with ledgerq.open(path, shared=True) as q:
         q.enqueue(payload(1))
-    holder = start(children, "lease", path, "n=1")
-    holder.wait_for("HELD")
+    holder = start_holder(children, path, 1)
     waiter = start(children, "wait", path, "timeout=10")
     waiter.wait_for("WAITING")
     holder.kill_and_drain()

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.spark import why_no_spark
+from tests.spark.helpers import build_tree
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -116,3 +117,12 @@ def _stop_streams(request: pytest.FixtureRequest) -> Iterator[None]:
     if "spark" in request.fixturenames:
         for query in request.getfixturevalue("spark").streams.active:
             query.stop()
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tree of queues made by :func:`~tests.spark.helpers.build_tree`, one for each
+    test module (one may change it): headers, priorities, TTLs and compression."""
+    root = tmp_path_factory.mktemp("tree")
+    build_tree(root)
+    return root

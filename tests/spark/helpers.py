@@ -11,15 +11,19 @@ from typing import Any
 import pytest
 
 import ledgerq
+from ledgerq.shard import shard_dir_name
 
 __all__ = [
     "await_termination",
     "build_tree",
     "flipped_copy",
     "log_view",
+    "parquet_stream",
     "process_all_available",
     "rows_by_key",
     "segment_files",
+    "shard_payloads",
+    "stream_into_ledgerq",
 ]
 
 
@@ -70,6 +74,17 @@ def log_view(path: Path) -> list[ledgerq.Message]:
     """Every message of a queue as ``ledgerq.open`` sees it (peek: nothing is leased)."""
     with ledgerq.open(path) as q:
         return q.peek(1 << 30)
+
+
+def shard_payloads(root: Path, shards: int) -> list[bytes]:
+    """Every payload in the shard queues under ``root`` (a log view: acked ones too)."""
+    found: list[bytes] = []
+    for i in range(shards):
+        path = root / shard_dir_name("", shards, i)
+        if path.exists():
+            with ledgerq.follow(path, timeout=0) as follower:
+                found.extend(m.payload for m in follower)
+    return found
 
 
 def rows_by_key(rows: list[Any]) -> dict[tuple[str, int], Any]:
@@ -127,3 +142,27 @@ def await_termination(query: Any, timeout: float = 120.0) -> None:
         pytest.fail(f"availableNow query did not finish in {timeout} s; it was stopped")
     if query.exception() is not None:
         raise AssertionError(f"streaming query failed: {query.exception()}")
+
+
+def parquet_stream(spark: Any, source: Path, schema: str) -> Any:
+    """A streaming DataFrame of the parquet files in ``source``, one file a micro-batch."""
+    return (
+        spark.readStream.format("parquet")
+        .schema(schema)
+        .option("maxFilesPerTrigger", 1)
+        .load(str(source))
+    )
+
+
+def stream_into_ledgerq(
+    spark: Any, source: Path, schema: str, root: Path, checkpoint: Path, **options: object
+) -> None:
+    """Run an ``availableNow`` query that writes ``source``'s parquet files into ``root``."""
+    writer = (
+        parquet_stream(spark, source, schema)
+        .writeStream.format("ledgerq")
+        .option("checkpointLocation", str(checkpoint))
+    )
+    for name, value in options.items():
+        writer = writer.option(name, value)
+    await_termination(writer.trigger(availableNow=True).start(str(root)))

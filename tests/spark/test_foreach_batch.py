@@ -29,21 +29,10 @@ from ledgerq.spark._foreach_batch import (  # noqa: E402
 )
 from ledgerq.spark._stream_write import MARK_HEADER, STREAMS_DIR  # noqa: E402
 from ledgerq.spark._write import STAGING_DIR  # noqa: E402
-from tests.spark.helpers import await_termination  # noqa: E402
+from tests.spark.helpers import await_termination, parquet_stream, shard_payloads  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 _SCHEMA = StructType([StructField("payload", StringType()), StructField("key", StringType())])
-
-
-def _payloads(root: Path, shards: int) -> list[bytes]:
-    """Every payload in the shard queues under ``root`` (a log view)."""
-    found: list[bytes] = []
-    for i in range(shards):
-        path = root / shard_dir_name("", shards, i)
-        if path.exists():
-            with ledgerq.follow(path, timeout=0) as follower:
-                found.extend(m.payload for m in follower)
-    return found
 
 
 def test_a_batch_id_called_again_adds_nothing(spark: Any, tmp_path: Path) -> None:
@@ -53,18 +42,18 @@ def test_a_batch_id_called_again_adds_nothing(spark: Any, tmp_path: Path) -> Non
     write(df, 0)
     write(df, 0)  # Spark replays batch 0
     expected = sorted(p.encode() for p, _ in rows)
-    assert sorted(_payloads(tmp_path, 2)) == expected, "the replay added nothing"
+    assert sorted(shard_payloads(tmp_path, 2)) == expected, "the replay added nothing"
     write(spark.createDataFrame([("late", None)], df.schema), 1)
-    assert sorted(_payloads(tmp_path, 2)) == sorted([*expected, b"late"])
+    assert sorted(shard_payloads(tmp_path, 2)) == sorted([*expected, b"late"])
     assert (tmp_path / STREAMS_DIR / "nightly" / "last.json").exists()
     assert not (tmp_path / STAGING_DIR).exists(), "staged files are deleted"
     # another query id is another stream: its batch 0 is written
     foreach_batch_writer(str(tmp_path), query_id="other")(df.limit(1), 0)
-    assert len(_payloads(tmp_path, 2)) == len(rows) + 2
+    assert len(shard_payloads(tmp_path, 2)) == len(rows) + 2
     # a wrong column type fails the call, with nothing written
     with pytest.raises(Exception, match="column payload has type bigint"):
         write(spark.range(3).withColumnRenamed("id", "payload"), 2)
-    assert len(_payloads(tmp_path, 2)) == len(rows) + 2
+    assert len(shard_payloads(tmp_path, 2)) == len(rows) + 2
     with pytest.raises(ledgerq.ConfigError, match="called outside a streaming query"):
         foreach_batch_writer(str(tmp_path))(df, 5)
     with pytest.raises(ledgerq.ConfigError, match="holds 2 shards, not 4"):
@@ -77,10 +66,7 @@ def test_a_batch_id_called_again_adds_nothing(spark: Any, tmp_path: Path) -> Non
 
 def _run(spark: Any, source: Path, root: Path, checkpoint: Path) -> str:
     query = (
-        spark.readStream.format("parquet")
-        .schema("payload binary")
-        .option("maxFilesPerTrigger", 1)
-        .load(str(source))
+        parquet_stream(spark, source, "payload binary")
         .writeStream.foreachBatch(foreach_batch_writer(str(root), shards=2))
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
@@ -98,7 +84,7 @@ def test_a_query_restarted_from_its_checkpoint_replays_a_batch_once(
     expected = [r[0] for r in rows]
     spark.createDataFrame(rows, "payload binary").coalesce(1).write.parquet(str(source))
     query = _run(spark, source, root, checkpoint)
-    assert sorted(_payloads(root, 2)) == sorted(expected)
+    assert sorted(shard_payloads(root, 2)) == sorted(expected)
     # As if the query died after the last batch was published but before Spark's
     # checkpoint recorded it: the restart runs that batch again, with the same id.
     commits = checkpoint / "commits"
@@ -107,7 +93,7 @@ def test_a_query_restarted_from_its_checkpoint_replays_a_batch_once(
         (commits / name).unlink(missing_ok=True)
     spark.createDataFrame([(b"late",)], "payload binary").write.mode("append").parquet(str(source))
     assert _run(spark, source, root, checkpoint) == query, "the same query, restarted"
-    got = _payloads(root, 2)
+    got = shard_payloads(root, 2)
     assert sorted(got) == sorted([*expected, b"late"]), "every row once"
     marks = []
     for i in range(2):
@@ -153,9 +139,9 @@ def test_a_call_killed_while_publishing_is_finished_by_the_next(tmp_path: Path) 
         check=False,
     )
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()
-    assert 0 < len(_payloads(root, 4)) < len(rows), "killed with some shards written"
+    assert 0 < len(shard_payloads(root, 4)) < len(rows), "killed with some shards written"
     # Spark calls the function again with batch 0: the manifest holds the rows, so no
     # job runs (the DataFrame is not even looked at) and the missing shards are added.
     foreach_batch_writer(str(root), query_id="q", shards=4)(None, 0)  # type: ignore[arg-type]
-    assert sorted(_payloads(root, 4)) == sorted(r.encode() for r in rows), "every row once"
+    assert sorted(shard_payloads(root, 4)) == sorted(r.encode() for r in rows), "every row once"
     assert not (root / STAGING_DIR).exists()

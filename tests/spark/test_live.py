@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests._child import Children, child_environment
+from tests._child import Child, Children, child_environment
 from tests.spark import require_spark
 
 require_spark()
 
 import ledgerq  # noqa: E402
 from ledgerq.shard import shard_dir_name, shard_index  # noqa: E402
-from tests.spark.helpers import await_termination  # noqa: E402
+from tests.spark.helpers import stream_into_ledgerq  # noqa: E402
 from tests.workers._handlers import DONE_LOG  # noqa: E402
 
 # Holds every shard of ROOT open in shared mode, says so, then consumes (dequeue, ack)
@@ -63,58 +63,61 @@ def test_a_write_into_queues_a_shared_consumer_holds(
             assert len(q) == 0 and q.stats().in_flight == 0
 
 
-def test_a_worker_pool_drains_what_a_write_puts_in(
-    spark: Any, tmp_path: Path, children: Children
-) -> None:
-    ledgerq.open_sharded(tmp_path, 2).close()
-    shard = tmp_path / shard_dir_name("", 2, 0)
-    log = tmp_path / "done.log"
+def _start_pool(
+    children: Children, root: Path, log: Path, *, watchdog_seconds: float
+) -> tuple[Path, Child]:
+    """A worker pool (``announce`` into ``log``) on shard 0 of a new 2-shard tree at
+    ``root``, started and seen to hold the shard: it has done one warm-up job."""
+    ledgerq.open_sharded(root, 2).close()
+    shard = root / shard_dir_name("", 2, 0)
     code = (
         "import sys, ledgerq.workers as w; from tests.workers import _handlers as h;"
         f"r = w.run({str(shard)!r}, h.announce, processes=2);"
         "print('report', r.processed, flush=True)"
     )
     pool = children.start(
-        ["-c", code], env=child_environment({DONE_LOG: str(log)}), watchdog_seconds=60
+        ["-c", code], env=child_environment({DONE_LOG: str(log)}), watchdog_seconds=watchdog_seconds
     )
     with ledgerq.open(shard, shared=True) as q:
         q.enqueue(b"warm-up")
     pool.wait_for("done ")  # the pool runs, and holds the shard
+    return shard, pool
+
+
+def _stop_pool_having_done(pool: Child, log: Path, shard: Path, jobs: list[str]) -> None:
+    """Wait for ``jobs`` to be done, stop the pool and check each job (and the warm-up)
+    was done exactly once and the shard is left empty."""
+    for _ in jobs:
+        pool.wait_for("done ")
+    pool.signal(signal.SIGTERM)
+    assert pool.wait_for("report ") == f"report {len(jobs) + 1}"
+    pool.finish()
+    done = [line.split(maxsplit=1)[1] for line in log.read_text().splitlines()]
+    assert sorted(done) == sorted(["warm-up", *jobs]), "each job done once"
+    with ledgerq.open(shard) as q:
+        assert len(q) == 0 and q.stats().in_flight == 0
+
+
+def test_a_worker_pool_drains_what_a_write_puts_in(
+    spark: Any, tmp_path: Path, children: Children
+) -> None:
+    log = tmp_path / "done.log"
+    shard, pool = _start_pool(children, tmp_path, log, watchdog_seconds=60)
     # A row goes to the shard of its group (as open_sharded routes it): groups of
     # shard 0, whose jobs the pool runs one after another within a group.
     groups = [g for g in (f"g{i}" for i in range(20)) if shard_index(g, 2) == 0][:4]
     rows = [(f"job-{i}", groups[i % len(groups)]) for i in range(40)]
     df = spark.createDataFrame(rows, "payload string, group string").repartition(2)
     df.write.format("ledgerq").mode("append").option("lock_timeout", "5").save(str(tmp_path))
-    for _ in rows:
-        pool.wait_for("done ")
-    pool.signal(signal.SIGTERM)
-    assert pool.wait_for("report ") == f"report {len(rows) + 1}"
-    pool.finish()
-    done = [line.split(maxsplit=1)[1] for line in log.read_text().splitlines()]
-    assert sorted(done) == sorted(["warm-up", *(p for p, _ in rows)]), "each job done once"
-    with ledgerq.open(shard) as q:
-        assert len(q) == 0 and q.stats().in_flight == 0
+    _stop_pool_having_done(pool, log, shard, [p for p, _ in rows])
 
 
 def test_a_worker_pool_drains_what_a_streaming_query_writes(
     spark: Any, tmp_path: Path, children: Children
 ) -> None:
     root, source, checkpoint = tmp_path / "root", tmp_path / "in", tmp_path / "ck"
-    ledgerq.open_sharded(root, 2).close()
-    shard = root / shard_dir_name("", 2, 0)
     log = tmp_path / "done.log"
-    code = (
-        "import sys, ledgerq.workers as w; from tests.workers import _handlers as h;"
-        f"r = w.run({str(shard)!r}, h.announce, processes=2);"
-        "print('report', r.processed, flush=True)"
-    )
-    pool = children.start(
-        ["-c", code], env=child_environment({DONE_LOG: str(log)}), watchdog_seconds=90
-    )
-    with ledgerq.open(shard, shared=True) as q:
-        q.enqueue(b"warm-up")
-    pool.wait_for("done ")  # the pool runs, and holds the shard
+    shard, pool = _start_pool(children, root, log, watchdog_seconds=90)
     keys = [k for k in (f"k{i}" for i in range(20)) if shard_index(k, 2) == 0][:3]
     rows = []
     for n in range(2):  # two files: two micro-batches
@@ -123,27 +126,10 @@ def test_a_worker_pool_drains_what_a_streaming_query_writes(
         spark.createDataFrame(batch, "payload string, key string").coalesce(1).write.mode(
             "append"
         ).parquet(str(source))
-    query = (
-        spark.readStream.format("parquet")
-        .schema("payload string, key string")
-        .option("maxFilesPerTrigger", 1)
-        .load(str(source))
-        .writeStream.format("ledgerq")
-        .option("checkpointLocation", str(checkpoint))
-        .option("lock_timeout", "5")
-        .trigger(availableNow=True)
-        .start(str(root))
+    stream_into_ledgerq(
+        spark, source, "payload string, key string", root, checkpoint, lock_timeout="5"
     )
-    await_termination(query)
-    for _ in rows:
-        pool.wait_for("done ")
-    pool.signal(signal.SIGTERM)
-    assert pool.wait_for("report ") == f"report {len(rows) + 1}"
-    pool.finish()
-    done = [line.split(maxsplit=1)[1] for line in log.read_text().splitlines()]
-    assert sorted(done) == sorted(["warm-up", *(p for p, _ in rows)]), "each job done once"
-    with ledgerq.open(shard) as q:
-        assert len(q) == 0 and q.stats().in_flight == 0
+    _stop_pool_having_done(pool, log, shard, [p for p, _ in rows])
 
 
 @pytest.mark.parametrize(

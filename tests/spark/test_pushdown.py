@@ -15,17 +15,10 @@ require_spark()
 from pyspark.sql import functions as F  # noqa: E402
 
 from ledgerq.spark import PUSHDOWN_CONF  # noqa: E402
-from tests.spark.helpers import build_tree, log_view  # noqa: E402
+from tests.spark.helpers import log_view  # noqa: E402
 
 # Every test here runs on both readers (conftest.py: the JVM one and the Python one).
 pytestmark = pytest.mark.usefixtures("reader")
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pushdown")
-    build_tree(root)
-    return root
 
 
 def _middle_time(tree: Path) -> datetime:

@@ -16,17 +16,10 @@ require_spark()
 import ledgerq  # noqa: E402
 from ledgerq.format.entry import encode_entry  # noqa: E402
 from ledgerq.spark import READ_SCHEMA, READ_SCHEMA_WITH_STATE  # noqa: E402
-from tests.spark.helpers import build_tree, log_view, rows_by_key, segment_files  # noqa: E402
+from tests.spark.helpers import log_view, rows_by_key, segment_files  # noqa: E402
 
 # Every test here runs on both readers (conftest.py: the JVM one and the Python one).
 pytestmark = pytest.mark.usefixtures("reader")
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tree")
-    build_tree(root)
-    return root
 
 
 def _ns(value: datetime | None) -> int | None:

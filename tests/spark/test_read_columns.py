@@ -22,7 +22,7 @@ from ledgerq.spark import READ_SCHEMA, READ_SCHEMA_WITH_STATE  # noqa: E402
 from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks  # noqa: E402
 from ledgerq.spark._scan import scan_segment  # noqa: E402
 from tests.encryption._files import KEY  # noqa: E402
-from tests.spark.helpers import build_tree, segment_files  # noqa: E402
+from tests.spark.helpers import segment_files  # noqa: E402
 from tests.spark.test_scan import _as_format_1  # noqa: E402
 
 SOME = [
@@ -31,13 +31,6 @@ SOME = [
     ("payload", "queue", "id"),  # any order
     ("headers", "priority", "expires_at", "deliver_at", "timestamp"),
 ]
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tree")
-    build_tree(root)  # headers, priorities, TTLs, compression: tier 2 as well as tier 1
-    return root
 
 
 def _layouts(root: Path) -> dict[str, Path]:

@@ -37,21 +37,10 @@ from ledgerq.spark._stream_write import (  # noqa: E402
     LedgerqStreamWriter,
     StagedBatch,
 )
-from tests.spark.helpers import await_termination  # noqa: E402
+from tests.spark.helpers import shard_payloads, stream_into_ledgerq  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SCHEMA = StructType([StructField("payload", BinaryType()), StructField("key", BinaryType())])
-
-
-def _payloads(root: Path, shards: int) -> list[bytes]:
-    """Every payload in the shard queues under ``root`` (a log view: acked ones too)."""
-    found: list[bytes] = []
-    for i in range(shards):
-        path = root / shard_dir_name("", shards, i)
-        if path.exists():
-            with ledgerq.follow(path, timeout=0) as follower:
-                found.extend(m.payload for m in follower)
-    return found
 
 
 def _stage(writer: LedgerqStreamWriter, batch: int, payloads: list[bytes]) -> StagedBatch:
@@ -73,14 +62,14 @@ def test_a_replayed_batch_id_adds_nothing(tmp_path: Path) -> None:
     writer = _writer(tmp_path)
     first = [f"r{i}".encode() for i in range(50)]
     writer.commit([_stage(writer, 0, first)], 0)
-    assert sorted(_payloads(tmp_path, 4)) == sorted(first)
+    assert sorted(shard_payloads(tmp_path, 4)) == sorted(first)
     # the query restarted: batch 0 again (a new writer, new staged files), then batch 1
     again = _writer(tmp_path)
     again.commit([_stage(again, 0, first)], 0)
-    assert sorted(_payloads(tmp_path, 4)) == sorted(first), "a replay adds nothing"
+    assert sorted(shard_payloads(tmp_path, 4)) == sorted(first), "a replay adds nothing"
     second = [f"s{i}".encode() for i in range(20)]
     again.commit([_stage(again, 1, second)], 1)
-    assert sorted(_payloads(tmp_path, 4)) == sorted(first + second)
+    assert sorted(shard_payloads(tmp_path, 4)) == sorted(first + second)
     assert not list((tmp_path / "_ledgerq_staging").glob("*")), "staged files are deleted"
 
 
@@ -109,7 +98,7 @@ def test_unique_keys_in_a_stream_and_the_marker_on_a_row_that_is_surely_written(
     assert shard_index("u1", 2) == 1
     assert got == {b"a": None, b"c": "query-1:0"}
     writer.commit([staged], 0)  # replayed: nothing more
-    assert sorted(_payloads(tmp_path, 2)) == [b"a", b"c"]
+    assert sorted(shard_payloads(tmp_path, 2)) == [b"a", b"c"]
     assert not (tmp_path / "_ledgerq_staging").exists()
 
 
@@ -153,7 +142,7 @@ def test_a_commit_killed_midway_is_finished_by_the_replay(tmp_path: Path, where:
         check=False,
     )
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()
-    partial = _payloads(root, 4)
+    partial = shard_payloads(root, 4)
     if where == "between-shards":
         assert 0 < len(partial) < len(rows), "killed with some shards written"
     else:
@@ -161,7 +150,7 @@ def test_a_commit_killed_midway_is_finished_by_the_replay(tmp_path: Path, where:
     # Spark replays batch 0 after the restart: a new attempt stages the rows again
     again = _writer(root)
     again.commit([_stage(again, 0, rows)], 0)
-    assert sorted(_payloads(root, 4)) == sorted(rows), "every row exactly once"
+    assert sorted(shard_payloads(root, 4)) == sorted(rows), "every row exactly once"
     assert not list((root / "_ledgerq_staging").glob("*")), "both attempts' files deleted"
 
 
@@ -203,18 +192,7 @@ def test_bad_input_fails_at_the_start_and_writes_nothing(tmp_path: Path) -> None
 
 
 def _run(spark: Any, source: Path, root: Path, checkpoint: Path) -> None:
-    query = (
-        spark.readStream.format("parquet")
-        .schema("payload binary")
-        .option("maxFilesPerTrigger", 1)
-        .load(str(source))
-        .writeStream.format("ledgerq")
-        .option("checkpointLocation", str(checkpoint))
-        .option("shards", 4)
-        .trigger(availableNow=True)
-        .start(str(root))
-    )
-    await_termination(query)
+    stream_into_ledgerq(spark, source, "payload binary", root, checkpoint, shards=4)
 
 
 def test_a_stream_into_ledgerq_is_read_back_exactly_once(spark: Any, tmp_path: Path) -> None:
@@ -226,11 +204,11 @@ def test_a_stream_into_ledgerq_is_read_back_exactly_once(spark: Any, tmp_path: P
         )
     _run(spark, source, root, checkpoint)
     expected = [f"f{n}-{i}".encode() for n in range(2) for i in range(40)]
-    assert sorted(_payloads(root, 4)) == sorted(expected)
+    assert sorted(shard_payloads(root, 4)) == sorted(expected)
     # restarted from its checkpoint with one more file: only that file's rows are added
     spark.createDataFrame([(b"late",)], "payload binary").write.mode("append").parquet(str(source))
     _run(spark, source, root, checkpoint)
-    assert sorted(_payloads(root, 4)) == sorted([*expected, b"late"])
+    assert sorted(shard_payloads(root, 4)) == sorted([*expected, b"late"])
     assert (root / STREAMS_DIR).is_dir()
     marked = []
     for i in range(4):
@@ -290,10 +268,10 @@ def test_a_query_killed_and_restarted_loses_and_repeats_nothing(spark: Any, tmp_
     finally:
         os.killpg(query.pid, signal.SIGKILL)
         query.wait()
-    assert len(_payloads(root, 4)) < len(expected), "killed before the end"
+    assert len(shard_payloads(root, 4)) < len(expected), "killed before the end"
     finish = subprocess.run(
         [*args, "finish"], env=env, stderr=subprocess.PIPE, check=False, timeout=300
     )
     assert finish.returncode == 0, finish.stderr.decode()[-3000:]
-    got = _payloads(root, 4)
+    got = shard_payloads(root, 4)
     assert len(got) == len(expected) and sorted(got) == sorted(expected), "exactly once"

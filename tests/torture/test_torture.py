@@ -10,17 +10,16 @@ covers slightly different crash points.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 import ledgerq
+from tests._child import run_python
 from tests.faults._shim import FAMILIES, Interposer
 from tests.torture._child import Workload
-from tests.torture._runner import REPO, SELF_KILL, run_rounds, start_child
+from tests.torture._runner import SELF_KILL, run_rounds, start_child
 
 ROUNDS_PER_MODE = 8
 ROUNDS_PER_SITE = 3
@@ -107,14 +106,8 @@ TORN_BATCH = textwrap.dedent(
 
 def test_batch_is_all_or_nothing_when_killed_inside_its_write(tmp_path: Path) -> None:
     path = tmp_path / "q"
-    result = subprocess.run(
-        [sys.executable, "-c", TORN_BATCH, str(path)],
-        cwd=REPO,
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == -signal.SIGKILL, result.stderr.decode()
+    result = run_python("-c", TORN_BATCH, str(path))
+    assert result.returncode == -signal.SIGKILL, result.stderr
     with ledgerq.open(path, sync="never") as q:
         count = len(q.peek(1000))
     assert count in (3, 43), f"the killed batch of 40 left {count - 3} messages"

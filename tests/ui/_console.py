@@ -38,6 +38,12 @@ def start_console(children: Children, root: Path, *args: str) -> tuple[Child, st
     return child, match.group(1)
 
 
+def open_console(children: Children, root: Path, *args: str) -> Client:
+    """Start ``ledgerq ui ROOT ARGS`` (as :func:`start_console`) and return a client of it."""
+    _, base = start_console(children, root, *args)
+    return Client(base)
+
+
 @dataclass
 class Reply:
     """One HTTP answer."""

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import ledgerq
-from tests._child import Children
+from tests._child import Child, Children
 
-from ._console import Client, act, start_console
+from ._console import Client, act, open_console
 
 REASONS = ["timeout talking to db", "ValueError: bad", "timeout again", "ValueError: worse", "oom"]
 
@@ -35,8 +35,7 @@ def _state(path: Path) -> tuple[list[bytes], list[bytes]]:
 def test_requeue_selected_matching_and_all(tmp_path: Path, children: Children) -> None:
     path = tmp_path / "q"
     _build(path)
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     token = client.csrf()
 
     asked, landed = act(
@@ -69,8 +68,7 @@ def test_the_page_an_action_lands_on_counts_what_is_left(
     # Issue 25: the badge showed the figures the sampler had read while the job ran.
     path = tmp_path / "q"
     _build(path)
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     token = client.csrf()
     assert _waiting_badge(client.get("/dlq?q=q").text) == "5 waiting"
     for fields, left in (
@@ -90,8 +88,7 @@ def test_a_dead_letter_s_page_requeues_or_purges_it_when_confirmed(
     _build(path)
     with ledgerq.open(path) as q:
         failed_at = {m.id: int(m.headers["dlq.last_failure"]) for m in q.dlq.peek(5)}
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     token = client.csrf()
     page = client.get("/message?q=q&id=2&dlq=1").text
     # When it failed, as a time (the header's nanoseconds beside it), and why.
@@ -125,8 +122,7 @@ def test_a_dead_letter_s_page_requeues_or_purges_it_when_confirmed(
 def test_purge_asks_first_and_deletes_only_what_it_said(tmp_path: Path, children: Children) -> None:
     path = tmp_path / "q"
     _build(path)
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     token = client.csrf()
     asked = client.post(
         "/dlq/action",
@@ -149,16 +145,23 @@ sys.stdin.readline()
 """
 
 
+def _console_beside_a_holder(
+    tmp_path: Path, children: Children, mode: str
+) -> tuple[Path, Child, Client]:
+    """The queue ``q`` built by ``_build``, a process that holds it open (``mode``:
+    shared or exclusive) until it is finished, then a console's client of them."""
+    path = tmp_path / "q"
+    _build(path)
+    holder = children.start(["-c", _HOLDER, str(path), mode])
+    holder.wait_for("holding")
+    return path, holder, open_console(children, tmp_path)
+
+
 def test_an_action_on_a_queue_held_elsewhere_is_refused_and_changes_nothing(
     tmp_path: Path, children: Children
 ) -> None:
     # An exclusive holder excludes the console's shared open.
-    path = tmp_path / "q"
-    _build(path)
-    holder = children.start(["-c", _HOLDER, str(path), "exclusive"])
-    holder.wait_for("holding")
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    path, holder, client = _console_beside_a_holder(tmp_path, children, "exclusive")
     token = client.csrf()
     reply = client.post(
         "/dlq/action", [("csrf", token), ("q", "q"), ("do", "purge:all"), ("confirmed", "1")]
@@ -173,12 +176,7 @@ def test_an_action_on_a_queue_held_elsewhere_is_refused_and_changes_nothing(
 def test_with_shared_mode_an_action_works_beside_a_shared_holder(
     tmp_path: Path, children: Children
 ) -> None:
-    path = tmp_path / "q"
-    _build(path)
-    holder = children.start(["-c", _HOLDER, str(path), "shared"])
-    holder.wait_for("holding")
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    path, holder, client = _console_beside_a_holder(tmp_path, children, "shared")
     _, landed = act(client, client.csrf(), [("q", "q"), ("do", "requeue:selected"), ("id", "1")])
     assert "requeued 1 message to q" in landed
     holder.finish()
@@ -188,8 +186,7 @@ def test_with_shared_mode_an_action_works_beside_a_shared_holder(
 def test_a_paced_requeue_runs_on_and_can_be_cancelled(tmp_path: Path, children: Children) -> None:
     path = tmp_path / "q"
     _build(path, 30)
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     token = client.csrf()
     started = client.post(
         "/dlq/action",

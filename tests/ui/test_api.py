@@ -8,7 +8,7 @@ from pathlib import Path
 import ledgerq
 from tests._child import Children
 
-from ._console import Client, start_console
+from ._console import open_console
 
 
 def _tree(root: Path) -> None:
@@ -32,8 +32,7 @@ def test_api_queues_lists_every_queue_with_the_contract_fields(
     tmp_path: Path, children: Children
 ) -> None:
     _tree(tmp_path)
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     reply = client.get("/api/queues")
     assert reply.status == 200 and reply.headers["content-type"] == "application/json"
     queues = {q["name"]: q for q in reply.json()}
@@ -57,16 +56,14 @@ def test_api_queues_lists_every_queue_with_the_contract_fields(
 
 def test_a_single_queue_is_served_under_its_own_name(tmp_path: Path, children: Children) -> None:
     _tree(tmp_path)
-    _, base = start_console(children, tmp_path / "orders")
-    client = Client(base)
+    client = open_console(children, tmp_path / "orders")
     assert [q["name"] for q in client.get("/api/queues").json()] == ["orders"]
     assert client.get("/queue?q=orders").status == 200
 
 
 def test_pages_and_json_of_one_queue(tmp_path: Path, children: Children) -> None:
     _tree(tmp_path)
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     for path in ("/", "/queue?q=orders", "/dlq?q=orders", "/message?q=orders&id=3"):
         page = client.get(path)
         assert page.status == 200, path
@@ -96,8 +93,7 @@ def test_names_outside_the_tree_and_missing_things_are_404(
     outside = tmp_path / "secret"
     with ledgerq.open(outside) as q:
         q.enqueue(b"do not show")
-    _, base = start_console(children, tmp_path / "served")
-    client = Client(base)
+    client = open_console(children, tmp_path / "served")
     for name in ("../secret", str(outside), "orders/../../secret", "not-a-queue", "orders/dlq", ""):
         for path in ("/queue", "/api/queue", "/dlq", "/api/dlq"):
             reply = client.get(f"{path}?q={name}")
@@ -115,8 +111,7 @@ def test_the_queue_page_and_api_show_periodic_jobs(tmp_path: Path, children: Chi
     with ledgerq.open(tmp_path / "jobs") as q:
         q.add_periodic("nightly", b"report", cron="0 3 * * *")
         q.add_periodic("heartbeat", b"ping", every=30)
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     jobs = client.get("/api/queue?q=jobs").json()["periodic"]
     assert [(j["name"], j["schedule"], j["last_run"]) for j in jobs] == [
         ("heartbeat", "every 30s", None),

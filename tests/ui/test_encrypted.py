@@ -20,7 +20,7 @@ from ledgerq.ui._figures import QueueFiles
 from tests._child import Children
 from tests.encryption._files import KEY, OTHER_KEY, files_holding, snapshot
 
-from ._console import Client, act, start_console
+from ._console import Client, act, open_console
 
 SECRET = b"card 4111-1111-1111-1111 of ada"
 HEADER = "customer-ada-lovelace"
@@ -95,8 +95,7 @@ def test_with_the_key_the_encrypted_queue_shows_and_its_dead_letters_requeue(
     root = tmp_path / "queues"
     _tree(root)
     key_file = _key_file(tmp_path, KEY, "key.hex")
-    _, base = start_console(children, root, "--key-file", str(key_file))
-    client = Client(base)
+    client = open_console(children, root, "--key-file", str(key_file))
 
     queues = _queues(client)
     assert sorted(queues) == ["plain", "vault"]
@@ -149,8 +148,7 @@ def test_without_the_key_the_encrypted_queue_is_listed_marked_and_locked(
     root = tmp_path / "queues"
     _tree(root)
     sealed = _ciphertexts(root / "vault") + _ciphertexts(root / "vault" / "dlq")
-    _, base = start_console(children, root)
-    client = Client(base)
+    client = open_console(children, root)
 
     # Listed, with the figures (they need no key), and marked.
     queues = _queues(client)
@@ -206,8 +204,7 @@ def test_with_a_wrong_key_it_is_marked_and_nothing_is_written(
     _tree(root)
     before = snapshot(root / "vault")
     wrong = _key_file(tmp_path, OTHER_KEY, "other.hex")
-    _, base = start_console(children, root, "--key-file", str(wrong))
-    client = Client(base)
+    client = open_console(children, root, "--key-file", str(wrong))
 
     vault = _queues(client)["vault"]
     assert (vault["locked"], vault["key_problem"]) == (True, "wrong key")

@@ -15,7 +15,7 @@ from tests._child import Children
 from tests.shared._procs import wait_until
 from tests.workers import _handlers
 
-from ._console import Client, start_console
+from ._console import open_console
 
 
 def test_the_queue_page_and_api_show_the_limit_and_in_flight_progress(
@@ -30,8 +30,7 @@ def test_the_queue_page_and_api_show_the_limit_and_in_flight_progress(
     os.mkfifo(go_dir / "go-job")
     with ledgerq.open(path) as q:
         (message_id,) = q.enqueue_batch([b"job"])
-    _, base = start_console(children, root)
-    client = Client(base)
+    client = open_console(children, root)
     assert client.get("/api/queue?q=jobs").json()["rate_limit"] is None
     assert "Start limit" not in client.get("/queue?q=jobs").text
     reports: list[WorkerReport] = []

@@ -10,7 +10,7 @@ from pathlib import Path
 import ledgerq
 from tests._child import Children, child_environment
 
-from ._console import Client, start_console
+from ._console import Client, open_console, start_console
 
 SECURITY_HEADERS = ("content-security-policy", "x-frame-options", "x-content-type-options")
 
@@ -66,8 +66,7 @@ def test_changes_need_the_csrf_token_and_the_same_origin(
         m = q.dequeue()
         assert m is not None
         q.nack(m.id, "boom")
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     action = [("q", "q"), ("do", "purge:all"), ("confirmed", "1")]
     forged = client.post("/dlq/action", action)
     assert forged.status == 403
@@ -91,9 +90,8 @@ def test_changes_need_the_csrf_token_and_the_same_origin(
 def test_only_loopback_names_are_answered_without_a_token(
     tmp_path: Path, children: Children
 ) -> None:
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
-    port = base.rsplit(":", 1)[1]
+    client = open_console(children, tmp_path)
+    port = client.base.rsplit(":", 1)[1]
     rebound = client.get("/api/queues", headers={"Host": f"attacker.example:{port}"})
     assert rebound.status == 421
     for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
@@ -113,8 +111,7 @@ def test_payloads_are_escaped_and_cut_short(tmp_path: Path, children: Children) 
         m = q.dequeue()
         assert m is not None
         q.nack(m.id, "<script>reason()</script>")
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     for path in ("/message?q=q&id=1&dlq=1", "/dlq?q=q", "/queue?q=q"):
         html = client.get(path).text
         assert "<script>alert" not in html and "<script>reason" not in html, path
@@ -146,8 +143,7 @@ def test_headers_reasons_and_names_show_their_control_characters_escaped(
         m = q.dequeue()
         assert m is not None
         q.nack(m.id, "boom \x1b[2J\u2028cleared")
-    _, base = start_console(children, tmp_path)
-    client = Client(base)
+    client = open_console(children, tmp_path)
     q = "evil%E2%80%AEeuq"
     pages = {
         "overview": "/",

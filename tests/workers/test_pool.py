@@ -22,10 +22,15 @@ def done_ids(log: Path) -> Counter[int]:
     return Counter(int(line.split()[0]) for line in log.read_text().splitlines())
 
 
-def test_every_job_is_acked_or_dead_lettered(tmp_path: Path, done_log: Path) -> None:
+def _queue_of(tmp_path: Path, payloads: list[bytes]) -> tuple[Path, list[int]]:
+    """A queue at ``tmp_path / "q"`` holding ``payloads``; its path and their ids."""
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
-        ids = q.enqueue_batch([str(n).encode() for n in range(200)])
+        return path, q.enqueue_batch(payloads)
+
+
+def test_every_job_is_acked_or_dead_lettered(tmp_path: Path, done_log: Path) -> None:
+    path, ids = _queue_of(tmp_path, [str(n).encode() for n in range(200)])
     report = run(path, _handlers.mixed, processes=3, until_empty=True, max_retries=2)
     assert isinstance(report, WorkerReport)
     failing = {ids[n] for n in range(200) if n % 10 == 0}
@@ -45,9 +50,7 @@ def test_every_job_is_acked_or_dead_lettered(tmp_path: Path, done_log: Path) -> 
 
 
 def test_task_timeout_kills_and_retries(tmp_path: Path, done_log: Path) -> None:
-    path = tmp_path / "q"
-    with ledgerq.open(path) as q:
-        q.enqueue_batch([str(n).encode() for n in range(6)])
+    path, _ = _queue_of(tmp_path, [str(n).encode() for n in range(6)])
     report = run(path, _handlers.slow_once, processes=2, task_timeout=0.5, until_empty=True)
     assert report.timed_out == 1
     assert report.processed == 6
@@ -102,9 +105,7 @@ def test_sigterm_mid_run_loses_nothing(tmp_path: Path, children: Children) -> No
 def test_children_die_with_a_killed_owner_and_release_the_queue(
     tmp_path: Path, children: Children
 ) -> None:
-    path = tmp_path / "q"
-    with ledgerq.open(path) as q:
-        q.enqueue_batch([b"1", b"2"])
+    path, _ = _queue_of(tmp_path, [b"1", b"2"])
     code = (
         "import ledgerq.workers as w; from tests.workers import _handlers as h;"
         f"w.run({str(path)!r}, h.block, processes=2)"
@@ -156,9 +157,7 @@ def test_a_forked_child_does_not_keep_the_queue_locked(tmp_path: Path) -> None:
 
 
 def test_a_handler_raising_retry_is_nacked_with_its_delay(tmp_path: Path, done_log: Path) -> None:
-    path = tmp_path / "q"
-    with ledgerq.open(path) as q:
-        ids = q.enqueue_batch([b"a", b"b"])
+    path, ids = _queue_of(tmp_path, [b"a", b"b"])
     report = run(path, _handlers.retry_later, processes=2, until_empty=True, max_retries=5)
     assert (report.processed, report.failed) == (2, 2)
     seen: dict[tuple[int, int], int] = {}
@@ -180,9 +179,7 @@ def test_a_long_task_keeps_its_lease_while_its_child_lives(
 ) -> None:
     # visibility_timeout 0.6 s, tasks of 1.5 s: without the pool's touch the idle child
     # took the expired message and it ran twice - on a named reader, in either mode, too.
-    path = tmp_path / "q"
-    with ledgerq.open(path) as q:
-        (only,) = q.enqueue_batch([b"long"])
+    path, (only,) = _queue_of(tmp_path, [b"long"])
     report = run(
         path,
         _handlers.outlast_lease,
@@ -204,9 +201,7 @@ def test_a_long_task_keeps_its_lease_while_its_child_lives(
 def test_a_timed_out_task_waits_the_retry_policy_and_dead_letters(
     tmp_path: Path, done_log: Path
 ) -> None:
-    path = tmp_path / "q"
-    with ledgerq.open(path) as q:
-        (only,) = q.enqueue_batch([b"stuck"])
+    path, (only,) = _queue_of(tmp_path, [b"stuck"])
     report = run(
         path,
         _handlers.hang_noting_attempts,
