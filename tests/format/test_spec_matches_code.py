@@ -882,6 +882,21 @@ def test_sealing_constants() -> None:
     assert rows["tag"]["offset"] == f"size - {sealing_mod.TAG_SIZE}"
 
 
+def _sealed_entry(sealer: sealing_mod.EntrySealer, spec: EntrySpec) -> bytes:
+    """The ENCRYPTED entry of ``spec`` (format 2), sealed by ``sealer``."""
+    return sealer.encode(
+        spec.id,
+        spec.timestamp,
+        spec.payload,
+        headers_blob=msgpack.packb(spec.headers) if spec.headers is not None else None,
+        expires_at=spec.expires_at,
+        priority=spec.priority,
+        compressed=spec.compressed,
+        deliver_at=spec.deliver_at,
+        group=spec.group.encode() if spec.group is not None else None,
+    )
+
+
 @settings(max_examples=60)
 @given(entry_specs(), st.binary(min_size=32, max_size=32), st.binary(min_size=16, max_size=16))
 def test_tables_decode_sealed_entries(spec: EntrySpec, key: bytes, queue_id: bytes) -> None:
@@ -893,18 +908,7 @@ def test_tables_decode_sealed_entries(spec: EntrySpec, key: bytes, queue_id: byt
 
     if spec.entry_format != 2:
         return
-    sealer = sealing_mod.EntrySealer(key, queue_id)
-    raw = sealer.encode(
-        spec.id,
-        spec.timestamp,
-        spec.payload,
-        headers_blob=msgpack.packb(spec.headers) if spec.headers is not None else None,
-        expires_at=spec.expires_at,
-        priority=spec.priority,
-        compressed=spec.compressed,
-        deliver_at=spec.deliver_at,
-        group=spec.group.encode() if spec.group is not None else None,
-    )
+    raw = _sealed_entry(sealing_mod.EntrySealer(key, queue_id), spec)
     values, end = walk(table("entry"), raw)
     assert end == len(raw)
     assert values["flags"] & doc_flag("ENCRYPTED")
@@ -969,18 +973,7 @@ def test_the_jvm_reader_decodes_entries_as_the_tables_say(
             made.append((s, body, s.encode()))
             continue
         s = dataclasses.replace(s, entry_format=2)
-        raw = sealer.encode(
-            s.id,
-            s.timestamp,
-            s.payload,
-            headers_blob=msgpack.packb(s.headers) if s.headers is not None else None,
-            expires_at=s.expires_at,
-            priority=s.priority,
-            compressed=s.compressed,
-            deliver_at=s.deliver_at,
-            group=s.group.encode() if s.group is not None else None,
-        )
-        made.append((s, body, raw))
+        made.append((s, body, _sealed_entry(sealer, s)))
     with tempfile.TemporaryDirectory() as queue:
         segments = Path(queue) / "segments"
         segments.mkdir()
