@@ -14,7 +14,8 @@ Run by hand (it is not part of the test suite).  Method:
   by Spark (``spark.read.format("ledgerq").load(...).write.parquet(...)``, from the
   batch-written tree);
 * one Spark session (``--master``, default ``local[2]``) then reads, repeatedly and
-  interleaved (each tree with Arrow batches and with tuples, Parquet), each into
+  interleaved (each tree with the JVM reader, and with the Python reader's Arrow
+  batches and tuples - option ``jvm=false`` -, Parquet), each into
   the ``noop`` sink, which materialises every column of every row;
 * each variant first runs once untimed (Python worker start-up, JIT); the table shows
   the median and the min-max of ``--repeats`` timed runs (no means), as rows/s;
@@ -48,6 +49,12 @@ TWO = ("id", "payload")
 TWO_SELECT = "ledgerq (enqueue_batch), select(id, payload) of a whole read"
 TWO_OPTION = "ledgerq (enqueue_batch), option columns=id,payload"
 TWO_PARQUET = "Parquet, select(id, payload)"
+JVM_BATCH = "ledgerq written with enqueue_batch, JVM reader"
+JVM_SINGLE = "ledgerq written with enqueue, JVM reader"
+PY_BATCH = "ledgerq written with enqueue_batch, read() yields Arrow record batches"
+PY_SINGLE = "ledgerq written with enqueue, read() yields Arrow record batches"
+JVM_TWO_SELECT = "ledgerq (enqueue_batch), JVM reader, select(id, payload) of a whole read"
+JVM_TWO_OPTION = "ledgerq (enqueue_batch), JVM reader, option columns=id,payload"
 
 
 def _build(root: Path, payloads: list[bytes], queues: int, *, batch: bool) -> None:
@@ -240,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    has_jvm = register(spark)
     try:
         source = str(root)
         spark.read.format("ledgerq").load(source).write.parquet(str(parquet))
@@ -251,27 +258,33 @@ def main(argv: list[str] | None = None) -> int:
 
         single_source = str(singles)
         parquet_name = "Parquet (the same rows, written by Spark)"
+
+        def read(path: str, **options: str) -> object:
+            return spark.read.format("ledgerq").options(**options).load(path)
+
+        py = {"jvm": "false"}  # the Python reader, whatever the session has
         variants: dict[str, Callable[[], object]] = {
-            "ledgerq written with enqueue_batch, read() yields Arrow record batches": lambda: noop(
-                spark.read.format("ledgerq").load(source)
-            ),
+            JVM_BATCH: lambda: noop(read(source)),
+            JVM_SINGLE: lambda: noop(read(single_source)),
+            PY_BATCH: lambda: noop(read(source, **py)),
             "ledgerq written with enqueue_batch, read() yields tuples": lambda: noop(
-                spark.read.format("ledgerq").option("arrow", "false").load(source)
+                read(source, arrow="false", **py)
             ),
-            "ledgerq written with enqueue, read() yields Arrow record batches": lambda: noop(
-                spark.read.format("ledgerq").load(single_source)
-            ),
+            PY_SINGLE: lambda: noop(read(single_source, **py)),
             "ledgerq written with enqueue, read() yields tuples": lambda: noop(
-                spark.read.format("ledgerq").option("arrow", "false").load(single_source)
+                read(single_source, arrow="false", **py)
             ),
             parquet_name: lambda: noop(spark.read.parquet(str(parquet))),
             FLOOR_NAME: lambda: noop(spark.read.format("ledgerq_floor").load()),
-            TWO_SELECT: lambda: noop(spark.read.format("ledgerq").load(source).select(*TWO)),
-            TWO_OPTION: lambda: noop(
-                spark.read.format("ledgerq").option("columns", ",".join(TWO)).load(source)
-            ),
+            JVM_TWO_SELECT: lambda: noop(read(source).select(*TWO)),
+            JVM_TWO_OPTION: lambda: noop(read(source, columns=",".join(TWO))),
+            TWO_SELECT: lambda: noop(read(source, **py).select(*TWO)),
+            TWO_OPTION: lambda: noop(read(source, columns=",".join(TWO), **py)),
             TWO_PARQUET: lambda: noop(spark.read.parquet(str(parquet)).select(*TWO)),
         }
+        if not has_jvm:
+            for name in (JVM_BATCH, JVM_SINGLE, JVM_TWO_SELECT, JVM_TWO_OPTION):
+                del variants[name]
         jvm = spark._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[attr-defined]
         times: dict[str, list[float]] = {name: [] for name in variants}
         cpus: dict[str, list[float]] = {name: [] for name in variants}
@@ -325,11 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
 
-    names = list(variants)
-    batch_rate = statistics.median(args.rows / t for t in times[names[0]])
-    single_rate = statistics.median(args.rows / t for t in times[names[2]])
-    parquet_rate = statistics.median(args.rows / t for t in times[parquet_name])
-    floor_rate = statistics.median(args.rows / t for t in times[FLOOR_NAME])
+    def rate(name: str) -> float:
+        return statistics.median(args.rows / t for t in times[name])
+
+    parquet_rate = rate(parquet_name)
+    floor_rate = rate(FLOOR_NAME)
     print(f"## Spark throughput: {args.rows:,} messages of {args.size} B, {args.master}\n")
     print("| what | rows/s, median (min-max) | best | CPU s (JVM + workers), median |")
     print("|---|---|---|---|")
@@ -351,28 +364,43 @@ def main(argv: list[str] | None = None) -> int:
             '| Spark write into 2 sharded queues (`mode("append")`, payload only) | '
             f"{_rate(args.rows, writes)} | | |"
         )
-    print(
-        f"\nledgerq (Arrow) reads at **{batch_rate / parquet_rate:.2f}x** of Parquet's rate "
-        f"for the queue written with enqueue_batch, **{single_rate / parquet_rate:.2f}x** for "
-        "the one written with enqueue, in this run. The rows made in memory by a Python data "
-        f"source that reads nothing came at **{floor_rate / parquet_rate:.2f}x** of Parquet's "
-        f"rate: ledgerq reads at {batch_rate / floor_rate:.2f}x and "
-        f"{single_rate / floor_rate:.2f}x of what the Python data source API carries here."
-    )
     best = {name: args.rows / min(values) for name, values in times.items()}
     cpu = {name: statistics.median(values) for name, values in cpus.items()}
+    if has_jvm:
+        print(
+            f"\nThe JVM reader reads at **{rate(JVM_BATCH) / parquet_rate:.2f}x** of Parquet's "
+            f"rate for the queue written with enqueue_batch, "
+            f"**{rate(JVM_SINGLE) / parquet_rate:.2f}x** for the one written with enqueue "
+            f"(medians; best of each: {best[JVM_BATCH] / best[parquet_name]:.2f}x and "
+            f"{best[JVM_SINGLE] / best[parquet_name]:.2f}x; CPU time per read, Parquet's over "
+            f"ledgerq's: {cpu[parquet_name] / cpu[JVM_BATCH]:.2f}x and "
+            f"{cpu[parquet_name] / cpu[JVM_SINGLE]:.2f}x). Two columns: option columns at "
+            f"{best[JVM_TWO_OPTION] / best[TWO_PARQUET]:.2f}x Parquet's select (best of each)."
+        )
+    else:
+        print("\nNo JVM reader in this run (no javac): the Python reader only.")
     print(
-        f"\nBest-of-{args.repeats} rates against Parquet's best: "
-        f"**{best[names[0]] / best[parquet_name]:.2f}x** (enqueue_batch) and "
-        f"**{best[names[2]] / best[parquet_name]:.2f}x** (enqueue); CPU time per read, "
-        f"Parquet's over ledgerq's: {cpu[parquet_name] / cpu[names[0]]:.2f}x and "
-        f"{cpu[parquet_name] / cpu[names[2]]:.2f}x. Two columns: option columns at "
+        f"\nThe Python reader (Arrow) reads at **{rate(PY_BATCH) / parquet_rate:.2f}x** of "
+        f"Parquet's rate for the queue written with enqueue_batch, "
+        f"**{rate(PY_SINGLE) / parquet_rate:.2f}x** for the one written with enqueue, in this "
+        "run. The rows made in memory by a Python data source that reads nothing came at "
+        f"**{floor_rate / parquet_rate:.2f}x** of Parquet's rate: the Python reader reads at "
+        f"{rate(PY_BATCH) / floor_rate:.2f}x and {rate(PY_SINGLE) / floor_rate:.2f}x of what "
+        "the Python data source API carries here."
+    )
+    print(
+        f"\nBest-of-{args.repeats} rates against Parquet's best, Python reader: "
+        f"**{best[PY_BATCH] / best[parquet_name]:.2f}x** (enqueue_batch) and "
+        f"**{best[PY_SINGLE] / best[parquet_name]:.2f}x** (enqueue); CPU time per read, "
+        f"Parquet's over ledgerq's: {cpu[parquet_name] / cpu[PY_BATCH]:.2f}x and "
+        f"{cpu[parquet_name] / cpu[PY_SINGLE]:.2f}x. Two columns: option columns at "
         f"{best[TWO_OPTION] / best[TWO_SELECT]:.2f}x the rate of a select after a whole "
         f"read (CPU {cpu[TWO_OPTION]:.2f} s against {cpu[TWO_SELECT]:.2f} s), "
         f"{best[TWO_OPTION] / best[TWO_PARQUET]:.2f}x Parquet's select (best of each)."
     )
     print(
-        f"\nA pushed-down id range (2,000 of {args.rows:,} rows, `where id between ...`): "
+        f"\nA pushed-down id range (2,000 of {args.rows:,} rows, `where id between ...`, "
+        f"{'JVM' if has_jvm else 'Python'} reader): "
         f"median {statistics.median(pushed):.2f} s, against {statistics.median(unpushed):.2f} s "
         "with `pushdown=false` (Spark filters after a full scan)."
     )

@@ -11,6 +11,7 @@ point that no wanted row precedes (see ``_scan``).  No pyspark here.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,15 @@ from ledgerq.spark._layout import (
 )
 from ledgerq.spark._scan import SegmentTask
 
-__all__ = ["Pushed", "ReadOptions", "plan_queue", "plan_tasks", "ns_to_us"]
+__all__ = [
+    "Pushed",
+    "ReadOptions",
+    "ns_to_us",
+    "plan_queue",
+    "plan_tasks",
+    "task_from_json",
+    "task_to_json",
+]
 
 logger = logging.getLogger("ledgerq")
 
@@ -209,3 +218,75 @@ def plan_queue(
             )
         )
     return tasks
+
+
+# ---------------------------------------------------------------------- the plan as text
+
+# A batch read's partitions carry their task as JSON text rather than as a pickled
+# SegmentTask: the JVM reader (ledgerq/spark/jvm) runs the tasks this planner made, and
+# the Python reader the same ones, so the plan is made once, in one place, for both.
+
+
+def task_to_json(task: SegmentTask) -> str:
+    """``task`` as the JSON text a partition carries (sets as sorted lists, key as hex)."""
+    state = task.state
+    return json.dumps(
+        {
+            "queue": task.queue,
+            "path": task.path,
+            "first_id": task.first_id,
+            "next_first_id": task.next_first_id,
+            "size_limit": task.size_limit,
+            "live_tail": task.live_tail,
+            "id_lo": task.id_lo,
+            "id_hi": task.id_hi,
+            "ids": None if task.ids is None else sorted(task.ids),
+            "ts_lo": task.ts_lo,
+            "ts_hi": task.ts_hi,
+            "seek_by_time": task.seek_by_time,
+            "state": None
+            if state is None
+            else {"head": state.head, "done": sorted(state.done), "leased": sorted(state.leased)},
+            "failfast": task.failfast,
+            "name_id": task.name_id,
+            "columns": None if task.columns is None else list(task.columns),
+            "encryption_key_hex": None
+            if task.encryption_key is None
+            else task.encryption_key.hex(),
+            # The JVM reader's: the queue's identity, which salts its entry key and
+            # authenticates every sealed entry (the key was checked against it already).
+            "queue_id_hex": None
+            if task.encryption_key is None
+            else (stored_block(task.path) or {}).get("queue_id"),
+        },
+        separators=(",", ":"),
+    )
+
+
+def task_from_json(text: str) -> SegmentTask:
+    """The task :func:`task_to_json` wrote."""
+    raw = json.loads(text)
+    state = raw["state"]
+    ids = raw["ids"]
+    key = raw["encryption_key_hex"]
+    return SegmentTask(
+        queue=raw["queue"],
+        path=raw["path"],
+        first_id=raw["first_id"],
+        next_first_id=raw["next_first_id"],
+        size_limit=raw["size_limit"],
+        live_tail=raw["live_tail"],
+        id_lo=raw["id_lo"],
+        id_hi=raw["id_hi"],
+        ids=None if ids is None else frozenset(ids),
+        ts_lo=raw["ts_lo"],
+        ts_hi=raw["ts_hi"],
+        seek_by_time=raw["seek_by_time"],
+        state=None
+        if state is None
+        else ReaderSnapshot(state["head"], frozenset(state["done"]), frozenset(state["leased"])),
+        failfast=raw["failfast"],
+        name_id=raw["name_id"],
+        columns=None if raw["columns"] is None else tuple(raw["columns"]),
+        encryption_key=None if key is None else bytes.fromhex(key),
+    )

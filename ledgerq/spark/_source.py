@@ -59,6 +59,8 @@ from ledgerq.spark._plan import (
     encryption_key_option,
     plan_queue,
     plan_tasks,
+    task_from_json,
+    task_to_json,
 )
 from ledgerq.spark._scan import SegmentTask, scan_segment
 from ledgerq.spark._stream_write import LedgerqStreamWriter
@@ -236,6 +238,8 @@ def _read(partition: InputPartition, options: ReadOptions) -> Iterator[Any]:
     task = partition.value
     if task is None:  # Spark's stand-in partition when the plan is empty
         return iter(())
+    if isinstance(task, str):  # a batch read's task, as text (see _plan.task_to_json)
+        task = task_from_json(task)
     assert isinstance(task, SegmentTask)
     return scan_segment(task, arrow=options.arrow)
 
@@ -248,7 +252,9 @@ class LedgerqReader(DataSourceReader):
         self.pushed = Pushed()
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [InputPartition(task) for task in plan_tasks(self.options, self.pushed)]
+        # As text: the JVM reader runs these same tasks when it serves the read.
+        tasks = plan_tasks(self.options, self.pushed)
+        return [InputPartition(task_to_json(task)) for task in tasks]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(partition, self.options)

@@ -882,6 +882,21 @@ def test_sealing_constants() -> None:
     assert rows["tag"]["offset"] == f"size - {sealing_mod.TAG_SIZE}"
 
 
+def _sealed_entry(sealer: sealing_mod.EntrySealer, spec: EntrySpec) -> bytes:
+    """The ENCRYPTED entry of ``spec`` (format 2), sealed by ``sealer``."""
+    return sealer.encode(
+        spec.id,
+        spec.timestamp,
+        spec.payload,
+        headers_blob=msgpack.packb(spec.headers) if spec.headers is not None else None,
+        expires_at=spec.expires_at,
+        priority=spec.priority,
+        compressed=spec.compressed,
+        deliver_at=spec.deliver_at,
+        group=spec.group.encode() if spec.group is not None else None,
+    )
+
+
 @settings(max_examples=60)
 @given(entry_specs(), st.binary(min_size=32, max_size=32), st.binary(min_size=16, max_size=16))
 def test_tables_decode_sealed_entries(spec: EntrySpec, key: bytes, queue_id: bytes) -> None:
@@ -893,18 +908,7 @@ def test_tables_decode_sealed_entries(spec: EntrySpec, key: bytes, queue_id: byt
 
     if spec.entry_format != 2:
         return
-    sealer = sealing_mod.EntrySealer(key, queue_id)
-    raw = sealer.encode(
-        spec.id,
-        spec.timestamp,
-        spec.payload,
-        headers_blob=msgpack.packb(spec.headers) if spec.headers is not None else None,
-        expires_at=spec.expires_at,
-        priority=spec.priority,
-        compressed=spec.compressed,
-        deliver_at=spec.deliver_at,
-        group=spec.group.encode() if spec.group is not None else None,
-    )
+    raw = _sealed_entry(sealing_mod.EntrySealer(key, queue_id), spec)
     values, end = walk(table("entry"), raw)
     assert end == len(raw)
     assert values["flags"] & doc_flag("ENCRYPTED")
@@ -926,3 +930,89 @@ def test_tables_decode_sealed_entries(spec: EntrySpec, key: bytes, queue_id: byt
     assert inner_end == len(content)
     assert inner.get("headers") == spec.headers
     assert inner["body"] == spec.payload
+
+
+def _us_toward_zero(ns: int | None) -> int | None:
+    """Nanoseconds to Spark's microseconds, truncated toward zero (docs/spark.md)."""
+    if ns is None:
+        return None
+    return -(-ns // 1000) if ns < 0 else ns // 1000
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["plain", "sealed"])
+@settings(max_examples=3, deadline=None)
+@given(
+    st.lists(entry_specs(), min_size=1, max_size=80),
+    st.binary(min_size=32, max_size=32),
+    st.binary(min_size=16, max_size=16),
+)
+def test_the_jvm_reader_decodes_entries_as_the_tables_say(
+    sealed: bool, specs: list[EntrySpec], key: bytes, queue_id: bytes
+) -> None:
+    """The JVM reader (ledgerq/spark/jvm) reads a segment of entries of both formats and
+    every optional field - or of sealed entries, opened with the key - into the values
+    that went in: the format is defined once, and every reader of it is held to this
+    file."""
+    import tempfile
+
+    pytest.importorskip("pyspark")
+    import zstandard
+
+    from ledgerq.spark._jvm import jvm_scan
+    from ledgerq.spark._scan import SegmentTask
+
+    first_id = 1000
+    made = []
+    sealer = sealing_mod.EntrySealer(key, queue_id)
+    for i, spec in enumerate(specs):
+        # Ids are consecutive in a segment; a COMPRESSED payload is a zstd frame.
+        body = spec.payload
+        stored = zstandard.ZstdCompressor().compress(body) if spec.compressed else body
+        s = dataclasses.replace(spec, id=first_id + i, payload=stored)
+        if not sealed:
+            made.append((s, body, s.encode()))
+            continue
+        s = dataclasses.replace(s, entry_format=2)
+        made.append((s, body, _sealed_entry(sealer, s)))
+    with tempfile.TemporaryDirectory() as queue:
+        segments = Path(queue) / "segments"
+        segments.mkdir()
+        (segments / f"{first_id:020d}.log").write_bytes(b"".join(raw for _, _, raw in made))
+        task = {
+            "queue": "q",
+            "path": queue,
+            "first_id": first_id,
+            "next_first_id": None,
+            "size_limit": None,
+            "live_tail": False,
+            "id_lo": 1,
+            "id_hi": None,
+            "ids": None,
+            "ts_lo": None,
+            "ts_hi": None,
+            "seek_by_time": False,
+            "state": None,
+            "failfast": True,
+            "name_id": None,
+            "columns": None,
+            "encryption_key_hex": key.hex() if sealed else None,
+            "queue_id_hex": queue_id.hex() if sealed else None,
+        }
+        assert set(task) >= {f.name for f in dataclasses.fields(SegmentTask)} - {"encryption_key"}
+        got = jvm_scan([json.dumps(task)])
+    if got is None:
+        pytest.skip("no JDK: the JVM reader cannot be built")
+    expected = [
+        [
+            s.id,
+            _us_toward_zero(s.timestamp),
+            _us_toward_zero(s.expires_at),
+            s.priority,
+            s.headers or {},
+            body.hex(),
+            _us_toward_zero(s.deliver_at),
+        ]
+        for s, body, _ in made
+    ]
+    assert got[0].get("rows") == expected, got[0].get("error")
+    assert got[0]["corrupt_regions"] == 0

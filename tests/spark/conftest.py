@@ -89,9 +89,25 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     )
     os.environ.clear()
     os.environ.update(saved)
-    register(session)
+    _JVM_READER.append(register(session))
     yield session
     session.stop()
+
+
+_JVM_READER: list[bool] = []  # whether register() gave the session the JVM reader
+READERS = ("jvm", "python")
+
+
+@pytest.fixture(params=READERS)
+def reader(request: pytest.FixtureRequest, spark: Any) -> Iterator[str]:
+    """Run a read test on the JVM reader and on the Python reader (the session's conf)."""
+    from ledgerq.spark import READER_CONF
+
+    if request.param == "jvm" and not _JVM_READER[-1]:
+        pytest.skip("the JVM reader is not available (no javac?)")
+    spark.conf.set(READER_CONF, "true" if request.param == "jvm" else "false")
+    yield request.param
+    spark.conf.set(READER_CONF, "true")
 
 
 @pytest.fixture(autouse=True)

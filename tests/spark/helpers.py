@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from ledgerq.shard import shard_dir_name
 __all__ = [
     "await_termination",
     "build_tree",
+    "flipped_copy",
     "log_view",
     "parquet_stream",
     "process_all_available",
@@ -93,6 +95,17 @@ def rows_by_key(rows: list[Any]) -> dict[tuple[str, int], Any]:
 def segment_files(queue: Path) -> list[Path]:
     """The segment logs of a queue, oldest first."""
     return sorted((queue / "segments").glob("*.log"))
+
+
+def flipped_copy(clean: Path, damaged: Path, offset: int) -> Path:
+    """A copy of queue ``clean`` at ``damaged`` with one bit flipped at ``offset`` of its
+    first segment (bit ``offset % 8``)."""
+    shutil.copytree(clean, damaged)
+    target = segment_files(damaged)[0]
+    data = bytearray(target.read_bytes())
+    data[offset] ^= 1 << (offset % 8)
+    target.write_bytes(bytes(data))
+    return damaged
 
 
 def process_all_available(query: Any, timeout: float = 120.0) -> None:

@@ -126,10 +126,12 @@ def test_the_public_names_of_ledgerq_spark_are_pinned() -> None:
 
     assert ledgerq.spark.__all__ == [
         "PUSHDOWN_CONF",
+        "READER_CONF",
         "READ_SCHEMA",
         "READ_SCHEMA_WITH_STATE",
         "LedgerqDataSource",
         "foreach_batch_writer",
+        "jvm_jar",
         "register",
     ]
     for name in ledgerq.spark.__all__:

@@ -17,6 +17,9 @@ from pyspark.sql import functions as F  # noqa: E402
 from ledgerq.spark import PUSHDOWN_CONF  # noqa: E402
 from tests.spark.helpers import log_view  # noqa: E402
 
+# Every test here runs on both readers (conftest.py: the JVM one and the Python one).
+pytestmark = pytest.mark.usefixtures("reader")
+
 
 def _middle_time(tree: Path) -> datetime:
     messages = log_view(tree / "edge-2" / "events")

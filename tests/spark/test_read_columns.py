@@ -102,6 +102,7 @@ def _sorted(df: Any) -> list[tuple[Any, ...]]:
     return sorted(map(tuple, df.collect()), key=repr)
 
 
+@pytest.mark.usefixtures("reader")
 def test_spark_reads_the_asked_columns(spark: Any, tree: Path) -> None:
     full = spark.read.format("ledgerq").load(str(tree))
     for columns in SOME:
@@ -119,6 +120,7 @@ def test_spark_reads_the_asked_columns(spark: Any, tree: Path) -> None:
         assert _sorted(df) == _sorted(full.select("id", "payload"))
 
 
+@pytest.mark.usefixtures("reader")
 def test_columns_with_pushdown_state_and_a_key(spark: Any, tree: Path, tmp_path: Path) -> None:
     def read(**options: str) -> Any:
         return spark.read.format("ledgerq").options(**options).load(str(tree))

@@ -28,7 +28,7 @@ from ledgerq.spark._layout import list_segments, read_reader_state  # noqa: E402
 from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks  # noqa: E402
 from ledgerq.spark._scan import ScanStats, SegmentTask, _state_of, scan_segment  # noqa: E402
 from ledgerq.tools import iter_messages  # noqa: E402
-from tests.spark.helpers import segment_files  # noqa: E402
+from tests.spark.helpers import flipped_copy, segment_files  # noqa: E402
 
 Row = tuple[int, bytes, dict[str, str], int, int, int | None]
 
@@ -246,12 +246,7 @@ def test_a_flipped_bit_anywhere_reads_like_the_log_walk(
     size = log.stat().st_size
     caplog.set_level(logging.ERROR, logger="ledgerq")  # the skips are logged; not checked here
     for offset in range(step - 1, size, 11 * step):
-        damaged = tmp_path / f"d{offset}"
-        shutil.copytree(clean, damaged)
-        target = segment_files(damaged)[0]
-        data = bytearray(target.read_bytes())
-        data[offset] ^= 1 << (offset % 8)
-        target.write_bytes(bytes(data))
+        damaged = flipped_copy(clean, tmp_path / f"d{offset}", offset)
         assert _scanned(damaged) == _expected(damaged), f"bit flipped at offset {offset}"
         shutil.rmtree(damaged)
 
