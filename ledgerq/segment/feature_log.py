@@ -236,7 +236,9 @@ class FeatureLog:
         if not self._word_found:
             host = self._host
             # (Exclusive mode has none: no other handle writes the file.)
-            self._word = host.feature_log_word(self.path) if self._shared and host else None
+            self._word = (
+                host.feature_log_word(self.path) if self._shared and host is not None else None
+            )
             self._word_found = True
         return self._word
 
