@@ -24,7 +24,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	@command -v java >/dev/null 2>&1 || echo "note: Java 17+ was not found; the Spark tests will be skipped (install a JDK 17 to run them)"
 	@test -x /usr/bin/chromium || echo "note: /usr/bin/chromium was not found; the browser tests of ledgerq ui will be skipped (apt-get install chromium)"
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 4 --dist loadgroup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ledgerq tests examples benchmarks

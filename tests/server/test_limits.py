@@ -214,7 +214,10 @@ def test_a_client_that_does_not_read_does_not_block_others(tmp_path: Path) -> No
             with proc.client() as other:
                 assert other.set("small", b"x") == b"STORED"
                 assert other.get_one("small") == b"x"
-                until(lambda: other.stats()["queue_big_items"] == "3", "the first reply")
+                # How many replies the kernel's socket buffers soak up before the
+                # server must hold back depends on their autotuning: the stalled
+                # client has been served once at least one "big" is gone.
+                until(lambda: int(other.stats()["queue_big_items"]) < 4, "the first reply")
                 assert other.call(b"version\r\n").startswith(b"VERSION")
 
 

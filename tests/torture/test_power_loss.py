@@ -25,7 +25,7 @@ from tests.torture._powerloss import (
 )
 from tests.torture._runner import start_child
 
-STEPS = 16  # per scenario in the short run (the CLI runs the full ones)
+STEPS = 10  # per scenario in the short run (the CLI runs the full ones)
 
 
 def _assert_clean(report: Report) -> None:

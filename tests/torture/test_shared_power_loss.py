@@ -20,7 +20,7 @@ from tests.torture._powerloss import (
     record_scenario,
 )
 
-STEPS = 12  # per scenario in the short run (the CLI runs the full ones)
+STEPS = 8  # per scenario in the short run (the CLI runs the full ones)
 
 
 @pytest.mark.parametrize("scenario", SHARED_SCENARIOS, ids=lambda s: s.name)
