@@ -224,7 +224,16 @@ class JournalTail:
     the next read goes on from there.  When the owner has replaced the file (a
     compaction), the read starts over from the new file's beginning and
     :attr:`restarted` is True: its first record is a CHECKPOINT of the whole state.
+
+    A replaced file is told by its inode *and* by the bytes before the offset read to:
+    a file system hands a freed inode number to the next new file (ext4 alternates
+    two numbers between compactions that rename a fresh file over the journal), so
+    two compactions between reads leave the same ``(st_dev, st_ino)``.  The last
+    bytes of the last whole record read (its CRC among them) are kept and must be
+    found at the same place again, or the file is another one.
     """
+
+    SEAL_BYTES = 16  # of the last whole record read: its CRC and what precedes it
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -232,6 +241,7 @@ class JournalTail:
         self.size = 0  # the file's size at the last read
         self.restarted = False
         self._identity: tuple[int, int] | None = None
+        self._seal = b""  # the SEAL_BYTES before ``offset`` at the last read
         self._crc = checksum  # that of the file's version, known from its header
 
     def read(self) -> list[StateRecord]:
@@ -243,12 +253,18 @@ class JournalTail:
         with open(self.path, "rb") as f:
             st = os.fstat(f.fileno())
             identity = (st.st_dev, st.st_ino)
+            seal = self._seal
             self.restarted = identity != self._identity or st.st_size < self.offset
+            if not self.restarted:
+                f.seek(self.offset - len(seal))
+                data = f.read()
+                self.restarted = data[: len(seal)] != seal
+                data = data[len(seal) :]
             if self.restarted:
                 self._identity = identity
-                self.offset = 0
-            f.seek(self.offset)
-            data = f.read()
+                self.offset, seal = 0, b""
+                f.seek(0)
+                data = f.read()
         base = self.offset
         self.size = base + len(data)
         if base == 0:
@@ -258,7 +274,16 @@ class JournalTail:
             records = StateRecords(data, 0, self.path, base=base, crc=self._crc)
         found = list(records)
         self.offset = records.end
+        self._seal = _last_bytes(seal, data, self.offset - base, self.SEAL_BYTES)
         return found
+
+
+def _last_bytes(before: bytes, data: bytes, end: int, count: int) -> bytes:
+    """The ``count`` bytes (fewer near the file's start) before offset ``end`` of
+    ``data``, which follows the bytes ``before`` in the file."""
+    if end >= count:
+        return data[end - count : end]
+    return (before + data[:end])[-count:]
 
 
 class ReaderState:
