@@ -239,7 +239,9 @@ class FeatureLog:
             self._word = (
                 host.feature_log_word(self.path) if self._shared and host is not None else None
             )
-            self._word_found = True
+            # Shared mode without a word yet (asked before the session's page was there):
+            # ask again next time rather than never bump it, which the others would miss.
+            self._word_found = self._word is not None or not self._shared
         return self._word
 
     def _writing(self) -> None:
