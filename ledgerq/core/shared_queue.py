@@ -937,7 +937,18 @@ class SharedQueueCore(QueueCore):
     # ------------------------------------------------------------------ appending
 
     def readers_current(self) -> bool:
-        return self._every_reader_held
+        """While an append holds every reader; or when each reader's journal is, as the
+        page says, what this handle's view has applied: a unique key found held in the
+        view is then held, with no reader's step taken (a second enqueue of a pending
+        job costs a read of the page per reader).  A reader another handle created since
+        is not asked: it can only hold a message longer."""
+        if self._every_reader_held:
+            return True
+        for core in self._cores.values():
+            assert isinstance(core, SharedReaderCore)
+            if not core.view_is_current():
+                return False
+        return True
 
     @contextlib.contextmanager
     def _holding_every_reader(self) -> Iterator[None]:

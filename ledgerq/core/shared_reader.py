@@ -161,6 +161,15 @@ class SharedReaderCore(ReaderCore):
 
     # ------------------------------------------------------------------ sections
 
+    def view_is_current(self) -> bool:
+        """Whether this handle's view of the reader holds every step ended elsewhere:
+        the page says its journal is the file and length this handle has applied (two
+        reads of the page, no lock).  A step under way elsewhere is not in it: its ack
+        has not returned, so the view is that of a moment before it."""
+        journal = self._shared_journal
+        slot = journal.slot
+        return slot is not None and slot.read() == (journal.size, journal.generation)
+
     def catch_up(self) -> None:
         """Apply what the other handles wrote (a step of its own)."""
         with self.session:

@@ -95,3 +95,26 @@ def test_a_lease_elsewhere_holds_and_an_ack_elsewhere_frees(
         consumer.finish()  # closed with the lease: it comes back, and holds the key
         assert q.enqueue(b"job", unique_key="nightly") == again
         assert len(q) == 1
+
+
+def test_two_handles_judge_a_key_by_every_reader_as_the_other_left_it(tmp_path: Path) -> None:
+    # The handle that enqueues answers a held key from its view of the readers when the
+    # page says no step ended elsewhere since; the other handle's acks, each reader's
+    # in turn, must be seen at the next enqueue all the same.
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as a, ledgerq.open(path, shared=True) as b:
+        audit_b = b.reader("audit")
+        first = a.enqueue(b"job", unique_key="nightly")
+        a.reader("audit")  # (a knows both readers)
+        assert a.enqueue(b"job", unique_key="nightly") == first  # nothing moved: held
+        msg = b.dequeue()
+        assert msg is not None and msg.id == first
+        b.ack(first)  # the default reader is done with it; the audit reader is not
+        assert a.enqueue(b"job", unique_key="nightly") == first
+        audited = audit_b.dequeue()
+        assert audited is not None and audited.id == first
+        assert a.enqueue(b"job", unique_key="nightly") == first  # leased by audit in b
+        audit_b.ack(first)
+        again = a.enqueue(b"job", unique_key="nightly")  # every reader is done: freed
+        assert again > first
+        assert a.enqueue(b"job", unique_key="nightly") == again
