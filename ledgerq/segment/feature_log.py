@@ -147,6 +147,7 @@ class FeatureLog:
             self._log.on_full = lambda: host.make_room()
         self.records = 0  # records in the file (live or not): when to compact
         self.unsaved = False  # the table holds what the file does not: write it whole
+        self._damage_seen = False  # records skipped as damaged since the open
         self._loaded = False
         # Whether current() has anything to do: not loaded yet, or shared mode (the
         # others may have appended).  A plain attribute, for a hot path (a forward) to
@@ -189,7 +190,12 @@ class FeatureLog:
         finally:
             self._defer = False
         if compact and self._log.is_open:
-            self.compact()  # drops what the table dropped (expired, damaged, superseded)
+            # Drops what the table dropped (expired, damaged, superseded) - if anything:
+            # a file of the table's records only is left as it is (an fsync and a rename
+            # fewer at every open).
+            records = list(self._snapshot())
+            if self._damage_seen or len(records) != self.records:
+                self._compact_as(records)
 
     def load(self, *, create: bool) -> bool:
         """Read the file whole into the table (append lock held, in shared mode);
@@ -312,6 +318,7 @@ class FeatureLog:
             self._note_inode()
 
     def _note_skipped(self, count: int) -> None:
+        self._damage_seen = True
         if self._host is not None:
             self._host.note_corrupt_skipped(count)
 
@@ -417,8 +424,12 @@ class FeatureLog:
     def compact(self) -> None:
         """Rewrite the file as the table (lock held, caught up).  A failure is logged:
         the file as it is holds the table too, and is appended to meanwhile."""
+        self._compact_as(list(self._snapshot()))
+
+    def _compact_as(self, records: list[bytes]) -> None:
         try:
-            self.rewrite()
+            self._replace(records)
+            self.unsaved = False
         except StorageError as exc:
             logger.warning("ledgerq: %s; the %s is rewritten later", exc, self.what)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import ledgerq
+from ledgerq.features.dlq.retries import _MAGIC as RETRIES_MAGIC
 from ledgerq.format.checksum import checksum_v1
 from ledgerq.format.feature_state import (
     decode_feature_file,
@@ -223,3 +224,28 @@ def test_stale_says_whether_current_has_anything_to_do(tmp_path: Path) -> None:
         assert one.rows == {"a": 1} and one.log.stale
         one.log.close()
         two.log.close()
+
+
+def test_an_open_rewrites_the_file_only_when_it_holds_what_the_table_dropped(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "q"
+    retries = path / "features" / "retries.log"
+    with ledgerq.open(path, max_retries=3) as q:
+        q.enqueue_batch([b"a", b"b"])
+        for msg in q.dequeue_batch(2):
+            q.nack(msg.id, "no")  # one record each
+    kept = retries.read_bytes()
+    inode = retries.stat().st_ino
+    with ledgerq.open(path, max_retries=3):
+        pass  # every record live: the file is left as it is (no fsync, no rename)
+    assert retries.stat().st_ino == inode and retries.read_bytes() == kept
+    with ledgerq.open(path, max_retries=3) as q:
+        msg = q.dequeue()
+        assert msg is not None
+        q.nack(msg.id, "again")  # a new record for it: its older ones are dead
+    assert len(read_feature_values(str(retries), RETRIES_MAGIC)) > 2
+    with ledgerq.open(path, max_retries=3):
+        pass  # the dead records are dropped: rewritten as the table
+    values = read_feature_values(str(retries), RETRIES_MAGIC)
+    assert sorted((v[1], v[3]) for v in values) == [(1, "again"), (2, "no")]
