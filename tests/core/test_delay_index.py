@@ -62,8 +62,9 @@ def test_big_blocks_split_and_keep_order() -> None:
 
 
 def test_a_parked_message_costs_at_most_40_bytes() -> None:
-    # Issue 17's budget for a delayed message held in memory.
-    count = 200_000
+    # Issue 17's budget for a delayed message held in memory (16.9 B measured at 50,000
+    # and at 200,000 messages alike: the count only has to dwarf the fixed overhead).
+    count = 50_000
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]

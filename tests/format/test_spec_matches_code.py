@@ -940,16 +940,18 @@ def _us_toward_zero(ns: int | None) -> int | None:
 
 
 @pytest.mark.parametrize("sealed", [False, True], ids=["plain", "sealed"])
-@settings(max_examples=3, deadline=None)
+# One example of three segments: the JVM reader reads them in one ``java`` process (a
+# JVM start per example would cost most of the test).
+@settings(max_examples=1, deadline=None)
 @given(
-    st.lists(entry_specs(), min_size=1, max_size=80),
+    st.lists(st.lists(entry_specs(), min_size=1, max_size=80), min_size=3, max_size=3),
     st.binary(min_size=32, max_size=32),
     st.binary(min_size=16, max_size=16),
 )
 def test_the_jvm_reader_decodes_entries_as_the_tables_say(
-    sealed: bool, specs: list[EntrySpec], key: bytes, queue_id: bytes
+    sealed: bool, segments_specs: list[list[EntrySpec]], key: bytes, queue_id: bytes
 ) -> None:
-    """The JVM reader (ledgerq/spark/jvm) reads a segment of entries of both formats and
+    """The JVM reader (ledgerq/spark/jvm) reads segments of entries of both formats and
     every optional field - or of sealed entries, opened with the key - into the values
     that went in: the format is defined once, and every reader of it is held to this
     file."""
@@ -962,57 +964,67 @@ def test_the_jvm_reader_decodes_entries_as_the_tables_say(
     from ledgerq.spark._scan import SegmentTask
 
     first_id = 1000
-    made = []
     sealer = sealing_mod.EntrySealer(key, queue_id)
-    for i, spec in enumerate(specs):
-        # Ids are consecutive in a segment; a COMPRESSED payload is a zstd frame.
-        body = spec.payload
-        stored = zstandard.ZstdCompressor().compress(body) if spec.compressed else body
-        s = dataclasses.replace(spec, id=first_id + i, payload=stored)
-        if not sealed:
-            made.append((s, body, s.encode()))
-            continue
-        s = dataclasses.replace(s, entry_format=2)
-        made.append((s, body, _sealed_entry(sealer, s)))
-    with tempfile.TemporaryDirectory() as queue:
-        segments = Path(queue) / "segments"
-        segments.mkdir()
-        (segments / f"{first_id:020d}.log").write_bytes(b"".join(raw for _, _, raw in made))
-        task = {
-            "queue": "q",
-            "path": queue,
-            "first_id": first_id,
-            "next_first_id": None,
-            "size_limit": None,
-            "live_tail": False,
-            "id_lo": 1,
-            "id_hi": None,
-            "ids": None,
-            "ts_lo": None,
-            "ts_hi": None,
-            "seek_by_time": False,
-            "state": None,
-            "failfast": True,
-            "name_id": None,
-            "columns": None,
-            "encryption_key_hex": key.hex() if sealed else None,
-            "queue_id_hex": queue_id.hex() if sealed else None,
-        }
-        assert set(task) >= {f.name for f in dataclasses.fields(SegmentTask)} - {"encryption_key"}
-        got = jvm_scan([json.dumps(task)])
+    with tempfile.TemporaryDirectory() as root:
+        tasks, wanted = [], []
+        for number, specs in enumerate(segments_specs):
+            made = []
+            for i, spec in enumerate(specs):
+                # Ids are consecutive in a segment; a COMPRESSED payload is a zstd frame.
+                body = spec.payload
+                stored = zstandard.ZstdCompressor().compress(body) if spec.compressed else body
+                s = dataclasses.replace(spec, id=first_id + i, payload=stored)
+                if not sealed:
+                    made.append((s, body, s.encode()))
+                    continue
+                s = dataclasses.replace(s, entry_format=2)
+                made.append((s, body, _sealed_entry(sealer, s)))
+            queue = Path(root) / f"q{number}"
+            segments = queue / "segments"
+            segments.mkdir(parents=True)
+            (segments / f"{first_id:020d}.log").write_bytes(b"".join(raw for _, _, raw in made))
+            task = {
+                "queue": "q",
+                "path": str(queue),
+                "first_id": first_id,
+                "next_first_id": None,
+                "size_limit": None,
+                "live_tail": False,
+                "id_lo": 1,
+                "id_hi": None,
+                "ids": None,
+                "ts_lo": None,
+                "ts_hi": None,
+                "seek_by_time": False,
+                "state": None,
+                "failfast": True,
+                "name_id": None,
+                "columns": None,
+                "encryption_key_hex": key.hex() if sealed else None,
+                "queue_id_hex": queue_id.hex() if sealed else None,
+            }
+            assert set(task) >= {f.name for f in dataclasses.fields(SegmentTask)} - {
+                "encryption_key"
+            }
+            tasks.append(json.dumps(task))
+            wanted.append(
+                [
+                    [
+                        s.id,
+                        _us_toward_zero(s.timestamp),
+                        _us_toward_zero(s.expires_at),
+                        s.priority,
+                        s.headers or {},
+                        body.hex(),
+                        _us_toward_zero(s.deliver_at),
+                    ]
+                    for s, body, _ in made
+                ]
+            )
+        got = jvm_scan(tasks)
     if got is None:
         pytest.skip("no JDK: the JVM reader cannot be built")
-    expected = [
-        [
-            s.id,
-            _us_toward_zero(s.timestamp),
-            _us_toward_zero(s.expires_at),
-            s.priority,
-            s.headers or {},
-            body.hex(),
-            _us_toward_zero(s.deliver_at),
-        ]
-        for s, body, _ in made
-    ]
-    assert got[0].get("rows") == expected, got[0].get("error")
-    assert got[0]["corrupt_regions"] == 0
+    assert len(got) == len(wanted)
+    for read, expected in zip(got, wanted, strict=True):
+        assert read.get("rows") == expected, read.get("error")
+        assert read["corrupt_regions"] == 0
