@@ -428,17 +428,17 @@ class FeatureLog:
 
     def _compact_as(self, records: list[bytes]) -> None:
         try:
-            self._replace(records)
-            self.unsaved = False
+            self.rewrite(records)
         except StorageError as exc:
             logger.warning("ledgerq: %s; the %s is rewritten later", exc, self.what)
 
-    def rewrite(self) -> None:
-        """Replace the file with the records of the table (lock held, caught up).
+    def rewrite(self, records: list[bytes] | None = None) -> None:
+        """Replace the file with the records of the table (lock held, caught up), or
+        ``records`` when the caller has them already.
 
         Raises :class:`StorageError` if it cannot; the log then appends to whichever
         file holds the name (both hold the table)."""
-        self._replace(list(self._snapshot()))
+        self._replace(list(self._snapshot()) if records is None else records)
         self.unsaved = False
 
     def _replace(self, records: list[bytes]) -> None:
