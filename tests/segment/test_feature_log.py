@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import ledgerq
 from ledgerq.features.dlq.retries import _MAGIC as RETRIES_MAGIC
 from ledgerq.format.checksum import checksum_v1
@@ -226,26 +228,27 @@ def test_stale_says_whether_current_has_anything_to_do(tmp_path: Path) -> None:
         two.log.close()
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
 def test_an_open_rewrites_the_file_only_when_it_holds_what_the_table_dropped(
-    tmp_path: Path,
+    tmp_path: Path, shared: bool
 ) -> None:
     path = tmp_path / "q"
     retries = path / "features" / "retries.log"
-    with ledgerq.open(path, max_retries=3) as q:
+    with ledgerq.open(path, max_retries=3, shared=shared) as q:
         q.enqueue_batch([b"a", b"b"])
         for msg in q.dequeue_batch(2):
             q.nack(msg.id, "no")  # one record each
     kept = retries.read_bytes()
     inode = retries.stat().st_ino
-    with ledgerq.open(path, max_retries=3):
+    with ledgerq.open(path, max_retries=3, shared=shared):
         pass  # every record live: the file is left as it is (no fsync, no rename)
     assert retries.stat().st_ino == inode and retries.read_bytes() == kept
-    with ledgerq.open(path, max_retries=3) as q:
+    with ledgerq.open(path, max_retries=3, shared=shared) as q:
         msg = q.dequeue()
         assert msg is not None
         q.nack(msg.id, "again")  # a new record for it: its older ones are dead
     assert len(read_feature_values(str(retries), RETRIES_MAGIC)) > 2
-    with ledgerq.open(path, max_retries=3):
+    with ledgerq.open(path, max_retries=3, shared=shared):
         pass  # the dead records are dropped: rewritten as the table
     values = read_feature_values(str(retries), RETRIES_MAGIC)
     assert sorted((v[1], v[3]) for v in values) == [(1, "again"), (2, "no")]
