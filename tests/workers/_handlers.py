@@ -97,12 +97,15 @@ def grow_on_big(message: ledgerq.Message) -> None:
 
 
 def wait_for_go(message: ledgerq.Message) -> None:
-    """Say the task runs, read the FIFO ``go-<payload>`` in ``$LEDGERQ_TEST_GO_DIR`` to its
-    end (the test's close), then record; payloads starting with ``fail`` then raise."""
+    """Open the FIFO ``go-<payload>`` in ``$LEDGERQ_TEST_GO_DIR``, say the task runs, read
+    the FIFO to its end (the test's close), then record; payloads starting with ``fail``
+    then raise."""
     name = message.payload.decode()
-    sys.stdout.write(f"running {name} in {os.getpid()}\n")
-    sys.stdout.flush()
     with open(os.path.join(os.environ[GO_DIR], f"go-{name}"), "rb") as go:
+        # Said only once open: a test that closes its end on this word must not close it
+        # before this open, which would then wait for a writer forever.
+        sys.stdout.write(f"running {name} in {os.getpid()}\n")
+        sys.stdout.flush()
         go.read()  # the end of the file: the test's word
     _record(message)
     if name.startswith("fail"):
