@@ -83,7 +83,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.sql.warehouse.dir", str(work / "warehouse"))
         .config("spark.local.dir", str(work / "local"))
         .config("spark.sql.streaming.stopTimeout", "30s")
-        .config("spark.sql.pyspark.worker.logging.enabled", "true")
         .config("spark.driver.extraJavaOptions", java_options)
         .getOrCreate()
     )

@@ -111,6 +111,9 @@ def test_an_append_in_flight_is_not_read_nor_an_error(spark: Any, tmp_path: Path
     assert sorted(r["payload"] for r in df.collect()) == [b"a", b"b", b"c"]
 
 
+_WORKER_LOGGING = "spark.sql.pyspark.worker.logging.enabled"
+
+
 def _worker_logs(spark: Any, needle: str) -> list[str]:
     logs = spark.tvf.python_worker_logs().where("logger = 'ledgerq'").select("msg").collect()
     return [r["msg"] for r in logs if needle in r["msg"]]
@@ -129,9 +132,14 @@ def test_corrupt_entries_are_skipped_and_logged(
     df = spark.read.format("ledgerq").load(str(queue))
     assert df.count() == clean - 1  # one entry lost, the job did not fail
     # The Python reader's worker log names the loss (the JVM one logs it through log4j).
-    python = spark.read.format("ledgerq").option("jvm", "false").load(str(queue))
-    assert python.count() == clean - 1
-    messages = _worker_logs(spark, str(victim))
+    # Worker logging is on for this query only: it costs a streaming query ~8 s.
+    spark.conf.set(_WORKER_LOGGING, "true")
+    try:
+        python = spark.read.format("ledgerq").option("jvm", "false").load(str(queue))
+        assert python.count() == clean - 1
+        messages = _worker_logs(spark, str(victim))
+    finally:
+        spark.conf.unset(_WORKER_LOGGING)
     assert any("corrupt bytes" in m and "1 message lost" in m for m in messages), messages
     assert any("1 corrupt regions skipped" in m for m in messages), messages
     with pytest.raises(Exception, match="FAILFAST"):
