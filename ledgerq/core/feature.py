@@ -133,18 +133,33 @@ class HandedOff(Exception):
 
 
 class FailedDelivery:
-    """What the core knows about a failed delivery, for the ``failed`` hook."""
+    """What the core knows about a failed delivery, for the ``failed`` hook.
 
-    __slots__ = ("entry", "failures", "now_ns", "reader", "reason")
+    ``again``: the failure was a nack that its nacker reported already - in another
+    handle, or before a reopen - and this is the next taker checking it once more,
+    because the nacker may have stopped before acting on it (a move to the DLQ).  The
+    hook then does only what the failure calls for that cannot have happened twice;
+    ``reason`` is then not the nack's own (the journal does not keep it).
+    """
+
+    __slots__ = ("again", "entry", "failures", "now_ns", "reader", "reason")
 
     def __init__(
-        self, reader: ReaderCore, entry: Entry, failures: int, reason: str, now_ns: int
+        self,
+        reader: ReaderCore,
+        entry: Entry,
+        failures: int,
+        reason: str,
+        now_ns: int,
+        *,
+        again: bool = False,
     ) -> None:
         self.reader = reader
         self.entry = entry
         self.failures = failures
         self.reason = reason
         self.now_ns = now_ns
+        self.again = again
 
 
 class Selector(Protocol):

@@ -82,7 +82,13 @@ _SCHEDULED = _DELIVER_AT | _HAS_GROUP
 # and pruning at a fixed size would cost O(n) per ack.
 _PRUNE_DONE_AT = 65536
 _TIMER_RETRY_S = 0.25  # a periodic tick that could not be fired is tried again after this
+# The due time of a NOT_BEFORE record that asks for no wait: it only says that the
+# failures before it were reported (see ReaderCore.nack).
+NO_WAIT = 0
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
+# The reason a dead letter carries when its nacker stopped before the move (the nack's
+# own reason is not in the journal).
+_NACK_UNFINISHED = "nacked (the move here was finished by another handle or a reopen)"
 _TIMED_OUT = "visibility timeout expired"
 _REVOKED_KEPT = 10_000
 _NS = 1_000_000_000
@@ -141,6 +147,11 @@ class ReaderCore:
         self._leased: dict[int, tuple[Entry, int]] = {}  # id -> (entry, delivery number)
         self._leased_heap: list[int] = []
         self._reported: dict[int, int] = {}  # id -> failures already passed to `failed`
+        # id -> failures a NACK reported that this handle did not see acted on (another
+        # handle's nack, or one before a reopen): what the failure called for is checked
+        # again - a move to the DLQ its nacker may not have lived to make - but it is
+        # neither reported as a lost lease nor delayed a second time.
+        self._nacked: dict[int, int] = {}
         # id -> (failures, reason) of a report whose feature raised: to report again
         self._unreported: dict[int, tuple[int, str]] = {}
         self._deadlines: list[tuple[float, int, int]] = []  # (monotonic deadline, id, delivery)
@@ -151,9 +162,7 @@ class ReaderCore:
         # id -> not before (ns): a failed delivery's retry delay, or a delayed release;
         # journalled (NOT_BEFORE records), void once the id is leased again or finished.
         self._not_before: dict[int, int] = dict(state.not_before)
-        for message_id in self._not_before:
-            # Its failure was reported before its NOT_BEFORE was written: not again.
-            self._reported[message_id] = self._deliveries.get(message_id, 0)
+        self._note_nacked(self._not_before)
         self._reset_groups()
         self._delays = DelayIndex()
         self._due_ns = NEVER_NS  # the delay index's earliest due time, read on every take
@@ -164,6 +173,18 @@ class ReaderCore:
         self._selector: Selector = self._make_selector()
         if is_new:
             self.checkpoint()
+
+    def _note_nacked(self, not_before: Iterable[int]) -> None:
+        """Ids with a NOT_BEFORE record read back: written with a NACK (every nack
+        writes one, with the retry delay or none) or a RELEASE - their last
+        failure was reported by the handle that wrote it, which may have stopped before
+        acting on it.  (A release's failures were reported before it: checked again
+        with the same count, they call for nothing new.)"""
+        deliveries, reported, nacked = self._deliveries, self._reported, self._nacked
+        for message_id in not_before:
+            failures = deliveries.get(message_id, 0)
+            if failures > reported.get(message_id, 0):
+                nacked[message_id] = failures
 
     def _make_selector(self) -> Selector:
         for feature in self._hooks.selector:
@@ -331,6 +352,19 @@ class ReaderCore:
                 failures = self._deliveries.get(entry.id, 0)
                 if failures and failures > self._reported.get(entry.id, 0):
                     try:
+                        if self._nacked and self._nacked.get(entry.id) == failures:
+                            # Reported by its nacker, with its retry delay written:
+                            # only a move it called for is checked again.
+                            if self._report_failure(
+                                entry,
+                                failures,
+                                _NACK_UNFINISHED,
+                                now_ns,
+                                give_back=False,
+                                again=True,
+                            ):
+                                continue
+                            return entry
                         if self._report_failure(
                             entry, failures, _LOST_LEASE, now_ns, give_back=False
                         ):
@@ -556,6 +590,8 @@ class ReaderCore:
         self._deliveries[message_id] = attempt
         if self._not_before:
             self._not_before.pop(message_id, None)  # the LEASE record voids it
+        if self._nacked:
+            self._nacked.pop(message_id, None)
         if self._touched:
             self._touched.pop(message_id, None)  # a touch of an earlier lease
         lease = (entry, attempt)
@@ -566,9 +602,19 @@ class ReaderCore:
         return lease
 
     def _report_failure(
-        self, entry: Entry, failures: int, reason: str, now_ns: int, *, give_back: bool = True
+        self,
+        entry: Entry,
+        failures: int,
+        reason: str,
+        now_ns: int,
+        *,
+        give_back: bool = True,
+        again: bool = False,
     ) -> bool:
         """Tell the features a delivery failed; True (and settled) if one moved it away.
+
+        ``again``: its nacker reported it already, and may have stopped before acting
+        on it (:class:`FailedDelivery`).
 
         ``entry`` is neither leased nor held when this is called.  If a feature raises
         (the DLQ could not be written), the entry is given back (unless ``give_back`` is
@@ -582,8 +628,10 @@ class ReaderCore:
             reason = retried[1]  # the report that raised, not a lost lease
         before = self._reported.get(message_id, 0)
         self._reported[message_id] = failures
+        if self._nacked:
+            self._nacked.pop(message_id, None)
         if self._hooks.failed:
-            delivery = FailedDelivery(self, entry, failures, reason, now_ns)
+            delivery = FailedDelivery(self, entry, failures, reason, now_ns, again=again)
             try:
                 for feature in self._hooks.failed:
                     if feature.failed(delivery):
@@ -592,6 +640,8 @@ class ReaderCore:
             except BaseException:
                 self._reported[message_id] = before
                 self._unreported[message_id] = (failures, reason)
+                if again:
+                    self._nacked[message_id] = failures
                 if give_back:
                     self._give_back(entry)
                 raise
@@ -621,6 +671,8 @@ class ReaderCore:
             self._not_before.pop(message_id, None)
         if self._reported:
             self._reported.pop(message_id, None)
+        if self._nacked:
+            self._nacked.pop(message_id, None)
         if self._unreported:
             self._unreported.pop(message_id, None)
         self._done.add(message_id)
@@ -745,7 +797,10 @@ class ReaderCore:
 
         Each comes back no earlier than ``delay_ns`` from ``now_ns``, or (None) its
         retry policy's delay for its attempt; the delay is written with the NACK record,
-        in the same write.  Raises having changed nothing if that cannot be written.
+        in the same write - as a NOT_BEFORE record, of ``NO_WAIT`` when there is no
+        delay: a checkpoint keeps it, so that a reopen, or another handle, knows that
+        this failure was reported (not a lost lease: ``_nacked``).  Raises having
+        changed nothing if that cannot be written.
         Once it is, the nack has happened: a move to the DLQ that fails then (a full
         disk) does not raise - the message is held back and moved before it can be
         delivered again.
@@ -758,45 +813,45 @@ class ReaderCore:
             elif policy is not None:
                 wait = policy.delay_ns(self._leased[message_id][1])
             else:
-                continue
-            if wait > 0:
-                dues[message_id] = now_ns + wait
-        if not dues:
-            ticket = self.journal.append(_NACK, ids)
-        else:
-            ticket = self._append_with_not_before(encode_ids_record(_NACK, ids), dues)
+                wait = 0
+            dues[message_id] = now_ns + wait if wait > 0 else NO_WAIT
+        ticket = self._append_with_not_before(encode_ids_record(_NACK, ids), dues)
         self.counters["nacked"] += len(ids)
         for message_id in ids:
             entry, attempt = self._leased.pop(message_id)
-            due = dues.get(message_id)
-            if due is not None:
-                self._not_before[message_id] = due
+            due = dues[message_id]
+            self._not_before[message_id] = due
             try:
                 if self._report_failure(entry, attempt, reason, now_ns):
                     continue  # dead-lettered (its NOT_BEFORE forgotten with it)
             except LedgerQError as exc:
                 self._move_failed(message_id, exc)
                 continue
-            if due is not None:
+            if due > now_ns:
                 self._park(due, message_id)
             else:
                 self._give_back(entry)
         return ticket
 
-    def release(self, ids: list[int], due_ns: int | None = None) -> int:
+    def release(self, ids: list[int], now_ns: int, due_ns: int | None = None) -> int:
         """Give leased ids (checked by the caller) back unused; return the journal ticket.
 
         Not a failed delivery: the RELEASE record undoes the count its LEASE added, so
         the next delivery has the same attempt number, and no feature hears of it.
         With ``due_ns``, not delivered again before then (a NOT_BEFORE record, in the
-        same write as the RELEASE).
+        same write as the RELEASE).  Without, an id that failed before gets a NOT_BEFORE
+        of ``NO_WAIT``: read back (a reopen, another handle), it says those failures were
+        reported - not lost leases, to report and delay again (see :meth:`nack`).
         """
         # First: if the write fails, nothing changed.
         if due_ns is None:
-            ticket = self.journal.append(_RELEASE, ids)
+            dues = {i: NO_WAIT for i in ids if self._leased[i][1] > 1}
         else:
             dues = dict.fromkeys(ids, due_ns)
+        if dues:
             ticket = self._append_with_not_before(encode_ids_record(_RELEASE, ids), dues)
+        else:
+            ticket = self.journal.append(_RELEASE, ids)
         for message_id in ids:
             entry, attempt = self._leased.pop(message_id)
             if attempt > 1:
@@ -805,11 +860,13 @@ class ReaderCore:
                 self._deliveries.pop(message_id, None)
             if self._touched:
                 self._touched.pop(message_id, None)
-            if due_ns is None:
+            due = dues.get(message_id)
+            if due is not None:
+                self._not_before[message_id] = due
+            if due is None or due <= now_ns:
                 self._give_back(entry)
             else:
-                self._not_before[message_id] = due_ns
-                self._park(due_ns, message_id)
+                self._park(due, message_id)
         if self._deadlines:
             # A deadline is matched to its lease by attempt number, and the next lease
             # of a released id has the same one: drop the stale deadline, or it would
@@ -992,6 +1049,7 @@ class ReaderCore:
         self._touched.clear()
         self._deliveries.clear()
         self._reported.clear()
+        self._nacked.clear()
         self._unreported.clear()
         self._skip = set()
         self._done = set()
@@ -1474,8 +1532,9 @@ class Reader:
         with self._waits.lock:
             self._ensure_usable()
             core.check_leased(message_id)
-            due_ns = self._waits.clock.now_ns() + int(seconds * _NS) if seconds else None
-            ticket = core.release([message_id], due_ns)
+            now_ns = self._waits.clock.now_ns()
+            due_ns = now_ns + int(seconds * _NS) if seconds else None
+            ticket = core.release([message_id], now_ns, due_ns)
             core.maybe_compact()
             if self._waits.waiting or self._waits.listeners:
                 self._waits.wake()

@@ -45,7 +45,7 @@ from ledgerq._types import ReaderStats
 from ledgerq.core.clock import QueueClock
 from ledgerq.core.delays import NEVER_NS
 from ledgerq.core.journal import SharedReaderJournal
-from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, ReaderCore, ReaderHooks
+from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, NO_WAIT, ReaderCore, ReaderHooks
 from ledgerq.core.reader_session import ReaderSession, in_step
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
@@ -218,7 +218,7 @@ class SharedReaderCore(ReaderCore):
 
     def on_lease(self, holder: int, deadline_ns: int, ids: Sequence[int]) -> None:
         deliveries, reported, back = self._deliveries, self._reported, self._back
-        leased, selector = self._leased, self._selector
+        leased, selector, nacked = self._leased, self._selector, self._nacked
         cursor_next = self._cursor.next_id
         if holder == self.holder:
             # Our own record, met again: the file was read whole (a new generation, the
@@ -232,6 +232,8 @@ class SharedReaderCore(ReaderCore):
             before = deliveries[message_id] - 1
             if reported.get(message_id, 0) < before:
                 reported[message_id] = before
+            if nacked:
+                nacked.pop(message_id, None)
             back.discard(message_id)
             if message_id in leased and holder != self.holder:
                 self._revoke(message_id, "another handle leased it after it expired")
@@ -249,9 +251,12 @@ class SharedReaderCore(ReaderCore):
         self._apply_reclaim(holder, cause, ids, self._back, self._cursor.next_id)
 
     def on_nack(self, ids: Sequence[int]) -> None:
-        # Not marked reported: the nacker may have died between its NACK and the move to
-        # the DLQ that the failure called for; the next taker reports the failure again
-        # (same count: at worst the retry log hears of it twice).
+        # Reported by the nacker, which may have died between its NACK and the move to
+        # the DLQ that the failure called for: the next taker checks that once more,
+        # but neither as a lost lease nor with a second retry delay (``_nacked``).
+        deliveries, nacked = self._deliveries, self._nacked
+        for message_id in ids:
+            nacked[message_id] = deliveries.get(message_id, 0)
         self._make_available(ids)
 
     def on_release(self, ids: Sequence[int]) -> None:
@@ -274,9 +279,12 @@ class SharedReaderCore(ReaderCore):
         # Another handle's failed delivery (or delayed release) waits: its NACK or
         # RELEASE just before made it available - park it instead.
         deliveries, reported, back = self._deliveries, self._reported, self._back
+        nacked = self._nacked
         for message_id in ids:
-            reported[message_id] = deliveries.get(message_id, 0)
-            if message_id in back:
+            count = deliveries.get(message_id, 0)
+            if nacked.get(message_id) != count:  # (after a NACK: see on_nack)
+                reported[message_id] = count  # a delayed release: nothing to report
+            if due_ns != NO_WAIT and message_id in back:
                 back.discard(message_id)
                 self._park(due_ns, message_id)
 
@@ -377,10 +385,12 @@ class SharedReaderCore(ReaderCore):
         self._skip = {i for i in checkpoint.done if i >= head and self._exists_unread(i)}
         self._done = set()
         self._reported = {i: n for i, n in self._reported.items() if i in self._deliveries}
+        self._nacked = {i: n for i, n in self._nacked.items() if i in self._deliveries}
         self._cursor = LogCursor(manager, head)
         self._selector = self._make_selector()
         # Parked ids are read again from the new cursor, and parked again if not due.
         self._not_before = dict(checkpoint.not_before)
+        self._note_nacked(self._not_before)
         self._reset_groups()
         self._delays.clear()
         self._due_ns = NEVER_NS
@@ -500,11 +510,20 @@ class SharedReaderCore(ReaderCore):
                 self._retry_or_give_back(lease[0], lease[1], now_ns)
 
     def _report_failure(
-        self, entry: Entry, failures: int, reason: str, now_ns: int, *, give_back: bool = True
+        self,
+        entry: Entry,
+        failures: int,
+        reason: str,
+        now_ns: int,
+        *,
+        give_back: bool = True,
+        again: bool = False,
     ) -> bool:
         if reason is _LOST_LEASE and self._fail_reason:
             reason = self._fail_reason.pop(entry.id, reason)
-        return super()._report_failure(entry, failures, reason, now_ns, give_back=give_back)
+        return super()._report_failure(
+            entry, failures, reason, now_ns, give_back=give_back, again=again
+        )
 
     def _give_back(self, entry: Entry) -> None:
         if entry.id >= self._cursor.next_id:
@@ -565,10 +584,10 @@ class SharedReaderCore(ReaderCore):
         return super().nack(ids, reason, now_ns, delay_ns)
 
     @in_step
-    def release(self, ids: list[int], due_ns: int | None = None) -> int:
+    def release(self, ids: list[int], now_ns: int, due_ns: int | None = None) -> int:
         for message_id in ids:
             self.check_leased(message_id)
-        ticket = super().release(ids, due_ns)
+        ticket = super().release(ids, now_ns, due_ns)
         for message_id in ids:
             self._own_deadline_ns.pop(message_id, None)
         return ticket

@@ -162,6 +162,8 @@ class SchedulingMachine(RuleBasedStateMachine):
         m.deliveries -= 1
         if delay:
             m.not_before = self.now + int(delay * SECOND)
+        elif m.deliveries:
+            m.not_before = 0  # no wait, journalled: its failures were reported
 
     @precondition(lambda self: self._ids("leased"))
     @rule(data=st.data(), seconds=st.sampled_from([None, 50.0]))
@@ -183,7 +185,8 @@ class SchedulingMachine(RuleBasedStateMachine):
         for m in self.msgs.values():
             if m.state == "leased":
                 m.state = "available"
-            # A failure with no journalled wait left is found again at the next take.
+            # A lease lost to the reopen is found at the next take (a nack or a release
+            # leaves a journalled not-before behind, if only one of no wait).
             if m.state == "available" and m.deliveries and m.not_before is None:
                 m.unreported = True
 

@@ -35,6 +35,8 @@ __all__ = ["InFlight", "Model", "ModelError"]
 
 LIVE, ACKED, DEAD, SETTLED = "live", "acked", "dead", "settled"
 _LOST_LEASE = "lease_lost"
+# A move finished by the next taker of a message whose nacker was killed before it.
+_NACK_UNFINISHED = "nacked_(the_move_here"
 
 
 class ModelError(AssertionError):
@@ -274,7 +276,9 @@ class Model:
             )
         else:
             self.require(
-                op.op == "deq" and reason.startswith(_LOST_LEASE) and orig not in self.leased,
+                op.op == "deq"
+                and reason.startswith((_LOST_LEASE, _NACK_UNFINISHED))
+                and orig not in self.leased,
                 f"DLQ move of {orig} inside {op.op} with reason {reason!r}",
             )
         msg.state = DEAD

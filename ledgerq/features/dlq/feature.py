@@ -62,7 +62,8 @@ class DeadLetterFeature(DeadLetterStore):
         entry = delivery.entry
         reader = delivery.reader.name
         if delivery.failures < self._max_retries:
-            tracker.record(reader, entry.id, delivery.now_ns, delivery.reason)
+            if not delivery.again:  # (its nacker recorded it, with its real reason)
+                tracker.record(reader, entry.id, delivery.now_ns, delivery.reason)
             return False
         try:
             # In clear: the DLQ seals it again under its own identity (same key).
