@@ -169,7 +169,8 @@ class Selector(Protocol):
         """Remove and return the next entry to deliver, or None."""
 
     def give_back(self, entry: Entry) -> None:
-        """Make a previously taken entry available again (nack, lost lease)."""
+        """Make a previously taken entry available again (nack, lost lease); one
+        already available stays available once (shared mode can give an id back twice)."""
 
     def discard(self, message_id: int) -> bool:
         """Forget an available id (it was settled elsewhere); True if it was held."""

@@ -470,12 +470,19 @@ class ReaderCore:
         """Give the parked entries whose time has come back to the selector.
 
         Each is read back from the log (the index keeps ids only).  An id settled or
-        leased meanwhile (shared mode: by another handle) is not given back.
+        leased meanwhile (shared mode: by another handle) is not given back, nor one
+        that must wait longer now: in shared mode another handle may lease a parked id
+        when it falls due and nack it with a retry delay, which parks it here again -
+        the entry of the first wait is left behind (finding it to drop it at the lease
+        is O(parked)), and ends here.
         """
         selector = self._selector
+        not_before = self._not_before
         for message_id in self._delays.pop_due(now_ns):
             if not self._may_release(message_id):
                 continue
+            if not_before and not_before.get(message_id, 0) > now_ns:
+                continue  # parked again, for its later time
             entry = self._manager.read_entry(message_id)
             if entry is not None:
                 selector.give_back(entry)

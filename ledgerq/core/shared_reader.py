@@ -124,6 +124,9 @@ class SharedReaderCore(ReaderCore):
         self._lost: dict[int, str] = {}  # our leases that ended elsewhere: why (for the error)
         self._fail_reason: dict[int, str] = {}  # why a reclaimed lease failed (its report)
         self._back: set[int] = set()  # (of a catch-up: see the fold's sink below)
+        # Set by a catch-up that applied another handle's lease while ids were parked
+        # here: one of them may be the id leased (see _apply).
+        self._leased_while_parked = False
         # Our leases a checkpoint of the catch-up did not list: revoked at its end unless
         # a LEASE_BY of ours after the checkpoint holds them (a file read whole again).
         self._unconfirmed: set[int] = set()
@@ -202,6 +205,17 @@ class SharedReaderCore(ReaderCore):
             self._leased_heap = list(self._leased)
             heapq.heapify(self._leased_heap)
         self._give_back_ids(self._back)
+        if self._leased_while_parked:
+            # Another handle leased ids when they fell due: each may still be parked
+            # here, and parked it would be given back again (taken twice), or counted
+            # pending beside its lease's end.  What is due is released now, and an id
+            # leased elsewhere is dropped on the way (_may_release) - cheaper than
+            # finding each leased id among the parked ones (O(parked) each).
+            self._leased_while_parked = False
+            if self._delays:
+                now_ns = self._clock.now_ns()
+                if now_ns >= self._due_ns:
+                    self._release_due(now_ns)
         self._fast_forward()
 
     # The sink of the fold (``JournalSink``).  The fold has counted the deliveries,
@@ -227,6 +241,8 @@ class SharedReaderCore(ReaderCore):
             if self._unconfirmed:
                 self._unconfirmed.difference_update(ids)
             return
+        if self._delays:
+            self._leased_while_parked = True
         for message_id in ids:
             # The leaser reported the failures before it (or learnt of them).
             before = deliveries[message_id] - 1

@@ -43,7 +43,7 @@ _COMPACT_AT = 4096
 class _Level:
     """One priority level: columns of pending messages plus returned entries."""
 
-    __slots__ = ("discarded", "head", "ids", "offsets", "returned", "stamps")
+    __slots__ = ("discarded", "head", "ids", "offsets", "returned", "returned_ids", "stamps")
 
     def __init__(self) -> None:
         self.ids = array("q")
@@ -51,6 +51,7 @@ class _Level:
         self.offsets = array("q")
         self.head = 0
         self.returned: list[tuple[int, int, Entry]] = []  # heap of (id, timestamp, entry)
+        self.returned_ids: set[int] = set()  # the ids in ``returned``
         self.discarded: set[int] = set()
 
     def _drop_discarded_front(self) -> None:
@@ -58,7 +59,9 @@ class _Level:
             self.discarded.discard(self.ids[self.head])
             self.head += 1
         while self.returned and self.returned[0][0] in self.discarded:
-            self.discarded.discard(heapq.heappop(self.returned)[0])
+            message_id = heapq.heappop(self.returned)[0]
+            self.discarded.discard(message_id)
+            self.returned_ids.discard(message_id)
 
     def front(self) -> tuple[int, int] | None:
         """(id, timestamp) of this level's oldest message, if any."""
@@ -76,7 +79,9 @@ class _Level:
         if self.returned and (
             self.head >= len(self.ids) or self.returned[0][0] < self.ids[self.head]
         ):
-            return heapq.heappop(self.returned)[2]
+            entry = heapq.heappop(self.returned)[2]
+            self.returned_ids.discard(entry.id)
+            return entry
         if self.head >= len(self.ids):
             return None
         message_id, offset = self.ids[self.head], self.offsets[self.head]
@@ -98,7 +103,7 @@ class _Level:
         i = bisect.bisect_left(ids, message_id, lo=self.head)
         if i < len(ids) and ids[i] == message_id:
             return True
-        return any(item[0] == message_id for item in self.returned)
+        return message_id in self.returned_ids
 
     def size(self) -> int:
         return len(self.ids) - self.head + len(self.returned) - len(self.discarded)
@@ -157,11 +162,14 @@ class PrioritySelector:
 
     def give_back(self, entry: Entry) -> None:
         level = self._levels[entry.priority]
-        if entry.id in level.discarded:
-            level.discarded.discard(entry.id)
-            if level.holds(entry.id):
-                return  # still in its column (another handle's lease ended): live again
+        # A discarded id still in its place (another handle's lease of it ended) is live
+        # again there; one already available (given back twice: a lease reclaimed while
+        # another handle's delay entry for it fell due) stays once, as in FifoSelector.
+        level.discarded.discard(entry.id)
+        if level.holds(entry.id):
+            return
         heapq.heappush(level.returned, (entry.id, entry.timestamp, entry))
+        level.returned_ids.add(entry.id)
 
     def discard(self, message_id: int) -> bool:
         # Without reading the log further: a shared handle discards while it applies
@@ -201,6 +209,7 @@ class PrioritySelector:
                 gone.extend(item[0] for item in level.returned if item[0] <= last_id)
                 heapq.heapify(kept)
                 level.returned = kept
+                level.returned_ids = {item[0] for item in kept}
             for message_id in gone:
                 if message_id in level.discarded:
                     level.discarded.discard(message_id)  # settled already: not held
@@ -218,7 +227,10 @@ class PrioritySelector:
 
     def peek(self, n: int, now_ns: int) -> list[Entry]:
         self._pull()
-        saved = [(lv.head, list(lv.returned), set(lv.discarded)) for lv in self._levels]
+        saved = [
+            (lv.head, list(lv.returned), set(lv.returned_ids), set(lv.discarded))
+            for lv in self._levels
+        ]
         found: list[Entry] = []
         try:
             while len(found) < n:
@@ -239,8 +251,11 @@ class PrioritySelector:
                 except (DecodeError, OSError, IndexError):
                     continue
         finally:
-            for level, (head, returned, discarded) in zip(self._levels, saved, strict=True):
+            for level, (head, returned, returned_ids, discarded) in zip(
+                self._levels, saved, strict=True
+            ):
                 level.head, level.returned, level.discarded = head, returned, discarded
+                level.returned_ids = returned_ids
         return found
 
     def oldest_timestamp(self) -> int | None:

@@ -1,0 +1,78 @@
+"""A message one handle parked for its time, taken by another handle when due.
+
+Handle ``b`` reads a delayed message early and parks it; at its time handle ``a`` leases
+it.  What ``a``'s lease then does (times out, is nacked, is nacked with a retry delay)
+must leave ``b`` with the message once: one delivery, one count.  Before the fix ``b``
+gave it back both from the lease's end and from its own stale park - the priority order
+held it twice (delivered twice, the second lease on top of the first), and ``b`` counted
+a message nacked with a delay as two delayed ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ledgerq
+from tests.core.test_clock import SteppedClock
+
+S = 1_000_000_000
+
+
+def _parked_by_b_then_leased_by_a(
+    tmp_path: Path, priorities: bool
+) -> tuple[SteppedClock, ledgerq.Queue, ledgerq.Queue, ledgerq.Message]:
+    clock = SteppedClock()
+    options = {"shared": True, "priorities": priorities, "visibility_timeout": 5.0}
+    a = ledgerq.open(tmp_path / "q", clock=clock, **options)
+    b = ledgerq.open(tmp_path / "q", clock=clock, **options)
+    a.enqueue(b"later", delay=10)
+    assert b.dequeue() is None  # b has read it and parked it until its time
+    clock.elapse(11 * S)
+    leased = a.dequeue()
+    assert leased is not None
+    return clock, a, b, leased
+
+
+@pytest.mark.parametrize("priorities", [False, True], ids=["fifo", "priorities"])
+@pytest.mark.parametrize("lease_end", ["timed out", "nacked", "nacked with a delay"])
+def test_a_message_parked_here_and_leased_there_comes_back_once(
+    tmp_path: Path, priorities: bool, lease_end: str
+) -> None:
+    clock, a, b, leased = _parked_by_b_then_leased_by_a(tmp_path, priorities)
+    try:
+        if lease_end == "timed out":
+            clock.elapse(6 * S)
+        elif lease_end == "nacked":
+            a.nack(leased.id)
+        else:
+            a.nack(leased.id, delay=3)
+            assert b.dequeue() is None
+            assert b.stats().delayed == a.stats().delayed == 1
+            clock.elapse(4 * S)
+        # (A timed-out lease counts in flight until a dequeue takes it back.)
+        expected = (0, 1) if lease_end == "timed out" else (1, 0)
+        for handle in (a, b):
+            stats = handle.stats()
+            assert (stats.pending, stats.in_flight) == expected
+        again = b.dequeue()
+        assert again is not None and again.id == leased.id
+        assert b.dequeue() is None, "delivered twice"
+        b.ack(again.id)
+        assert b.dequeue() is None
+        assert b.stats().pending == a.stats().pending == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_message_parked_here_and_acked_there_is_not_delivered_here(tmp_path: Path) -> None:
+    _clock, a, b, leased = _parked_by_b_then_leased_by_a(tmp_path, priorities=True)
+    try:
+        a.ack(leased.id)
+        assert b.dequeue() is None
+        assert b.stats().pending == 0 and b.stats().acked == 1
+    finally:
+        a.close()
+        b.close()
