@@ -294,14 +294,23 @@ class SharedReaderCore(ReaderCore):
     def on_not_before(self, due_ns: int, ids: Sequence[int]) -> None:
         # Another handle's failed delivery (or delayed release) waits: its NACK or
         # RELEASE just before made it available - park it instead.
+        # Or it was available here already - given back by an earlier catch-up (its
+        # lease reclaimed), and another handle's take found the failure and wrote its
+        # retry time alone: park it too (it would wait all the same when taken, but
+        # counted pending, not delayed).
         deliveries, reported, back = self._deliveries, self._reported, self._back
-        nacked = self._nacked
+        nacked, selector = self._nacked, self._selector
+        cursor_next = self._cursor.next_id
         for message_id in ids:
             count = deliveries.get(message_id, 0)
             if nacked.get(message_id) != count:  # (after a NACK: see on_nack)
                 reported[message_id] = count  # a delayed release: nothing to report
-            if due_ns != NO_WAIT and message_id in back:
+            if due_ns == NO_WAIT:
+                continue
+            if message_id in back:
                 back.discard(message_id)
+                self._park(due_ns, message_id)
+            elif message_id < cursor_next and selector.discard(message_id):
                 self._park(due_ns, message_id)
 
     def on_finish(self, kind: StateRecordType, ids: Sequence[int]) -> None:

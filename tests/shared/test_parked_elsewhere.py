@@ -76,3 +76,35 @@ def test_a_message_parked_here_and_acked_there_is_not_delivered_here(tmp_path: P
     finally:
         a.close()
         b.close()
+
+
+def test_a_lease_lost_to_a_close_and_found_by_the_other_handle_is_delayed_for_both(
+    tmp_path: Path,
+) -> None:
+    # a has read the message; b's lease of it is reclaimed at its close (a gives the
+    # message back at its next look); b's next take finds the failure and writes its
+    # retry time alone.  a counted the message pending, not delayed, while b and the
+    # message waited.  (Found by the two-handle scheduling model.)
+    clock = SteppedClock()
+    options = {"shared": True, "retry_delay": 2.0, "visibility_timeout": 30.0}
+    a = ledgerq.open(tmp_path / "q", clock=clock, **options)
+    b = ledgerq.open(tmp_path / "q", clock=clock, **options)
+    try:
+        a.enqueue(b"work")
+        read = a.dequeue()  # a has read it: it gives it back by id from now on
+        assert read is not None
+        a.release(read.id)
+        assert b.dequeue() is not None
+        b.close()
+        assert a.stats().pending == 1  # a has the reclaimed message back
+        b = ledgerq.open(tmp_path / "q", clock=clock, **options)
+        assert b.dequeue() is None  # the lost lease waits its retry delay
+        for handle in (a, b):
+            assert (handle.stats().pending, handle.stats().delayed) == (1, 1)
+        assert a.dequeue() is None
+        clock.elapse(3 * S)
+        again = a.dequeue()
+        assert again is not None and again.attempts == 2
+    finally:
+        a.close()
+        b.close()
