@@ -185,6 +185,13 @@ class Selector(Protocol):
     def held(self) -> int:
         """Entries held available beyond what the reader's cursor has not read yet."""
 
+    def unexamined_from(self) -> int | None:
+        """The smallest id the cursor has read that the selector holds unexamined (read
+        ahead, not yet taken: a delayed one is not parked yet), if any."""
+
+    def holds_unexamined(self, message_id: int) -> bool:
+        """Whether ``message_id`` is read ahead and not yet taken (see above)."""
+
     def min_id(self) -> int | None:
         """Smallest id held, if any."""
 
@@ -281,6 +288,12 @@ class FifoSelector:
 
     def held(self) -> int:
         return len(self._returned)
+
+    def unexamined_from(self) -> int | None:
+        return None  # it reads one entry at a take, never ahead
+
+    def holds_unexamined(self, message_id: int) -> bool:
+        return False
 
     def min_id(self) -> int | None:
         heap = self._heap

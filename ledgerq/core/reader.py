@@ -552,10 +552,18 @@ class ReaderCore:
 
         For stats only.  The unread log is scanned once, the delayed entries found ahead
         of the cursor are remembered (16 bytes each), and later calls scan only what was
-        appended since.
+        appended since.  Entries a selector read ahead and holds unexamined (the priority
+        order's columns) count as unread: none of them is parked yet.
         """
-        start = self._cursor.next_id
+        cursor_next = self._cursor.next_id
+        selector = self._selector
+        read_ahead = selector.unexamined_from()
+        start = cursor_next if read_ahead is None else min(cursor_next, read_ahead)
         skip = self._skip
+
+        def unread(message_id: int) -> bool:
+            return message_id >= cursor_next or selector.holds_unexamined(message_id)
+
         waiting: set[int] = set()
         ahead_ids, ahead_dues = self._ahead_ids, self._ahead_dues
         cursor = LogCursor(self._manager, max(start, self._ahead_from))
@@ -574,13 +582,16 @@ class ReaderCore:
         waiting.update(
             message_id
             for message_id, due in zip(ahead_ids, ahead_dues, strict=True)
-            if due > now_ns and message_id not in skip
+            if due > now_ns and message_id not in skip and unread(message_id)
         )
         if self._not_before:
             waiting.update(
                 message_id
                 for message_id, due in self._not_before.items()
-                if due > now_ns and message_id >= start and message_id not in skip
+                if due > now_ns
+                and message_id >= start
+                and message_id not in skip
+                and unread(message_id)
             )
         return len(waiting)
 

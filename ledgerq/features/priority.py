@@ -220,6 +220,21 @@ class PrioritySelector:
     def held(self) -> int:
         return sum(level.size() for level in self._levels)
 
+    # Every entry of the log is read into the columns at once: a delayed one waits there,
+    # not parked, until a take reaches it - the reader's stats count it from these.
+
+    def unexamined_from(self) -> int | None:
+        fronts = [level.ids[level.head] for level in self._levels if level.head < len(level.ids)]
+        return min(fronts) if fronts else None
+
+    def holds_unexamined(self, message_id: int) -> bool:
+        for level in self._levels:
+            ids = level.ids
+            i = bisect.bisect_left(ids, message_id, lo=level.head)
+            if i < len(ids) and ids[i] == message_id:
+                return message_id not in level.discarded
+        return False
+
     def min_id(self) -> int | None:
         fronts = [level.front() for level in self._levels]
         ids = [f[0] for f in fronts if f is not None]

@@ -318,3 +318,32 @@ TwoHandleSchedulingMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None
 )
 TestTwoHandleSchedulingModel = TwoHandleSchedulingMachine.TestCase
+
+
+_PRIORITY_ORDER = {"priorities": True, "starvation_after": None}
+
+
+class PrioritySchedulingMachine(SchedulingMachine):
+    """The model with the priority order on (every message of one priority, no
+    promotion: the order is the model's).  That order reads the log ahead of its takes,
+    so a delayed message waits unparked in its column; stats must count it delayed."""
+
+    options: ClassVar[dict[str, Any]] = {**SchedulingMachine.options, **_PRIORITY_ORDER}
+
+
+PrioritySchedulingMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None
+)
+TestPrioritySchedulingModel = PrioritySchedulingMachine.TestCase
+
+
+class TwoHandlePrioritySchedulingMachine(TwoHandleSchedulingMachine):
+    """Two handles with the priority order on (as above)."""
+
+    options: ClassVar[dict[str, Any]] = {**TwoHandleSchedulingMachine.options, **_PRIORITY_ORDER}
+
+
+TwoHandlePrioritySchedulingMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None
+)
+TestTwoHandlePrioritySchedulingModel = TwoHandlePrioritySchedulingMachine.TestCase

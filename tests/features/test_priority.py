@@ -28,6 +28,21 @@ def test_high_before_medium_before_low_fifo_inside(tmp_path: Path) -> None:
         assert drain(q) == [b"h1", b"h2", b"m1", b"l1", b"l2"]
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
+def test_delayed_messages_count_as_delayed_before_a_dequeue_reaches_them(
+    tmp_path: Path, shared: bool
+) -> None:
+    # The priority order reads the whole log into its columns at once: a delayed
+    # message waited there unparked, and stats() counted it pending but not delayed.
+    with ledgerq.open(tmp_path / "q", priorities=True, shared=shared) as q:
+        q.enqueue(b"later", delay=60, priority=HIGH)
+        q.enqueue(b"later too", delay=60, priority=LOW)
+        q.enqueue(b"now")
+        assert (q.stats().pending, q.stats().delayed) == (3, 2)
+        assert drain(q) == [b"now"]
+        assert (q.stats().pending, q.stats().delayed) == (2, 2)
+
+
 def test_without_priorities_order_is_arrival(tmp_path: Path) -> None:
     with ledgerq.open(tmp_path / "q") as q:
         q.enqueue(b"low", priority=LOW)
