@@ -40,7 +40,7 @@ import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
 
-from ledgerq._errors import QueueClosedError, UnknownMessageError
+from ledgerq._errors import LedgerQError, QueueClosedError, UnknownMessageError
 from ledgerq._types import ReaderStats
 from ledgerq.core.clock import QueueClock
 from ledgerq.core.delays import NEVER_NS
@@ -503,7 +503,40 @@ class SharedReaderCore(ReaderCore):
         for holder, ids in expired.items():
             self._shared_journal.append_reclaim(holder, _EXPIRED, ids)
             self._apply_reclaim(holder, _EXPIRED, ids, back, self._cursor.next_id)
-        self._give_back_ids(back)
+        # Each a failed delivery, settled as its holder would at its own expiry: told to
+        # the features now, and waiting its retry delay from now - not from whenever a
+        # take reaches it (later, if smaller ids are delivered first).
+        cursor_next = self._cursor.next_id
+        for message_id in sorted(i for ids in expired.values() for i in ids):
+            entry = self._manager.read_entry(message_id)
+            if entry is None:
+                continue  # its segment is gone (retention)
+            failures = self._deliveries.get(message_id, 0)
+            self._fail_reason.pop(message_id, None)
+            behind = message_id < cursor_next
+            try:
+                if self._report_failure(entry, failures, _TIMED_OUT, now_ns, give_back=behind):
+                    continue  # dead-lettered
+            except LedgerQError as exc:
+                self._move_failed(message_id, exc)  # moved before it is delivered again
+                continue
+            if behind:
+                self._retry_or_give_back(entry, failures, now_ns)
+            elif self._retry_policy is not None:
+                # Not read here yet: the cursor parks it when it reads it.
+                due_ns = now_ns + self._retry_policy.delay_ns(failures)
+                if due_ns > now_ns:
+                    try:
+                        self._append_with_not_before(b"", {message_id: due_ns})
+                    except StorageError as exc:
+                        logger.warning(
+                            "ledgerq: could not record the retry delay of message %d (%s); "
+                            "it is delivered again at once",
+                            message_id,
+                            exc,
+                        )
+                    else:
+                        self._not_before[message_id] = due_ns
 
     def expire_leases(self, now: float, now_ns: int) -> None:
         """Give back our leases whose visibility timeout passed, after writing so."""

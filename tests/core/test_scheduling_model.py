@@ -234,19 +234,11 @@ class TwoHandleSchedulingMachine(SchedulingMachine):
     the same figures.  A handle parks what it read before its time; the other may take
     it when it falls due - its lease, nack, lost lease and release must leave the first
     handle's park behind without a trace (taken twice, counted twice).
-
-    Leases do not time out here: a timed-out lease is taken back by whichever handle
-    looks first, and the two differ in when its retry delay starts (its holder parks
-    it at once; the other handle finds the failure at its take, as a lost lease) - the
-    model does not tell them apart.  tests/shared/test_parked_elsewhere.py covers it.
+    A timed-out lease is taken back by whichever handle looks first, its holder or
+    the other: both settle it alike (its retry delay starts then).
     """
 
-    visibility: ClassVar[float] = 100_000.0
-    options: ClassVar[dict[str, Any]] = {
-        **SchedulingMachine.options,
-        "shared": True,
-        "visibility_timeout": 100_000.0,
-    }
+    options: ClassVar[dict[str, Any]] = {**SchedulingMachine.options, "shared": True}
 
     def __init__(self) -> None:
         super().__init__()
@@ -272,11 +264,6 @@ class TwoHandleSchedulingMachine(SchedulingMachine):
         super().dequeue()
         for message_id in set(self._ids("leased")) - before:
             self.owner[message_id] = self.handles.index(self.q)
-
-    @precondition(lambda self: self._ids("leased"))
-    @rule(data=st.data())
-    def touch(self, data: st.DataObject) -> None:
-        super().touch(data, None)  # (not for a shorter time: leases do not time out here)
 
     @precondition(lambda self: self._ids("leased"))
     @rule(data=st.data())
