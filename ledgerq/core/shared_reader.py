@@ -494,13 +494,15 @@ class SharedReaderCore(ReaderCore):
     def _expire_foreign(self, now_ns: int) -> None:
         """Void the other handles' leases whose visibility timeout passed (lock held)."""
         heap = self._foreign_deadlines
-        expired: dict[int, list[int]] = {}
+        expired: dict[int, dict[int, None]] = {}  # holder -> its ids, in order, once
         while heap and heap[0][0] <= now_ns:
             deadline, message_id, holder = heapq.heappop(heap)
+            # (A touch to the deadline it had pushes the same entry twice: once here.)
             if self._foreign.get(message_id) == (holder, deadline):
-                expired.setdefault(holder, []).append(message_id)
-        back: set[int] = set()
-        for holder, ids in expired.items():
+                expired.setdefault(holder, {})[message_id] = None
+        back: set[int] = set()  # (unused: each voided lease is settled below instead)
+        for holder, held in expired.items():
+            ids = list(held)
             self._shared_journal.append_reclaim(holder, _EXPIRED, ids)
             self._apply_reclaim(holder, _EXPIRED, ids, back, self._cursor.next_id)
         # Each a failed delivery, settled as its holder would at its own expiry: told to

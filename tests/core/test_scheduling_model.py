@@ -302,7 +302,7 @@ class TwoHandleSchedulingMachine(SchedulingMachine):
 
 
 TwoHandleSchedulingMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=40, deadline=None
+    max_examples=60, stateful_step_count=40, deadline=None
 )
 TestTwoHandleSchedulingModel = TwoHandleSchedulingMachine.TestCase
 

@@ -65,3 +65,25 @@ def test_the_other_handle_moves_a_timed_out_message_at_the_limit_at_once(
     finally:
         a.close()
         b.close()
+
+
+def test_a_lease_touched_to_its_own_deadline_is_settled_once(tmp_path: Path) -> None:
+    # The touch pushed the same deadline again: the lease expired twice in one look,
+    # and was parked twice (counted as two delayed messages). Found by the model.
+    clock = SteppedClock()
+    options = {"shared": True, "visibility_timeout": 30.0, "retry_delay": 2.0}
+    a = ledgerq.open(tmp_path / "q", clock=clock, priorities=True, **options)
+    b = ledgerq.open(tmp_path / "q", clock=clock, priorities=True, **options)
+    try:
+        b.enqueue(b"work")
+        assert a.stats().pending == 1  # a has read it
+        leased = b.dequeue()
+        assert leased is not None
+        b.touch(leased.id)
+        clock.elapse(31 * S)
+        assert a.dequeue() is None  # a takes it back; it waits its retry delay
+        for handle in (a, b):
+            assert (handle.stats().pending, handle.stats().delayed) == (1, 1)
+    finally:
+        a.close()
+        b.close()
