@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -474,11 +475,20 @@ class PeriodicFeature(FeatureWithLog):
             self.fire_due()
 
     def fire_due(self) -> None:
-        """Fire every schedule due now, once each (no lock held by the caller)."""
-        if not self._fire_lock.acquire(blocking=False):
-            return  # another thread of this handle is firing
+        """Fire every schedule due now, once each (no lock held by the caller).
+
+        Another thread of this handle firing (a dequeue's, the housekeeper's) is waited
+        for, not skipped: the caller's dequeue must find the tick that was due at its
+        call in the log - a skip let it look before that fire had published its message
+        and return nothing.  The wait ends by the call's lock budget, as the append
+        lock's does.
+        """
         queue = self._queue
         assert queue is not None
+        if not self._fire_lock.acquire(
+            timeout=max(0.0, queue._budget.deadline() - time.monotonic())
+        ):
+            return  # the other thread waits for a stopped process: its fire is logged
         try:
             for _ in range(len(self._schedules) + 1):
                 with queue._lock:

@@ -182,6 +182,64 @@ def test_an_asyncio_dequeue_wakes_for_the_tick(tmp_path: Path) -> None:
     assert msg is not None and msg.payload == b"p"
 
 
+class _FireLockWithAPause:
+    """A handle's fire lock whose first holder pauses, holding it, before it fires -
+    until the dequeue under test (``consumer``) has returned or waits for the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.consumer: threading.Thread | None = None
+        self.held = threading.Event()
+        self.go = threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if threading.current_thread() is self.consumer:
+            if blocking:
+                self.go.set()  # the consumer waits for the fire: let it happen
+            return self._lock.acquire(blocking, timeout)
+        got = self._lock.acquire(blocking, timeout)
+        if got and not self.held.is_set():
+            self.held.set()
+            assert self.go.wait(30)
+        return got
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
+def test_a_dequeue_while_another_thread_fires_the_tick_returns_it(
+    tmp_path: Path, shared: bool
+) -> None:
+    # A dequeue that finds the tick being fired by another thread of the handle (the
+    # housekeeper's, another consumer's) waits for that fire, then takes the message;
+    # it returned nothing when it looked before the fire had appended (a CI failure).
+    clock = SteppedClock()
+    with ledgerq.open(tmp_path / "q", clock=clock, shared=shared) as q:
+        q.add_periodic("j", b"p", every=10)
+        fire_lock = _FireLockWithAPause()
+        q._timer._fire_lock = fire_lock  # type: ignore[attr-defined]
+        clock.elapse(10)
+        firer = threading.Thread(target=q.poll_timer)
+        firer.start()
+        assert fire_lock.held.wait(30)  # a thread holds the fire, paused before the append
+        got: list[ledgerq.Message | None] = []
+
+        def consume() -> None:
+            try:
+                got.append(q.dequeue())
+            finally:
+                fire_lock.go.set()
+
+        fire_lock.consumer = threading.Thread(target=consume)
+        fire_lock.consumer.start()
+        fire_lock.consumer.join(30)
+        firer.join(30)
+        assert got and got[0] is not None
+        assert got[0].headers[TICK_HEADER] == str(START + 10 * SECOND)
+        assert drain(q) == []  # fired once
+
+
 def test_a_full_bounded_queue_delays_the_tick(tmp_path: Path) -> None:
     clock = SteppedClock()
     with ledgerq.open(tmp_path / "q", clock=clock, max_pending=1) as q:
