@@ -145,6 +145,9 @@ class ReaderCore:
         self._prune_done_at = _PRUNE_DONE_AT
         self._cursor = LogCursor(manager, head)
         self._leased: dict[int, tuple[Entry, int]] = {}  # id -> (entry, delivery number)
+        # id -> (holder, deadline_ns) of the leases other handles hold: shared mode's,
+        # known from the reader's journal (none in exclusive mode, where no other is).
+        self._foreign: dict[int, tuple[int, int]] = {}
         self._leased_heap: list[int] = []
         self._reported: dict[int, int] = {}  # id -> failures already passed to `failed`
         # id -> failures a NACK reported that this handle did not see acted on (another
@@ -196,8 +199,8 @@ class ReaderCore:
     # ------------------------------------------------------------------ the log
 
     def read_next(self) -> Entry | None:
-        """The next entry of the log not acked before (for selectors)."""
-        skip = self._skip
+        """The next entry of the log not acked before nor leased (for selectors)."""
+        skip, foreign, leased = self._skip, self._foreign, self._leased
         cursor = self._cursor
         while True:
             entry = cursor.next()
@@ -205,12 +208,19 @@ class ReaderCore:
                 return None
             if entry.type != _DATA:
                 continue  # reserved record types carry no message
-            if not skip or entry.id not in skip:
-                if entry.flags & _HAS_GROUP:
-                    self._note_member(entry)
-                return entry
-            skip.discard(entry.id)
-            self._done.add(entry.id)
+            message_id = entry.id
+            if skip and message_id in skip:
+                skip.discard(message_id)
+                self._done.add(message_id)
+                continue
+            if entry.flags & _HAS_GROUP:
+                self._note_member(entry)  # leased or not: it holds its group
+            if message_id in foreign or message_id in leased:
+                # Leased ahead of the cursor (shared mode: by another handle, or by this
+                # one across a rebuild of its state): it comes back, if ever, through
+                # a record of the reader's journal.
+                continue
+            return entry
 
     @property
     def last_offset(self) -> int:
@@ -225,14 +235,17 @@ class ReaderCore:
         return self._manager.read_entry_at(message_id, offset)
 
     def peek_unread(self, n: int) -> list[Entry]:
-        """The next ``n`` unread entries of the log, without moving the cursor."""
+        """The next ``n`` unread entries of the log (not acked, not leased), without
+        moving the cursor."""
+        skip, foreign, leased = self._skip, self._foreign, self._leased
         found: list[Entry] = []
         cursor = self._cursor.clone()
         while len(found) < n:
             entry = cursor.next()
             if entry is None:
                 break
-            if entry.id not in self._skip:
+            message_id = entry.id
+            if message_id not in skip and message_id not in foreign and message_id not in leased:
                 found.append(entry)
         return found
 
@@ -666,7 +679,9 @@ class ReaderCore:
         return False
 
     def _give_back(self, entry: Entry) -> None:
-        """Make ``entry`` (leased or reported on, behind the cursor) available again."""
+        """Make ``entry`` (leased or reported on) available again."""
+        if entry.id >= self._cursor.next_id:
+            return  # ahead of the cursor (a lease kept across a rebuild): it reads it again
         self._selector.give_back(entry)
 
     def _finish(self, message_id: int, kind: StateRecordType, counter: str) -> int:
@@ -696,23 +711,40 @@ class ReaderCore:
         self._done.add(message_id)
 
     def expire_leases(self, now: float, now_ns: int) -> None:
-        """Give back leases whose visibility timeout passed (a failed delivery each)."""
+        """Give back leases whose visibility timeout passed (a failed delivery each),
+        once :meth:`_note_expired` has told the other handles."""
         deadlines = self._deadlines
+        # id -> lease: a lease touched to the deadline it had is in the heap twice.
+        expired: dict[int, tuple[Entry, int]] = {}
         while deadlines and deadlines[0][0] <= now:
             deadline, message_id, attempt = heapq.heappop(deadlines)
             lease = self._leased.get(message_id)
             if lease is None or lease[1] != attempt:
                 continue
-            if self._touched:
-                if self._touched.get(message_id, deadline) > deadline:
-                    continue  # touched since: a later deadline is in the heap
-                self._touched.pop(message_id, None)
+            if self._touched and self._touched.get(message_id, deadline) > deadline:
+                continue  # touched since: a later deadline is in the heap
+            expired[message_id] = lease
+        if not expired:
+            return
+        try:
+            self._note_expired(list(expired))
+        except BaseException:
+            for message_id, lease in expired.items():  # still leased: expired next time
+                heapq.heappush(deadlines, (now, message_id, lease[1]))
+            raise
+        for message_id, (entry, attempt) in expired.items():
             del self._leased[message_id]
+            if self._touched:
+                self._touched.pop(message_id, None)
             try:
-                if not self._report_failure(lease[0], attempt, _TIMED_OUT, now_ns):
-                    self._retry_or_give_back(lease[0], attempt, now_ns)
+                if not self._report_failure(entry, attempt, _TIMED_OUT, now_ns):
+                    self._retry_or_give_back(entry, attempt, now_ns)
             except LedgerQError as exc:
                 self._move_failed(message_id, exc)  # given back; moved before redelivery
+
+    def _note_expired(self, ids: list[int]) -> None:
+        """The leases of ``ids`` timed out and are about to be given back: say so where
+        another handle must know (shared mode's RECLAIM record); nothing here."""
 
     def _retry_or_give_back(self, entry: Entry, failures: int, now_ns: int) -> None:
         """After a failed delivery (not dead-lettered): park ``entry`` for the retry
@@ -1138,8 +1170,8 @@ class ReaderCore:
         return max(unread, 0) + self._selector.held() + len(self._delays) + len(self._group_held)
 
     def in_flight(self) -> int:
-        """Messages leased and not yet acked or nacked."""
-        return len(self._leased)
+        """Messages leased and not yet acked or nacked (by any handle)."""
+        return len(self._leased) + len(self._foreign)
 
     def is_finished(self, message_id: int) -> bool:
         """Whether this reader is done with ``message_id`` (acked, dead-lettered, expired,
@@ -1165,20 +1197,41 @@ class ReaderCore:
         self._done = {i for i in self._done if i >= head}
         self._prune_done_at = max(_PRUNE_DONE_AT, 2 * len(self._done))
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, keep_leases: bool = True) -> None:
         """Rewrite the journal as one checkpoint of the current state (durable).
 
         The journal is of the newest version from its open on (``ReaderJournal.load``
         rewrites an older one), so a RELEASE or NOT_BEFORE can be appended to it as it is.
+        The leases it lists are :meth:`_leases_to_keep`'s (none in exclusive mode, where
+        a reopen voids them all); ``keep_leases`` False lists none (the last shared
+        handle closing: every lease is lost, each a failed delivery next time).
         """
         head = self.head
+        if head > self._cursor.next_id:
+            # Everything between the cursor and the head is finished (shared mode: other
+            # handles' acks ahead of it): move the cursor there before dropping those ids.
+            self._done.update(i for i in self._skip if i < head)
+            try:
+                self._cursor.seek(head)  # (reads the segments: EIO opening one)
+            except StorageError:
+                raise
+            except OSError as exc:
+                where = exc.filename or self._manager.directory
+                raise StorageError("read", where, exc) from exc
         self._prune_done()
         self._skip = {i for i in self._skip if i >= head}
         done = sorted(self._done | self._skip)
         deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
+        leases = self._leases_to_keep() if keep_leases else []
         not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
-        checkpoint = Checkpoint(head, done, deliveries, dict(self.counters), [], not_before)
-        self.journal.rewrite(checkpoint)
+        self.journal.rewrite(
+            Checkpoint(head, done, deliveries, dict(self.counters), leases, not_before)
+        )
+
+    def _leases_to_keep(self) -> list[tuple[int, int, int]]:
+        """The leases a checkpoint lists, ``(id, holder, deadline_ns)`` in id order: none
+        here (an exclusive reopen voids every lease)."""
+        return []
 
     def maybe_compact(self) -> None:
         """Checkpoint if the journal has grown enough; never raises.

@@ -117,8 +117,6 @@ class SharedReaderCore(ReaderCore):
         self._visibility_ns = (
             int(visibility_timeout * 1_000_000_000) if visibility_timeout is not None else 0
         )
-        # id -> (holder, deadline_ns) of leases other handles hold
-        self._foreign: dict[int, tuple[int, int]] = {}
         self._foreign_deadlines: list[tuple[int, int, int]] = []  # (deadline_ns, id, holder)
         self._own_deadline_ns: dict[int, int] = {}  # our leases' deadlines, for checkpoints
         self._lost: dict[int, str] = {}  # our leases that ended elsewhere: why (for the error)
@@ -426,43 +424,6 @@ class SharedReaderCore(ReaderCore):
     def _may_release(self, message_id: int) -> bool:
         return super()._may_release(message_id) and message_id not in self._foreign
 
-    def read_next(self) -> Entry | None:
-        skip = self._skip
-        foreign = self._foreign
-        leased = self._leased
-        cursor = self._cursor
-        while True:
-            entry = cursor.next()
-            if entry is None:
-                return None
-            if entry.type != _DATA:
-                continue
-            message_id = entry.id
-            if message_id in skip:
-                skip.discard(message_id)
-                self._done.add(message_id)
-                continue
-            if entry.flags & _HAS_GROUP:
-                self._note_member(entry)  # leased elsewhere or not: it holds its group
-            if message_id in foreign or message_id in leased:
-                continue  # leased: it comes back (if ever) through a record
-            return entry
-
-    def peek_unread(self, n: int) -> list[Entry]:
-        found: list[Entry] = []
-        cursor = self._cursor.clone()
-        while len(found) < n:
-            entry = cursor.next()
-            if entry is None:
-                break
-            message_id = entry.id
-            if message_id in self._skip or message_id in self._foreign:
-                continue
-            if message_id in self._leased:
-                continue
-            found.append(entry)
-        return found
-
     # ------------------------------------------------------------------ delivery
 
     # A lease's deadline (the queue's time) goes in its LEASE_BY record, for the other
@@ -540,34 +501,11 @@ class SharedReaderCore(ReaderCore):
                     else:
                         self._not_before[message_id] = due_ns
 
-    def expire_leases(self, now: float, now_ns: int) -> None:
-        """Give back our leases whose visibility timeout passed, after writing so."""
-        deadlines = self._deadlines
-        # id -> lease: a lease touched to the deadline it had is in the heap twice.
-        expired: dict[int, tuple[Entry, int]] = {}
-        while deadlines and deadlines[0][0] <= now:
-            deadline, message_id, attempt = heapq.heappop(deadlines)
-            lease = self._leased.get(message_id)
-            if lease is not None and lease[1] == attempt:
-                if self._touched and self._touched.get(message_id, deadline) > deadline:
-                    continue  # touched since: a later deadline is in the heap
-                expired[message_id] = lease
-        if not expired:
-            return
-        try:
-            self._shared_journal.append_reclaim(self.holder, _EXPIRED, list(expired))
-        except BaseException:
-            for message_id, lease in expired.items():  # still ours: expire them next time
-                heapq.heappush(deadlines, (now, message_id, lease[1]))
-            raise
-        for message_id, lease in expired.items():
-            del self._leased[message_id]
+    def _note_expired(self, ids: list[int]) -> None:
+        self._shared_journal.append_reclaim(self.holder, _EXPIRED, ids)
+        for message_id in ids:
             self._own_deadline_ns.pop(message_id, None)
             self._lost[message_id] = "its visibility timeout expired"
-            if self._touched:
-                self._touched.pop(message_id, None)
-            if not self._report_failure(lease[0], lease[1], _TIMED_OUT, now_ns):
-                self._retry_or_give_back(lease[0], lease[1], now_ns)
 
     def _report_failure(
         self,
@@ -584,11 +522,6 @@ class SharedReaderCore(ReaderCore):
         return super()._report_failure(
             entry, failures, reason, now_ns, give_back=give_back, again=again
         )
-
-    def _give_back(self, entry: Entry) -> None:
-        if entry.id >= self._cursor.next_id:
-            return  # ahead of the cursor (a lease kept across a rebuild): it reads it again
-        self._selector.give_back(entry)
 
     def _forget(self, message_id: int) -> None:
         if message_id >= self._cursor.next_id:
@@ -740,9 +673,6 @@ class SharedReaderCore(ReaderCore):
     def peek(self, n: int, now_ns: int) -> list[Entry]:
         return super().peek(n, now_ns)
 
-    def deliveries(self, message_id: int) -> int:
-        return self._deliveries.get(message_id, 0)
-
     @in_step
     def pending(self) -> int:
         unread = super().pending()
@@ -750,9 +680,6 @@ class SharedReaderCore(ReaderCore):
         ahead = sum(1 for i in self._foreign if i >= start)
         ahead += sum(1 for i in self._leased if i >= start)
         return max(unread - ahead, 0)
-
-    def in_flight(self) -> int:
-        return len(self._leased) + len(self._foreign)
 
     @property
     def head(self) -> int:
@@ -826,37 +753,16 @@ class SharedReaderCore(ReaderCore):
         )
 
     @in_step
-    def checkpoint(self, *, version: int = 2, keep_leases: bool = True) -> None:
-        """Rewrite the journal as one checkpoint (see ``ReaderCore``), in a section.
+    def checkpoint(self, *, keep_leases: bool = True) -> None:
+        """Rewrite the journal as one checkpoint (see ``ReaderCore``), in a step."""
+        super().checkpoint(keep_leases=keep_leases)
 
-        ``keep_leases`` False: every lease is lost (the last handle closing) - they stay
-        unfinished, so their messages come again, each a failed delivery.
-        """
-        head = self.head
-        if head > self._cursor.next_id:
-            # Everything between the cursor and the head is finished (other handles'
-            # acks ahead of it): move the cursor there before dropping those ids.
-            self._done.update(i for i in self._skip if i < head)
-            try:
-                self._cursor.seek(head)  # (reads the segments: EIO opening one)
-            except StorageError:
-                raise
-            except OSError as exc:
-                where = exc.filename or self._manager.directory
-                raise StorageError("read", where, exc) from exc
-        self._prune_done()
-        self._skip = {i for i in self._skip if i >= head}
-        done = sorted(self._done | self._skip)
-        deliveries = sorted((i, n) for i, n in self._deliveries.items() if i >= head)
-        leases: list[tuple[int, int, int]] = []
-        if keep_leases:
-            leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
-            leases.extend((i, h, deadline) for i, (h, deadline) in self._foreign.items())
-            leases.sort()
-        not_before = sorted((i, due) for i, due in self._not_before.items() if i >= head)
-        self.journal.rewrite(
-            Checkpoint(head, done, deliveries, dict(self.counters), leases, not_before)
-        )
+    def _leases_to_keep(self) -> list[tuple[int, int, int]]:
+        # Every handle's: a handle that reads the checkpoint alone must know them all.
+        leases = [(i, self.holder, self._own_deadline_ns.get(i, 0)) for i in self._leased]
+        leases.extend((i, h, deadline) for i, (h, deadline) in self._foreign.items())
+        leases.sort()
+        return leases
 
     def maybe_compact(self) -> None:
         # Compact early while the queue's disk reserve is spent - by any handle: this
@@ -865,12 +771,7 @@ class SharedReaderCore(ReaderCore):
         journal.set_low_space(self._shared_manager.reserve_spent)
         if journal.wants_compaction:
             with self.session:
-                try:
-                    if self.journal.wants_compaction:  # unless another handle just did
-                        self.checkpoint()
-                except StorageError as exc:
-                    self.journal.postpone_compaction()
-                    logger.warning("ledgerq: could not compact a reader's state (%s)", exc)
+                super().maybe_compact()  # (looks again: another handle may just have)
 
     def close(self) -> None:
         """Return this handle's leases (RECLAIM: failed deliveries), make the journal
