@@ -30,7 +30,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ledgerq._options import Options, storable_options
 from ledgerq.segment.files import StorageError
@@ -43,8 +43,18 @@ from ledgerq.segment.segment import Segment
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
     from ledgerq.core.reader import ReaderCore
+    from ledgerq.segment.lock import DirLock
 
-__all__ = ["Holdings", "Tally", "MetaKeeper", "attempt", "finalize_unclosed", "make_room"]
+__all__ = [
+    "AloneClose",
+    "CloseSession",
+    "Holdings",
+    "MetaKeeper",
+    "Tally",
+    "attempt",
+    "finalize_unclosed",
+    "make_room",
+]
 
 logger = logging.getLogger("ledgerq")
 
@@ -207,12 +217,64 @@ class MetaKeeper:
         self.saved = figures
 
 
+class CloseSession(Protocol):
+    """What the close of a handle (:meth:`Holdings.release`, the one close of both
+    modes) coordinates with the queue's other handles, in the order it is called.
+
+    :class:`AloneClose` is a handle alone with its queue (exclusive mode);
+    ``core.shared_close.SharedCloseSession`` a shared handle's.
+    """
+
+    def is_last(self, errors: list[Exception]) -> bool:
+        """Whether this handle is the queue's last live one (then its readers are
+        checkpointed clean and ``meta.json`` saved as a clean close says); what
+        decides it stays held until :meth:`release`.  A failure goes in ``errors``."""
+        ...
+
+    def forget_others(self) -> None:
+        """As the last handle: forget the dead handles' traces."""
+        ...
+
+    def save_meta(
+        self, holdings: Holdings, *, clean: bool, next_id: int, reserved_until: int, enqueued: int
+    ) -> None:
+        """As the last handle: save ``meta.json`` as a close leaves it."""
+        ...
+
+    def release(self, dirlock: DirLock) -> None:
+        """Let go of what the handle holds to coordinate, and of the queue's ``LOCK``."""
+        ...
+
+
+class AloneClose:
+    """The close of a handle alone with its queue: the last, nothing to coordinate."""
+
+    __slots__ = ()
+
+    def is_last(self, errors: list[Exception]) -> bool:
+        return True
+
+    def forget_others(self) -> None:
+        pass
+
+    def save_meta(
+        self, holdings: Holdings, *, clean: bool, next_id: int, reserved_until: int, enqueued: int
+    ) -> None:
+        holdings.save_meta_at_close(
+            clean=clean, next_id=next_id, reserved_until=reserved_until, enqueued=enqueued
+        )
+
+    def release(self, dirlock: DirLock) -> None:
+        dirlock.release()
+
+
 class Holdings:
     """What an open queue must release, reachable without the queue object.
 
     ``cores`` is the queue's own dict of reader cores (readers opened later are in
     it too); ``queue`` a weak reference to the queue, alive only when the finalizer
-    runs at interpreter exit.
+    runs at interpreter exit; ``session`` what the close coordinates with the other
+    handles (the queue's ``_close_session()``).
     """
 
     __slots__ = (
@@ -228,6 +290,7 @@ class Holdings:
         "options",
         "path",
         "queue",
+        "session",
         "stop_flusher",
         "tally",
     )
@@ -248,13 +311,20 @@ class Holdings:
         self.stop_flusher = queue._stop_flusher
         self.flusher = queue._flusher
         self.disk_reserve = queue._disk_reserve
+        self.session: CloseSession = queue._close_session()
         self.forked = False  # set in a forked child: nothing here is this process's
 
     def release(self, *, next_id: int, reserved_until: int, enqueued: int) -> list[Exception]:
-        """Stop the flusher, sync, persist every reader and feature, save, unlock.
+        """Stop the flusher, sync, close the features and every reader, save, unlock.
 
-        Every step runs even if an earlier one fails - each file is closed, the DLQ
-        too, and the lock is released; returns the errors in order.
+        The close of both modes; what differs is the :class:`CloseSession`'s.  The
+        features first (in shared mode they write under the append lock, which must
+        not be taken while ``shared/OPENING`` is held); then the session says whether
+        this is the queue's last handle: the last checkpoints each reader clean (no
+        leases: they are all lost) and saves ``meta.json``; any other returns its
+        leases (RECLAIM) and leaves the rest to the handles that stay.  Every step
+        runs even if an earlier one fails - each file is closed, the DLQ too, and the
+        lock is released; returns the errors in order.
         """
         self.stop_flusher.set()
         flusher = self.flusher
@@ -262,48 +332,40 @@ class Holdings:
         if flusher is not None and flusher is not threading.current_thread():
             flusher.join()
         errors: list[Exception] = []
+        session = self.session
         try:
             with self.lock:
                 attempt(errors, self.manager.sync)
-                for core in self.cores.values():
-                    attempt(errors, functools.partial(self._close_reader, core))
-                    attempt(errors, core.journal.close)  # if its checkpoint failed
                 for feature in self.features:
                     attempt(errors, feature.flush)
                     attempt(errors, feature.close)
-                # "Clean" lets the next open trust next_id alone; after a failure it
-                # skips the reserved ids as after a crash (ids are never reused).
-                attempt(
-                    errors,
-                    lambda: self._save_meta_at_close(
-                        clean=not errors,
-                        next_id=next_id,
-                        reserved_until=reserved_until,
-                        enqueued=enqueued,
-                    ),
-                )
+                last = session.is_last(errors)
+                for core in self.cores.values():
+                    if last:
+                        attempt(errors, functools.partial(core.close_last, self.with_room))
+                    else:
+                        attempt(errors, core.close)
+                    attempt(errors, core.journal.close)  # if its checkpoint failed
+                if last:
+                    attempt(errors, session.forget_others)
+                    # "Clean" lets the next open trust next_id alone; after a failure it
+                    # skips the reserved ids as after a crash (ids are never reused).
+                    attempt(
+                        errors,
+                        lambda: session.save_meta(
+                            self,
+                            clean=not errors,
+                            next_id=next_id,
+                            reserved_until=reserved_until,
+                            enqueued=enqueued,
+                        ),
+                    )
                 attempt(errors, self.manager.close)
         finally:
-            self.dirlock.release()
+            session.release(self.dirlock)
         return errors
 
-    def _close_reader(self, core: ReaderCore) -> None:
-        """Make a reader's journal durable at close, as one checkpoint if it grew.
-
-        The checkpoint is compaction: on a full disk it may use the reserve, and if it
-        still fails, the journal - which holds every record - is synced instead and
-        the failure logged, not raised: a full disk must not fail the close of a queue
-        that was only read (``ledgerq stats``), nor lose anything.
-        """
-        if core.journal.has_grown:
-            try:
-                self.with_room(core.checkpoint)
-            except StorageError as exc:
-                logger.warning("ledgerq: %s; the reader state is kept as it is (synced)", exc)
-        core.journal.commit.sync_now()
-        core.journal.close()
-
-    def _save_meta_at_close(
+    def save_meta_at_close(
         self, *, clean: bool, next_id: int, reserved_until: int, enqueued: int
     ) -> None:
         """Save meta.json as a close leaves it, unless it says that already.

@@ -30,7 +30,7 @@ from ledgerq.core.args import READER_NAME
 from ledgerq.core.backlog import Backlog
 from ledgerq.core.clock import Clock, QueueClock
 from ledgerq.core.feature import Feature, HandoffTaker, KeyAdmitter, Timer
-from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, make_room
+from ledgerq.core.lifecycle import AloneClose, CloseSession, Holdings, MetaKeeper, Tally, make_room
 from ledgerq.core.processes import tracked
 from ledgerq.core.reader import Reader, ReaderCore, ReaderHooks
 from ledgerq.core.waits import Waits
@@ -416,6 +416,10 @@ class Opening:
 
     def _new_holdings(self) -> Holdings:
         return Holdings(cast("QueueCore", self))
+
+    def _close_session(self) -> CloseSession:
+        """What this handle's close coordinates with the others: nothing, alone."""
+        return AloneClose()
 
     def _start_clock(self) -> None:
         """Start the queue's clock (core/clock.py) at or after the newest stored timestamp."""

@@ -47,6 +47,7 @@ from ledgerq.core.delays import NEVER_NS, DelayIndex
 from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector, handoff_prefix
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.processes import unpicklable
+from ledgerq.core.reader_session import NO_SESSION, NoSession, ReaderSession
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import (
@@ -112,7 +113,14 @@ class ReaderHooks:
 
 
 class ReaderCore:
-    """The state machine of one reader (no locking, no waiting: the queue does those)."""
+    """The state machine of one reader (no locking, no waiting: the queue does those).
+
+    ``session`` is what a step coordinates with the other handles reading it: nothing
+    in exclusive mode (:data:`NO_SESSION`), the step lock and the catch-up of the
+    reader's journal in shared mode (``SharedReaderCore``).
+    """
+
+    session: ReaderSession | NoSession = NO_SESSION
 
     def __init__(
         self,
@@ -1232,6 +1240,46 @@ class ReaderCore:
         """The leases a checkpoint lists, ``(id, holder, deadline_ns)`` in id order: none
         here (an exclusive reopen voids every lease)."""
         return []
+
+    def close_last(self, with_room: Callable[[Callable[[], object]], None]) -> None:
+        """Close as the queue's last handle: one clean checkpoint, listing no lease.
+
+        Only a journal that changed (or that lists leases: they are all lost now) is
+        rewritten.  The checkpoint is compaction: on a full disk it may use the disk
+        reserve (``with_room``), and if it still fails, the journal - which holds every
+        record - is synced as it is and the failure logged, not raised: a full disk must
+        not fail the close of a queue that was only read (``ledgerq stats``), nor lose
+        anything (the next session's first handle drops the leases it lists).
+        """
+        session = self.session
+        try:
+            try:
+                session.enter()
+            except QueueClosedError:
+                return  # removed by another handle: nothing of it to keep
+            try:
+                if self.journal.has_grown or self._leases_to_keep():
+                    try:
+                        with_room(lambda: self.checkpoint(keep_leases=False))
+                    except StorageError as exc:
+                        logger.warning(
+                            "ledgerq: %s; the reader state is kept as it is (synced)", exc
+                        )
+                self._leased.clear()
+                self._foreign = {}
+            finally:
+                session.leave()
+            self.journal.commit.sync_now()
+        finally:
+            self.journal.close()
+
+    def close(self) -> None:
+        """Close as one of the queue's handles that is not the last (shared mode; an
+        exclusive handle is always the last): the journal made durable as it is."""
+        try:
+            self.journal.commit.sync_now()
+        finally:
+            self.journal.close()
 
     def maybe_compact(self) -> None:
         """Checkpoint if the journal has grown enough; never raises.

@@ -23,7 +23,7 @@ from ledgerq.segment.journal_fold import StateRecord
 from ledgerq.segment.shared_manager import SharedSegmentManager
 from ledgerq.segment.steplock import StepLock
 
-__all__ = ["ReaderSession", "in_step"]
+__all__ = ["NO_SESSION", "NoSession", "ReaderSession", "in_step"]
 
 
 class ReaderSession:
@@ -112,6 +112,27 @@ class ReaderSession:
 
     __enter__ = enter
     __exit__ = leave
+
+
+class NoSession:
+    """The steps of a reader no other handle shares (exclusive mode): nothing to take,
+    catch up or publish - the uncontended case of :class:`ReaderSession`."""
+
+    __slots__ = ()
+
+    is_held = False
+
+    def enter(self) -> None:
+        pass
+
+    def leave(self, *_exc: object) -> None:
+        pass
+
+    __enter__ = enter
+    __exit__ = leave
+
+
+NO_SESSION = NoSession()
 
 
 class _InSession(Protocol):

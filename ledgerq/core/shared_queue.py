@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import logging
 import os
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -45,12 +43,13 @@ from ledgerq.core.args import DEFAULT_LOCK_TIMEOUT, READER_NAME
 from ledgerq.core.clock import Clock
 from ledgerq.core.feature import Feature
 from ledgerq.core.journal import ReaderJournal, ReaderRemovedError, SharedReaderJournal
-from ledgerq.core.lifecycle import Holdings, MetaKeeper, Tally, attempt
-from ledgerq.core.queue import DEFAULT_READER, QueueCore
+from ledgerq.core.lifecycle import CloseSession, Tally
+from ledgerq.core.queue import QueueCore
 from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_appends import SharedAppends
 from ledgerq.core.shared_appends import enqueued_count as _enqueued
+from ledgerq.core.shared_close import SharedCloseSession, save_shared_meta
 from ledgerq.core.shared_reader import SharedReaderCore, read_published_head
 from ledgerq.format.shared_state import (
     APPEND_LOCK,
@@ -168,224 +167,6 @@ class SharedTally(Tally):
 
     def on_corrupt(self, seg: Segment, region: CorruptRegion) -> None:
         self.corrupt_skipped += 1
-
-
-def save_shared_meta(
-    keeper: MetaKeeper,
-    manager: SharedSegmentManager,
-    tally: Tally,
-    options: Options | None,
-    *,
-    clean: bool,
-    reserved_until: int = 0,
-    dropped: int | None = None,
-) -> None:
-    """Save ``meta.json`` from a shared handle: read, merge, replace (append lock taken).
-
-    Other handles save it too, so it is read again first: their corrupt regions and
-    reservation are kept, ours (``reserved_until``: the ids this handle reserves) added.
-    """
-    manager.lock_appends()
-    try:
-        manager.refresh()
-        store = keeper.store
-        try:
-            # (none yet: a new queue whose first save failed - this one writes it)
-            fresh = store.load() if store.exists() else keeper.meta
-        except (DamagedMetaError, CorruptionError):
-            fresh = keeper.meta
-        manager.remember_reported(
-            [(int(a), int(b)) for a, b in fresh.corrupt_regions if isinstance(a, int)]
-        )
-        keeper.meta = fresh
-        if dropped is not None:
-            tally.dropped = dropped
-        tally.lost = max(tally.lost, fresh.counters.get("lost", 0))
-        page = manager.page
-        next_id = manager.next_id
-        reserved = max(page.get(SLOT_RESERVED_UNTIL), fresh.reserved_until, reserved_until)
-        keeper.save(
-            manager,
-            options,
-            tally,
-            clean=clean,
-            next_id=next_id,
-            reserved_until=reserved,
-            enqueued=_enqueued(page, next_id),
-        )
-    finally:
-        manager.unlock_appends()
-
-
-class SharedHoldings(Holdings):
-    """What a shared handle must release (see ``Holdings``), and how it closes.
-
-    Closing: return this handle's leases (RECLAIM), close the features, save
-    ``meta.json``; then, under ``shared/OPENING``, find out whether this is the last
-    live handle - then the journals are checkpointed clean and ``meta.json`` saved
-    clean, as an exclusive close does - and finally let go of the liveness file and
-    the shared lock.
-    """
-
-    __slots__ = (
-        "append_file",
-        "append_lock",
-        "clean_close",
-        "live",
-        "opening_path",
-        "page",
-        "reader_locks",
-        "shared_dir",
-    )
-
-    def __init__(self, queue: SharedQueueCore) -> None:
-        super().__init__(queue)
-        assert queue._live is not None  # (made by _new_holdings once both are open)
-        assert queue._page is not None
-        self.live = queue._live
-        self.append_lock = queue._append_lock
-        self.append_file = queue._append_file
-        self.page = queue._page
-        self.reader_locks = queue._reader_locks
-        self.shared_dir = os.path.join(queue.path, SHARED_DIR)
-        self.opening_path = os.path.join(self.shared_dir, OPENING_NAME)
-        self.clean_close = False
-
-    def release(self, *, next_id: int, reserved_until: int, enqueued: int) -> list[Exception]:
-        self.stop_flusher.set()
-        flusher = self.flusher
-        if flusher is not None and flusher is not threading.current_thread():
-            flusher.join()
-        errors: list[Exception] = []
-        manager = self.manager
-        assert isinstance(manager, SharedSegmentManager)
-        opening: LockFile | None = None
-        try:
-            with self.lock:
-                attempt(errors, manager.sync)
-                for feature in self.features:
-                    attempt(errors, feature.flush)
-                    attempt(errors, feature.close)
-                try:
-                    opening = LockFile(self.opening_path)
-                    opening.acquire()
-                except StorageError as exc:
-                    errors.append(exc)
-                last = opening is not None and not errors and self._is_last()
-                default = self.cores.get(DEFAULT_READER)
-                for core in self.cores.values():
-                    assert isinstance(core, SharedReaderCore)
-                    if last:
-                        attempt(errors, functools.partial(core.close_last, self.with_room))
-                    else:
-                        attempt(errors, core.close)
-                    attempt(errors, core.journal.close)
-                if last:
-                    attempt(errors, self._forget_dead_handles)
-                    dropped = default.counters.get("dropped", 0) if default is not None else None
-                    attempt(
-                        errors,
-                        lambda: self._save_meta_last(
-                            manager,
-                            clean=not errors,
-                            reserved_until=reserved_until,
-                            dropped=dropped,
-                        ),
-                    )
-                # (Not the last: nothing to save - the reservation was saved when it was
-                # made, the queue's counters are in the page, which the last close saves.)
-                self.clean_close = last and not errors
-                attempt(errors, manager.close)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(self.live.path)
-            self.live.close()
-            self.append_lock.close()
-            self.append_file.close()
-            for lock in self.reader_locks.values():
-                lock.close()
-            self.dirlock.release()
-            self.page.close()
-            if opening is not None:
-                opening.close()
-        return errors
-
-    def _save_meta_last(
-        self,
-        manager: SharedSegmentManager,
-        *,
-        clean: bool,
-        reserved_until: int,
-        dropped: int | None,
-    ) -> None:
-        """Save meta.json as the last handle leaves it, by the rules of an exclusive close
-        (``Holdings._save_meta_at_close``): not at all when it says that already (a read
-        on a full disk keeps the disk reserve), with the reserve's room if needed, and a
-        failure only logged (the file on disk is safe to reopen with)."""
-        keeper = self.keeper
-        manager.lock_appends()
-        try:
-            manager.refresh()
-            if dropped is not None:
-                self.tally.dropped = dropped
-            page = manager.page
-            next_id = manager.next_id
-            figures = keeper.figures(
-                manager,
-                self.tally,
-                clean=clean,
-                next_id=next_id,
-                reserved_until=max(page.get(SLOT_RESERVED_UNTIL), reserved_until),
-                enqueued=_enqueued(page, next_id),
-            )
-            if keeper.saved == figures:
-                return
-            try:
-                self.with_room(
-                    lambda: save_shared_meta(
-                        keeper,
-                        manager,
-                        self.tally,
-                        self.options,
-                        clean=clean,
-                        reserved_until=reserved_until,
-                        dropped=dropped,
-                    )
-                )
-            except StorageError as exc:
-                logger.warning(
-                    "ledgerq: %s; the next open skips the ids reserved before (never reused) "
-                    "and its counters of duplicates and dropped messages may be behind",
-                    exc,
-                )
-        finally:
-            manager.unlock_appends()
-
-    def _is_last(self) -> bool:
-        """Whether every other handle's liveness file can be locked: none lives (the
-        caller holds ``shared/OPENING``, so none can start meanwhile)."""
-        own = self.live.path
-        for handle in list_live_handles(self.path):
-            path = handle_live_path(self.path, handle)
-            if path == own:
-                continue
-            try:
-                other = LockFile(path, create=False)
-            except StorageError:
-                continue  # gone meanwhile: closed
-            try:
-                if not other.try_acquire():
-                    return False
-            finally:
-                other.close()
-        return True
-
-    def _forget_dead_handles(self) -> None:
-        for handle in list_live_handles(self.path):
-            path = handle_live_path(self.path, handle)
-            if path != self.live.path:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
 
 
 class SharedQueueCore(QueueCore):
@@ -897,10 +678,10 @@ class SharedQueueCore(QueueCore):
             retry_policy=RetryPolicy.from_options(self.options),
         )
 
-    def _new_holdings(self) -> Holdings:
+    def _close_session(self) -> CloseSession:
         if self._live is None or self._page is None:
-            return super()._new_holdings()  # still opening: a failed open releases the plain way
-        return SharedHoldings(self)
+            return super()._close_session()  # still opening: a failed open closes alone
+        return SharedCloseSession(self)
 
     def _close_after_failed_open(self) -> None:
         super()._close_after_failed_open()

@@ -38,7 +38,7 @@ import heapq
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ledgerq._errors import LedgerQError, QueueClosedError, UnknownMessageError
 from ledgerq._types import ReaderStats
@@ -91,6 +91,8 @@ class SharedReaderCore(ReaderCore):
     records).  With ``first`` (the first handle of a session, after a crash or with no
     other handle) every lease the journal holds is lost: their holders are gone.
     """
+
+    session: ReaderSession
 
     def __init__(
         self,
@@ -793,36 +795,6 @@ class SharedReaderCore(ReaderCore):
                     ids = sorted(self._leased)
                     self._shared_journal.append_reclaim(self.holder, _GONE, ids)
                     self._leased.clear()
-            finally:
-                session.leave()
-            self.journal.commit.sync_now()
-        finally:
-            self.journal.close()
-
-    def close_last(self, with_room: Callable[[Callable[[], object]], None]) -> None:
-        """Close as the last handle of the queue: one clean checkpoint, no leases.
-
-        As an exclusive close: only a journal that changed is rewritten, with
-        ``with_room`` (the disk reserve on a full disk); a checkpoint that still fails is
-        logged, the journal synced as it is (the next session's first handle drops the
-        leases it holds).
-        """
-        session = self.session
-        try:
-            try:
-                session.enter()
-            except QueueClosedError:
-                return
-            try:
-                if self.journal.has_grown or self._leased or self._foreign:
-                    try:
-                        with_room(lambda: self.checkpoint(keep_leases=False))
-                    except StorageError as exc:
-                        logger.warning(
-                            "ledgerq: %s; the reader state is kept as it is (synced)", exc
-                        )
-                self._leased.clear()
-                self._foreign = {}
             finally:
                 session.leave()
             self.journal.commit.sync_now()
