@@ -1412,7 +1412,9 @@ class QueueCore(Opening, Closing):
     # ------------------------------------------------------------------ retention
 
     def _retire_after_settle(self, core: ReaderCore) -> None:
-        """A settle of ``core``'s may have finished the oldest segment: apply retention."""
+        """A settle of ``core``'s may have finished the oldest segment: apply retention
+        (shared mode: after publishing the head, which the others' retention reads)."""
+        core.publish_head()
         self._retire_consumed()
 
     def _retire_consumed(self) -> None:
@@ -1425,14 +1427,18 @@ class QueueCore(Opening, Closing):
         if segments < 2:
             return
         try:
-            if self._appends is None:
-                self._apply_retention()
-            else:
-                self._appends.retire_consumed()
+            self._retire()
         except StorageError as exc:
             logger.warning("ledgerq: retention could not delete a segment (%s)", exc)
         if len(self._manager.segments) < segments and not self._disk_reserve.is_held:
             self._restore_disk_reserve()  # the space of a deleted segment refills it first
+
+    def _retire(self) -> None:
+        """Apply retention (lock held): here, or under the append lock in shared mode."""
+        if self._appends is None:
+            self._apply_retention()
+        else:
+            self._appends.retire_consumed()
 
     def _apply_retention(self) -> None:
         """Apply retention (lock held); cheap when there is nothing to delete.
@@ -1523,13 +1529,21 @@ class QueueCore(Opening, Closing):
         return True
 
     def compact(self) -> None:
-        """Apply retention now: delete segments that every reader has consumed."""
+        """Apply retention now (delete segments that every reader has consumed), and
+        rewrite every reader's journal as a checkpoint."""
         with self._lock:
             self._ensure_open()
-            self._apply_retention()
+            appends = self._appends
+            if appends is not None:
+                appends.look()  # the readers other handles created count too
+            cores = [reader._core for reader in self._readers.values()]
+            for core in cores:
+                core.publish_head()  # (shared mode: what the retention below reads)
+            # Retention first: on a full disk the space it frees lets the checkpoints in.
+            self._retire()
             self._restore_disk_reserve()
-            for reader in self._readers.values():
-                reader._core.checkpoint()
+            for core in cores:
+                core.checkpoint()
 
     # ------------------------------------------------------------------ observing
 

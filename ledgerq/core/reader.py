@@ -1241,6 +1241,10 @@ class ReaderCore:
         here (an exclusive reopen voids every lease)."""
         return []
 
+    def publish_head(self, *, moved: bool = False) -> None:
+        """Write this reader's head where the other handles' retention reads it (shared
+        mode); nothing here, where retention reads the head itself."""
+
     def close_last(self, with_room: Callable[[Callable[[], object]], None]) -> None:
         """Close as the queue's last handle: one clean checkpoint, listing no lease.
 

@@ -770,11 +770,6 @@ class SharedQueueCore(QueueCore):
             heads.append(head)
         return heads
 
-    def _retire_after_settle(self, core: ReaderCore) -> None:
-        assert isinstance(core, SharedReaderCore)
-        core.publish_head()
-        self._retire_consumed()
-
     def _retire_locked(self) -> None:
         """Delete the sealed segments every reader has consumed (append lock held)."""
         manager = self._manager
@@ -821,19 +816,6 @@ class SharedQueueCore(QueueCore):
                 with contextlib.suppress(FileNotFoundError, ReaderRemovedError):
                     self._open_reader(name, start_latest=False)
 
-    def compact(self) -> None:
-        """Apply retention now, and rewrite every reader's journal as a checkpoint."""
-        with self._lock:
-            self._ensure_open()
-            self._open_readers_on_disk()
-            for reader in self._readers.values():
-                core = reader._core
-                assert isinstance(core, SharedReaderCore)
-                core.checkpoint()
-                core.publish_head()
-            self._retire_consumed()
-            self._restore_disk_reserve()
-
     # ------------------------------------------------------------------ readers
 
     def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
@@ -865,7 +847,7 @@ class SharedQueueCore(QueueCore):
         finally:
             step.release()
         reader = self._open_reader(name, start_latest=False)
-        reader._core.publish_head(moved=True)  # type: ignore[attr-defined]
+        reader._core.publish_head(moved=True)
         return reader
 
     def remove_reader(self, name: str) -> bool:
