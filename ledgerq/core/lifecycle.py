@@ -366,14 +366,21 @@ class Holdings:
         return errors
 
     def save_meta_at_close(
-        self, *, clean: bool, next_id: int, reserved_until: int, enqueued: int
+        self,
+        *,
+        clean: bool,
+        next_id: int,
+        reserved_until: int,
+        enqueued: int,
+        save: Callable[[], object] | None = None,
     ) -> None:
         """Save meta.json as a close leaves it, unless it says that already.
 
-        Like a checkpoint, the save may use the reserve on a full disk; if it still
-        fails, the file on disk is safe to reopen with (its reservation covers every id
-        written), so the failure is logged: only figures such as ``stats().dropped``
-        may then be behind after the next open.
+        ``save`` writes it (default: the keeper's save of these figures; a shared handle
+        merges with the file first).  Like a checkpoint, the save may use the reserve on
+        a full disk; if it still fails, the file on disk is safe to reopen with (its
+        reservation covers every id written), so the failure is logged: only figures
+        such as ``stats().dropped`` may then be behind after the next open.
         """
         keeper = self.keeper
         figures = keeper.figures(
@@ -386,9 +393,10 @@ class Holdings:
         )
         if keeper.saved == figures:
             return
-        try:
-            self.with_room(
-                lambda: keeper.save(
+        if save is None:
+
+            def save() -> None:
+                keeper.save(
                     self.manager,
                     self.options,
                     self.tally,
@@ -397,7 +405,9 @@ class Holdings:
                     reserved_until=reserved_until,
                     enqueued=enqueued,
                 )
-            )
+
+        try:
+            self.with_room(save)
         except StorageError as exc:
             logger.warning(
                 "ledgerq: %s; the next open skips the ids reserved before (never reused) "

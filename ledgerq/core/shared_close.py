@@ -172,7 +172,6 @@ class SharedCloseSession:
         assert isinstance(manager, SharedSegmentManager)
         default = holdings.cores.get(DEFAULT_READER)
         dropped = default.counters.get("dropped", 0) if default is not None else None
-        keeper = holdings.keeper
         manager.lock_appends()
         try:
             manager.refresh()
@@ -180,34 +179,21 @@ class SharedCloseSession:
                 holdings.tally.dropped = dropped
             page = manager.page
             next_id = manager.next_id
-            figures = keeper.figures(
-                manager,
-                holdings.tally,
+            holdings.save_meta_at_close(
                 clean=clean,
                 next_id=next_id,
                 reserved_until=max(page.get(SLOT_RESERVED_UNTIL), reserved_until),
                 enqueued=enqueued_count(page, next_id),
+                save=lambda: save_shared_meta(
+                    holdings.keeper,
+                    manager,
+                    holdings.tally,
+                    holdings.options,
+                    clean=clean,
+                    reserved_until=reserved_until,
+                    dropped=dropped,
+                ),
             )
-            if keeper.saved == figures:
-                return
-            try:
-                holdings.with_room(
-                    lambda: save_shared_meta(
-                        keeper,
-                        manager,
-                        holdings.tally,
-                        holdings.options,
-                        clean=clean,
-                        reserved_until=reserved_until,
-                        dropped=dropped,
-                    )
-                )
-            except StorageError as exc:
-                logger.warning(
-                    "ledgerq: %s; the next open skips the ids reserved before (never reused) "
-                    "and its counters of duplicates and dropped messages may be behind",
-                    exc,
-                )
         finally:
             manager.unlock_appends()
 
