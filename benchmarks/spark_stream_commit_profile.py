@@ -7,8 +7,9 @@ Run by hand (not part of the test suite).  Method: the rows of one micro-batch a
 staged as the stream writer's tasks stage them (one Arrow file per partition, a
 partition's rows in shard ``partition % shards``, as with no ``key`` column), then
 committed with ``commit_once``; ``--warm`` commits run first (the shards exist and hold
-rows, as in a running query), then one commit is timed under cProfile.  Prints the
-commit's wall time and the profile's top functions by cumulative time.
+rows, as in a running query), then one commit is timed under cProfile and ``--timed``
+more without it.  Prints the commits' wall times and the profile's top functions by
+cumulative time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import cProfile
 import os
 import pstats
 import shutil
+import statistics
 import tempfile
 import time
 
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--written", type=int, default=2, help="shards a batch writes")
     parser.add_argument("--warm", type=int, default=2)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--timed", type=int, default=5, help="commits timed without cProfile")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="lq-commit-profile-")
     try:
@@ -65,22 +68,31 @@ def main() -> None:
             {"path": root, "shards": str(args.shards)}, schema, False
         )
         target = writer.target
-        for batch in range(args.warm + 1):
+        profile = cProfile.Profile()
+        timed: list[float] = []
+        for batch in range(args.warm + 1 + args.timed):
             files = _stage(writer, batch, args.rows, args.size, args.written)
             staging = os.path.join(target.root, STAGING_DIR, f"{target.job}.b{batch}")
-            if batch < args.warm:
-                commit_once(target, "query-1", batch, files, staging)
-                continue
-            profile = cProfile.Profile()
             began = time.perf_counter()
-            profile.runcall(commit_once, target, "query-1", batch, files, staging)
-            took = time.perf_counter() - began
+            if batch == args.warm:
+                profile.runcall(commit_once, target, "query-1", batch, files, staging)
+                took = time.perf_counter() - began
+            else:
+                commit_once(target, "query-1", batch, files, staging)
+                if batch > args.warm:
+                    timed.append(time.perf_counter() - began)
         with open("/proc/loadavg", encoding="ascii") as f:
             load = " ".join(f.read().split()[:3])
         print(
             f"one commit of {args.rows} rows x {args.size} B into {args.written} of "
             f"{args.shards} shards: {took * 1000:.0f} ms under cProfile (load {load})"
         )
+        if timed:
+            ms = sorted(t * 1000 for t in timed)
+            print(
+                f"{len(ms)} commits after it, without cProfile: median "
+                f"{statistics.median(ms):.0f} ms ({ms[0]:.0f}-{ms[-1]:.0f})"
+            )
         pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
     finally:
         shutil.rmtree(root, ignore_errors=True)
