@@ -171,7 +171,7 @@ class Opening:
     _max_size: int
     _encode_plain: Callable[[int, int, bytes], bytes]
     _encode_delayed: Callable[[int, int, bytes, int], bytes]
-    _encode_batch: Callable[[int, int, list[bytes]], tuple[list[bytes], list[int]]]
+    _encode_batch: Callable[[int, int, list[bytes], bool], tuple[list[bytes], list[int]]]
     _unique: KeyAdmitter | None  # unique jobs, on the path of bytes with only a key
     _handoff_taker: HandoffTaker | None  # the path of forwarded bytes payloads
 

@@ -102,6 +102,8 @@ _MEDIUM = Priority.MEDIUM
 _MODULES = sys.modules  # TRACE_MODULE in it: OpenTelemetry is in use (core/tracing)
 _NO_READERS = contextlib.nullcontext()  # an exclusive append holds no reader's step
 _NS = 1_000_000_000
+_BYTES = {bytes}
+_BYTES_AND_ITEMS = {bytes, Item}
 _COMPRESSED = int(EntryFlags.COMPRESSED)
 _ENCRYPTED = int(EntryFlags.ENCRYPTED)
 _RESTORED_FLAGS = _COMPRESSED | _ENCRYPTED  # entries whose stored payload is not the message
@@ -445,8 +447,9 @@ class QueueCore(Opening, Retention, Closing):
         )
         return self._append([draft], sizes, timeout)[0]
 
-    # The four append paths below (one plain payload, one with a unique key, a plain
-    # batch, drafts with features) are the only ones, for both modes.  They share their
+    # The five append paths below (one plain payload, one with a unique key, a plain
+    # batch, a plain batch with runs of Items in it, drafts with features) are the only
+    # ones, for both modes.  They share their
     # steps, in this order, under the queue lock:
     #   1. begin: in shared mode the append session (core/shared_appends) takes the
     #      append lock and says the next id and the earliest stamp; exclusive mode owns
@@ -602,7 +605,109 @@ class QueueCore(Opening, Retention, Closing):
                 self._reserve_ids(first + count)
             if count == 1:
                 return manager.append_one(self._encode_plain(first, now, payloads[0]), first, now)
-            parts, sizes = self._encode_batch(first, now, payloads)
+            parts, sizes = self._encode_batch(first, now, payloads, False)
+            manager.append(parts, sizes, first, now)
+        except BaseException:
+            self._count_written(first)
+            raise
+        return len(manager.segments) != segments
+
+    def _plain_runs(
+        self, batch: list[bytes | bytearray | memoryview | Item], limit: int
+    ) -> list[list[bytes] | Draft] | None:
+        """Split a batch of bytes and a few Items for :meth:`_append_runs`: its runs of
+        bytes payloads (to be encoded as a plain batch is) and a checked draft for each
+        Item between them; or None for a batch the checked way must take (a payload
+        over ``limit``, which it reports, or an Item with a ``unique_key``, which the
+        unique-jobs feature admits).
+
+        The plain path is taken (``_plain_path``): no feature looks at a draft without
+        an option of its own, and the only one an Item can carry is a unique key, so
+        the drafts need no admission and no feature hook.  Raises as the checked way
+        does, before anything is written.
+        """
+        types = list(map(type, batch))  # bytes or Item: enqueue_batch checked the set
+        runs: list[list[bytes] | Draft] = []
+        start = 0
+        end = len(batch)
+        while start < end:
+            try:
+                at = types.index(Item, start)  # runs in C, as the checks of a plain batch
+            except ValueError:
+                at = end
+            if at > start:
+                run: list[bytes] = batch[start:at]  # type: ignore[assignment]
+                if max(map(len, run)) > limit:
+                    return None
+                runs.append(run)
+            if at == end:
+                break
+            item: Item = batch[at]  # type: ignore[assignment]
+            if item.unique_key is not None:
+                return None
+            runs.append(
+                self._prepare(
+                    item.payload,
+                    item.headers,
+                    item.priority,
+                    item.ttl,
+                    item.dedup_id,
+                    item.delay,
+                    item.group,
+                )
+            )
+            start = at + 1
+        return runs
+
+    def _append_runs(self, runs: list[list[bytes] | Draft], count: int) -> list[int]:
+        """:meth:`_append_plain_batch` for the runs of :meth:`_plain_runs` (``count``
+        messages): one all-or-nothing append, one id range, one ``writev``."""
+        with self._lock:
+            if self._closed:
+                self._ensure_open()
+            now = self._clock_offset_ns + self._clock_mono()
+            appends = self._appends
+            if appends is None:
+                first = self._next_id
+            else:
+                first, now = appends.begin(now)
+            try:
+                rotated = self._write_runs(first, now, runs, count)
+                ticket = self._appended(first, count, rotated)
+            finally:
+                if appends is not None:
+                    appends.end()
+            self._after_append()
+        if self._sync_always:
+            self._log_commit.wait_durable(ticket)
+        return list(range(first, first + count))
+
+    def _write_runs(
+        self, first: int, now: int, runs: list[list[bytes] | Draft], count: int
+    ) -> bool:
+        """:meth:`_write_plain` for runs: each run of bytes encoded as a plain batch,
+        each draft as the checked way encodes it, every entry but the very last with
+        BATCH_CONTINUES (recovery keeps all of them or none)."""
+        manager = self._manager
+        segments = len(manager.segments)
+        try:
+            parts: list[bytes] = []
+            sizes: list[int] = []
+            message_id = first
+            last = len(runs) - 1
+            for i, run in enumerate(runs):
+                if isinstance(run, list):
+                    more, lengths = self._encode_batch(message_id, now, run, i < last)
+                    parts += more
+                    sizes += lengths
+                    message_id += len(run)
+                else:
+                    (record,) = self._encode_drafts([run], message_id, now, i < last)
+                    parts.append(record)
+                    sizes.append(len(record))
+                    message_id += 1
+            if first + count > self._append_gate:
+                self._reserve_ids(first + count)
             manager.append(parts, sizes, first, now)
         except BaseException:
             self._count_written(first)
@@ -627,12 +732,14 @@ class QueueCore(Opening, Retention, Closing):
             limit = self.options.max_message_size
             payloads = items if isinstance(items, list) else list(items)
             # set/map/max run in C: no Python-level loop over the batch for the check.
-            if (
-                payloads
-                and set(map(type, payloads)) == {bytes}
-                and max(map(len, payloads)) <= limit
-            ):
-                return self._append_plain_batch(payloads)  # type: ignore[arg-type]
+            kinds = set(map(type, payloads))
+            if kinds == _BYTES:
+                if max(map(len, payloads)) <= limit:
+                    return self._append_plain_batch(payloads)  # type: ignore[arg-type]
+            elif kinds == _BYTES_AND_ITEMS:
+                runs = self._plain_runs(payloads, limit)
+                if runs is not None:
+                    return self._append_runs(runs, len(payloads))
             items = payloads
         prepared: list[Draft] = []
         sizes: list[int] | None = [] if self._backlog is not None else None
@@ -932,9 +1039,12 @@ class QueueCore(Opening, Retention, Closing):
             feature.appended(to_write, first, now)
         return first, ticket
 
-    def _encode_drafts(self, drafts: list[Draft], first: int, now: int) -> list[bytes]:
-        """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held)."""
-        count = len(drafts)
+    def _encode_drafts(
+        self, drafts: list[Draft], first: int, now: int, continues: bool = False
+    ) -> list[bytes]:
+        """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held);
+        with ``continues`` the batch goes on after them (the last one continues it too)."""
+        last = len(drafts) if continues else len(drafts) - 1
         # An encrypted queue's sealer takes encode_entry's arguments.
         encode = encode_entry if self._sealer is None else self._sealer.encode
         return [
@@ -947,7 +1057,7 @@ class QueueCore(Opening, Retention, Closing):
                 headers_blob=draft.headers_blob,
                 compressed=draft.compressed,
                 # Marks the batch's extent, so recovery can cut a partial one.
-                batch_continues=i < count - 1,
+                batch_continues=i < last,
                 deliver_at=None if draft.delay_ns is None else now + draft.delay_ns,
                 group=draft.group,
             )

@@ -379,13 +379,14 @@ _JOIN_PAYLOAD_BELOW = 1024
 
 
 def encode_plain_batch_parts(
-    first_id: int, timestamp: int, payloads: list[bytes]
+    first_id: int, timestamp: int, payloads: list[bytes], continues: bool = False
 ) -> tuple[list[bytes], list[int]]:
     """Encode one batch of DATA entries, ids ``first_id``, ``first_id + 1``, ..., for ``writev``.
 
     Returns the buffers, whose concatenation is the entries, and each entry's size.
-    Every entry but the last carries BATCH_CONTINUES; otherwise the preconditions and
-    bytes are those of :func:`encode_plain_entry`.
+    Every entry but the last carries BATCH_CONTINUES - the last too with ``continues``
+    (the batch goes on after these entries); otherwise the preconditions and bytes are
+    those of :func:`encode_plain_entry`.
     """
     parts: list[bytes] = []
     if not payloads:
@@ -395,25 +396,29 @@ def encode_plain_batch_parts(
     pack_header = _pack_header
     pack_crc = _pack_crc
     crc = _crc32
-    continues = _BATCH_CONTINUES
+    flag = _BATCH_CONTINUES
     kind = _DATA_V2
     message_id = first_id
     if sizes[0] < _JOIN_PAYLOAD_BELOW:  # batches are usually alike: judge by the first
         for payload, size in zip(payloads, sizes, strict=True):
-            body = pack_header(size, kind, continues, message_id, timestamp) + payload
+            body = pack_header(size, kind, flag, message_id, timestamp) + payload
             add(body)
             add(pack_crc(crc(body)))
             message_id += 1
+        if continues:
+            return parts, sizes
         # The last entry ends the batch: encoded again without BATCH_CONTINUES.
         body = pack_header(sizes[-1], kind, 0, message_id - 1, timestamp) + payloads[-1]
         parts[-2:] = (body, pack_crc(crc(body)))
     else:
         for payload, size in zip(payloads, sizes, strict=True):
-            head = pack_header(size, kind, continues, message_id, timestamp)
+            head = pack_header(size, kind, flag, message_id, timestamp)
             add(head)
             add(payload)
             add(pack_crc(crc(payload, crc(head))))
             message_id += 1
+        if continues:
+            return parts, sizes
         head = pack_header(sizes[-1], kind, 0, message_id - 1, timestamp)
         parts[-3:] = (head, payloads[-1], pack_crc(crc(payloads[-1], crc(head))))
     return parts, sizes

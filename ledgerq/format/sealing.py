@@ -294,10 +294,10 @@ class EntrySealer:
         return self.encode(message_id, timestamp, payload, deliver_at=deliver_at)
 
     def batch_parts(
-        self, first_id: int, timestamp: int, payloads: list[bytes]
+        self, first_id: int, timestamp: int, payloads: list[bytes], continues: bool = False
     ) -> tuple[list[bytes], list[int]]:
         """:func:`sealed_batch_parts` with this sealer (as ``encode_plain_batch_parts``)."""
-        return sealed_batch_parts(self, first_id, timestamp, payloads)
+        return sealed_batch_parts(self, first_id, timestamp, payloads, continues)
 
     def encode_plain_parts(
         self,
@@ -396,18 +396,22 @@ def unsealed_problem(message_id: int) -> str:
 
 
 def sealed_batch_parts(
-    sealer: EntrySealer, first_id: int, timestamp: int, payloads: list[bytes]
+    sealer: EntrySealer,
+    first_id: int,
+    timestamp: int,
+    payloads: list[bytes],
+    continues: bool = False,
 ) -> tuple[list[bytes], list[int]]:
     """:func:`ledgerq.format.entry.encode_plain_batch_parts` for an encrypted queue.
 
     Returns the buffers for one ``writev`` (each entry three: header and nonce, the
     sealed payload, the CRC) and each entry's size; every entry but the last carries
-    BATCH_CONTINUES.
+    BATCH_CONTINUES - the last too with ``continues`` (the batch goes on after them).
     """
     parts: list[bytes] = []
     add = parts.extend
     encode = sealer.encode_plain_parts
-    last = len(payloads) - 1
+    last = len(payloads) if continues else len(payloads) - 1
     # One read of the kernel's CSPRNG for the batch's nonces (profiled: a call each was
     # 0.3 us of a 4 KiB entry); each entry still has 96 random bits of its own.
     nonces = token_bytes(NONCE_SIZE * len(payloads))

@@ -20,11 +20,13 @@ kept in the checkpoint's ``metadata``: the same across restarts):
 
 1. ``batch <= last``: a replay of a published batch - its new staged files are deleted,
    nothing is enqueued.
-2. No manifest: the first commit of the batch.  Open every shard (shared), write the
-   manifest (the staged files, each shard's last complete id), then enqueue each
-   shard's rows with one ``enqueue_batch`` - all or nothing, and the batch's **last
-   item carries the header** ``ledgerq-stream: <query id>:<batch>`` - then fsync
-   every shard, write ``last.json``, delete the manifest and the staged files.
+2. No manifest: the first commit of the batch.  Open the shards it writes (shared;
+   every shard at the first batch, which creates them), write the manifest (the
+   staged files, each shard's last complete id), then enqueue each shard's rows with
+   one ``enqueue_batch`` - all or nothing, and the batch's **last item carries the
+   header** ``ledgerq-stream: <query id>:<batch>`` (bytes and that one ``Item``:
+   ``enqueue_batch`` keeps its plain encoding for the bytes) - then fsync every
+   opened shard, write ``last.json``, delete the manifest and the staged files.
 3. A manifest is there: a commit of this batch was killed while publishing.  The new
    staged files are deleted and the manifest's (the first attempt's rows) are used;
    a shard whose log holds the marker after the recorded id already has its rows
@@ -215,12 +217,19 @@ def _publish(
 ) -> list[str]:
     """Publish the batch; return the staging directories it came from."""
     write_shard_count(target.root, target.prefix, target.shards)
-    queues = target._open_all()
+    paths = [
+        os.path.join(target.root, shard_dir_name(target.prefix, target.shards, i))
+        for i in range(target.shards)
+    ]
+    listed = fresh if manifest is None else [StagedFile(*f) for f in manifest["files"]]
+    # The shards the batch writes, and any not created yet (the first batch creates
+    # every shard with the write's options, as a batch write does); the others are
+    # not opened - an open and a close of a shard queue cost ~10 ms each.
+    needed = {f.shard for f in listed} | {
+        i for i, path in enumerate(paths) if not os.path.isdir(path)
+    }
+    queues = target._open_shards(sorted(needed))
     try:
-        paths = [
-            os.path.join(target.root, shard_dir_name(target.prefix, target.shards, i))
-            for i in range(target.shards)
-        ]
         if manifest is None:
             files = fresh
             floors = {f.shard: last_complete_id(paths[f.shard]) for f in files}
@@ -233,7 +242,7 @@ def _publish(
             log.write_manifest(batch, manifest)
             recovering = False
         else:
-            files = [StagedFile(*f) for f in manifest["files"]]
+            files = listed
             floors = {int(k): v for k, v in manifest["floors"].items()}
             recovering = True
         by_shard: dict[int, list[StagedFile]] = {}
@@ -258,10 +267,10 @@ def _publish(
             queue = queues[shard]
             _mark(batch_items, marker, dedup=queue.options.dedup_window is not None)
             queue.enqueue_batch(batch_items)
-        for q in queues:
+        for q in queues.values():
             q.sync()
     finally:
-        for q in queues:
+        for q in queues.values():
             q.close()
     return list(manifest["dirs"])
 

@@ -37,7 +37,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -305,10 +305,14 @@ class LedgerqWriter(DataSourceArrowWriter):
         (``ledgerq.open(path, shared=True)``, worker pools); only a handle that holds a
         queue exclusively keeps the write out, for up to ``lock_timeout`` seconds.
         """
-        opened: list[Any] = []
+        return list(self._open_shards(range(self.shards)).values())
+
+    def _open_shards(self, indexes: Iterable[int]) -> dict[int, Any]:
+        """:meth:`_open_all` for the shards ``indexes`` only, by index."""
+        opened: dict[int, Any] = {}
         deadline = time.monotonic() + self.lock_timeout
         try:
-            for index in range(self.shards):
+            for index in indexes:
                 path = os.path.join(self.root, shard_dir_name(self.prefix, self.shards, index))
                 delay = 0.01
                 while True:
@@ -322,9 +326,9 @@ class LedgerqWriter(DataSourceArrowWriter):
                             raise self._locked(path, exc) from exc
                         time.sleep(delay)  # a poll of the lock: nothing to wait on across processes
                         delay = min(delay * 2, 0.5)
-                opened.append(queue)
+                opened[index] = queue
         except BaseException:
-            for q in opened:
+            for q in opened.values():
                 q.close()
             raise
         return opened
