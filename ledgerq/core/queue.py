@@ -447,10 +447,10 @@ class QueueCore(Opening, Retention, Closing):
         )
         return self._append([draft], sizes, timeout)[0]
 
-    # The five append paths below (one plain payload, one with a unique key, a plain
-    # batch, a plain batch with runs of Items in it, drafts with features) are the only
-    # ones, for both modes.  They share their
-    # steps, in this order, under the queue lock:
+    # The four append paths below (one plain payload, one with a unique key, a plain
+    # batch - of bytes, or with a few Items among them - and drafts with features) are
+    # the only ones, for both modes.  They share their steps, in this order, under the
+    # queue lock:
     #   1. begin: in shared mode the append session (core/shared_appends) takes the
     #      append lock and says the next id and the earliest stamp; exclusive mode owns
     #      the log and does nothing;
@@ -565,8 +565,12 @@ class QueueCore(Opening, Retention, Closing):
             self._log_commit.wait_durable(ticket)
         return message_id
 
-    def _append_plain_batch(self, payloads: list[bytes]) -> list[int]:
-        """:meth:`_append` for bytes payloads with no option and no feature hook.
+    def _append_plain_batch(
+        self, payloads: list[bytes], runs: list[list[bytes] | Draft] | None = None
+    ) -> list[int]:
+        """:meth:`_append` for bytes payloads with no option and no feature hook - or
+        for the ``runs`` of :meth:`_plain_runs` (a batch of bytes with a few Items
+        among them; ``payloads`` is then that batch).
 
         Each entry is three buffers (header, the payload itself, CRC) handed to one
         ``writev``: payloads are never copied.
@@ -582,7 +586,10 @@ class QueueCore(Opening, Retention, Closing):
             else:
                 first, now = appends.begin(now)
             try:
-                rotated = self._write_plain(first, now, payloads)
+                if runs is None:
+                    rotated = self._write_plain(first, now, payloads)
+                else:
+                    rotated = self._write_runs(first, now, runs, count)
                 ticket = self._appended(first, count, rotated)
             finally:
                 if appends is not None:
@@ -615,7 +622,7 @@ class QueueCore(Opening, Retention, Closing):
     def _plain_runs(
         self, batch: list[bytes | bytearray | memoryview | Item], limit: int
     ) -> list[list[bytes] | Draft] | None:
-        """Split a batch of bytes and a few Items for :meth:`_append_runs`: its runs of
+        """Split a batch of bytes and a few Items for :meth:`_append_plain_batch`: its runs of
         bytes payloads (to be encoded as a plain batch is) and a checked draft for each
         Item between them; or None for a batch the checked way must take (a payload
         over ``limit``, which it reports, or an Item with a ``unique_key``, which the
@@ -658,29 +665,6 @@ class QueueCore(Opening, Retention, Closing):
             )
             start = at + 1
         return runs
-
-    def _append_runs(self, runs: list[list[bytes] | Draft], count: int) -> list[int]:
-        """:meth:`_append_plain_batch` for the runs of :meth:`_plain_runs` (``count``
-        messages): one all-or-nothing append, one id range, one ``writev``."""
-        with self._lock:
-            if self._closed:
-                self._ensure_open()
-            now = self._clock_offset_ns + self._clock_mono()
-            appends = self._appends
-            if appends is None:
-                first = self._next_id
-            else:
-                first, now = appends.begin(now)
-            try:
-                rotated = self._write_runs(first, now, runs, count)
-                ticket = self._appended(first, count, rotated)
-            finally:
-                if appends is not None:
-                    appends.end()
-            self._after_append()
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        return list(range(first, first + count))
 
     def _write_runs(
         self, first: int, now: int, runs: list[list[bytes] | Draft], count: int
@@ -739,7 +723,7 @@ class QueueCore(Opening, Retention, Closing):
             elif kinds == _BYTES_AND_ITEMS:
                 runs = self._plain_runs(payloads, limit)
                 if runs is not None:
-                    return self._append_runs(runs, len(payloads))
+                    return self._append_plain_batch(payloads, runs)  # type: ignore[arg-type]
             items = payloads
         prepared: list[Draft] = []
         sizes: list[int] | None = [] if self._backlog is not None else None

@@ -1,7 +1,7 @@
 """``enqueue_batch`` of bytes with a few ``Item`` among them: the plain path's runs.
 
 Such a batch keeps the plain batch's encoding for its bytes (``_plain_runs`` /
-``_append_runs``) and encodes each Item as the checked way does, in one append.  It
+``_write_runs``) and encodes each Item as the checked way does, in one append.  It
 must write exactly what the checked way writes: compared here with the same batch
 given ``timeout=None`` (which always takes the checked way), entry by entry, with a
 clock the test holds still.
@@ -78,10 +78,10 @@ def test_a_mixed_batch_writes_what_the_checked_way_writes(
     tmp_path: Path, layout: str, shared: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = []
-    original = ledgerq.Queue._append_runs
+    original = ledgerq.Queue._write_runs
     monkeypatch.setattr(
         ledgerq.Queue,
-        "_append_runs",
+        "_write_runs",
         lambda self, *args: runs.append(args) or original(self, *args),
     )
     ids = _write(tmp_path / "runs", LAYOUTS[layout](), 0, shared=shared)
