@@ -18,6 +18,7 @@ import pytest
 
 import ledgerq
 from ledgerq.core import journal
+from tests.clocks import SteppedClock
 from tests.faults._inject import Fault, FaultInjector
 from tests.realfs import SmallDisk
 
@@ -123,6 +124,32 @@ def test_a_failed_move_does_not_hold_up_other_messages(small_disk: SmallDisk) ->
         small_disk.free()
         assert q.dequeue() is None
         assert [m.headers["dlq.original_id"] for m in q.dlq.peek(5)] == [str(poison)]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
+def test_leases_timed_out_together_whose_move_to_the_dlq_failed(
+    small_disk: SmallDisk, shared: bool
+) -> None:
+    # Two leases time out at once and their failures call for the DLQ, which the full
+    # disk refuses: each is held back (never delivered, no longer in flight) and moved
+    # once there is room.  (The shared reader said so to the others - RECLAIM - then
+    # let the first failed move escape, the second lease still held here.)
+    clock = SteppedClock()
+    path = small_disk.path / "q"
+    with ledgerq.open(path, shared=shared, max_retries=1, visibility_timeout=10, clock=clock) as q:
+        q.dlq.stats()
+        first, second = q.enqueue(b"a"), q.enqueue(b"b")
+        assert [q.dequeue().id, q.dequeue().id] == [first, second]  # type: ignore[union-attr]
+        small_disk.fill()
+        clock.elapse(11)
+        with pytest.raises(ledgerq.StorageError):
+            q.dequeue()  # both timed out: held back, and their moves, tried first, fail
+        assert q.stats().in_flight == 0
+        small_disk.free()
+        assert q.dequeue() is None  # moved now
+        moved = sorted(int(m.headers["dlq.original_id"]) for m in q.dlq.peek(5))
+        assert moved == [first, second]
+        assert q.stats().dead_lettered == 2
 
 
 def test_an_enqueue_whose_rotation_failed_returned(small_disk: SmallDisk) -> None:
