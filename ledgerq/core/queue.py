@@ -373,6 +373,21 @@ class QueueCore(Opening, Retention, Closing):
             feature.transform(draft)
         return draft
 
+    def _prepare_item(self, item: Item, sizes: list[int] | None = None) -> Draft:
+        """:meth:`_prepare` for an :class:`~ledgerq.Item` (its fields checked, its
+        payload size noted in ``sizes`` if given)."""
+        return self._prepare(
+            item.payload,
+            item.headers,
+            item.priority,
+            item.ttl,
+            item.dedup_id,
+            item.delay,
+            item.group,
+            sizes,
+            item.unique_key,
+        )
+
     def enqueue(
         self,
         payload: bytes | bytearray | memoryview,
@@ -467,10 +482,22 @@ class QueueCore(Opening, Retention, Closing):
     # messages never written, and a retry would be swallowed as their duplicate.  A
     # failed meta save therefore leaves nothing appended and no id consumed.
 
+    def _begin(self) -> tuple[int, int]:
+        """Step 1 of an append path (lock held): the next id and the stamp to use - in
+        shared mode, the append session begun (its ``end`` must follow)."""
+        if self._closed:
+            self._ensure_open()
+        now = self._clock_offset_ns + self._clock_mono()  # the queue's time (core/clock)
+        appends = self._appends
+        if appends is None:
+            return self._next_id, now
+        return appends.begin(now)
+
     def _append_plain(self, payload: bytes, delay_ns: int = 0) -> int:
         """:meth:`_append` for one bytes payload with no option and no feature hook
         (but ``delay_ns`` > 0: a delayed message)."""
         with self._lock:
+            # (_begin, inlined: this is the path of every plain enqueue)
             if self._closed:
                 self._ensure_open()
             now = self._clock_offset_ns + self._clock_mono()  # the queue's time (core/clock)
@@ -516,14 +543,8 @@ class QueueCore(Opening, Retention, Closing):
         unique = self._unique
         assert unique is not None
         with self._lock:
-            if self._closed:
-                self._ensure_open()
-            now = self._clock_offset_ns + self._clock_mono()
+            message_id, now = self._begin()
             appends = self._appends
-            if appends is None:
-                message_id = self._next_id
-            else:
-                message_id, now = appends.begin(now)
             try:
                 try:
                     held = unique.add_key(unique_key, now, message_id)
@@ -577,14 +598,8 @@ class QueueCore(Opening, Retention, Closing):
         """
         count = len(payloads)
         with self._lock:
-            if self._closed:
-                self._ensure_open()
-            now = self._clock_offset_ns + self._clock_mono()
+            first, now = self._begin()
             appends = self._appends
-            if appends is None:
-                first = self._next_id
-            else:
-                first, now = appends.begin(now)
             try:
                 if runs is None:
                     rotated = self._write_plain(first, now, payloads)
@@ -652,17 +667,7 @@ class QueueCore(Opening, Retention, Closing):
             item: Item = batch[at]  # type: ignore[assignment]
             if item.unique_key is not None:
                 return None
-            runs.append(
-                self._prepare(
-                    item.payload,
-                    item.headers,
-                    item.priority,
-                    item.ttl,
-                    item.dedup_id,
-                    item.delay,
-                    item.group,
-                )
-            )
+            runs.append(self._prepare_item(item))
             start = at + 1
         return runs
 
@@ -729,19 +734,7 @@ class QueueCore(Opening, Retention, Closing):
         sizes: list[int] | None = [] if self._backlog is not None else None
         for item in items:
             if isinstance(item, Item):
-                prepared.append(
-                    self._prepare(
-                        item.payload,
-                        item.headers,
-                        item.priority,
-                        item.ttl,
-                        item.dedup_id,
-                        item.delay,
-                        item.group,
-                        sizes,
-                        item.unique_key,
-                    )
-                )
+                prepared.append(self._prepare_item(item, sizes))
             else:
                 prepared.append(self._prepare(item, None, Priority.MEDIUM, None, None, sizes=sizes))
         if not prepared:
@@ -847,18 +840,7 @@ class QueueCore(Opening, Retention, Closing):
                         "a forwarded Item may not carry dedup_id or unique_key (the "
                         "hand-off is exactly once already); nothing was forwarded"
                     )
-                drafts.append(
-                    self._prepare(
-                        item.payload,
-                        item.headers,
-                        item.priority,
-                        item.ttl,
-                        None,
-                        item.delay,
-                        item.group,
-                        sizes,
-                    )
-                )
+                drafts.append(self._prepare_item(item, sizes))  # (no dedup_id, no key)
             else:
                 drafts.append(self._prepare(item, None, Priority.MEDIUM, None, None, sizes=sizes))
         return drafts, sizes
@@ -884,14 +866,8 @@ class QueueCore(Opening, Retention, Closing):
         assert taker is not None
         count = len(payloads)
         with self._lock:
-            if self._closed:
-                self._ensure_open()
-            now = self._clock_offset_ns + self._clock_mono()
+            first, now = self._begin()
             appends = self._appends
-            if appends is None:
-                first = self._next_id
-            else:
-                first, now = appends.begin(now)
             try:
                 landed: list[int] | None
                 if not count:  # only the look-up: nothing is written
