@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Literal, TypeAlias
 
@@ -133,6 +134,18 @@ class PeriodicJob:
     payload: bytes
     headers: dict[str, str]
     priority: Priority
+
+    @property
+    def next_run(self) -> datetime:
+        """:attr:`next_run_ns` as an aware UTC datetime (microseconds)."""
+        return datetime.fromtimestamp(self.next_run_ns / 1e9, tz=UTC)
+
+    @property
+    def last_run(self) -> datetime | None:
+        """:attr:`last_run_ns` as an aware UTC datetime, or None before the first tick."""
+        if self.last_run_ns is None:
+            return None
+        return datetime.fromtimestamp(self.last_run_ns / 1e9, tz=UTC)
 
     @property
     def schedule(self) -> str:

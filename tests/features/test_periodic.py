@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ def test_every_fires_once_per_tick(tmp_path: Path) -> None:
             "tick", b"work", every=10, headers={"k": "v"}, priority=ledgerq.Priority.HIGH
         )
         assert drain(q) == []  # the first tick is one period after the add
+        assert q.periodic()[0].last_run is None
         clock.elapse(9.5)
         assert drain(q) == []
         clock.elapse(0.5)
@@ -55,6 +57,10 @@ def test_every_fires_once_per_tick(tmp_path: Path) -> None:
         assert (job.name, job.every, job.cron, job.schedule) == ("tick", 10.0, None, "every 10s")
         assert job.last_run_ns == START + 50 * SECOND
         assert job.next_run_ns == START + 60 * SECOND
+        # The same instants as aware UTC datetimes, for printing and comparing.
+        assert job.next_run == datetime.fromtimestamp((START + 60 * SECOND) / 1e9, tz=UTC)
+        assert job.last_run is not None and job.next_run - job.last_run == timedelta(seconds=10)
+        assert job.next_run.tzinfo is UTC
         assert job.payload == b"work" and job.headers == {"k": "v"}
 
 
