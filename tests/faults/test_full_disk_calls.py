@@ -237,3 +237,31 @@ def test_an_ack_returns_when_retention_cannot_delete_a_segment(tmp_path: Path) -
         assert q.stats().acked == len(ids)
         q.compact()  # tried again: deleted now
         assert q.stats().segments == 1
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
+def test_compact_on_a_full_disk_frees_space_before_it_checkpoints(
+    small_disk: SmallDisk, shared: bool
+) -> None:
+    # Consumed segments kept by retention_max_age, a full disk, then the age passes:
+    # compact() deletes them first, and the checkpoints it writes after fit in the space
+    # that freed.  (Shared mode checkpointed first, and raised StorageError.)
+    clock = SteppedClock()
+    path = small_disk.path / "q"
+    with ledgerq.open(
+        path, shared=shared, segment_size=16 * 1024, retention_max_age=60, clock=clock
+    ) as q:
+        for _ in range(100):
+            q.enqueue(bytes(1000))
+        while (msg := q.dequeue()) is not None:
+            q.ack(msg.id)
+        segments = q.stats().segments
+        assert segments > 2  # consumed, kept for their age
+        (path / "reserve").unlink()  # the disk reserve spent already: nothing to fall back on
+        small_disk.fill()
+        clock.elapse(61)
+        q.compact()
+        assert q.stats().segments < segments
+    with ledgerq.open(path, shared=shared, clock=clock) as q:
+        assert q.dequeue() is None
+        assert q.stats().acked == 100
