@@ -40,7 +40,7 @@ from ledgerq._types import (
     SyncMode,
 )
 from ledgerq.core.clock import Clock
-from ledgerq.core.reader import Reader
+from ledgerq.core.reader_handle import Reader
 from ledgerq.shard import ShardedQueue, open_sharded
 
 __version__ = "0.1.0"

@@ -47,7 +47,7 @@ from ledgerq._queue import Queue
 from ledgerq._rekey import rekey
 from ledgerq._types import Message, PeriodicJob
 from ledgerq.core.journal import ReaderJournal  # repair only: it writes
-from ledgerq.core.reader import Reader
+from ledgerq.core.reader_handle import Reader
 from ledgerq.features.periodic import read_jobs
 from ledgerq.format.entry import Entry, EntryFlags
 from ledgerq.format.errors import CorruptRecord, DecodeError

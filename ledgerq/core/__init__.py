@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from ledgerq.core.queue import DEFAULT_READER, QueueCore
-from ledgerq.core.reader import Reader
+from ledgerq.core.reader_handle import Reader
 
 __all__ = ["DEFAULT_READER", "QueueCore", "Reader"]

@@ -32,7 +32,8 @@ from ledgerq.core.clock import Clock, QueueClock
 from ledgerq.core.feature import Feature, HandoffTaker, KeyAdmitter, Timer
 from ledgerq.core.lifecycle import AloneClose, CloseSession, Holdings, MetaKeeper, Tally, make_room
 from ledgerq.core.processes import tracked
-from ledgerq.core.reader import Reader, ReaderCore, ReaderHooks
+from ledgerq.core.reader import ReaderCore, ReaderHooks
+from ledgerq.core.reader_handle import Reader
 from ledgerq.core.waits import Waits
 from ledgerq.format.entry import encode_delayed_entry, encode_plain_batch_parts, encode_plain_entry
 from ledgerq.format.sealing import EntrySealer

@@ -63,12 +63,8 @@ from ledgerq.core.lifecycle import attempt as _attempt
 from ledgerq.core.lifecycle import finalize_unclosed
 from ledgerq.core.opening import DEFAULT_READER, Opening
 from ledgerq.core.processes import forked_error, track, unpicklable, untrack
-from ledgerq.core.reader import (
-    Reader,
-    ReaderCore,
-    entry_to_message,
-    initial_checkpoint,
-)
+from ledgerq.core.reader import ReaderCore, entry_to_message, initial_checkpoint
+from ledgerq.core.reader_handle import Reader
 from ledgerq.core.retention import Retention
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_appends import SharedAppends

@@ -20,7 +20,8 @@ from ledgerq._options import Options
 from ledgerq.core.clock import QueueClock
 from ledgerq.core.lifecycle import Tally
 from ledgerq.core.opening import DEFAULT_READER
-from ledgerq.core.reader import Reader, ReaderCore
+from ledgerq.core.reader import ReaderCore
+from ledgerq.core.reader_handle import Reader
 from ledgerq.core.shared_appends import SharedAppends
 from ledgerq.core.waits import Waits
 from ledgerq.segment.files import StorageError

@@ -45,7 +45,8 @@ from ledgerq.core.feature import Feature
 from ledgerq.core.journal import ReaderJournal, ReaderRemovedError, SharedReaderJournal
 from ledgerq.core.lifecycle import CloseSession, Tally
 from ledgerq.core.queue import QueueCore
-from ledgerq.core.reader import Reader, ReaderCore, initial_checkpoint
+from ledgerq.core.reader import ReaderCore, initial_checkpoint
+from ledgerq.core.reader_handle import Reader
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_appends import SharedAppends
 from ledgerq.core.shared_appends import enqueued_count as _enqueued

@@ -1,6 +1,6 @@
 """How a queue's callers wait and are woken: the one object readers share with the queue.
 
-A :class:`~ledgerq.core.reader.Reader` blocks in ``dequeue`` until a message is
+A :class:`~ledgerq.core.reader_handle.Reader` blocks in ``dequeue`` until a message is
 available; an enqueue into a bounded queue blocks until there is room.  What they need
 for it - the queue's lock and condition, how many are waiting (so that the appends and
 acks wake only when somebody waits), the listeners of ``ledgerq.aio`` and the pools,

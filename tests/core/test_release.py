@@ -19,7 +19,7 @@ import pytest
 
 import ledgerq
 import ledgerq.aio
-from ledgerq.core import reader as reader_module
+from ledgerq.core import reader_handle as reader_module
 from ledgerq.format.reader_state import StateRecordType, encode_ids_record
 from ledgerq.segment.readonly_state import ReaderState, StateRecords
 
@@ -150,7 +150,7 @@ def test_a_released_message_competes_by_priority(tmp_path: Path) -> None:
 
 
 class _Clock:
-    """``time`` for the reader module with a monotonic clock the test moves."""
+    """``time`` for the reader handle's module, with a monotonic clock the test moves."""
 
     def __init__(self) -> None:
         self.now = 1000.0

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import ledgerq
-from ledgerq.core.reader import Reader
+from ledgerq.core.reader_handle import Reader
 
 
 class AckLost(Exception):

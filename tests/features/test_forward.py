@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import ledgerq
-from ledgerq.core.reader import Reader
+from ledgerq.core.reader_handle import Reader
 from ledgerq.segment.naming import FEATURES_DIR, FORWARDS_NAME
 from tests.features._forward import forward_losing_the_ack, lease_new
 

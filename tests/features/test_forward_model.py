@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import ledgerq
-from ledgerq.core.reader import Reader
+from ledgerq.core.reader_handle import Reader
 
 
 class AckLost(Exception):
