@@ -616,14 +616,30 @@ class QueueCore(Opening, Retention, Closing):
         Returns whether the log rotated; on a failure, counts what reached the log
         (:meth:`_count_written`) and raises."""
         count = len(payloads)
+        if count > 1:
+            parts, sizes = self._encode_batch(first, now, payloads, False)
+            return self._write_entries(first, count, now, parts, sizes)
+        record = self._encode_plain(first, now, payloads[0])
+        try:
+            if first + 1 > self._append_gate:
+                self._reserve_ids(first + 1)
+            return self._manager.append_one(record, first, now)  # (whether it rotated)
+        except BaseException:
+            self._count_written(first)
+            raise
+
+    def _write_entries(
+        self, first: int, count: int, now: int, parts: list[bytes], sizes: list[int]
+    ) -> bool:
+        """Write ``count`` encoded entries (``parts``, whose concatenation they are, and
+        each one's size) from id ``first``, stamped ``now`` (lock held, an append session
+        begun): the ids reserved, one ``writev``.  Returns whether the log rotated; on a
+        failure, counts what reached the log (:meth:`_count_written`) and raises."""
         manager = self._manager
         segments = len(manager.segments)
         try:
             if first + count > self._append_gate:
                 self._reserve_ids(first + count)
-            if count == 1:
-                return manager.append_one(self._encode_plain(first, now, payloads[0]), first, now)
-            parts, sizes = self._encode_batch(first, now, payloads, False)
             manager.append(parts, sizes, first, now)
         except BaseException:
             self._count_written(first)
@@ -673,31 +689,22 @@ class QueueCore(Opening, Retention, Closing):
         """:meth:`_write_plain` for runs: each run of bytes encoded as a plain batch,
         each draft as the checked way encodes it, every entry but the very last with
         BATCH_CONTINUES (recovery keeps all of them or none)."""
-        manager = self._manager
-        segments = len(manager.segments)
-        try:
-            parts: list[bytes] = []
-            sizes: list[int] = []
-            message_id = first
-            last = len(runs) - 1
-            for i, run in enumerate(runs):
-                if isinstance(run, list):
-                    more, lengths = self._encode_batch(message_id, now, run, i < last)
-                    parts += more
-                    sizes += lengths
-                    message_id += len(run)
-                else:
-                    (record,) = self._encode_drafts([run], message_id, now, i < last)
-                    parts.append(record)
-                    sizes.append(len(record))
-                    message_id += 1
-            if first + count > self._append_gate:
-                self._reserve_ids(first + count)
-            manager.append(parts, sizes, first, now)
-        except BaseException:
-            self._count_written(first)
-            raise
-        return len(manager.segments) != segments
+        parts: list[bytes] = []
+        sizes: list[int] = []
+        message_id = first
+        last = len(runs) - 1
+        for i, run in enumerate(runs):
+            if isinstance(run, list):
+                more, lengths = self._encode_batch(message_id, now, run, i < last)
+                parts += more
+                sizes += lengths
+                message_id += len(run)
+            else:
+                (record,) = self._encode_drafts([run], message_id, now, i < last)
+                parts.append(record)
+                sizes.append(len(record))
+                message_id += 1
+        return self._write_entries(first, count, now, parts, sizes)
 
     def enqueue_batch(
         self,
