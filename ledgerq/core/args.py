@@ -227,21 +227,31 @@ def check_unique_key(unique_key: object) -> str | None:
     invalid one)."""
     if unique_key is None:
         return None
-    if type(unique_key) is not str:
-        raise TypeError(
-            f"unique_key must be a str or None, got {type(unique_key).__name__}; "
-            "pass the job's key as text (e.g. str(user_id))"
-        )
+    return _check_short_text(
+        unique_key,
+        "unique_key",
+        "a str or None",
+        MAX_UNIQUE_KEY_BYTES,
+        type_hint="; pass the job's key as text (e.g. str(user_id))",
+        size_hint="; use a short name of the job (hash a long one)",
+    )
+
+
+def _check_short_text(
+    value: object, what: str, kinds: str, most: int, *, type_hint: str, size_hint: str = ""
+) -> str:
+    """``value`` if it is a ``str`` of 1 to ``most`` bytes of UTF-8: ``TypeError`` for
+    another type, ``ValueError`` for an empty, longer or invalid one (``what`` names it in
+    the message, the hints say what to do)."""
+    if type(value) is not str:
+        raise TypeError(f"{what} must be {kinds}, got {type(value).__name__}{type_hint}")
     try:
-        size = len(unique_key.encode())
+        size = len(value.encode())
     except UnicodeEncodeError as exc:
-        raise ValueError(f"unique_key must be valid unicode text: {exc}") from exc
-    if not 0 < size <= MAX_UNIQUE_KEY_BYTES:
-        raise ValueError(
-            f"unique_key must be 1 to {MAX_UNIQUE_KEY_BYTES} bytes of UTF-8, got {size}; "
-            "use a short name of the job (hash a long one)"
-        )
-    return unique_key
+        raise ValueError(f"{what} must be valid unicode text: {exc}") from exc
+    if not 0 < size <= most:
+        raise ValueError(f"{what} must be 1 to {most} bytes of UTF-8, got {size}{size_hint}")
+    return value
 
 
 def check_count(name: str, n: object) -> int:
@@ -284,21 +294,13 @@ MAX_PERIODIC_NAME_BYTES = 255
 def check_periodic_name(name: object) -> str:
     """A periodic job's name: a ``str`` of 1 to :data:`MAX_PERIODIC_NAME_BYTES` bytes of
     UTF-8 (``TypeError`` for another type, ``ValueError`` for an empty or longer one)."""
-    if type(name) is not str:
-        raise TypeError(
-            f"a periodic job's name must be a str, got {type(name).__name__}; "
-            "name the job, e.g. 'nightly-report'"
-        )
-    try:
-        size = len(name.encode())
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"a periodic job's name must be valid unicode text: {exc}") from exc
-    if not 0 < size <= MAX_PERIODIC_NAME_BYTES:
-        raise ValueError(
-            f"a periodic job's name must be 1 to {MAX_PERIODIC_NAME_BYTES} bytes of UTF-8, "
-            f"got {size}"
-        )
-    return name
+    return _check_short_text(
+        name,
+        "a periodic job's name",
+        "a str",
+        MAX_PERIODIC_NAME_BYTES,
+        type_hint="; name the job, e.g. 'nightly-report'",
+    )
 
 
 def check_periodic_schedule(every: object, cron: object) -> tuple[int, CronSchedule | None]:

@@ -150,6 +150,9 @@ class ReaderCore(DeliveryInTime):
         # id -> (holder, deadline_ns) of the leases other handles hold: shared mode's,
         # known from the reader's journal (none in exclusive mode, where no other is).
         self._foreign: dict[int, tuple[int, int]] = {}
+        # id -> why a lease voided by another handle failed (timed out or reclaimed): the
+        # reason its failure is reported with, once this handle reads it back.
+        self._fail_reason: dict[int, str] = {}
         self._leased_heap: list[int] = []
         self._reported: dict[int, int] = {}  # id -> failures already passed to `failed`
         # id -> failures a NACK reported that this handle did not see acted on (another
@@ -380,9 +383,12 @@ class ReaderCore(DeliveryInTime):
                             ):
                                 continue
                             return entry
-                        if self._report_failure(
-                            entry, failures, _LOST_LEASE, now_ns, give_back=False
-                        ):
+                        reason = (
+                            self._fail_reason.pop(entry.id, _LOST_LEASE)
+                            if self._fail_reason
+                            else _LOST_LEASE
+                        )
+                        if self._report_failure(entry, failures, reason, now_ns, give_back=False):
                             continue
                         if self._retry_policy is not None and self._retry_later(
                             entry.id, now_ns + self._retry_policy.delay_ns(failures), now_ns
@@ -491,6 +497,8 @@ class ReaderCore(DeliveryInTime):
             self._nacked.pop(message_id, None)
         if self._unreported:
             self._unreported.pop(message_id, None)
+        if self._fail_reason:
+            self._fail_reason.pop(message_id, None)
         self._done.add(message_id)
 
     def expire_leases(self, now: float, now_ns: int) -> None:
@@ -884,6 +892,7 @@ class ReaderCore(DeliveryInTime):
         self._reported.clear()
         self._nacked.clear()
         self._unreported.clear()
+        self._fail_reason.clear()
         self._skip = set()
         self._done = set()
         self._delays.clear()

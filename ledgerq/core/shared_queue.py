@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import struct
@@ -96,6 +97,7 @@ from ledgerq.segment.steplock import (
     Alone,
     FileStepLock,
     Liveness,
+    LockHolder,
     StepLock,
     WordLock,
     decode_liveness,
@@ -437,26 +439,14 @@ class SharedQueueCore(QueueCore):
         page = self._page
         assert page is not None
         if self._locking == LOCKING_WORDS:
-            return WordLock(
-                page.atomics,
-                page.address,
-                offset,
-                self.handle_id,
-                what=what,
-                path=self.path,
-                budget=self._budget,
-                liveness=self._liveness,
-            )
-        return FileStepLock(
-            lock_file,
-            page.memory,
-            offset,
-            self.handle_id,
-            what=what,
-            path=self.path,
-            budget=self._budget,
-            liveness=self._liveness,
-        )
+            return WordLock(page.atomics, page.address, offset, self._lock_holder, what=what)
+        return FileStepLock(lock_file, page.memory, offset, self._lock_holder, what=what)
+
+    @functools.cached_property
+    def _lock_holder(self) -> LockHolder:
+        """This handle as its step locks know it (made at the first lock, once the
+        budget exists)."""
+        return LockHolder(self.handle_id, self.path, self._budget, self._liveness)
 
     def _describe_handle(self, handle_id: int) -> tuple[int, int | None] | None:
         """What another handle's liveness file says of it (None: there is none; (0,
@@ -642,11 +632,8 @@ class SharedQueueCore(QueueCore):
                 lock_file,
                 bytearray(LOCK_BLOCK_SIZE),  # (no block in the page to name the holder)
                 0,
-                self.handle_id,
+                self._lock_holder,
                 what=what,
-                path=self.path,
-                budget=self._budget,
-                liveness=self._liveness,
             )
             found: tuple[StepLock, JournalSlot | None] = (step, None)
         else:

@@ -122,7 +122,6 @@ class SharedReaderCore(ReaderCore):
         self._foreign_deadlines: list[tuple[int, int, int]] = []  # (deadline_ns, id, holder)
         self._own_deadline_ns: dict[int, int] = {}  # our leases' deadlines, for checkpoints
         self._lost: dict[int, str] = {}  # our leases that ended elsewhere: why (for the error)
-        self._fail_reason: dict[int, str] = {}  # why a reclaimed lease failed (its report)
         self._back: set[int] = set()  # (of a catch-up: see the fold's sink below)
         # Set by a catch-up that applied another handle's lease while ids were parked
         # here: one of them may be the id leased (see _apply).
@@ -509,28 +508,10 @@ class SharedReaderCore(ReaderCore):
             self._own_deadline_ns.pop(message_id, None)
             self._lost[message_id] = "its visibility timeout expired"
 
-    def _report_failure(
-        self,
-        entry: Entry,
-        failures: int,
-        reason: str,
-        now_ns: int,
-        *,
-        give_back: bool = True,
-        again: bool = False,
-    ) -> bool:
-        if reason is _LOST_LEASE and self._fail_reason:
-            reason = self._fail_reason.pop(entry.id, reason)
-        return super()._report_failure(
-            entry, failures, reason, now_ns, give_back=give_back, again=again
-        )
-
     def _forget(self, message_id: int) -> None:
         if message_id >= self._cursor.next_id:
             self._skip.add(message_id)  # finished ahead of the cursor: it must pass over it
         super()._forget(message_id)
-        if self._fail_reason:
-            self._fail_reason.pop(message_id, None)
         if self._own_deadline_ns:
             self._own_deadline_ns.pop(message_id, None)
 
@@ -641,7 +622,6 @@ class SharedReaderCore(ReaderCore):
         self._foreign = {}
         self._foreign_deadlines = []
         self._own_deadline_ns = {}
-        self._fail_reason = {}
         super().seek(target)
         self.publish_head(moved=True)
 

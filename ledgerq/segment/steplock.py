@@ -241,16 +241,49 @@ class StepLock(Protocol):
         ...
 
 
-def _busy(what: str, path: str, holder: int, pid: int | None, waited: float) -> QueueBusyError:
-    by = f"process {pid} (handle {holder:016x})" if pid else f"handle {holder:016x}"
-    return QueueBusyError(
-        f"{path}: {what} is held by {by}, which did not release it in {waited:.1f} s - "
-        "it is stopped (SIGSTOP, Ctrl-Z, a debugger) or very slow, and a live process's "
-        "step is never taken over; nothing was done. Resume or end that process, or "
-        "open the queue with a larger lock_timeout",
-        holder_pid=pid,
-        held=what,
-    )
+class LockHolder:
+    """The handle a step lock is taken for: its id (the owner word's value), the queue's
+    path (for errors), its call's wait :class:`Budget` and how it tells that another
+    holder is dead (:class:`Liveness`).  One per handle, shared by all its locks."""
+
+    __slots__ = ("budget", "handle_id", "liveness", "path")
+
+    def __init__(self, handle_id: int, path: str, budget: Budget, liveness: Liveness) -> None:
+        self.handle_id = handle_id
+        self.path = path
+        self.budget = budget
+        self.liveness = liveness
+
+
+class _HeldForAHandle:
+    """What both kinds of step lock keep of their :class:`LockHolder`, bound to slots of
+    their own for the acquire path, and the suspect mark their release leaves."""
+
+    __slots__ = ("_alive", "_budget", "_leave_as", "_me", "_path", "what")
+
+    def __init__(self, holder: LockHolder, what: str) -> None:
+        self._me = holder.handle_id
+        self._path = holder.path
+        self._budget = holder.budget
+        self._alive = holder.liveness
+        self.what = what
+        self._leave_as = 0
+
+    def mark_suspect(self) -> None:
+        self._leave_as = LOCK_SUSPECT
+
+    def _busy(self, holder: int, waited: float) -> QueueBusyError:
+        """The error of a wait that ran out of budget while ``holder`` held the lock."""
+        pid = self._alive.pid_of(holder)
+        by = f"process {pid} (handle {holder:016x})" if pid else f"handle {holder:016x}"
+        return QueueBusyError(
+            f"{self._path}: {self.what} is held by {by}, which did not release it in "
+            f"{waited:.1f} s - it is stopped (SIGSTOP, Ctrl-Z, a debugger) or very slow, "
+            "and a live process's step is never taken over; nothing was done. Resume or "
+            "end that process, or open the queue with a larger lock_timeout",
+            holder_pid=pid,
+            held=self.what,
+        )
 
 
 class Alone:
@@ -272,50 +305,26 @@ class Alone:
         pass
 
 
-class WordLock:
+class WordLock(_HeldForAHandle):
     """A lock block of the state page, taken by compare-and-swap (see the module).
 
-    ``view`` is the page's ``atomicshm.AtomicView``, ``offset`` the block's, ``me`` the
-    handle's id (non-zero), ``address`` the page's address in this process (the futex).
+    ``view`` is the page's ``atomicshm.AtomicView``, ``offset`` the block's, ``address``
+    the page's address in this process (the futex); the owner word holds the
+    ``holder``'s handle id (non-zero) while it has the lock.
     """
 
-    __slots__ = (
-        "_alive",
-        "_budget",
-        "_leave_as",
-        "_me",
-        "_owner",
-        "_path",
-        "_seq",
-        "_seq_address",
-        "_waiters",
-        "what",
-    )
+    __slots__ = ("_owner", "_seq", "_seq_address", "_waiters")
 
     def __init__(
-        self,
-        view: object,
-        address: int,
-        offset: int,
-        me: int,
-        *,
-        what: str,
-        path: str,
-        budget: Budget,
-        liveness: Liveness,
+        self, view: object, address: int, offset: int, holder: LockHolder, *, what: str
     ) -> None:
+        super().__init__(holder, what)
         cell_u64 = view.cell_u64  # type: ignore[attr-defined]
         cell_u32 = view.cell_u32  # type: ignore[attr-defined]
         self._owner = cell_u64(offset + LOCK_OWNER)
         self._seq = cell_u32(offset + LOCK_SEQUENCE)
         self._waiters = cell_u32(offset + LOCK_WAITERS)
-        self._leave_as = 0  # what release() stores: LOCK_SUSPECT after a failed cut
         self._seq_address = address + offset + LOCK_SEQUENCE
-        self._me = me
-        self.what = what
-        self._path = path
-        self._budget = budget
-        self._alive = liveness
 
     def acquire(self) -> bool:
         holder = self._owner.cas(0, self._me)
@@ -355,9 +364,7 @@ class WordLock:
                         return True  # taken over: repair what the dead holder left
                     look_at = now + _LOOK_AGAIN_S
                 if now >= deadline:
-                    raise _busy(
-                        self.what, self._path, holder, self._alive.pid_of(holder), now - started
-                    )
+                    raise self._busy(holder, now - started)
                 if now < nap_until:
                     # Short naps first, uncounted: the holder goes on without waking
                     # anyone and takes the word again for its next step (see _NAP_S).
@@ -380,53 +387,26 @@ class WordLock:
             self._seq.fetch_add(1)
             futex.wake(self._seq_address)
 
-    def mark_suspect(self) -> None:
-        self._leave_as = LOCK_SUSPECT
-
     def close(self) -> None:
         pass
 
 
-class FileStepLock:
+class FileStepLock(_HeldForAHandle):
     """``flock`` of a file in ``shared/``, polled up to the budget (see the module).
 
     ``memory`` and ``offset`` locate the lock's block in the page, where the owner is
     recorded (plain stores: only the holder writes them).
     """
 
-    __slots__ = (
-        "_alive",
-        "_budget",
-        "_file",
-        "_leave_as",
-        "_me",
-        "_memory",
-        "_offset",
-        "_path",
-        "what",
-    )
+    __slots__ = ("_file", "_memory", "_offset")
 
     def __init__(
-        self,
-        lock_file: LockFile,
-        memory: object,
-        offset: int,
-        me: int,
-        *,
-        what: str,
-        path: str,
-        budget: Budget,
-        liveness: Liveness,
+        self, lock_file: LockFile, memory: object, offset: int, holder: LockHolder, *, what: str
     ) -> None:
+        super().__init__(holder, what)
         self._file = lock_file
         self._memory = memory
         self._offset = offset
-        self._me = me
-        self.what = what
-        self._path = path
-        self._budget = budget
-        self._alive = liveness
-        self._leave_as = 0
 
     def acquire(self) -> bool:
         fd = self._file.fd
@@ -452,9 +432,7 @@ class FileStepLock:
             if now >= deadline:
                 at = self._offset + LOCK_OWNER
                 holder = _U64.unpack_from(self._memory, at)[0]  # type: ignore[arg-type]
-                raise _busy(
-                    self.what, self._path, holder, self._alive.pid_of(holder), now - started
-                )
+                raise self._busy(holder, now - started)
             time.sleep(min(pause, deadline - now))
             pause = min(pause * 2, longest)
             try:
@@ -468,9 +446,6 @@ class FileStepLock:
         leave_as, self._leave_as = self._leave_as, 0
         _U64.pack_into(self._memory, self._offset + LOCK_OWNER, leave_as)  # type: ignore[arg-type]
         self._file.release()
-
-    def mark_suspect(self) -> None:
-        self._leave_as = LOCK_SUSPECT
 
     def close(self) -> None:
         self._file.close()
