@@ -30,6 +30,7 @@ Features import core, format and errors, never each other.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -59,45 +60,22 @@ __all__ = [
 ]
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class Draft:
     """One message on its way into the log; features may change its fields."""
 
-    __slots__ = (
-        "compressed",
-        "dedup_id",
-        "delay_ns",
-        "expires_in_ns",
-        "group",
-        "handoff",
-        "headers_blob",
-        "payload",
-        "priority",
-        "unique_key",
-    )
-
-    def __init__(
-        self,
-        payload: bytes | bytearray | memoryview,
-        headers_blob: bytes | None,
-        priority: int,
-        expires_in_ns: int | None,
-        dedup_id: str | bytes | None,
-        delay_ns: int | None = None,
-        group: bytes | None = None,
-        unique_key: str | None = None,
-    ) -> None:
-        self.payload = payload
-        self.headers_blob = headers_blob
-        self.priority = priority
-        self.expires_in_ns = expires_in_ns
-        self.dedup_id = dedup_id
-        self.delay_ns = delay_ns  # not delivered before enqueue time + this
-        self.group = group  # the message group, as UTF-8
-        self.unique_key = unique_key  # a unique job's key (features/unique.py)
-        self.compressed = False
-        # A forwarded item: (hand-off key, position in the batch, batch size)
-        # (features/forward.py); None for any other enqueue.
-        self.handoff: tuple[bytes, int, int] | None = None
+    payload: bytes | bytearray | memoryview
+    headers_blob: bytes | None
+    priority: int
+    expires_in_ns: int | None
+    dedup_id: str | bytes | None
+    delay_ns: int | None = None  # not delivered before enqueue time + this
+    group: bytes | None = None  # the message group, as UTF-8
+    unique_key: str | None = None  # a unique job's key (features/unique.py)
+    compressed: bool = dataclasses.field(default=False, init=False)
+    # A forwarded item: (hand-off key, position in the batch, batch size)
+    # (features/forward.py); None for any other enqueue.
+    handoff: tuple[bytes, int, int] | None = dataclasses.field(default=None, init=False)
 
 
 class ReadersNeeded(Exception):

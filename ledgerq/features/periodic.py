@@ -46,6 +46,7 @@ schedule.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -85,47 +86,23 @@ class _NotDue(Exception):
     it, or the schedule was removed or replaced meanwhile); nothing is written."""
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Schedule:
     """One periodic job, as the file says (mutable: its last tick moves)."""
 
-    __slots__ = (
-        "anchor_ns",
-        "cron",
-        "every_ns",
-        "fired_ns",
-        "headers",
-        "name",
-        "payload",
-        "pending",
-        "priority",
-        "revision",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        revision: int,
-        every_ns: int,
-        cron: CronSchedule | None,
-        anchor_ns: int,
-        priority: int,
-        headers: dict[str, str] | None,
-        payload: bytes,
-        fired_ns: int | None,
-    ) -> None:
-        self.name = name
-        self.revision = revision
-        self.every_ns = every_ns
-        self.cron = cron
-        self.anchor_ns = anchor_ns
-        self.priority = priority
-        self.headers = headers
-        self.payload = payload
-        self.fired_ns = fired_ns  # the last tick fired (a message written), or None
-        # A FIRE record read back and not yet verified: (tick, id, timestamp, the last
-        # tick before it).  While there is one the schedule counts as due, so that the
-        # next fire verifies it under the append lock.
-        self.pending: tuple[int, int, int, int | None] | None = None
+    name: str
+    revision: int
+    every_ns: int
+    cron: CronSchedule | None
+    anchor_ns: int
+    priority: int
+    headers: dict[str, str] | None
+    payload: bytes
+    fired_ns: int | None  # the last tick fired (a message written), or None
+    # A FIRE record read back and not yet verified: (tick, id, timestamp, the last tick
+    # before it).  While there is one the schedule counts as due, so that the next fire
+    # verifies it under the append lock.
+    pending: tuple[int, int, int, int | None] | None = None
 
     def next_run_ns(self) -> int:
         """The tick the next message is for (a pending record's own tick: due)."""
