@@ -21,19 +21,17 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from ledgerq._errors import CorruptionError, NotAQueueError, QueueLockedError, StorageError
-from ledgerq._options import Options
 from ledgerq.core.args import READER_NAME
 from ledgerq.core.backlog import Backlog
-from ledgerq.core.clock import Clock, QueueClock
-from ledgerq.core.feature import Feature, HandoffTaker, KeyAdmitter, Timer
+from ledgerq.core.clock import QueueClock
+from ledgerq.core.feature import Feature, HandoffTaker, KeyAdmitter
 from ledgerq.core.lifecycle import AloneClose, CloseSession, Holdings, MetaKeeper, Tally, make_room
 from ledgerq.core.processes import tracked
-from ledgerq.core.reader import ReaderCore, ReaderHooks
-from ledgerq.core.reader_handle import Reader
+from ledgerq.core.queue_state import QueueState
+from ledgerq.core.reader import ReaderHooks
 from ledgerq.core.waits import Waits
 from ledgerq.format.entry import encode_delayed_entry, encode_plain_batch_parts, encode_plain_entry
 from ledgerq.format.sealing import EntrySealer
@@ -64,7 +62,6 @@ from ledgerq.segment.naming import (
 )
 from ledgerq.segment.readonly_state import replay_reader
 from ledgerq.segment.reserve import DiskReserve
-from ledgerq.segment.steplock import Budget
 from ledgerq.segment.sync import GroupCommit
 
 if TYPE_CHECKING:
@@ -116,72 +113,10 @@ def _flush_in_background(
         del queue  # the last reference may go here: the finalizer then runs in this thread
 
 
-class Opening:
+class Opening(QueueState):
     """The opening half of :class:`~ledgerq.core.queue.QueueCore` (a mixin: its methods
     take the queue as ``self``; shared mode's core overrides the locking, the log's
     opening and the disk reserve)."""
-
-    # What the queue's constructor sets before opening (core/queue.py) ...
-    path: str
-    options: Options
-    shared: bool
-    _budget: Budget  # how long a wait for another handle's lock may take
-    _clock_source: Clock
-    _remember_options: bool
-    _features: list[Feature]
-    _readers: dict[str, Reader]
-    _cores: dict[str, ReaderCore]
-    # ... the queue's state, set once by opening ...
-    _waits: Waits  # how callers wait and are woken; _lock is its lock
-    _lock: threading.Lock
-    _closed: bool
-    _meta_store: MetaStore
-    _options_store: OptionsStore
-    _meta: Meta
-    _keeper: MetaKeeper  # saves meta.json and options.json
-    _sealer: EntrySealer | None  # an encrypted queue's
-    _disk_reserve: DiskReserve
-    _make_room: Callable[[], bool]  # the journals' and features' way to the reserve
-    _tally: Tally  # the counters stats() shows
-    _manager: SegmentManager
-    _log_commit: GroupCommit
-    _sync_always: bool
-    _stop_flusher: threading.Event
-    _flusher: threading.Thread | None  # sync="interval"'s thread
-    _holdings: Holdings  # what close (and the finalizer) releases
-    _default: Reader
-    _timer: Timer | None  # the feature that enqueues by time (periodic jobs)
-    # ... the ids and the clock ...
-    _next_id: int
-    _ids_reserved_until: int  # the durable id reservation in meta.json
-    _append_gate: int  # an append of an id at or past it takes _reserve_ids first
-    _enqueued: int
-    _clock: QueueClock
-    _clock_offset_ns: int  # now = _clock_offset_ns + _clock_mono(), inline on hot paths
-    _clock_mono: Callable[[], int]
-    # ... and the features' hooks, sorted into the lists the append paths walk.
-    _transformers: list[Feature]
-    _admitters: list[Feature]
-    _preparers: list[Feature]
-    _recorders: list[Feature]
-    _restorers: list[Feature]
-    _flushers: list[Feature]
-    _reader_hooks: ReaderHooks
-    _backlog: Backlog | None  # a bounded queue's room check
-    _plain_path: bool  # no hook looks at a plain enqueue: skip building Drafts
-    _max_size: int
-    _encode_plain: Callable[[int, int, bytes], bytes]
-    _encode_delayed: Callable[[int, int, bytes, int], bytes]
-    _encode_batch: Callable[[int, int, list[bytes], bool], tuple[list[bytes], list[int]]]
-    _unique: KeyAdmitter | None  # unique jobs, on the path of bytes with only a key
-    _handoff_taker: HandoffTaker | None  # the path of forwarded bytes payloads
-
-    if TYPE_CHECKING:  # the queue's own methods, which opening calls
-
-        def _open_reader(self, name: str, *, start_latest: bool) -> Reader: ...
-        def _save_meta(self, *, clean: bool) -> None: ...
-        def _prepare_wait(self) -> bool: ...
-        def _fire_timer(self) -> None: ...
 
     def _prepare_directory(self) -> None:
         path = self.path

@@ -15,29 +15,26 @@ import errno
 import logging
 import os
 import sys
-import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NoReturn
 
 from ledgerq._errors import (
     CorruptionError,
-    MessageTooLargeError,
     QueueBusyError,
     QueueClosedError,
-    QueueFullError,
     QueueLockedError,
     StorageError,
 )
 from ledgerq._options import MAX_SECONDS, Options
 from ledgerq._types import Item, Message, Priority, ReaderStart, Stats
+from ledgerq.core.admission import Admission
 from ledgerq.core.args import (
     DEFAULT_LOCK_TIMEOUT,
     check_dedup_id,
     check_delay,
     check_group,
     check_headers_size,
-    check_id,
     check_payload,
     check_priority,
     check_reader_name,
@@ -46,18 +43,15 @@ from ledgerq.core.args import (
     check_ttl,
     check_unique_key,
 )
-from ledgerq.core.backlog import written_sizes
 from ledgerq.core.clock import SYSTEM_CLOCK, Clock, check_clock
 from ledgerq.core.closing import Closing
 from ledgerq.core.feature import (
     Draft,
     Feature,
-    HandedOff,
-    KeyAdmitter,
     ReadersNeeded,
     Timer,
-    handoff_key,
 )
+from ledgerq.core.handoff import HandOff
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.lifecycle import attempt as _attempt
 from ledgerq.core.lifecycle import finalize_unclosed
@@ -73,7 +67,6 @@ from ledgerq.core.waits import Waits
 from ledgerq.format.entry import (
     Entry,
     EntryFlags,
-    encode_entry,
     encode_headers,
 )
 from ledgerq.format.errors import CorruptRecord
@@ -105,14 +98,13 @@ _ENCRYPTED = int(EntryFlags.ENCRYPTED)
 _RESTORED_FLAGS = _COMPRESSED | _ENCRYPTED  # entries whose stored payload is not the message
 
 
-class QueueCore(Opening, Retention, Closing):
+class QueueCore(Opening, Retention, Admission, HandOff, Closing):
     """A durable message queue in one directory.  Use :func:`ledgerq.open` to get one."""
 
     shared = False  # shared mode (``ledgerq.open(path, shared=True)``): see core/shared_queue
     # The append session of shared mode (core/shared_appends), once the handle has joined
     # the session's page; None in exclusive mode: its appends are the uncontended case.
     _appends: SharedAppends | None = None
-    _resolved_path: str | None = None  # the directory resolved, at the first forward
 
     def __init__(
         self,
@@ -744,398 +736,6 @@ class QueueCore(Opening, Retention, Closing):
             check_timeout(timeout)
             return []
         return self._append(prepared, sizes, timeout)
-
-    # ------------------------------------------------------------------ hand-off
-
-    def _real_path(self) -> str:
-        """The queue directory, absolute and resolved (a hand-off key names it)."""
-        real = self._resolved_path
-        if real is None:
-            real = self._resolved_path = os.path.realpath(self.path)
-        return real
-
-    def _hand_off(
-        self,
-        reader: Reader,
-        message_id: object,
-        target: object,
-        items: object,
-        timeout: float | None,
-    ) -> list[int]:
-        """``reader.forward``: enqueue ``items`` into ``target`` and ack ``message_id``
-        (of ``reader``, of this queue), exactly once (features/forward.py).
-
-        Everything is checked before anything is written: the id (leased by this
-        handle), the target (another open queue), the items."""
-        if type(message_id) is not int:
-            message_id = check_id(message_id)
-        if not isinstance(target, QueueCore):
-            raise TypeError(
-                f"forward's target must be an open ledgerq queue, not {type(target).__name__}"
-            )
-        if target._closed:
-            raise QueueClosedError(
-                f"forward's target queue {target.path} is closed; forward into an open queue"
-            )
-        source = self._resolved_path or self._real_path()
-        if target is self or (target._resolved_path or target._real_path()) == source:
-            raise ValueError(
-                f"forward's target is the source queue itself ({self.path}); forward into "
-                "another queue, or enqueue and ack"
-            )
-        if (
-            type(items) is list
-            and target._plain_path
-            and timeout == 0
-            and items
-            and (
-                (type(items[0]) is bytes and len(items[0]) <= target._max_size)
-                if len(items) == 1
-                # set/map/max run in C (as enqueue_batch's check): bytes, not too large.
-                else set(map(type, items)) == {bytes} and max(map(len, items)) <= target._max_size
-            )
-        ):
-            payloads: list[bytes] | None = items
-            drafts: list[Draft] = []
-            sizes = None
-        else:
-            payloads = None
-            drafts, sizes = target._handoff_drafts(items)
-        core = reader._core
-        with self._lock:
-            if self._closed or reader._removed:
-                reader._ensure_usable()
-            if message_id not in core._leased:
-                core.check_leased(message_id)  # raises, saying why
-        key = handoff_key(reader._handoff_prefix or reader.handoff_prefix(), message_id)
-        if payloads is not None:
-            ids = target._append_handoff_plain(key, payloads)
-        elif drafts:
-            ids = target._append_handoff(key, drafts, sizes, timeout)
-        else:
-            check_timeout(timeout)
-            # Nothing to hand on - but a delivery before may have: its ids, if so.
-            ids = target._append_handoff_plain(key, [])
-        # A kill -9 here leaves the items landed and the message leased: delivered
-        # again, its forward finds the hand-off key in the target and only acks.
-        reader.ack(message_id)
-        return ids
-
-    def _handoff_drafts(self, items: object) -> tuple[list[Draft], list[int] | None]:
-        """Validate forwarded ``items`` (bytes-like, an Item, or an iterable of them) for
-        this queue; nothing is written.  A forwarded item may not carry ``dedup_id``
-        or ``unique_key``: the hand-off is itself exactly once, and an item left out as
-        a duplicate would leave the batch's ids out of step with what landed."""
-        self._ensure_open()
-        if isinstance(items, (bytes, bytearray, memoryview, Item)):
-            items = [items]
-        elif isinstance(items, str) or not isinstance(items, Iterable):
-            raise TypeError(
-                "forward's items must be bytes, an Item, or a list of them, "
-                f"not {type(items).__name__}"
-            )
-        drafts: list[Draft] = []
-        sizes: list[int] | None = [] if self._backlog is not None else None
-        for item in items:
-            if isinstance(item, Item):
-                if item.dedup_id is not None or item.unique_key is not None:
-                    raise ValueError(
-                        "a forwarded Item may not carry dedup_id or unique_key (the "
-                        "hand-off is exactly once already); nothing was forwarded"
-                    )
-                drafts.append(self._prepare_item(item, sizes))  # (no dedup_id, no key)
-            else:
-                drafts.append(self._prepare(item, None, Priority.MEDIUM, None, None, sizes=sizes))
-        return drafts, sizes
-
-    def _append_handoff(
-        self, key: bytes, drafts: list[Draft], sizes: list[int] | None, timeout: float | None
-    ) -> list[int]:
-        """Append forwarded ``drafts`` as one batch under the hand-off ``key``, once: if
-        the key already landed here, write nothing and return the ids it got then."""
-        count = len(drafts)
-        for position, draft in enumerate(drafts):
-            draft.handoff = (key, position, count)
-        try:
-            return self._append(drafts, sizes, timeout)
-        except HandedOff as landed:
-            return landed.ids
-
-    def _append_handoff_plain(self, key: bytes, payloads: list[bytes]) -> list[int]:
-        """:meth:`_append_handoff` for bytes payloads with no option and no feature hook:
-        the hand-off feature writes its record before the batch (as :meth:`_append_unique`
-        has the unique-jobs feature write its own).  No payloads: only look ``key`` up."""
-        taker = self._handoff_taker
-        assert taker is not None
-        count = len(payloads)
-        with self._lock:
-            first, now = self._begin()
-            appends = self._appends
-            try:
-                landed: list[int] | None
-                if not count:  # only the look-up: nothing is written
-                    landed = taker.handed_off(key) or []
-                else:
-                    try:
-                        landed = taker.take_handoff(key, first, count, now)
-                    except BaseException:
-                        taker.rollback()
-                        raise
-                if landed is None:
-                    try:
-                        rotated = self._write_plain(first, now, payloads)
-                    except BaseException:
-                        if self._next_id > first:
-                            taker.handoff_taken()  # in the log all the same: landed
-                        else:
-                            taker.rollback()
-                        raise
-                    ticket = self._appended(first, count, rotated)
-                    taker.handoff_taken()
-            finally:
-                if appends is not None:
-                    appends.end()
-            if landed is not None:
-                return landed
-            if rotated or self._waits.waiting or self._waits.listeners:
-                self._after_append()
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        return list(range(first, first + count))
-
-    def _append(
-        self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
-    ) -> list[int]:
-        """Append ``drafts`` as one batch (all or nothing); return an id for each.
-
-        A draft its features found to be a duplicate (dedup) is not written: its id
-        is the original message's.  ``sizes`` (the payload sizes as given) and
-        ``timeout`` are for a bounded queue: see :meth:`_check_room` and
-        :meth:`_wait_for_room`.
-        """
-        wait = check_timeout(timeout)
-        deadline = None if wait is None else time.monotonic() + wait
-        if self._appends is None:
-            return self._append_admitted(drafts, sizes, deadline, wait)
-        # A wait for room bounds the waits for another handle's steps too (timeout 0
-        # means no wait for room, not for a lock: those wait lock_timeout).
-        before = self._budget.limit(deadline if wait else None)
-        try:
-            return self._append_admitted(drafts, sizes, deadline, wait)
-        finally:
-            self._budget.limit(before)
-
-    def _append_admitted(
-        self,
-        drafts: list[Draft],
-        sizes: list[int] | None,
-        deadline: float | None,
-        wait: float | None,
-    ) -> list[int]:
-        """:meth:`_append` once the timeout is checked: admit, wait for room, write."""
-        appends = self._appends
-        every_reader = False  # a feature asked for the readers' state (ReadersNeeded)
-        with self._lock:
-            while True:
-                if self._closed:
-                    self._ensure_open()
-                with _NO_READERS if appends is None else appends.holding_readers(every_reader):
-                    now = self._clock_offset_ns + self._clock_mono()
-                    if appends is not None:
-                        self._next_id, now = appends.begin(now)
-                    try:
-                        if self._admitters:
-                            if appends is not None:
-                                for feature in self._admitters:
-                                    feature.catch_up()
-                            try:
-                                to_write, existing = self._admit(drafts, now)
-                            except ReadersNeeded:
-                                every_reader = True  # (admit rolled back): once more
-                                continue
-                        else:
-                            to_write, existing = drafts, {}
-                        if not to_write:
-                            return [existing[i] for i in range(len(drafts))]
-                        short = ""
-                        if self._backlog is not None:
-                            assert sizes is not None
-                            short = self._check_room(to_write, sizes, existing)
-                        if not short:
-                            first, ticket = self._write_drafts(to_write, now)
-                            if self._backlog is not None:
-                                assert sizes is not None
-                                self._backlog.appended(first, written_sizes(sizes, existing))
-                            break
-                    finally:
-                        if appends is not None:
-                            appends.end()
-                self._wait_for_room(short, deadline, wait)
-            self._after_append()
-        if self._sync_always:
-            self._log_commit.wait_durable(ticket)
-        count = len(to_write)
-        if not existing:
-            return list(range(first, first + count))
-        fresh_ids = iter(range(first, first + count))
-        return [existing[i] if i in existing else next(fresh_ids) for i in range(len(drafts))]
-
-    def _write_drafts(self, to_write: list[Draft], now: int) -> tuple[int, int]:
-        """Write the admitted drafts (lock held, the append session begun); return the
-        first id and the commit ticket."""
-        first = self._next_id
-        count = len(to_write)
-        segments = len(self._manager.segments)
-        try:
-            records = self._encode_drafts(to_write, first, now)
-            if first + count > self._append_gate:
-                self._reserve_ids(first + count)
-            for feature in self._preparers:
-                feature.before_append()
-            self._manager.append(records, [len(r) for r in records], first, now)
-        except BaseException:
-            self._count_written(first)
-            self._undo_admission(to_write, first, now)
-            raise
-        ticket = self._appended(first, count, len(self._manager.segments) != segments)
-        for feature in self._recorders:
-            feature.appended(to_write, first, now)
-        return first, ticket
-
-    def _encode_drafts(
-        self, drafts: list[Draft], first: int, now: int, continues: bool = False
-    ) -> list[bytes]:
-        """Encode ``drafts`` as one batch from id ``first``, stamped ``now`` (lock held);
-        with ``continues`` the batch goes on after them (the last one continues it too)."""
-        last = len(drafts) if continues else len(drafts) - 1
-        # An encrypted queue's sealer takes encode_entry's arguments.
-        encode = encode_entry if self._sealer is None else self._sealer.encode
-        return [
-            encode(
-                first + i,
-                now,
-                draft.payload,
-                expires_at=None if draft.expires_in_ns is None else now + draft.expires_in_ns,
-                priority=draft.priority,
-                headers_blob=draft.headers_blob,
-                compressed=draft.compressed,
-                # Marks the batch's extent, so recovery can cut a partial one.
-                batch_continues=i < last,
-                deliver_at=None if draft.delay_ns is None else now + draft.delay_ns,
-                group=draft.group,
-            )
-            for i, draft in enumerate(drafts)
-        ]
-
-    def _undo_admission(self, to_write: list[Draft], first: int, now: int) -> None:
-        """An append of ``to_write`` from id ``first`` raised, after _count_written: the
-        admitting features forget what they noted - but a unique key, whose message
-        must never be in the log without it, is held if the entries reached the log
-        all the same (a rotation that failed after the write)."""
-        written = self._next_id > first
-        for feature in self._admitters:
-            if written and isinstance(feature, KeyAdmitter):
-                feature.appended(to_write, first, now)
-            else:
-                feature.rollback()
-
-    def _admit(self, drafts: list[Draft], now: int) -> tuple[list[Draft], dict[int, int]]:
-        """Ask the admitting features about each draft (lock held).
-
-        Returns the drafts to write and, by position, the ids of those found to be
-        duplicates (counted in ``stats().duplicates``).  Admitted drafts are noted
-        by their features until the append succeeds or calls their ``rollback``.
-        """
-        fresh: list[Draft] = []
-        existing: dict[int, int] = {}
-        try:
-            for position, draft in enumerate(drafts):
-                candidate = self._next_id + len(fresh)  # the id it gets if written
-                for feature in self._admitters:
-                    found = feature.admit(draft, now, candidate)
-                    if found is not None:
-                        existing[position] = found
-                        for earlier in self._admitters:  # they admitted it: not written
-                            if earlier is feature:
-                                break
-                            earlier.unadmit(draft)
-                        break
-                else:
-                    fresh.append(draft)
-        except BaseException:
-            for feature in self._admitters:  # the drafts admitted before: nothing written
-                feature.rollback()
-            raise
-        self._tally.duplicates += len(existing)
-        return fresh, existing
-
-    def _check_room(
-        self, to_write: list[Draft], sizes: list[int], existing: Mapping[int, int]
-    ) -> str:
-        """Whether the admitted ``to_write`` fit the bounds now (lock held): "" if they do,
-        else why not, having rolled the admission (dedup) back - it is done again after
-        the wait, since what it found may change meanwhile.
-
-        Raises at once, written nothing, when the batch is larger than a bound on its
-        own: :class:`MessageTooLargeError` for one message, else :class:`QueueFullError`.
-        """
-        backlog = self._backlog
-        assert backlog is not None
-        size = sum(written_sizes(sizes, existing))
-        never = backlog.refusal(len(to_write), size)
-        cores = [r._core for r in self._readers.values()]
-        short = never or backlog.shortfall(self, cores, self._next_id, len(to_write), size)
-        if short:
-            for feature in self._admitters:
-                feature.rollback()
-            self._tally.duplicates -= len(existing)
-            if never:
-                error = MessageTooLargeError if len(to_write) == 1 else QueueFullError
-                raise error(f"{never}: it can never be enqueued in {self.path}")
-        return short
-
-    def _wait_for_room(self, short: str, deadline: float | None, wait: float | None) -> None:
-        """Wait (lock held, released meanwhile) until an ack or the like may have made
-        room, or raise :class:`QueueFullError` if ``deadline`` has passed.
-
-        Room is made by the default reader's and named readers' acks, dead-letters,
-        expiries, drops and purges in this handle (they notify the condition while
-        ``Waits.room_waiting`` counts a waiter), and in shared mode by other processes
-        (the housekeeper watches their journals while ``Waits.waiting`` counts one).
-        """
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            waited = "" if not wait else f" after waiting {wait:g} s"
-            raise QueueFullError(
-                f"queue {self.path} is full ({short}){waited}; nothing was written - "
-                "consume and ack messages, or pass a timeout to wait for room"
-            )
-        if self._prepare_wait():
-            return  # now watching the other processes' changes: look once more
-        self._waits.waiting += 1
-        self._waits.room_waiting += 1
-        try:
-            self._waits.cond.wait(remaining)
-        finally:
-            self._waits.waiting -= 1
-            self._waits.room_waiting -= 1
-        if self._closed:
-            self._ensure_open()
-
-    def _entries_from(self, first_id: int) -> Iterator[Entry]:
-        """The log's entries from ``first_id`` on (lock held), for the backlog's ledger."""
-        cursor = LogCursor(self._manager, first_id)
-        while (entry := cursor.next()) is not None:
-            yield entry
-
-    def _given_size(self, entry: Entry) -> int:
-        """The size of ``entry``'s payload as its producer gave it (decompressed)."""
-        if not entry.flags & _RESTORED_FLAGS and self._sealer is None:
-            return len(entry.payload)
-        try:
-            return len(self._restore(entry))
-        except CorruptionError:
-            return 0  # never delivered: skipped as corrupt when a reader meets it
 
     def _refuse_full_disk(self) -> NoReturn:
         """Refuse an append while the disk reserve is spent (nothing written)."""

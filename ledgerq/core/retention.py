@@ -13,20 +13,11 @@ the append lock and reads the heads the readers published
 from __future__ import annotations
 
 import logging
-import threading
-from typing import TYPE_CHECKING
 
-from ledgerq._options import Options
-from ledgerq.core.clock import QueueClock
-from ledgerq.core.lifecycle import Tally
 from ledgerq.core.opening import DEFAULT_READER
+from ledgerq.core.queue_state import QueueState
 from ledgerq.core.reader import ReaderCore
-from ledgerq.core.reader_handle import Reader
-from ledgerq.core.shared_appends import SharedAppends
-from ledgerq.core.waits import Waits
 from ledgerq.segment.files import StorageError
-from ledgerq.segment.manager import SegmentManager
-from ledgerq.segment.reserve import DiskReserve
 
 __all__ = ["Retention"]
 
@@ -35,27 +26,9 @@ logger = logging.getLogger("ledgerq")
 _NS = 1_000_000_000
 
 
-class Retention:
+class Retention(QueueState):
     """The retention half of :class:`~ledgerq.core.queue.QueueCore` (a mixin: its
     methods take the queue as ``self``)."""
-
-    # The queue's state it reads (set by the queue's constructor and opening).
-    path: str
-    options: Options
-    _lock: threading.Lock
-    _waits: Waits
-    _manager: SegmentManager
-    _disk_reserve: DiskReserve
-    _appends: SharedAppends | None
-    _readers: dict[str, Reader]
-    _cores: dict[str, ReaderCore]
-    _clock: QueueClock
-    _tally: Tally
-
-    if TYPE_CHECKING:  # the queue's own methods, which retention calls
-
-        def _ensure_open(self) -> None: ...
-        def _restore_disk_reserve(self) -> bool: ...
 
     def _retire_after_settle(self, core: ReaderCore) -> None:
         """A settle of ``core``'s may have finished the oldest segment: apply retention
