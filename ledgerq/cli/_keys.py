@@ -22,6 +22,7 @@ __all__ = [
     "KeyFileError",
     "current_key",
     "key_file_option",
+    "key_path_option",
     "read_key_file",
     "server_key_file_option",
 ]
@@ -70,6 +71,14 @@ def server_key_file_option(func: F) -> F:
         "The key every queue is encrypted with (as --key-file): new queues are created "
         "encrypted, and a plain queue or one under another key is refused.",
     )(func)
+
+
+def key_path_option(name: str, help: str) -> Callable[[F], F]:  # noqa: A002 - click's name
+    """A required option ``name PATH`` naming a key file the command reads itself (as
+    ``rekey`` reads its old and new keys): the path is its parameter, the key unread."""
+    return click.option(
+        name, metavar="PATH", required=True, type=click.Path(dir_okay=False), help=help
+    )
 
 
 def current_key() -> bytes | None:

@@ -30,7 +30,13 @@ from ledgerq.cli._common import (
     write_line,
     write_outcome,
 )
-from ledgerq.cli._keys import KeyFileError, current_key, key_file_option, read_key_file
+from ledgerq.cli._keys import (
+    KeyFileError,
+    current_key,
+    key_file_option,
+    key_path_option,
+    read_key_file,
+)
 from ledgerq.segment.encryption import stored_block
 
 __all__ = ["compact", "dump", "rekey", "verify"]
@@ -198,20 +204,11 @@ def _print_report(
 
 @click.command()
 @queue_argument
-@click.option(
+@key_path_option(
     "--old-key-file",
-    metavar="PATH",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="The key the queue is encrypted with now (32 raw bytes or 64 hex digits).",
+    "The key the queue is encrypted with now (32 raw bytes or 64 hex digits).",
 )
-@click.option(
-    "--new-key-file",
-    metavar="PATH",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="The key to encrypt it with from now on (same forms).",
-)
+@key_path_option("--new-key-file", "The key to encrypt it with from now on (same forms).")
 @json_option
 def rekey(queue: str, old_key_file: str, new_key_file: str, as_json: bool) -> None:
     """Rotate the encryption key of QUEUE (and of its DLQ).

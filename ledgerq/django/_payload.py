@@ -38,6 +38,21 @@ class PayloadError(ValueError):
     """A message that is not a task of this backend (not its JSON, another version)."""
 
 
+# The fields of a task message in its JSON, in their order there: the key, the
+# TaskMessage attribute it holds, and the types its value may have (what decode checks).
+_FIELDS: tuple[tuple[str, str, type | tuple[type, ...]], ...] = (
+    ("id", "result_id", str),
+    ("task", "task_path", str),
+    ("args", "args", list),
+    ("kwargs", "kwargs", dict),
+    ("backend", "backend", str),
+    ("queue", "queue", str),
+    ("priority", "priority", int),
+    ("enqueued_ns", "enqueued_ns", int),
+    ("run_after_ns", "run_after_ns", (int, type(None))),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TaskMessage:
     """One enqueued task, as stored in its message."""
@@ -55,21 +70,9 @@ class TaskMessage:
     def encode(self) -> bytes:
         """The payload (UTF-8 JSON).  Raises ``ValueError`` for a float that JSON has no
         spelling for (NaN, infinity): nothing else reaches here unchecked."""
+        fields = {key: getattr(self, attribute) for key, attribute, _ in _FIELDS}
         return json.dumps(
-            {
-                "v": FORMAT_VERSION,
-                "id": self.result_id,
-                "task": self.task_path,
-                "args": self.args,
-                "kwargs": self.kwargs,
-                "backend": self.backend,
-                "queue": self.queue,
-                "priority": self.priority,
-                "enqueued_ns": self.enqueued_ns,
-                "run_after_ns": self.run_after_ns,
-            },
-            allow_nan=False,
-            separators=(",", ":"),
+            {"v": FORMAT_VERSION, **fields}, allow_nan=False, separators=(",", ":")
         ).encode()
 
     def headers(self) -> dict[str, str]:
@@ -100,31 +103,9 @@ def decode(payload: bytes) -> TaskMessage:
         version = data.get("v") if isinstance(data, dict) else None
         raise PayloadError(f"not a task message of format {FORMAT_VERSION} (v={version!r})")
     try:
-        message = TaskMessage(
-            result_id=data["id"],
-            task_path=data["task"],
-            args=data["args"],
-            kwargs=data["kwargs"],
-            backend=data["backend"],
-            queue=data["queue"],
-            priority=data["priority"],
-            enqueued_ns=data["enqueued_ns"],
-            run_after_ns=data["run_after_ns"],
-        )
+        values = {attribute: data[key] for key, attribute, _ in _FIELDS}
     except KeyError as exc:
         raise PayloadError(f"task message without {exc.args[0]!r}") from None
-    kinds = (
-        (message.result_id, str),
-        (message.task_path, str),
-        (message.args, list),
-        (message.kwargs, dict),
-        (message.backend, str),
-        (message.queue, str),
-        (message.priority, int),
-        (message.enqueued_ns, int),
-    )
-    if not all(isinstance(value, kind) for value, kind in kinds) or not (
-        message.run_after_ns is None or isinstance(message.run_after_ns, int)
-    ):
+    if not all(isinstance(values[attribute], kinds) for _, attribute, kinds in _FIELDS):
         raise PayloadError("task message with a field of the wrong type")
-    return message
+    return TaskMessage(**values)

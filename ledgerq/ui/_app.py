@@ -13,6 +13,11 @@ the catalog found (``_catalog``), or answered with a 404.
 An encrypted queue the console has no key for (or another key) is listed with its
 figures and marked; a page or JSON answer that would show its messages answers 423
 (Locked) saying why and what to do (``_encryption``).
+
+Here: the application and the pages of the queues and their messages.  The dead
+letters' pages and the jobs' are in ``_dlq_pages``; the :class:`Console` the routes
+serve, and what they read of a request, in ``_console``; what a template shows of a
+value in ``_filters``.
 """
 
 from __future__ import annotations
@@ -20,259 +25,53 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from datetime import datetime
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl
 
-import jinja2
-import markupsafe
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 import ledgerq
 from ledgerq import tools
 from ledgerq.ui import _browse, _pool
-from ledgerq.ui._actions import Action, ActionRefused, Job, JobBoard, Verb
-from ledgerq.ui._actions import Scope as ActionScope
-from ledgerq.ui._catalog import Catalog
-from ledgerq.ui._charts import Series, chart, format_rate, span_text, sparkline
+from ledgerq.ui._charts import Series, chart
+from ledgerq.ui._console import (
+    HERE,
+    MAX_PAGE_SIZE,
+    Console,
+    NotFound,
+    form_fields,
+    int_param,
+    message_json,
+)
+from ledgerq.ui._dlq_pages import (
+    api_dlq,
+    api_dlq_count,
+    api_jobs,
+    dlq_action,
+    dlq_page,
+    job_cancel,
+    job_page,
+)
 from ledgerq.ui._encryption import KeyNeeded, check_console_key
 from ledgerq.ui._figures import DEFAULT_READER, QueueFigures, QueueFiles
-from ledgerq.ui._forms import FilterForm, FormError, parse_ids, parse_positive
+from ledgerq.ui._filters import format_time, url
+from ledgerq.ui._forms import FormError
 from ledgerq.ui._history import KEEP_S
-from ledgerq.ui._preview import PREVIEW_BYTES, PreviewKind, preview, printable, short
-from ledgerq.ui._security import CSRF_FIELD, Guard
+from ledgerq.ui._preview import PREVIEW_BYTES, PreviewKind, preview, short
+from ledgerq.ui._security import Guard
 
 __all__ = ["Console", "create_app"]
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PAGE_SIZE = 50  # dead letters per page
-MAX_PAGE_SIZE = 500
 NEXT_MESSAGES = 20  # on the queue page
-REFRESH_S = 2  # how often the script refreshes a live page
-ACTION_WAIT_S = 3.0  # how long an action's request waits for its job before reporting
 JOBS_STOP_S = 10.0  # how long stopping the console waits for its running jobs
 LOCKED = 423  # HTTP 423 Locked: the messages of an encrypted queue the key does not open
-
-
-class NotFound(Exception):
-    """A queue or message the request names that is not there."""
-
-
-class Console:
-    """One console: the queues under ``root``, their jobs, its pages and its sampler.
-
-    ``encryption_key``: the key its encrypted queues are read and changed with.
-    """
-
-    def __init__(
-        self,
-        root: str,
-        *,
-        token: str | None,
-        host: str,
-        sample_interval_s: float = 2.0,
-        history_s: float = KEEP_S,
-        encryption_key: bytes | None = None,
-    ) -> None:
-        self.catalog = Catalog(root, history_s=history_s, encryption_key=encryption_key)
-        self.history_s = history_s
-        self.jobs = JobBoard(self.catalog)
-        self.sample_interval_s = sample_interval_s
-        self._stop = threading.Event()
-        self._sampler: threading.Thread | None = None
-        self.templates = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
-            autoescape=True,
-            undefined=jinja2.StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-            finalize=shown_text,
-        )
-        self.templates.filters.update(
-            age=format_age,
-            bytes=format_bytes,
-            count=format_count,
-            field=field_value,
-            rate=format_rate,
-            when=format_time,
-        )
-        self.token = token
-        self.host = host
-        # Built by create_app, which needs the Console first (the guard knows the token).
-        self.csrf_token = ""
-
-    # ------------------------------------------------------------------ sampling
-
-    def start_sampling(self) -> None:
-        """Sample every queue's figures every ``sample_interval_s`` in a thread."""
-        if self._sampler is not None or self.sample_interval_s <= 0:
-            return
-        self._stop.clear()
-        self._sampler = threading.Thread(
-            target=self._sample, name="ledgerq-ui-sampler", daemon=True
-        )
-        self._sampler.start()
-
-    def stop_sampling(self) -> None:
-        """Stop the sampler thread (and wait for it)."""
-        self._stop.set()
-        if self._sampler is not None:
-            self._sampler.join(timeout=10)
-            self._sampler = None
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.catalog.sample_all()
-            self._stop.wait(self.sample_interval_s)
-
-    # ------------------------------------------------------------------ helpers
-
-    def render(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
-        """The page ``template`` with ``context`` and the values every page uses."""
-        page = self.templates.get_template(template).render(
-            csrf_field=CSRF_FIELD,
-            csrf_token=self.csrf_token,
-            root=self.catalog.root,
-            version=ledgerq.__version__,
-            refresh_s=REFRESH_S,
-            history_text=span_text(self.history_s),
-            url=url,
-            **context,
-        )
-        return HTMLResponse(page, status_code=status)
-
-    def files(self, request: Request) -> tuple[str, QueueFiles]:
-        """The queue the request names (``?q=``), or :class:`NotFound`."""
-        name = request.query_params.get("q", "")
-        files = self.catalog.get(name) if name else None
-        if files is None:
-            raise NotFound(f"there is no queue called {name!r} under {self.catalog.root}")
-        return name, files
-
-    def figures(self, name: str) -> QueueFigures:
-        """The queue's figures (fresh within a second)."""
-        figures = self.catalog.figures(name)
-        if figures is None:
-            raise NotFound(f"there is no queue called {name!r} under {self.catalog.root}")
-        return figures
-
-    def queue_row(self, name: str, now: float) -> dict[str, Any]:
-        """One queue as the overview and ``/api/queues`` show it."""
-        figures = self.figures(name)
-        rates = self.catalog.history.rates(name)
-        return {
-            "name": name,
-            "figures": figures,
-            "enqueue_rate": rates.enqueued,
-            "ack_rate": rates.acked_by(DEFAULT_READER),
-            "spark": sparkline(
-                self.catalog.history.series(name, "pending"),
-                now=now,
-                span_s=self.history_s,
-                label=f"pending messages of {name} over the last {span_text(self.history_s)}",
-            ),
-        }
-
-
-# ---------------------------------------------------------------------- formatting
-
-
-def shown_text(value: Any) -> Any:
-    """What a template shows of ``value`` (the environment's ``finalize``, applied to
-    every ``{{ ... }}``): text with its control and bidirectional-override characters
-    escaped (``_preview.printable``), so nothing a queue holds - a header, a failure
-    reason, a group, a queue's name - can reorder or recolour the page around it.
-    Markup (the charts, the macros, :func:`field_value`) is the console's own and
-    passes as it is; autoescaping then applies as always."""
-    if isinstance(value, str) and not isinstance(value, markupsafe.Markup):
-        return printable(value)
-    return value
-
-
-def field_value(value: Any) -> markupsafe.Markup:
-    """``value`` for a form field's ``value=""`` (the ``field`` filter): HTML-escaped,
-    and its control and format characters written as character references
-    (``&#x202e;``), so the page holds none of them raw while the browser still posts
-    the very text back - a queue name or a filter is the same text, not its shown form."""
-    text = str(markupsafe.escape(value))
-    if printable(text) != text:
-        text = "".join(
-            ch if ch in "\n\t" or printable(ch) == ch else f"&#x{ord(ch):x};" for ch in text
-        )
-    return markupsafe.Markup(text)
-
-
-def format_age(seconds: float | None) -> str:
-    """``3725.0`` -> ``"1h 2m"``: two units at most; ``"-"`` for nothing."""
-    if seconds is None or seconds <= 0:
-        return "\u2014"
-    if seconds < 60:
-        return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
-    total = int(seconds)
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if total >= size:
-            parts.append(f"{total // size}{unit}")
-            total %= size
-        if len(parts) == 2:
-            break
-    return " ".join(parts)
-
-
-def format_bytes(size: int) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - the loop returns
-
-
-def format_count(value: int) -> str:
-    """``12345`` -> ``"12,345"``."""
-    return f"{value:,}"
-
-
-def format_time(ns: int | None) -> str:
-    """Nanoseconds since the epoch as local time to the second (``"-"`` for None)."""
-    if not ns:
-        return "\u2014"
-    return datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def url(path: str, *pairs: tuple[str, Any], **params: Any) -> str:
-    """``path`` with a query string of ``pairs`` and ``params`` (None values left out)."""
-    items = [(k, v) for k, v in [*pairs, *params.items()] if v is not None and v != ""]
-    return path + ("?" + urlencode(items) if items else "")
-
-
-def _message_json(view: _browse.MessageView | None, message: ledgerq.Message) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "id": message.id,
-        "timestamp": message.timestamp,
-        "expires_at": message.expires_at,
-        "priority": int(message.priority),
-        "size": len(message.payload),
-        "headers": message.headers,
-        "preview": short(message.payload),
-    }
-    if view is not None:
-        value.update(
-            status=view.status,
-            attempts=view.attempts,
-            group=view.group,
-            not_before=view.not_before,
-        )
-    return value
 
 
 def _figures_json(
@@ -398,7 +197,7 @@ def create_app(
 
 def _locked(console: Console, request: Request, exc: KeyNeeded) -> Response:
     """The answer to a request for the messages of a queue the key does not open."""
-    name = request.query_params.get("q") or dict(_form(request)).get("q", "")
+    name = request.query_params.get("q") or dict(form_fields(request)).get("q", "")
     message = f"The queue {name} is encrypted: {exc}."
     wants_json = "application/json" in request.headers.get("accept", "")
     if request.url.path.startswith("/api/") or wants_json:
@@ -556,8 +355,8 @@ def api_queue(console: Console, request: Request) -> Response:
 def api_messages(console: Console, request: Request) -> Response:
     """``GET /api/messages?q=NAME&limit=N``: the next messages to be delivered."""
     _, files = console.files(request)
-    limit = _int_param(request, "limit", NEXT_MESSAGES, MAX_PAGE_SIZE)
-    return JSONResponse([_message_json(v, v.message) for v in _browse.next_messages(files, limit)])
+    limit = int_param(request, "limit", NEXT_MESSAGES, MAX_PAGE_SIZE)
+    return JSONResponse([message_json(v, v.message) for v in _browse.next_messages(files, limit)])
 
 
 # ---------------------------------------------------------------------- one message
@@ -652,7 +451,7 @@ def api_message(console: Console, request: Request) -> Response:
     view = _browse.find_message(where, message_id)
     if view is None:
         raise NotFound(f"there is no message {message_id} in {name}")
-    value = _message_json(view, view.message)
+    value = message_json(view, view.message)
     payload = view.message.payload
     try:
         value["payload"], value["payload_encoding"] = payload.decode("utf-8"), "utf8"
@@ -660,207 +459,3 @@ def api_message(console: Console, request: Request) -> Response:
         value["payload"] = base64.b64encode(payload).decode("ascii")
         value["payload_encoding"] = "base64"
     return JSONResponse(value)
-
-
-# ---------------------------------------------------------------------- dead letters
-
-
-def _int_param(request: Request, key: str, default: int, most: int) -> int:
-    text = request.query_params.get(key, "")
-    if not text:
-        return default
-    if not text.isdigit():
-        raise FormError(f"{key}: {text!r} is not a whole number")
-    return max(1, min(int(text), most)) if key == "limit" else int(text)
-
-
-def dlq_page(console: Console, request: Request) -> Response:
-    """The dead letters of one queue: filters, a page of them, and the actions."""
-    name, files = console.files(request)
-    form = FilterForm.from_pairs(request.query_params.multi_items())
-    error = None
-    try:
-        chosen = form.parsed()
-    except FormError as exc:
-        error, chosen = str(exc), None
-    figures = console.figures(name)
-    after = _int_param(request, "after", 0, 0)
-    limit = _int_param(request, "limit", PAGE_SIZE, MAX_PAGE_SIZE)
-    dlq = files.dlq()
-    page_ = None
-    if chosen is not None and dlq is not None and not figures.is_locked:
-        page_ = _browse.dead_letter_page(dlq, chosen, after=after, limit=limit)
-    now_ns = time.time_ns()
-    rows = []
-    for message in page_.messages if page_ is not None else ():
-        headers = message.headers
-        rows.append(
-            {
-                "message": message,
-                "original_id": headers.get("dlq.original_id", ""),
-                "reason": headers.get("dlq.failure_reason", ""),
-                "retries": headers.get("dlq.retry_count", ""),
-                "age": max(0.0, (now_ns - message.timestamp) / 1e9),
-                "preview": short(message.payload),
-                "other_headers": sorted(
-                    (k, v) for k, v in headers.items() if not k.startswith("dlq.")
-                ),
-            }
-        )
-    return console.render(
-        "dlq.html",
-        400 if error else 200,
-        title=f"{name}: dead letters",
-        name=name,
-        figures=figures,
-        form=form,
-        filtered=chosen is not None and not chosen.is_empty,
-        described=chosen.describe() if chosen is not None else "",
-        error=error,
-        rows=rows,
-        page=page_,
-        after=after,
-        limit=limit,
-        jobs=console.jobs.running(name),
-        report=_job_from(console, request),
-    )
-
-
-def _job_from(console: Console, request: Request, key: str = "job") -> Job | None:
-    job_id = request.query_params.get(key, "")
-    return console.jobs.get(job_id) if job_id else None
-
-
-def api_dlq(console: Console, request: Request) -> Response:
-    """``GET /api/dlq?q=NAME[&filters][&after=ID][&limit=N]``: a page of dead letters."""
-    _, files = console.files(request)
-    chosen = FilterForm.from_pairs(request.query_params.multi_items()).parsed()
-    dlq = files.dlq()
-    if dlq is None:
-        return JSONResponse({"messages": [], "next_after": None})
-    page_ = _browse.dead_letter_page(
-        dlq,
-        chosen,
-        after=_int_param(request, "after", 0, 0),
-        limit=_int_param(request, "limit", PAGE_SIZE, MAX_PAGE_SIZE),
-    )
-    return JSONResponse(
-        {
-            "messages": [_message_json(None, m) for m in page_.messages],
-            "next_after": page_.next_after,
-            "scanned_through": page_.scanned_through,
-            "budget_spent": page_.budget_spent,
-        }
-    )
-
-
-def api_dlq_count(console: Console, request: Request) -> Response:
-    """``GET /api/dlq/count?q=NAME[&filters]``: how many dead letters match (reads them all)."""
-    _, files = console.files(request)
-    chosen = FilterForm.from_pairs(request.query_params.multi_items()).parsed()
-    dlq = files.dlq()
-    matching = 0 if dlq is None else len(_browse.matching_dead_letters(dlq, chosen))
-    return JSONResponse({"matching": matching})
-
-
-def _form(request: Request) -> list[tuple[str, str]]:
-    """The fields of the posted form (read by the endpoint wrapper)."""
-    pairs: list[tuple[str, str]] = request.state.form
-    return pairs
-
-
-def _action_from(name: str, pairs: Iterable[tuple[str, str]]) -> Action:
-    pairs = list(pairs)
-    values = dict(pairs)
-    verbs: dict[str, Verb] = {"requeue": "requeue", "purge": "purge"}
-    scopes: dict[str, ActionScope] = {"selected": "selected", "matching": "matching", "all": "all"}
-    # The page's buttons say both at once (do=requeue:matching); API clients may too,
-    # or give action= and scope=.
-    verb_text, _, scope_text = values.get("do", "").partition(":")
-    verb = verbs.get(verb_text or values.get("action", ""))
-    scope = scopes.get(scope_text or values.get("scope", ""))
-    if verb is None or scope is None:
-        raise FormError("choose requeue or purge, of the selected, matching or all dead letters")
-    ids = parse_ids(v for k, v in pairs if k == "id") if scope == "selected" else ()
-    if scope == "selected" and not ids:
-        raise FormError("no dead letter was selected: tick the ones to act on first")
-    rate = delay = None
-    if verb == "requeue":
-        if values.get("rate", "").strip():
-            rate = parse_positive(values["rate"].strip(), "rate")
-        if values.get("delay", "").strip():
-            delay = parse_positive(values["delay"].strip(), "delay")
-    chosen = (
-        FilterForm.from_pairs(pairs).parsed() if scope == "matching" else tools.DeadLetterFilter()
-    )
-    return Action(name, verb, scope, ids, chosen, rate, delay)
-
-
-def dlq_action(console: Console, request: Request) -> Response:
-    """``POST /dlq/action``: confirm an action (first post), then do it (``confirmed=1``)."""
-    pairs = _form(request)
-    name = dict(pairs).get("q", "")
-    files = console.catalog.get(name) if name else None
-    if files is None:
-        raise NotFound(f"there is no queue called {name!r} under {console.catalog.root}")
-    action = _action_from(name, pairs)
-    form = FilterForm.from_pairs(pairs)
-    back = url("/dlq", ("q", name), *form.query())
-    if dict(pairs).get("from") == "message" and len(action.ids) == 1:
-        back = url("/message", q=name, id=action.ids[0], dlq=1)  # asked from its page
-    wants_json = "application/json" in request.headers.get("accept", "")
-    files.key_for_open()  # KeyNeeded: not even a confirmation for a queue it cannot open
-    if dict(pairs).get("confirmed") != "1":
-        dlq = files.dlq()
-        if action.scope == "selected":
-            count = len(set(action.ids))
-        elif dlq is None:
-            count = 0
-        elif action.scope == "matching":
-            count = len(_browse.matching_dead_letters(dlq, action.chosen))
-        else:
-            count = dlq.pending_count()
-        return console.render(
-            "confirm.html",
-            title=f"{action.verb.capitalize()} dead letters of {name}?",
-            name=name,
-            action=action,
-            count=count,
-            described=action.describe(count),
-            pairs=[(k, v) for k, v in pairs if k != CSRF_FIELD],
-            back=back,
-        )
-    try:
-        job = console.jobs.start(action)
-    except ActionRefused as exc:
-        if wants_json:
-            return JSONResponse({"error": str(exc)}, status_code=409)
-        return console.render("error.html", 409, title="Not done", message=str(exc), back=back)
-    job.ended.wait(ACTION_WAIT_S)
-    if wants_json:
-        return JSONResponse(job.as_json(), status_code=200 if not job.is_running else 202)
-    return RedirectResponse(url("/dlq", ("q", name), *form.query(), job=job.id), status_code=303)
-
-
-def job_page(console: Console, request: Request) -> Response:
-    """One job's progress or outcome (``/job?id=JOB``)."""
-    job = _job_from(console, request, "id")
-    if job is None:
-        raise NotFound("there is no such job (the console was restarted, or it is long done)")
-    return console.render("job.html", title="Job", job=job)
-
-
-def job_cancel(console: Console, request: Request) -> Response:
-    """``POST /job/cancel``: stop a running job after its current slice."""
-    pairs = _form(request)
-    job = console.jobs.get(dict(pairs).get("job", ""))
-    if job is None:
-        raise NotFound("there is no such job")
-    job.cancel.set()
-    job.ended.wait(ACTION_WAIT_S)
-    return RedirectResponse(url("/dlq", ("q", job.action.queue), job=job.id), status_code=303)
-
-
-def api_jobs(console: Console, request: Request) -> Response:
-    """``GET /api/jobs``: every job the console remembers, newest first."""
-    return JSONResponse([job.as_json() for job in console.jobs.all()])
