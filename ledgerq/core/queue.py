@@ -27,7 +27,7 @@ from ledgerq._errors import (
     StorageError,
 )
 from ledgerq._options import MAX_SECONDS, Options
-from ledgerq._types import Item, Message, Priority, ReaderStart, Stats
+from ledgerq._types import Item, Message, Priority, Stats
 from ledgerq.core.admission import Admission
 from ledgerq.core.args import (
     DEFAULT_LOCK_TIMEOUT,
@@ -37,8 +37,6 @@ from ledgerq.core.args import (
     check_headers_size,
     check_payload,
     check_priority,
-    check_reader_name,
-    check_reader_start,
     check_timeout,
     check_ttl,
     check_unique_key,
@@ -52,15 +50,14 @@ from ledgerq.core.feature import (
     Timer,
 )
 from ledgerq.core.handoff import HandOff
-from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.lifecycle import attempt as _attempt
 from ledgerq.core.lifecycle import finalize_unclosed
+from ledgerq.core.named_readers import NamedReaders
 from ledgerq.core.opening import DEFAULT_READER, Opening
 from ledgerq.core.processes import forked_error, track, unpicklable, untrack
-from ledgerq.core.reader import ReaderCore, entry_to_message, initial_checkpoint
+from ledgerq.core.reader import ReaderCore, entry_to_message
 from ledgerq.core.reader_handle import Reader
 from ledgerq.core.retention import Retention
-from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.shared_appends import SharedAppends
 from ledgerq.core.tracing import TRACE_MODULE, traced_items, with_trace_context
 from ledgerq.core.waits import Waits
@@ -72,13 +69,9 @@ from ledgerq.format.entry import (
 from ledgerq.format.errors import CorruptRecord
 from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.encryption import check_key_before_open
-from ledgerq.segment.files import storage_errors
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import (
     ID_BLOCK,
-)
-from ledgerq.segment.naming import (
-    reader_state_path,
 )
 from ledgerq.segment.shared_page import FeatureLogWord
 from ledgerq.segment.steplock import Budget
@@ -98,7 +91,7 @@ _ENCRYPTED = int(EntryFlags.ENCRYPTED)
 _RESTORED_FLAGS = _COMPRESSED | _ENCRYPTED  # entries whose stored payload is not the message
 
 
-class QueueCore(Opening, Retention, Admission, HandOff, Closing):
+class QueueCore(Opening, NamedReaders, Retention, Admission, HandOff, Closing):
     """A durable message queue in one directory.  Use :func:`ledgerq.open` to get one."""
 
     shared = False  # shared mode (``ledgerq.open(path, shared=True)``): see core/shared_queue
@@ -155,43 +148,6 @@ class QueueCore(Opening, Retention, Admission, HandOff, Closing):
         if self._timer is not None:
             self._timer.poll()  # what fell due while the queue was closed: one message
 
-    def _open_reader(self, name: str, *, start_latest: bool) -> Reader:
-        journal = self._new_journal(name)
-        journal.on_full = self._make_room
-        journal.set_low_space(not self._disk_reserve.is_held)
-        is_new = not os.path.exists(journal.path)
-        try:
-            with storage_errors("open reader state", journal.path):
-                core = self._new_reader_core(name, journal, start_latest=start_latest)
-        except BaseException:
-            journal.close()
-            if is_new:
-                # A new reader whose first checkpoint failed half-way must not exist: its
-                # file would make the next reader(name) start elsewhere than asked.
-                with contextlib.suppress(OSError):
-                    os.unlink(journal.path)
-            raise
-        reader = Reader(self, core)
-        self._readers[name] = reader
-        self._cores[name] = core
-        return reader
-
-    def _new_journal(self, name: str) -> ReaderJournal:
-        return ReaderJournal(self._reader_path(name))
-
-    def _new_reader_core(
-        self, name: str, journal: ReaderJournal, *, start_latest: bool
-    ) -> ReaderCore:
-        return ReaderCore(
-            name,
-            journal,
-            self._manager,
-            self._reader_hooks,
-            visibility_timeout=self.options.visibility_timeout,
-            start_latest=start_latest,
-            retry_policy=RetryPolicy.from_options(self.options),
-        )
-
     def make_room(self) -> bool:
         """A feature's state write met a full disk: release the disk reserve for it.
 
@@ -200,18 +156,6 @@ class QueueCore(Opening, Retention, Admission, HandOff, Closing):
         For the features' append logs (``AppendLog.on_full``); lock held.
         """
         return self._make_room()
-
-    def reader_cores(self) -> list[ReaderCore]:
-        """Every reader of the queue, for a feature that asks whether all of them are done
-        with a message (unique keys; lock held).  An exclusive queue has opened every
-        reader on disk; a shared handle's append that needs them holds them all."""
-        return list(self._cores.values())
-
-    def readers_current(self) -> bool:
-        """Whether :meth:`reader_cores` show every other handle's acks too (lock held).
-        Always for an exclusive queue; in shared mode, while an append holds them all
-        (a feature that needs them raises :class:`ReadersNeeded` from ``admit``)."""
-        return True
 
     def entry_of(self, message_id: int) -> Entry | None:
         """The log's entry ``message_id``, or None if the log does not hold it (lock held)."""
@@ -882,82 +826,6 @@ class QueueCore(Opening, Retention, Admission, HandOff, Closing):
         return messages
 
     # ------------------------------------------------------------------ consuming
-
-    def reader(self, name: str, start: ReaderStart | int = "earliest") -> Reader:
-        """Return the named reader (an independent consumer), creating it if new.
-
-        A new reader starts at the oldest retained message, with ``start="latest"``
-        at the tail, or with an id at the first message whose id is at least
-        ``start`` (from 1 to the queue's next id; below the oldest retained message
-        it starts there).  An existing reader is returned as it is.  Names are
-        1-100 characters of ``[A-Za-z0-9_.-]`` not starting with a dot.  A new
-        reader's state is durable when this returns.  Raises ``ValueError`` for a bad
-        name or ``start``, ``TypeError`` for a ``start`` that is no str or int.
-        """
-        name = check_reader_name(name)
-        start = check_reader_start(start)
-        with self._lock:
-            self._ensure_open()
-            existing = self._readers.get(name)
-            if existing is not None:
-                return existing
-            if isinstance(start, int):
-                return self._open_new_reader(name, start, ())
-            return self._open_reader(name, start_latest=start == "latest")
-
-    def _create_reader(self, name: str, head: int, done: Iterable[int]) -> Reader:
-        """Create the reader ``name`` with every id below ``head`` and in ``done`` done.
-
-        For :func:`ledgerq.tools.create_reader`.  Refuses (``ValueError``) to touch a
-        reader that exists; see :func:`~ledgerq.core.reader.initial_checkpoint` for
-        the bounds of ``head`` and ``done``.
-        """
-        name = check_reader_name(name)
-        with self._lock:
-            self._ensure_open()
-            path = self._reader_path(name)
-            if name in self._readers or os.path.exists(path):
-                raise ValueError(
-                    f"reader {name!r} exists already ({path}); a reader's state is never "
-                    "replaced: use queue.reader(name) to use it, or remove_reader(name) first"
-                )
-            return self._open_new_reader(name, head, done)
-
-    def _open_new_reader(self, name: str, head: int, done: Iterable[int]) -> Reader:
-        """Write a new reader's first checkpoint durably, then open it (lock held)."""
-        checkpoint = initial_checkpoint(head, done, self._next_id)
-        journal = ReaderJournal(self._reader_path(name))
-        try:
-            # temp file, fsync, rename, fsync of readers/: durable before the reader exists
-            journal.rewrite(checkpoint)
-        finally:
-            journal.close()
-        return self._open_reader(name, start_latest=False)
-
-    def _reader_path(self, name: str) -> str:
-        return reader_state_path(self.path, name)
-
-    def remove_reader(self, name: str) -> bool:
-        """Forget the named reader and its state, so it no longer holds back retention.
-
-        Returns False if there is no such reader.  The default reader cannot be removed.
-        """
-        if check_reader_name(name) == DEFAULT_READER:
-            raise ValueError("the default reader cannot be removed")
-        with self._lock:
-            self._ensure_open()
-            reader = self._readers.get(name)
-            if reader is None:
-                return False
-            with storage_errors("delete reader state", reader._core.journal.path):
-                os.unlink(reader._core.journal.path)  # first: if it fails, nothing changed
-            del self._readers[name]
-            del self._cores[name]  # nothing of it is saved again, at close or by retention
-            reader._removed = True
-            reader._core.journal.close()
-            self._retire_consumed()
-            self._waits.wake()  # its waiters must see that it is gone
-            return True
 
     def dequeue(self, timeout: float | None = 0) -> Message | None:
         """Lease the next message (see :meth:`Reader.dequeue`)."""

@@ -1,9 +1,10 @@
 """The state of a queue core, declared once: what every part of it reads and writes.
 
 :class:`~ledgerq.core.queue.QueueCore` is written in parts, one concern each - opening
-and recovery (``opening.py``), retention (``retention.py``), the checked append path
-(``admission.py``), the hand-off (``handoff.py``), closing (``closing.py``) - each a
-mixin whose methods take the queue as ``self``.  They all derive from
+and recovery (``opening.py``), the named readers (``named_readers.py``), retention
+(``retention.py``), the checked append path (``admission.py``), the hand-off
+(``handoff.py``), closing (``closing.py``) - each a mixin whose methods take the queue
+as ``self``.  They all derive from
 :class:`QueueState`, which declares the queue's fields (set by the queue's constructor
 and by opening; ``typing.get_type_hints`` resolves them, so their types are imported
 here) and, for the type checker only, the queue's methods the parts call across.  It
@@ -107,6 +108,7 @@ class QueueState:
         def _prepare_wait(self) -> bool: ...
         def _fire_timer(self) -> None: ...
         def _restore_disk_reserve(self) -> bool: ...
+        def _retire_consumed(self) -> None: ...
         def _restore(self, entry: Entry) -> bytes: ...
         # The append pipeline's steps (core/queue.py, the checked path: admission.py).
         def _prepare(
