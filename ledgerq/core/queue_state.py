@@ -1,10 +1,10 @@
 """The state of a queue core, declared once: what every part of it reads and writes.
 
 :class:`~ledgerq.core.queue.QueueCore` is written in parts, one concern each - opening
-and recovery (``opening.py``), the named readers (``named_readers.py``), retention
-(``retention.py``), the checked append path (``admission.py``), the hand-off
-(``handoff.py``), closing (``closing.py``) - each a mixin whose methods take the queue
-as ``self``.  They all derive from
+and recovery (``opening.py``), the named readers (``named_readers.py``), the append
+paths (``appending.py``), the checked append path (``admission.py``), the hand-off
+(``handoff.py``), retention (``retention.py``), closing (``closing.py``) - each a
+mixin whose methods take the queue as ``self``.  They all derive from
 :class:`QueueState`, which declares the queue's fields (set by the queue's constructor
 and by opening; ``typing.get_type_hints`` resolves them, so their types are imported
 here) and, for the type checker only, the queue's methods the parts call across.  It
@@ -110,7 +110,7 @@ class QueueState:
         def _restore_disk_reserve(self) -> bool: ...
         def _retire_consumed(self) -> None: ...
         def _restore(self, entry: Entry) -> bytes: ...
-        # The append pipeline's steps (core/queue.py, the checked path: admission.py).
+        # The append pipeline's steps (appending.py; the checked path: admission.py).
         def _prepare(
             self,
             payload: object,
@@ -130,6 +130,9 @@ class QueueState:
         def _append(
             self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
         ) -> list[int]: ...
+        def _encode_drafts(
+            self, drafts: list[Draft], first: int, now: int, continues: bool = False
+        ) -> list[bytes]: ...
         def _appended(self, first: int, count: int, rotated: bool) -> int: ...
         def _count_written(self, first: int) -> None: ...
         def _after_append(self) -> None: ...

@@ -297,9 +297,9 @@ def test_an_id_reservation_is_saved_when_it_is_made(
     # An id may be written only once a durable reservation covers it: after a power cut
     # the next session starts past meta.json's reservation, never reusing an id that a
     # lost tail held.  A new block reached the state page but not meta.json.
-    from ledgerq.core import queue as queue_module
+    from ledgerq.core import appending
 
-    monkeypatch.setattr(queue_module, "ID_BLOCK", 10)  # (the one id reservation, both modes)
+    monkeypatch.setattr(appending, "ID_BLOCK", 10)  # (the one id reservation, both modes)
     path = tmp_path / "q"
     with ledgerq.open(path, shared=True) as a, ledgerq.open(path, shared=True) as b:
         for round_ in range(3):
