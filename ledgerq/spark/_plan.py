@@ -26,7 +26,7 @@ from ledgerq.spark._layout import (
     read_reader_state,
     timestamps_non_decreasing,
 )
-from ledgerq.spark._scan import SegmentTask
+from ledgerq.spark._task import SegmentTask
 
 __all__ = [
     "Pushed",
