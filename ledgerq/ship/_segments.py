@@ -25,6 +25,8 @@ _BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
 
 @dataclass
 class Scan:
+    """What :func:`take` took: whole entries, and the damaged regions among them."""
+
     stop: int  # where the bytes taken end: after the last entry taken
     last_id: int
     entries: list[tuple[int, int, int, int]]  # offset, id, timestamp, size
@@ -51,6 +53,8 @@ def take(scanner: EntryScanner, budget: int) -> Scan:
 
 @dataclass
 class DestSegment:
+    """One segment of the copy: its log and index files, what it holds so far, its points."""
+
     first_id: int
     log: str
     idx: str
