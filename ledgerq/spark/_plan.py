@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ledgerq._errors import ConfigError
 from ledgerq.segment.encryption import sealer_for, stored_block
@@ -26,7 +27,7 @@ from ledgerq.spark._layout import (
     read_reader_state,
     timestamps_non_decreasing,
 )
-from ledgerq.spark._scan import SegmentTask
+from ledgerq.spark._task import SegmentTask
 
 __all__ = [
     "Pushed",
@@ -227,40 +228,31 @@ def plan_queue(
 # the Python reader the same ones, so the plan is made once, in one place, for both.
 
 
+# The fields a task's JSON holds as they are, by name, in SegmentTask's order; the others
+# (sets, the reader state, the columns, the key) are converted on the way in and out.
+_CONVERTED = frozenset({"ids", "state", "columns", "encryption_key"})
+_AS_THEY_ARE = tuple(f.name for f in fields(SegmentTask) if f.name not in _CONVERTED)
+
+
 def task_to_json(task: SegmentTask) -> str:
     """``task`` as the JSON text a partition carries (sets as sorted lists, key as hex)."""
     state = task.state
-    return json.dumps(
-        {
-            "queue": task.queue,
-            "path": task.path,
-            "first_id": task.first_id,
-            "next_first_id": task.next_first_id,
-            "size_limit": task.size_limit,
-            "live_tail": task.live_tail,
-            "id_lo": task.id_lo,
-            "id_hi": task.id_hi,
-            "ids": None if task.ids is None else sorted(task.ids),
-            "ts_lo": task.ts_lo,
-            "ts_hi": task.ts_hi,
-            "seek_by_time": task.seek_by_time,
-            "state": None
-            if state is None
-            else {"head": state.head, "done": sorted(state.done), "leased": sorted(state.leased)},
-            "failfast": task.failfast,
-            "name_id": task.name_id,
-            "columns": None if task.columns is None else list(task.columns),
-            "encryption_key_hex": None
-            if task.encryption_key is None
-            else task.encryption_key.hex(),
-            # The JVM reader's: the queue's identity, which salts its entry key and
-            # authenticates every sealed entry (the key was checked against it already).
-            "queue_id_hex": None
-            if task.encryption_key is None
-            else (stored_block(task.path) or {}).get("queue_id"),
-        },
-        separators=(",", ":"),
+    raw: dict[str, Any] = {f.name: getattr(task, f.name) for f in fields(SegmentTask)}
+    del raw["encryption_key"]  # never in the clear: as hex, below
+    raw["ids"] = None if task.ids is None else sorted(task.ids)
+    raw["state"] = (
+        None
+        if state is None
+        else {"head": state.head, "done": sorted(state.done), "leased": sorted(state.leased)}
     )
+    raw["columns"] = None if task.columns is None else list(task.columns)
+    raw["encryption_key_hex"] = None if task.encryption_key is None else task.encryption_key.hex()
+    # The JVM reader's: the queue's identity, which salts its entry key and
+    # authenticates every sealed entry (the key was checked against it already).
+    raw["queue_id_hex"] = (
+        None if task.encryption_key is None else (stored_block(task.path) or {}).get("queue_id")
+    )
+    return json.dumps(raw, separators=(",", ":"))
 
 
 def task_from_json(text: str) -> SegmentTask:
@@ -270,23 +262,11 @@ def task_from_json(text: str) -> SegmentTask:
     ids = raw["ids"]
     key = raw["encryption_key_hex"]
     return SegmentTask(
-        queue=raw["queue"],
-        path=raw["path"],
-        first_id=raw["first_id"],
-        next_first_id=raw["next_first_id"],
-        size_limit=raw["size_limit"],
-        live_tail=raw["live_tail"],
-        id_lo=raw["id_lo"],
-        id_hi=raw["id_hi"],
+        **{name: raw[name] for name in _AS_THEY_ARE},
         ids=None if ids is None else frozenset(ids),
-        ts_lo=raw["ts_lo"],
-        ts_hi=raw["ts_hi"],
-        seek_by_time=raw["seek_by_time"],
         state=None
         if state is None
         else ReaderSnapshot(state["head"], frozenset(state["done"]), frozenset(state["leased"])),
-        failfast=raw["failfast"],
-        name_id=raw["name_id"],
         columns=None if raw["columns"] is None else tuple(raw["columns"]),
         encryption_key=None if key is None else bytes.fromhex(key),
     )

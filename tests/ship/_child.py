@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import ledgerq
 import ledgerq.ship
+import ledgerq.ship._shipper
 
 
 def payload(i: int) -> bytes:
@@ -36,7 +37,7 @@ def produce(path: str, count: str, segment_size: str) -> None:
 
 
 def ship(src: str, root: str, client: str, chunk: str) -> None:
-    ledgerq.ship._CHUNK = int(chunk)
+    ledgerq.ship._shipper._CHUNK = int(chunk)
 
     def progress(done: int, total: int) -> None:
         print(f"progress {done} {total}", flush=True)

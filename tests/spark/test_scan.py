@@ -23,7 +23,7 @@ import ledgerq  # noqa: E402
 from ledgerq.format.checksum import count_valid_records  # noqa: E402
 from ledgerq.format.entry import EntryFlags, decode_entry, encode_entry  # noqa: E402
 from ledgerq.segment.readonly import find_queues  # noqa: E402
-from ledgerq.spark import _scan  # noqa: E402
+from ledgerq.spark import _runs, _tiers  # noqa: E402
 from ledgerq.spark._layout import list_segments, read_reader_state  # noqa: E402
 from ledgerq.spark._plan import Pushed, ReadOptions, plan_tasks  # noqa: E402
 from ledgerq.spark._scan import ScanStats, SegmentTask, _state_of, scan_segment  # noqa: E402
@@ -95,7 +95,7 @@ def _queue(path: Path, n: int = 60) -> Path:
 
 @pytest.fixture(params=[4 << 20, 97], ids=["4MiB-chunks", "97-byte-chunks"])
 def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(_scan, "_CHUNK_BYTES", request.param)
+    monkeypatch.setattr(_tiers, "_CHUNK_BYTES", request.param)
     return int(request.param)
 
 
@@ -210,7 +210,7 @@ def test_a_bad_crc_of_either_format_is_found_by_the_run_check(
     if entry_format == 1:
         _as_format_1(log)
     data = bytearray(log.read_bytes())
-    offsets = _scan._walk(bytes(data))
+    offsets = _runs.walk(bytes(data))
     data[offsets[250] + 30] ^= 0x01  # the payload of id 251
     log.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="ledgerq"):
@@ -222,7 +222,7 @@ def test_a_bad_crc_of_either_format_is_found_by_the_run_check(
 def test_run_checks_find_the_first_bad_entry(tmp_path: Path) -> None:
     _fixed_queue(tmp_path / "q", n=50)
     data = segment_files(tmp_path / "q")[0].read_bytes()
-    offsets = _scan._walk(data)
+    offsets = _runs.walk(data)
     assert len(offsets) == 54
     size = offsets[1] - offsets[0]
     assert count_valid_records(data, offsets[:51], size) == 50

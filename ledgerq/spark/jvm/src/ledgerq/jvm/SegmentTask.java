@@ -9,7 +9,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 
 /**
- * One planned segment read: the fields of ledgerq/spark/_scan.py SegmentTask, read from
+ * One planned segment read: the fields of ledgerq/spark/_task.py SegmentTask, read from
  * the JSON text of _plan.py task_to_json. Bounds are inclusive; times in microseconds.
  */
 public final class SegmentTask {

@@ -1,37 +1,6 @@
-"""``ledgerq ship``: copy a queue's segments to a hub directory, incrementally.
-
-The copy of queue directory ``SRC`` shipped by client ``ID`` lives in
-``DEST_ROOT/<ID>.<basename of SRC>/`` (SEJ's hub layout) and is itself a queue
-directory: ``meta.json``, ``segments/*.log`` byte for byte as in the source, and a
-sparse index per segment - so ``ledgerq.follow``, the Spark reader and (when no
-shipper runs) ``ledgerq.open`` read it.  ``ship.json`` there names the source.
-
-How a pass works (the source is read without its lock, beside its owner):
-
-* Source segments are taken in id order.  A segment is *sealed* once a newer one
-  exists (its owner creates the next file only after its last write to the
-  previous one), or once it is deleted (only sealed segments are deleted).
-* Every byte copied is first read and decoded: every entry's CRC is checked, and
-  the bytes written are decoded again before they are written.  A segment is
-  copied up to the end of its last complete entry; an entry still being appended
-  is waited for, never copied in part.  Damage in the middle of a segment (bytes
-  that are no entry, followed by valid entries) is reported and copied as it is,
-  so the destination stays byte-exact and its readers skip it as the source's do.
-* A destination segment appears only whole: it is written to a ``.tmp`` file,
-  fsynced and renamed.  After that it grows only by appends of complete, verified
-  entries (the way its source grew) and is fsynced before ``meta.json`` moves on.
-  A shipper killed in the middle of such an append can leave an incomplete last
-  entry, which every ledgerq reader treats as a write in flight and the next run
-  cuts off before it continues.  A segment's sealed index is written (atomically)
-  before the next segment's file is created, as the queue itself does.
-* Resuming needs no state besides the destination itself: the newest destination
-  segment says where to go on (its size is the source offset: the copy is
-  byte-exact), and its last entry is compared with the source's.
-
-``--delete-shipped`` deletes a source segment only when it is sealed, its copy is
-sealed and fsynced, and every id in it is below the durable head of every reader
-of the source (``readers/*.state`` replayed read-only).  It cannot see the owner's
-memory: see ``docs/ship.md`` for the races with the owner's own retention.
+"""The shipper: one source queue copied to its destination, pass after pass (see the
+package's docstring for how a pass works), and the sealed copies' deletion at the
+source once every reader is past them.
 """
 
 from __future__ import annotations
@@ -40,10 +9,6 @@ import json
 import logging
 import os
 import re
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ledgerq._errors import CorruptionError, LedgerQError, NotAQueueError
@@ -53,10 +18,7 @@ from ledgerq._errors import CorruptionError, LedgerQError, NotAQueueError
 # writing the destination, a queue directory of its own, under its lock.
 from ledgerq.format.entry import decode_entry
 from ledgerq.format.errors import DecodeError
-from ledgerq.format.index import IndexEntry
-from ledgerq.segment.appendlog import AppendLog
 from ledgerq.segment.files import atomic_write, fsync_dir, pread_exact, storage_errors
-from ledgerq.segment.index_file import read_index, write_index
 from ledgerq.segment.layout import content_first_id
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.meta import Meta, MetaStore, encode_meta
@@ -70,92 +32,52 @@ from ledgerq.segment.naming import (
     log_path,
 )
 from ledgerq.segment.readonly import (
-    DirectoryWatcher,
     EntryFlags,
     SegmentTail,
-    WatchMode,
     load_meta,
     queue_dir_problem,
     reader_heads,
     segment_ids,
-    watch_segments,
 )
-from ledgerq.segment.scanner import EntryScanner, sealed_index_holds
+from ledgerq.ship._report import ProgressCallback, ShipError, ShipReport, Totals
+from ledgerq.ship._segments import DestSegment, Scan, take
 
 __all__ = [
+    "STATE_FORMAT",
     "STATE_NAME",
-    "ShipError",
-    "ShipReport",
+    "STATE_VERSION",
+    "Shipper",
+    "check_client_id",
     "destination_path",
-    "durable_reader_heads",
-    "ship_queue",
 ]
 
 logger = logging.getLogger("ledgerq")
 
 STATE_NAME = "ship.json"
+
 STATE_FORMAT = "ledgerq-ship"
+
 STATE_VERSION = 1
+
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}\Z")  # anchored; no '.', which separates the parts
+
 _CHUNK = 8 << 20  # bytes read, verified and written at a time
+
 _DEFAULT_INDEX_INTERVAL = 4096
-_BATCH_CONTINUES = int(EntryFlags.BATCH_CONTINUES)
+
 _ENCRYPTED = int(EntryFlags.ENCRYPTED)
-_MIN_PASS_INTERVAL_S = 0.05  # in follow mode, at most ~20 passes (and fsyncs) a second
-
-ProgressCallback = Callable[[int, int], None]
-
-
-class ShipError(LedgerQError):
-    """Shipping cannot go on: a bad client id, or a destination that is not this source's."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShipReport:
-    """What :func:`ship_queue` did (over all passes when following).
-
-    ``messages``/``bytes`` count entries copied; ``segments`` the destination segment
-    files created; ``deleted_*`` the source segments removed by ``delete_shipped``;
-    ``corrupt`` the damaged regions copied as they are (``file``, ``offset``,
-    ``length``); ``notes`` anything else worth a line (lost data, skipped deletions).
-    """
-
-    source: str
-    dest: str
-    client_id: str
-    passes: int
-    messages: int
-    bytes: int
-    segments: int
-    last_id: int
-    deleted_segments: int
-    deleted_bytes: int
-    corrupt: tuple[tuple[str, int, int], ...] = ()
-    notes: tuple[str, ...] = ()
-
-
-@dataclass
-class _Totals:
-    passes: int = 0
-    messages: int = 0
-    bytes: int = 0
-    segments: int = 0
-    deleted_segments: int = 0
-    deleted_bytes: int = 0
-    corrupt: list[tuple[str, int, int]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 def destination_path(
     src: str | os.PathLike[str], dest_root: str | os.PathLike[str], client_id: str
 ) -> str:
     """``DEST_ROOT/<client_id>.<basename of SRC>``: where ``src`` is shipped to."""
-    _check_client_id(client_id)
+    check_client_id(client_id)
     name = os.path.basename(os.path.abspath(os.fspath(src)))
     return os.path.join(os.path.abspath(os.fspath(dest_root)), f"{client_id}.{name}")
 
 
-def _check_client_id(client_id: object) -> str:
+def check_client_id(client_id: object) -> str:
     if not isinstance(client_id, str):
         raise TypeError(f"client id must be a str, got {type(client_id).__name__}")
     if not _CLIENT_ID.match(client_id):
@@ -164,9 +86,6 @@ def _check_client_id(client_id: object) -> str:
             "(no '.', which separates the client id from the queue name at the hub)"
         )
     return client_id
-
-
-# ---------------------------------------------------------------------- reader heads
 
 
 def durable_reader_heads(queue_dir: str | os.PathLike[str]) -> dict[str, int]:
@@ -179,93 +98,6 @@ def durable_reader_heads(queue_dir: str | os.PathLike[str]) -> dict[str, int]:
     damaged journal.
     """
     return reader_heads(os.fspath(queue_dir))
-
-
-# ---------------------------------------------------------------------- scanning
-
-
-@dataclass
-class _Scan:
-    stop: int  # where the bytes taken end: after the last entry taken
-    last_id: int
-    entries: list[tuple[int, int, int, int]]  # offset, id, timestamp, size
-    corrupt: list[tuple[int, int]]
-    exhausted: bool  # the scanner has nothing more now
-
-
-def _take(scanner: EntryScanner, budget: int) -> _Scan:
-    """The next entries of ``scanner``: about ``budget`` bytes of them, ending at the end
-    of a batch (never inside one), and the corrupt regions among them."""
-    start, after_id = scanner.pos, scanner.last_id
-    regions = len(scanner.corrupt)
-    entries: list[tuple[int, int, int, int]] = []
-    exhausted = True
-    while (entry := scanner.next()) is not None:
-        entries.append((scanner.pos - entry.size, entry.id, entry.timestamp, entry.size))
-        if scanner.pos - start >= budget and not entry.flags & _BATCH_CONTINUES:
-            exhausted = False
-            break
-    stop = entries[-1][0] + entries[-1][3] if entries else start
-    corrupt = [(r.start, r.stop) for r in scanner.corrupt[regions:] if r.stop <= stop]
-    return _Scan(stop, entries[-1][1] if entries else after_id, entries, corrupt, exhausted)
-
-
-# ---------------------------------------------------------------------- destination segments
-
-
-@dataclass
-class _DestSegment:
-    first_id: int
-    log: str
-    idx: str
-    size: int = 0
-    last_id: int = 0
-    last_offset: int = -1
-    last_ts: int = 0
-    points: list[IndexEntry] = field(default_factory=list)
-    sealed: bool = False
-    # The copy's file, appended to as the source grew: a write that a full destination
-    # disk cuts short is cut back before it raises, so the next pass (or run) never
-    # appends after a torn entry.
-    out: AppendLog | None = None
-    index_dirty: bool = False
-    published: bool = True  # False while the copy is still a .tmp file
-
-    def note(self, offset: int, message_id: int, timestamp: int, interval: int) -> None:
-        if not self.points or offset - self.points[-1].offset >= interval:
-            self.points.append(IndexEntry(message_id, timestamp, offset))
-            self.index_dirty = True
-        self.last_id = message_id
-        self.last_offset = offset
-        self.last_ts = timestamp
-
-    def write_index(self, *, sealed: bool) -> None:
-        points = list(self.points)
-        if (
-            sealed
-            and self.last_offset >= 0
-            and (not points or points[-1].offset != self.last_offset)
-        ):
-            points.append(IndexEntry(self.last_id, self.last_ts, self.last_offset))
-        # A sealed index is durable before the next segment exists (recovery trusts it);
-        # an open one is a hint that readers check against the log.
-        write_index(self.idx, points, sealed=sealed, durable=sealed)
-        self.points = points
-        self.index_dirty = False
-        self.sealed = sealed
-
-    def open_for_append(self, path: str, fd: int) -> None:
-        """Append to ``fd`` (the copy's file at ``path``, ``size`` bytes) from now on."""
-        self.out = AppendLog(path, "the shipped copy")
-        self.out.adopt(fd, self.size)
-
-    def close(self) -> None:
-        out, self.out = self.out, None
-        if out is not None:
-            out.close()
-
-
-# ---------------------------------------------------------------------- the shipper
 
 
 class Shipper:
@@ -282,15 +114,15 @@ class Shipper:
         *,
         on_progress: ProgressCallback | None = None,
     ) -> None:
-        self.client_id = _check_client_id(client_id)
+        self.client_id = check_client_id(client_id)
         self.src = os.path.abspath(os.fspath(src))
         self.dest = destination_path(self.src, dest_root, client_id)
         self.src_segments = os.path.join(self.src, SEGMENTS_DIR)
         self.dest_segments = os.path.join(self.dest, SEGMENTS_DIR)
         self.on_progress = on_progress
-        self.totals = _Totals()
+        self.totals = Totals()
         self._lock: DirLock | None = None
-        self._current: _DestSegment | None = None  # the newest destination segment
+        self._current: DestSegment | None = None  # the newest destination segment
         self._sealed: dict[int, tuple[int, int]] = {}  # first id -> (last id, size)
         self._source: SegmentTail | None = None
         self._source_meta = Meta()
@@ -366,16 +198,16 @@ class Shipper:
                 os.unlink(os.path.join(self.dest_segments, name))  # an unfinished copy
         for first_id in ids[:-1]:
             seg = self._open_dest(first_id)
-            if not self._load_sealed(seg):
-                self._rescan(seg, cut=False)  # not expected: we seal before going on
+            if not seg.load_sealed():
+                seg.rescan(self._interval, cut=False)  # not expected: we seal before going on
                 seg.write_index(sealed=True)
             self._sealed[first_id] = (seg.last_id, seg.size)
             if seg.last_id:
                 self._entries_before += seg.last_id - seg.first_id + 1
         if ids:
             seg = self._open_dest(ids[-1])
-            if not self._load_sealed(seg):
-                self._rescan(seg, cut=True)
+            if not seg.load_sealed():
+                seg.rescan(self._interval, cut=True)
                 seg.write_index(sealed=False)
             else:
                 self._sealed[seg.first_id] = (seg.last_id, seg.size)
@@ -383,59 +215,12 @@ class Shipper:
             self._current = seg
             self._check_against_source(seg)
 
-    def _open_dest(self, first_id: int) -> _DestSegment:
-        return _DestSegment(
+    def _open_dest(self, first_id: int) -> DestSegment:
+        return DestSegment(
             first_id, log_path(self.dest_segments, first_id), idx_path(self.dest_segments, first_id)
         )
 
-    def _load_sealed(self, seg: _DestSegment) -> bool:
-        """Take a sealed segment's range from its index, after checking its last point.
-
-        A copy may end with damaged bytes copied as they are from a sealed source, so
-        its last entry need not end the file.
-        """
-        points, sealed = read_index(seg.idx)
-        with open(seg.log, "rb") as f:
-            seg.size = os.fstat(f.fileno()).st_size
-            if not sealed_index_holds(f.fileno(), seg.size, points, sealed, ends_log=False):
-                return False
-        last = points[-1]
-        seg.points = points
-        seg.last_id, seg.last_offset, seg.last_ts = last.id, last.offset, last.timestamp
-        seg.sealed = True
-        return True
-
-    def _rescan(self, seg: _DestSegment, *, cut: bool) -> None:
-        """Find the entries of a destination segment; with ``cut``, cut an incomplete tail.
-
-        Only the newest copy can end in our own interrupted append; an older one keeps
-        its bytes (a damaged tail there was copied, as it is, from a sealed source).
-        """
-        fd = os.open(seg.log, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            found = _take(EntryScanner(fd, 0, size, after_id=seg.first_id - 1), size)
-        finally:
-            os.close(fd)
-        seg.points = []
-        for offset, message_id, timestamp, _ in found.entries:
-            seg.note(offset, message_id, timestamp, self._interval)
-        if not cut:
-            seg.size = size
-            return
-        if found.stop < size:
-            # Our own append cut short by a kill or a crash: never a complete entry.
-            logger.warning(
-                "ledgerq: ship cuts %d bytes of an incomplete copy at the end of %s",
-                size - found.stop,
-                seg.log,
-            )
-            with open(seg.log, "r+b") as f:
-                f.truncate(found.stop)
-                os.fsync(f.fileno())
-        seg.size = found.stop
-
-    def _check_against_source(self, seg: _DestSegment) -> None:
+    def _check_against_source(self, seg: DestSegment) -> None:
         """The newest copy's last entry must be byte for byte the source's."""
         if seg.last_offset < 0:
             return
@@ -550,7 +335,7 @@ class Shipper:
             )
         return source
 
-    def _lost(self, seg: _DestSegment, why: str) -> None:
+    def _lost(self, seg: DestSegment, why: str) -> None:
         self.totals.notes.append(
             f"segment {seg.first_id} was {why}; its messages after {seg.last_id or 'the start'} "
             "are not at the hub (give the source a retention_max_age that outlasts shipping)"
@@ -558,7 +343,7 @@ class Shipper:
         self._seal(seg)
 
     def _copy(
-        self, source: SegmentTail, seg: _DestSegment | None, *, sealed: bool
+        self, source: SegmentTail, seg: DestSegment | None, *, sealed: bool
     ) -> tuple[int, int, bool]:
         """Copy the new complete entries of ``source``; return (messages, bytes, complete).
 
@@ -585,7 +370,7 @@ class Shipper:
         messages = 0
         staged = seg if seg is not None else self._begin(source.first_id)
         while True:
-            found = _take(scanner, _CHUNK)
+            found = take(scanner, _CHUNK)
             stop = found.stop
             if found.exhausted and sealed and stop < size:
                 # A sealed segment ends in bytes that are no entry: copied as they are
@@ -643,7 +428,7 @@ class Shipper:
         logger.warning("ledgerq: ship: %s", note)
 
     def _write(
-        self, source: SegmentTail, seg: _DestSegment, start: int, stop: int, found: _Scan
+        self, source: SegmentTail, seg: DestSegment, start: int, stop: int, found: Scan
     ) -> None:
         """Append source bytes [start, stop) to the copy, checked again as written."""
         unsealed: list[int] = []  # entries of an encrypted source that are not sealed
@@ -680,7 +465,7 @@ class Shipper:
             if seg.index_dirty:
                 seg.write_index(sealed=False)
 
-    def _begin(self, first_id: int) -> _DestSegment:
+    def _begin(self, first_id: int) -> DestSegment:
         """Start the copy of a new segment, in a ``.tmp`` file no reader looks at."""
         previous = self._current
         if previous is not None:
@@ -697,7 +482,7 @@ class Shipper:
         self._current = seg
         return seg
 
-    def _publish(self, seg: _DestSegment, *, index: bool) -> None:
+    def _publish(self, seg: DestSegment, *, index: bool) -> None:
         """Make a new copy visible: fsync the temp file, rename it, fsync the directory."""
         assert seg.out is not None
         seg.out.sync()  # the content is on disk before the name points at it
@@ -710,7 +495,7 @@ class Shipper:
         if index:
             seg.write_index(sealed=False)
 
-    def _seal(self, seg: _DestSegment) -> None:
+    def _seal(self, seg: DestSegment) -> None:
         if seg.sealed:
             return
         if seg.out is not None:
@@ -849,78 +634,3 @@ class Shipper:
             corrupt=tuple(t.corrupt),
             notes=tuple(t.notes),
         )
-
-
-def ship_queue(
-    src: str | os.PathLike[str],
-    dest_root: str | os.PathLike[str],
-    client_id: str,
-    *,
-    follow: bool = False,
-    delete_shipped: bool = False,
-    timeout: float | None = None,
-    stop: threading.Event | None = None,
-    on_progress: ProgressCallback | None = None,
-    on_pass: Callable[[ShipReport], None] | None = None,
-    watch: WatchMode = "auto",
-) -> ShipReport:
-    """Copy the queue ``src`` into ``dest_root/<client_id>.<name of src>/``; return a report.
-
-    Reads ``src`` without its lock (it runs beside the owner) and holds the
-    destination's lock while it runs.  Copies sealed segments once and the active
-    one up to its last complete entry, verifying every entry's CRC; resumable after
-    any interruption and idempotent.  Everything copied is fsynced before it
-    returns (and before any deletion).  ``delete_shipped`` then deletes source
-    segments that are shipped and consumed by every reader of the source (see
-    :meth:`Shipper.delete_shipped`).
-
-    ``follow`` keeps shipping as new data arrives until ``stop`` is set, or
-    ``timeout`` seconds pass without new data (None: forever); ``on_pass(report)``
-    is called after each pass that copied or deleted something.
-    ``on_progress(done_bytes, total_bytes)`` reports each pass's copying.
-
-    Raises :class:`ShipError` for an invalid client id or a destination holding
-    something else, :class:`NotAQueueError` if ``src`` is not a queue,
-    :class:`QueueLockedError` if another shipper (or ``ledgerq.open``) holds the
-    destination, :class:`CorruptionError` if the source is truncated or replaced
-    under the shipper.
-    """
-    shipper = Shipper(src, dest_root, client_id, on_progress=on_progress)
-    watcher: DirectoryWatcher | None = None
-    try:
-        if follow:
-            # Before the first look at the files, so no change can slip between a look and a wait.
-            watcher = watch_segments(os.fspath(src), watch)
-        shipper.open()
-        idle_since = time.monotonic()
-        while True:
-            started = time.monotonic()
-            messages, nbytes = shipper.ship_pass()
-            deleted = shipper.delete_shipped()[0] if delete_shipped else 0
-            if messages or nbytes or deleted:
-                idle_since = time.monotonic()
-                if on_pass is not None:
-                    on_pass(shipper.report())
-            if not follow or watcher is None:
-                break
-            if stop is not None and stop.is_set():
-                break
-            wait = None if timeout is None else timeout - (time.monotonic() - idle_since)
-            if wait is not None and wait <= 0:
-                break
-            patience = shipper.patience_left()
-            if patience is not None:
-                wait = patience if wait is None else min(wait, patience)
-            if stop is not None:
-                wait = 0.25 if wait is None else min(wait, 0.25)
-            watcher.wait(wait)
-            pause = _MIN_PASS_INTERVAL_S - (time.monotonic() - started)
-            if pause > 0 and (stop is None or not stop.is_set()):
-                time.sleep(pause)  # rate limit: many appends, one pass (and one fsync)
-    finally:
-        try:
-            shipper.close()
-        finally:
-            if watcher is not None:
-                watcher.close()
-    return shipper.report()
