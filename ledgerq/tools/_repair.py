@@ -17,13 +17,6 @@ import os
 from ledgerq._api import open as open_path
 from ledgerq._errors import LedgerQError, QueueLockedError
 from ledgerq._options import Options
-from ledgerq._verify import check_queue, queue_dirs, verify
-from ledgerq._verify_report import (
-    IndexRebuild,
-    ProgressCallback,
-    RepairReport,
-    Tally,
-)
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.format.index import IndexEntry
 from ledgerq.format.reader_state import Checkpoint
@@ -56,6 +49,13 @@ from ledgerq.segment.readonly import (
 from ledgerq.segment.readonly_state import has_valid_header
 from ledgerq.segment.scanner import EntryScanner
 from ledgerq.segment.setaside import move_to_damaged, rename_segment
+from ledgerq.tools._verify import check_queue, queue_dirs, verify
+from ledgerq.tools._verify_report import (
+    IndexRebuild,
+    ProgressCallback,
+    RepairReport,
+    Tally,
+)
 
 logger = logging.getLogger("ledgerq")
 

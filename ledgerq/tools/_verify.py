@@ -17,19 +17,6 @@ from __future__ import annotations
 import json
 import os
 
-from ledgerq._verify_log import check_log
-from ledgerq._verify_report import (
-    GAP,
-    META,
-    MISNAMED,
-    OVERLAP,
-    READER_STATE,
-    READER_STATE_TAIL,
-    MetaFacts,
-    ProgressCallback,
-    Tally,
-    VerifyReport,
-)
 from ledgerq.format.errors import DecodeError
 from ledgerq.format.index import IndexEntry
 from ledgerq.format.reader_state import StateRecordType
@@ -64,6 +51,19 @@ from ledgerq.segment.readonly import (
     segment_ids,
 )
 from ledgerq.segment.readonly_state import has_valid_header, journal_records
+from ledgerq.tools._verify_log import check_log
+from ledgerq.tools._verify_report import (
+    GAP,
+    META,
+    MISNAMED,
+    OVERLAP,
+    READER_STATE,
+    READER_STATE_TAIL,
+    MetaFacts,
+    ProgressCallback,
+    Tally,
+    VerifyReport,
+)
 
 
 def verify(

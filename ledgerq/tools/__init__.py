@@ -36,22 +36,28 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ledgerq._dead_letters import (
+from ledgerq._queue import Queue
+from ledgerq._rekey import rekey
+from ledgerq._types import PeriodicJob
+from ledgerq.core.reader_handle import Reader
+from ledgerq.features.periodic import read_jobs
+from ledgerq.segment.naming import DLQ_DIR
+from ledgerq.segment.readonly import queue_dir_problem
+from ledgerq.tools._dead_letters import (
     DEAD_LETTER_HEADERS,
     DeadLetterFilter,
     paced,
     parse_header_condition,
     requeue_dead_letters,
 )
-from ledgerq._key_file import KEY_SIZE, KeyFileError, key_from_bytes, read_key_file
-from ledgerq._log_walk import iter_messages
-from ledgerq._log_walk import unauthentic_ids as unauthentic_ids  # for `ledgerq verify --key-file`
-from ledgerq._queue import Queue
-from ledgerq._rekey import rekey
-from ledgerq._repair import repair
-from ledgerq._types import PeriodicJob
-from ledgerq._verify import verify
-from ledgerq._verify_report import (
+from ledgerq.tools._key_file import KEY_SIZE, KeyFileError, key_from_bytes, read_key_file
+from ledgerq.tools._log_walk import iter_messages
+from ledgerq.tools._log_walk import (
+    unauthentic_ids as unauthentic_ids,  # for `ledgerq verify --key-file`
+)
+from ledgerq.tools._repair import repair
+from ledgerq.tools._verify import verify
+from ledgerq.tools._verify_report import (
     CORRUPT_ENTRY,
     CORRUPT_TAIL,
     GAP,
@@ -68,10 +74,6 @@ from ledgerq._verify_report import (
     RepairReport,
     VerifyReport,
 )
-from ledgerq.core.reader_handle import Reader
-from ledgerq.features.periodic import read_jobs
-from ledgerq.segment.naming import DLQ_DIR
-from ledgerq.segment.readonly import queue_dir_problem
 
 __all__ = [
     "CORRUPT_ENTRY",

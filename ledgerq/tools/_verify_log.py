@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import os
 
-from ledgerq._verify_report import (
+from ledgerq.format.entry import EntryFlags
+from ledgerq.format.errors import DecodeError
+from ledgerq.format.index import IndexEntry
+from ledgerq.segment.layout import SegmentFile
+from ledgerq.segment.meta import DELIVER_AT_VERSION
+from ledgerq.segment.naming import idx_path
+from ledgerq.segment.scanner import CorruptRegion, TailScanner
+from ledgerq.tools._verify_report import (
     CORRUPT_ENTRY,
     CORRUPT_TAIL,
     ID_ORDER,
@@ -16,13 +23,6 @@ from ledgerq._verify_report import (
     Problem,
     Tally,
 )
-from ledgerq.format.entry import EntryFlags
-from ledgerq.format.errors import DecodeError
-from ledgerq.format.index import IndexEntry
-from ledgerq.segment.layout import SegmentFile
-from ledgerq.segment.meta import DELIVER_AT_VERSION
-from ledgerq.segment.naming import idx_path
-from ledgerq.segment.scanner import CorruptRegion, TailScanner
 
 _PROGRESS_STEP = 1 << 20  # report progress about once per MiB of log
 _SCHEDULED_FLAGS = int(EntryFlags.HAS_DELIVER_AT | EntryFlags.HAS_GROUP)
