@@ -39,16 +39,17 @@ from ledgerq._errors import (
 from ledgerq._types import ReaderStats
 from ledgerq.core.args import check_id
 from ledgerq.core.delays import NEVER_NS, DelayIndex
-from ledgerq.core.feature import FailedDelivery, Feature, FifoSelector, Selector
+from ledgerq.core.failures import FailedDeliveries
+from ledgerq.core.feature import Feature, FifoSelector, Selector
 from ledgerq.core.journal import ReaderJournal
 from ledgerq.core.reader_session import NO_SESSION, NoSession, ReaderSession
+from ledgerq.core.removal import Removal
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.core.schedule import DeliveryInTime
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
 from ledgerq.format.reader_state import (
     Checkpoint,
     StateRecordType,
-    encode_ids_record,
 )
 from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.files import StorageError
@@ -75,15 +76,10 @@ _SCHEDULED = _DELIVER_AT | _HAS_GROUP
 # old message (leased, delayed, waiting for its retry or its group) keeps them all,
 # and pruning at a fixed size would cost O(n) per ack.
 _PRUNE_DONE_AT = 65536
-# The due time of a NOT_BEFORE record that asks for no wait: it only says that the
-# failures before it were reported (see ReaderCore.nack).
-NO_WAIT = 0
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 # The reason a dead letter carries when its nacker stopped before the move (the nack's
 # own reason is not in the journal).
 _NACK_UNFINISHED = "nacked (the move here was finished by another handle or a reopen)"
-_TIMED_OUT = "visibility timeout expired"
-_REVOKED_KEPT = 10_000
 
 
 class ReaderHooks:
@@ -103,11 +99,15 @@ class ReaderHooks:
         self.settled = overriding("settled")
 
 
-class ReaderCore(DeliveryInTime):
+class ReaderCore(FailedDeliveries, Removal, DeliveryInTime):
     """The state machine of one reader (no locking, no waiting: the queue does those).
 
     Its groups and delays - what holds a message back until its turn or its time -
-    are :class:`~ledgerq.core.schedule.DeliveryInTime`'s, written apart.
+    are :class:`~ledgerq.core.schedule.DeliveryInTime`'s, and the ways a lease ends
+    without an ack - nacks, releases, timeouts, and the features' ``failed`` hook -
+    :class:`~ledgerq.core.failures.FailedDeliveries`', and the messages settled by
+    tooling, purge or retention :class:`~ledgerq.core.removal.Removal`'s, each written
+    apart.
 
     ``session`` is what a step coordinates with the other handles reading it: nothing
     in exclusive mode (:data:`NO_SESSION`), the step lock and the catch-up of the
@@ -421,52 +421,6 @@ class ReaderCore(DeliveryInTime):
             heapq.heappush(self._deadlines, (now + self._visibility, message_id, attempt))
         return lease
 
-    def _report_failure(
-        self,
-        entry: Entry,
-        failures: int,
-        reason: str,
-        now_ns: int,
-        *,
-        give_back: bool = True,
-        again: bool = False,
-    ) -> bool:
-        """Tell the features a delivery failed; True (and settled) if one moved it away.
-
-        ``again``: its nacker reported it already, and may have stopped before acting
-        on it (:class:`FailedDelivery`).
-
-        ``entry`` is neither leased nor held when this is called.  If a feature raises
-        (the DLQ could not be written), the entry is given back (unless ``give_back`` is
-        False: the caller does it) - never dropped, so no checkpoint moves the head past
-        it - and this failure is reported again, with its reason, before the entry is
-        delivered again; the error propagates.
-        """
-        message_id = entry.id
-        retried = self._unreported.pop(message_id, None) if self._unreported else None
-        if retried is not None and retried[0] == failures:
-            reason = retried[1]  # the report that raised, not a lost lease
-        before = self._reported.get(message_id, 0)
-        self._reported[message_id] = failures
-        if self._nacked:
-            self._nacked.pop(message_id, None)
-        if self._hooks.failed:
-            delivery = FailedDelivery(self, entry, failures, reason, now_ns, again=again)
-            try:
-                for feature in self._hooks.failed:
-                    if feature.failed(delivery):
-                        self._finish(message_id, _DEAD, "dead_lettered")
-                        return True
-            except BaseException:
-                self._reported[message_id] = before
-                self._unreported[message_id] = (failures, reason)
-                if again:
-                    self._nacked[message_id] = failures
-                if give_back:
-                    self._give_back(entry)
-                raise
-        return False
-
     def _give_back(self, entry: Entry) -> None:
         """Make ``entry`` (leased or reported on) available again."""
         if entry.id >= self._cursor.next_id:
@@ -500,94 +454,6 @@ class ReaderCore(DeliveryInTime):
         if self._fail_reason:
             self._fail_reason.pop(message_id, None)
         self._done.add(message_id)
-
-    def expire_leases(self, now: float, now_ns: int) -> None:
-        """Give back leases whose visibility timeout passed (a failed delivery each),
-        once :meth:`_note_expired` has told the other handles."""
-        deadlines = self._deadlines
-        # id -> lease: a lease touched to the deadline it had is in the heap twice.
-        expired: dict[int, tuple[Entry, int]] = {}
-        while deadlines and deadlines[0][0] <= now:
-            deadline, message_id, attempt = heapq.heappop(deadlines)
-            lease = self._leased.get(message_id)
-            if lease is None or lease[1] != attempt:
-                continue
-            if self._touched and self._touched.get(message_id, deadline) > deadline:
-                continue  # touched since: a later deadline is in the heap
-            expired[message_id] = lease
-        if not expired:
-            return
-        try:
-            self._note_expired(list(expired))
-        except BaseException:
-            for message_id, lease in expired.items():  # still leased: expired next time
-                heapq.heappush(deadlines, (now, message_id, lease[1]))
-            raise
-        for message_id, (entry, attempt) in expired.items():
-            del self._leased[message_id]
-            if self._touched:
-                self._touched.pop(message_id, None)
-            try:
-                if not self._report_failure(entry, attempt, _TIMED_OUT, now_ns):
-                    self._retry_or_give_back(entry, attempt, now_ns)
-            except LedgerQError as exc:
-                self._move_failed(message_id, exc)  # given back; moved before redelivery
-
-    def _note_expired(self, ids: list[int]) -> None:
-        """The leases of ``ids`` timed out and are about to be given back: say so where
-        another handle must know (shared mode's RECLAIM record); nothing here."""
-
-    def _retry_or_give_back(self, entry: Entry, failures: int, now_ns: int) -> None:
-        """After a failed delivery (not dead-lettered): park ``entry`` for the retry
-        policy's delay, or make it available at once (no policy, or the journal
-        refused the delay: logged - the message comes back early rather than never)."""
-        policy = self._retry_policy
-        if policy is not None:
-            try:
-                if self._retry_later(entry.id, now_ns + policy.delay_ns(failures), now_ns):
-                    return
-            except StorageError as exc:
-                logger.warning(
-                    "ledgerq: could not record the retry delay of message %d (%s); it is "
-                    "delivered again at once",
-                    entry.id,
-                    exc,
-                )
-        self._give_back(entry)
-
-    def next_deadline(self) -> float | None:
-        """Lease time (the queue clock's monotonic seconds) of the next visibility-timeout
-        expiry, if any."""
-        deadlines = self._deadlines
-        while deadlines:
-            deadline, message_id, attempt = deadlines[0]
-            lease = self._leased.get(message_id)
-            if (
-                lease is not None
-                and lease[1] == attempt
-                and not (self._touched and self._touched.get(message_id, deadline) > deadline)
-            ):
-                return deadline
-            heapq.heappop(deadlines)
-        return None
-
-    def touch(
-        self, message_id: int, seconds: float | None, now: float, now_ns: int
-    ) -> float | None:
-        """Extend the lease of ``message_id`` (checked by the caller) to ``seconds`` from
-        ``now`` (lease time; ``now_ns`` the queue's time), default the visibility
-        timeout; return the new deadline (None: no visibility timeout, the lease lasts
-        until settled anyway)."""
-        if seconds is None:
-            seconds = self._visibility
-            if seconds is None:
-                return None
-        attempt = self._leased[message_id][1]
-        deadline = now + seconds
-        # The earlier deadline stays in the heap: _touched says it is stale.
-        self._touched[message_id] = deadline
-        heapq.heappush(self._deadlines, (deadline, message_id, attempt))
-        return deadline
 
     def check_leased(self, message_id: int) -> None:
         """Raise :class:`UnknownMessageError` unless ``message_id`` is leased here."""
@@ -632,238 +498,6 @@ class ReaderCore(DeliveryInTime):
             feature.settled(self, ids)
         if len(self._done) > self._prune_done_at:
             self._prune_done()
-
-    def nack(self, ids: list[int], reason: str, now_ns: int, delay_ns: int | None = None) -> int:
-        """Fail leased ids (checked by the caller); return the journal ticket.
-
-        Each comes back no earlier than ``delay_ns`` from ``now_ns``, or (None) its
-        retry policy's delay for its attempt; the delay is written with the NACK record,
-        in the same write - as a NOT_BEFORE record, of ``NO_WAIT`` when there is no
-        delay: a checkpoint keeps it, so that a reopen, or another handle, knows that
-        this failure was reported (not a lost lease: ``_nacked``).  Raises having
-        changed nothing if that cannot be written.
-        Once it is, the nack has happened: a move to the DLQ that fails then (a full
-        disk) does not raise - the message is held back and moved before it can be
-        delivered again.
-        """
-        dues: dict[int, int] = {}
-        policy = self._retry_policy
-        for message_id in ids:
-            if delay_ns is not None:
-                wait = delay_ns
-            elif policy is not None:
-                wait = policy.delay_ns(self._leased[message_id][1])
-            else:
-                wait = 0
-            dues[message_id] = now_ns + wait if wait > 0 else NO_WAIT
-        ticket = self._append_with_not_before(encode_ids_record(_NACK, ids), dues)
-        self.counters["nacked"] += len(ids)
-        for message_id in ids:
-            entry, attempt = self._leased.pop(message_id)
-            due = dues[message_id]
-            self._not_before[message_id] = due
-            try:
-                if self._report_failure(entry, attempt, reason, now_ns):
-                    continue  # dead-lettered (its NOT_BEFORE forgotten with it)
-            except LedgerQError as exc:
-                self._move_failed(message_id, exc)
-                continue
-            if due > now_ns:
-                self._park(due, message_id)
-            else:
-                self._give_back(entry)
-        return ticket
-
-    def release(self, ids: list[int], now_ns: int, due_ns: int | None = None) -> int:
-        """Give leased ids (checked by the caller) back unused; return the journal ticket.
-
-        Not a failed delivery: the RELEASE record undoes the count its LEASE added, so
-        the next delivery has the same attempt number, and no feature hears of it.
-        With ``due_ns``, not delivered again before then (a NOT_BEFORE record, in the
-        same write as the RELEASE).  Without, an id that failed before gets a NOT_BEFORE
-        of ``NO_WAIT``: read back (a reopen, another handle), it says those failures were
-        reported - not lost leases, to report and delay again (see :meth:`nack`).
-        """
-        # First: if the write fails, nothing changed.
-        if due_ns is None:
-            dues = {i: NO_WAIT for i in ids if self._leased[i][1] > 1}
-        else:
-            dues = dict.fromkeys(ids, due_ns)
-        if dues:
-            ticket = self._append_with_not_before(encode_ids_record(_RELEASE, ids), dues)
-        else:
-            ticket = self.journal.append(_RELEASE, ids)
-        for message_id in ids:
-            entry, attempt = self._leased.pop(message_id)
-            if attempt > 1:
-                self._deliveries[message_id] = attempt - 1
-            else:
-                self._deliveries.pop(message_id, None)
-            if self._touched:
-                self._touched.pop(message_id, None)
-            due = dues.get(message_id)
-            if due is not None:
-                self._not_before[message_id] = due
-            if due is None or due <= now_ns:
-                self._give_back(entry)
-            else:
-                self._park(due, message_id)
-        if self._deadlines:
-            # A deadline is matched to its lease by attempt number, and the next lease
-            # of a released id has the same one: drop the stale deadline, or it would
-            # expire that lease early.
-            released = set(ids)
-            self._deadlines[:] = [d for d in self._deadlines if d[1] not in released]
-            heapq.heapify(self._deadlines)
-        return ticket
-
-    def _move_failed(self, message_id: int, exc: LedgerQError) -> None:
-        """A failed delivery whose report raised (the DLQ refused the move): say so.
-
-        ``_report_failure`` gave the entry back and noted the failure, so the move is
-        tried again before the message can be delivered (:meth:`_choose`).
-        """
-        logger.warning(
-            "ledgerq: could not move message %d of reader %r to the dead-letter queue (%s); "
-            "it is held back and moved at a later dequeue",
-            message_id,
-            self.name,
-            exc,
-        )
-
-    def settle_any(self, message_id: int) -> bool:
-        """Mark ``message_id`` done wherever it is (leased, held, or not read yet).
-
-        Used by tooling that removes messages by id (DLQ requeue and purge).
-        Returns False if the id is not pending here.
-        """
-        leased = message_id in self._leased
-        held = not leased and self._selector.holds(message_id)
-        parked = not leased and not held and bool(self._delays) and message_id in self._delays
-        aside = not leased and message_id in self._group_held
-        held = held or parked or aside
-        if not leased and not held:  # not read yet, or not pending here at all
-            if message_id < self._cursor.next_id or message_id in self._skip:
-                return False
-            if not self._exists_unread(message_id):
-                return False
-        self.journal.append(_ACK, [message_id])  # first: if it fails, nothing changed
-        if leased:
-            del self._leased[message_id]
-        elif aside:
-            del self._group_held[message_id]
-        elif parked:
-            self._delays.discard(message_id)
-            self._due_ns = self._delays.next_due_ns
-        elif held:
-            self._selector.discard(message_id)
-        else:
-            self._skip.add(message_id)
-        self._forget(message_id)
-        self.counters["acked"] += 1
-        return True
-
-    def purge(self, wanted: set[int] | None = None) -> tuple[list[int], int]:
-        """Settle for good every pending message that is not leased (or those of
-        ``wanted``); return their ids and the journal ticket.
-
-        Pending is everything not finished and not leased: unread, ready, delayed,
-        waiting for a retry, held behind its group.  A leased message is never purged:
-        its holder's ack must still work.  One journal write for all of them (chunked
-        records): if it fails, nothing changed.  Counted as acked (``stats()``).
-        """
-        parked = self._delays.ids() if self._delays else set()
-        if wanted is None:
-            candidates: Iterable[int] = self._pending_ids(parked)
-        else:
-            candidates = sorted(wanted)
-        ids = [i for i in candidates if self._may_purge(i, parked)]
-        if not ids:
-            return [], 0
-        records = [encode_ids_record(_ACK, ids[k : k + 8192]) for k in range(0, len(ids), 8192)]
-        self.journal.append_record(b"".join(records))  # first: if it fails, nothing changed
-        ticket = self.journal.commit.note_write()
-        gone = set(ids)
-        if parked:
-            self._delays.discard_all(gone)
-            self._due_ns = self._delays.next_due_ns
-        for message_id in ids:  # in id order: a group's head first, then what it frees
-            if message_id in self._group_held:
-                del self._group_held[message_id]
-            elif not self._selector.discard(message_id) and message_id >= self._cursor.next_id:
-                self._skip.add(message_id)
-            self._forget(message_id)  # (gives its group's next one back: group_freed)
-        self.counters["acked"] += len(ids)
-        for feature in self._hooks.settled:
-            feature.settled(self, ids)
-        return ids, ticket
-
-    def _pending_ids(self, parked: set[int]) -> list[int]:
-        """Every id this reader may still deliver (leased ones included), in id order."""
-        held = set(self._group_held) | parked
-        start = self._cursor.next_id
-        behind = [i for i in range(self.head, start) if i in held or self._selector.holds(i)]
-        unread: list[int] = []
-        for seg in self._manager.segments:
-            if seg.is_empty or seg.last_id < start:
-                continue
-            if not seg.missing:
-                unread.extend(range(max(seg.first_id, start), seg.last_id + 1))
-                continue
-            cursor = LogCursor(self._manager, max(seg.first_id, start))  # a damaged segment
-            while (entry := cursor.next()) is not None and entry.id <= seg.last_id:
-                unread.append(entry.id)
-        skip = self._skip
-        return behind + [i for i in unread if i not in skip]
-
-    def _may_purge(self, message_id: int, parked: set[int]) -> bool:
-        """Whether ``message_id`` is pending here and not leased."""
-        if message_id in self._leased:
-            return False
-        if message_id in self._group_held or message_id in parked:
-            return True
-        if self._selector.holds(message_id):
-            return True
-        if message_id < self._cursor.next_id or message_id in self._skip:
-            return False
-        return self._exists_unread(message_id)
-
-    def drop_segment(self, first_id: int, last_id: int) -> tuple[int, int]:
-        """Retention is deleting the oldest segment, ids ``first_id..last_id``: settle
-        everything of it this reader had not settled; return (how many, how many leased).
-
-        Unread messages, messages given back (held by the selector) and leased ones
-        alike are dropped and counted in ``counters["dropped"]``.  A lease is revoked:
-        its ack or nack raises :class:`UnknownMessageError` saying so (the message
-        cannot be delivered again: its bytes are gone).  The reader's head moves past
-        ``last_id``, so the caller's checkpoint records the drop durably.
-        """
-        revoked = [i for i in self._leased if i <= last_id]
-        for message_id in revoked:
-            del self._leased[message_id]
-            self._revoked[message_id] = None
-        while len(self._revoked) > _REVOKED_KEPT:
-            del self._revoked[next(iter(self._revoked))]
-        lost = len(revoked) + len(self._selector.drop_through(last_id))
-        if self._delays:
-            lost += self._delays.drop_through(last_id)
-            self._due_ns = self._delays.next_due_ns
-        if self._group_of:
-            lost += self._drop_group_members(last_id)
-        start = max(self._cursor.next_id, first_id)
-        if start <= last_id:
-            # Ids are contiguous inside a segment (as pending() counts them).
-            lost += last_id - start + 1 - sum(1 for i in self._skip if start <= i <= last_id)
-            self._cursor.seek(last_id + 1)
-            self._forget_ahead()
-        self._skip = {i for i in self._skip if i > last_id}
-        failed = [i for i in self._deliveries if i <= last_id]
-        for message_id in failed:
-            self._forget(message_id)
-        for feature in self._hooks.settled:  # e.g. the retry tracker forgets them
-            feature.settled(self, failed)
-        self.counters["dropped"] = self.counters.get("dropped", 0) + lost
-        return lost, len(revoked)
 
     def leased_entries(self) -> list[Entry]:
         """Entries currently leased."""

@@ -44,8 +44,9 @@ from ledgerq._errors import LedgerQError, QueueClosedError, UnknownMessageError
 from ledgerq._types import ReaderStats
 from ledgerq.core.clock import QueueClock
 from ledgerq.core.delays import NEVER_NS
+from ledgerq.core.failures import _TIMED_OUT, NO_WAIT
 from ledgerq.core.journal import SharedReaderJournal
-from ledgerq.core.reader import _LOST_LEASE, _TIMED_OUT, NO_WAIT, ReaderCore, ReaderHooks
+from ledgerq.core.reader import _LOST_LEASE, ReaderCore, ReaderHooks
 from ledgerq.core.reader_session import ReaderSession, in_step
 from ledgerq.core.retry import RetryPolicy
 from ledgerq.format.entry import Entry, EntryFlags, RecordType
