@@ -35,7 +35,8 @@ import random
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import ledgerq
@@ -114,6 +115,22 @@ class SelfKill(Interposer):
                 killer.depth -= 1
 
         setattr(cls, method, armed)
+
+
+# A workload's steps, each with the upper bound of its share of the draws (see choose).
+Steps = Sequence[tuple[float, Callable[[], None]]]
+
+
+def choose(draw: float, steps: Steps) -> Callable[[], None]:
+    """The step whose share of ``steps`` the ``draw`` (in [0, 1)) falls in.
+
+    Each step comes with the upper bound of its share, the bounds growing: the first
+    step whose bound is above the draw is chosen (the last one if none is).
+    """
+    for bound, step in steps:
+        if draw < bound:
+            return step
+    return steps[-1][1]
 
 
 class Draws:
@@ -298,25 +315,20 @@ class Workload(Draws):
         self.emit("Z\n")
 
     def step(self) -> None:
-        r = self.rng.random()
-        if r < 0.24:
-            self.enqueue()
-        elif r < 0.32:
-            self.batch()
-        elif r < 0.56:
-            self.dequeue()
-        elif r < 0.72:
-            self.settle(ack=True)
-        elif r < 0.88:
-            self.settle(ack=False)
-        elif r < 0.92:
-            self.requeue()
-        elif r < 0.96:
-            self.compact()
-        elif r < 0.99:
-            self.sync()
-        else:
-            self.reopen()
+        choose(
+            self.rng.random(),
+            (
+                (0.24, self.enqueue),
+                (0.32, self.batch),
+                (0.56, self.dequeue),
+                (0.72, partial(self.settle, ack=True)),
+                (0.88, partial(self.settle, ack=False)),
+                (0.92, self.requeue),
+                (0.96, self.compact),
+                (0.99, self.sync),
+                (1.0, self.reopen),
+            ),
+        )()
         self.emit("Z\n")
 
 

@@ -49,7 +49,7 @@ from ledgerq.core.shared_queue import SharedQueueCore
 from ledgerq.core.shared_reader import SharedReaderCore
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.shared_manager import SharedSegmentManager
-from tests.torture._child import Draws, emit, run_until_killed
+from tests.torture._child import Draws, Steps, choose, emit, run_until_killed
 from tests.torture._payload import make, mismatch, token_of
 
 # Where a child can be told to die: the calls (class, method) that arm its self-kill
@@ -90,6 +90,20 @@ class SharedWorkload(Draws):
         self.reader_name = AUDIT if self.role == AUDIT else "-"
         self.leased: list[int] = []
         self._report_dlq_moves()
+        consume: Steps = ((1.0, self.consume),)
+        # What a step of each role does (see choose), one random draw a step.
+        self.steps: Steps = {
+            "producer": ((0.7, self.enqueue), (1.0, self.batch)),
+            "consumer": consume,
+            AUDIT: consume,
+            "mixed": (
+                (0.25, self.enqueue),
+                (0.35, self.batch),
+                (0.95, self.consume),
+                (0.975, self.compact),
+                (1.0, self.sync),
+            ),
+        }[self.role]
 
     def _report_dlq_moves(self) -> None:
         dlq = self.q.dlq
@@ -185,24 +199,16 @@ class SharedWorkload(Draws):
         else:
             self.dequeue()
 
+    def compact(self) -> None:
+        emit(f"B {now()} compact\n")
+        self.q.compact()
+
+    def sync(self) -> None:
+        emit(f"B {now()} sync\n")
+        self.q.sync()
+
     def step(self) -> None:
-        r = self.rng.random()
-        if self.role == "producer":
-            self.enqueue() if r < 0.7 else self.batch()
-        elif self.role in ("consumer", AUDIT):
-            self.consume()
-        elif r < 0.25:
-            self.enqueue()
-        elif r < 0.35:
-            self.batch()
-        elif r < 0.95:
-            self.consume()
-        elif r < 0.975:
-            emit(f"B {now()} compact\n")
-            self.q.compact()
-        else:
-            emit(f"B {now()} sync\n")
-            self.q.sync()
+        choose(self.rng.random(), self.steps)()
         emit(f"Z {now()}\n")
 
 
