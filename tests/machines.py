@@ -1,4 +1,5 @@
-"""What the stateful (hypothesis) tests of a queue share: its temporary directory."""
+"""What the stateful (hypothesis) tests of a queue share: its temporary directory, and
+the check of a delivery against the model."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 import ledgerq
 
-__all__ = ["TempQueueMachine"]
+__all__ = ["TempQueueMachine", "delivered_as_expected"]
 
 
 class TempQueueMachine(RuleBasedStateMachine):
@@ -37,3 +38,16 @@ class TempQueueMachine(RuleBasedStateMachine):
         for q in self.open_handles():
             q.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def delivered_as_expected(
+    msg: ledgerq.Message | None, expected: int | None
+) -> ledgerq.Message | None:
+    """Check that a dequeue returned what the model expects - the message of id
+    ``expected``, or nothing (``None``) - and return it."""
+    if expected is None:
+        assert msg is None, f"got {msg} when the model expects nothing"
+        return None
+    assert msg is not None, f"expected message {expected}, got nothing"
+    assert msg.id == expected, f"expected id {expected}, got {msg.id}"
+    return msg

@@ -20,7 +20,7 @@ from hypothesis.stateful import invariant, precondition, rule
 
 import ledgerq
 from tests.clocks import SECOND, SteppedClock
-from tests.machines import TempQueueMachine
+from tests.machines import TempQueueMachine, delivered_as_expected
 
 VISIBILITY = 30.0
 
@@ -116,13 +116,8 @@ class SchedulingMachine(TempQueueMachine):
 
     @rule()
     def dequeue(self) -> None:
-        msg = self.q.dequeue()
-        expected = self._expected()
-        if expected is None:
-            assert msg is None, f"got {msg} when the model expects nothing"
+        if (msg := delivered_as_expected(self.q.dequeue(), self._expected())) is None:
             return
-        assert msg is not None, f"expected {expected}, got nothing"
-        assert msg.id == expected, f"expected {expected}, got {msg.id}"
         m = self.msgs[msg.id]
         assert (msg.payload, msg.group) == (m.payload, m.group)
         m.deliveries += 1
