@@ -1,12 +1,13 @@
 """What the exclusive torture (``_runner.py``) and the shared one (``_shared.py``) share.
 
 The figures a campaign returns and their sums, the drawing of a campaign's queue
-options, what every campaign is told (:class:`Plan`), and the loop that runs rounds in
-campaigns.
+options, the start of a child (:func:`start_child`), what every campaign is told
+(:class:`Plan`), and the loop that runs rounds in campaigns.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["Plan", "Result", "Sums", "Totals", "draw_options", "run_campaigns"]
+from tests._child import Child
+
+__all__ = ["Plan", "Result", "Sums", "Totals", "draw_options", "run_campaigns", "start_child"]
 
 
 @dataclass
@@ -110,6 +113,19 @@ def draw_options(
     if mode == "interval":
         options["sync_interval"] = 0.005  # let the background fsync run during the rounds
     return options
+
+
+def start_child(
+    module: str, config: dict[str, Any], stderr_path: Path, *, watchdog_seconds: float
+) -> Child:
+    """Start a torture child (``python -m module CONFIG_JSON``); its stderr goes to a
+    file, it reads no stdin, and the watchdog kills it after ``watchdog_seconds``."""
+    return Child(
+        ["-m", module, json.dumps(config)],
+        stderr_path=stderr_path,
+        stdin=False,
+        watchdog_seconds=watchdog_seconds,
+    )
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ queue and its DLQ and checks that every message is accounted for.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 from dataclasses import dataclass
@@ -49,11 +48,8 @@ _EVERYTHING = 1_000_000
 
 def start_child(config: dict[str, Any], stderr_path: Path) -> Child:
     """Start a torture child (``_child.py``) with ``config``; its stderr goes to a file."""
-    return Child(
-        ["-m", "tests.torture._child", json.dumps(config)],
-        stderr_path=stderr_path,
-        stdin=False,
-        watchdog_seconds=WATCHDOG_SECONDS,
+    return common.start_child(
+        "tests.torture._child", config, stderr_path, watchdog_seconds=WATCHDOG_SECONDS
     )
 
 

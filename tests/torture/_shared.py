@@ -51,7 +51,6 @@ dead-lettered (never, with ``max_retries=0``) or in the final drain.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import statistics
@@ -67,7 +66,14 @@ import ledgerq
 from ledgerq.segment.naming import handle_live_path
 from tests._child import Child
 from tests.drain import drain
-from tests.torture._common import Plan, Result, Totals, draw_options, run_campaigns
+from tests.torture._common import (
+    Plan,
+    Result,
+    Totals,
+    draw_options,
+    run_campaigns,
+    start_child,
+)
 from tests.torture._model import ModelError
 from tests.torture._payload import make, mismatch, token_of
 
@@ -557,10 +563,10 @@ class Campaign:
             "kill": kill or {},
             "nack": nack,
         }
-        child = Child(
-            ["-m", "tests.torture._shared_child", json.dumps(config)],
-            stderr_path=self.workdir / f"shared-{self.seed}-{number}.stderr",
-            stdin=False,
+        child = start_child(
+            "tests.torture._shared_child",
+            config,
+            self.workdir / f"shared-{self.seed}-{number}.stderr",
             watchdog_seconds=600.0,
         )
         proc = Proc(number, role, child, kill or {})
