@@ -45,7 +45,7 @@ from ledgerq.core.queue import QueueCore
 from ledgerq.core.reader import ReaderCore
 from ledgerq.segment.manager import SegmentManager
 from tests.faults._shim import FAMILIES, Interposer
-from tests.torture._payload import Made, make, matches, mismatch, token_of
+from tests.torture._payload import Made, make, mismatch, token_of
 
 _real_write = os.write
 
@@ -65,6 +65,18 @@ def emit(text: str) -> None:
     """Write report lines with one write (atomic on a pipe up to PIPE_BUF bytes)."""
     data = text.encode()
     assert _real_write(1, data) == len(data)
+
+
+def checked_token(message: ledgerq.Message, report: Callable[[str], None], *, moved: bool) -> int:
+    """The token ``message`` was made from, its bytes checked against it (``moved``: see
+    :func:`~tests.torture._payload.mismatch`); a mismatch is reported (``X`` line) and
+    raised."""
+    token = token_of(message.payload)
+    if problem := mismatch(message, token, moved=moved):
+        what = f"message {message.id} (token {token}): {problem}"
+        report(f"X {what}\n")
+        raise AssertionError(what)
+    return token
 
 
 class SelfKill(Interposer):
@@ -259,11 +271,7 @@ class Workload(Draws):
         messages = self.q.dequeue_batch(n)
         lines = []
         for msg in messages:
-            token = token_of(msg.payload)
-            if not matches(msg, token, moved=msg.expires_at is None):
-                problem = f"message {msg.id} (token {token}): {mismatch(msg, token)}"
-                self.emit(f"X {problem}\n")
-                raise AssertionError(problem)
+            token = checked_token(msg, self.emit, moved=msg.expires_at is None)
             ttl = int(msg.expires_at is not None)
             lines.append(f"L {msg.id} {msg.attempts} {token} {ttl}\n")
             self.leased[msg.id] = msg.attempts

@@ -49,8 +49,8 @@ from ledgerq.core.shared_queue import SharedQueueCore
 from ledgerq.core.shared_reader import SharedReaderCore
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.shared_manager import SharedSegmentManager
-from tests.torture._child import Draws, Steps, choose, emit, run_until_killed
-from tests.torture._payload import make, mismatch, token_of
+from tests.torture._child import Draws, Steps, checked_token, choose, emit, run_until_killed
+from tests.torture._payload import make, token_of
 
 # Where a child can be told to die: the calls (class, method) that arm its self-kill
 # counter.  Each is a step of the shared engine that docs/architecture.md claims is safe
@@ -150,11 +150,7 @@ class SharedWorkload(Draws):
         t1 = now()
         lines = []
         for msg in got:
-            token = token_of(msg.payload)
-            problem = mismatch(msg, token, moved=True)
-            if problem:
-                emit(f"X message {msg.id} (token {token}): {problem}\n")
-                raise AssertionError(problem)
+            token = checked_token(msg, emit, moved=True)
             lines.append(f"L {t1} {self.reader_name} {msg.id} {msg.attempts} {token}\n")
             if msg.id not in self.leased:  # (else its lease expired and came back here)
                 self.leased.append(msg.id)
