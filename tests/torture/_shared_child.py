@@ -90,8 +90,8 @@ class SharedWorkload(Draws):
         self.reader_name = AUDIT if self.role == AUDIT else "-"
         self.leased: list[int] = []
         self._report_dlq_moves()
-        consume: Steps = ((1.0, self.consume),)
         # What a step of each role does (see choose), one random draw a step.
+        consume: Steps = ((1.0, self.consume),)
         self.steps: Steps = {
             "producer": ((0.7, self.enqueue), (1.0, self.batch)),
             "consumer": consume,
