@@ -19,11 +19,17 @@ def drain(reader: Any) -> list[ledgerq.Message]:
     return delivered
 
 
+def drain_singly(reader: Any) -> list[ledgerq.Message]:
+    """Lease and ack, one dequeue at a time, every message ``reader`` - a queue or a
+    named reader - delivers; return them in delivery order."""
+    delivered = []
+    while (msg := reader.dequeue()) is not None:
+        reader.ack(msg.id)
+        delivered.append(msg)
+    return delivered
+
+
 def drain_ticks(q: Any) -> list[int]:
     """Lease and ack, one dequeue at a time (each may fire a due periodic job), every
     message ``q`` delivers; return the periodic tick of each, in delivery order."""
-    got = []
-    while (msg := q.dequeue()) is not None:
-        got.append(int(msg.headers[TICK_HEADER]))
-        q.ack(msg.id)
-    return got
+    return [int(msg.headers[TICK_HEADER]) for msg in drain_singly(q)]

@@ -34,6 +34,7 @@ class WaitProbe:
     """Counts the listeners an AsyncQueue registers on its sync queue (= waiting coroutines)."""
 
     def __init__(self, q: AsyncQueue) -> None:
+        self.queue = q
         self.added = 0
         self.removed = 0
         sync = q.sync_queue
@@ -61,6 +62,13 @@ class WaitProbe:
             if time.monotonic() > deadline:
                 raise AssertionError(f"expected {n} waiting coroutines, saw {self.waiting}")
             await asyncio.sleep(0)
+
+    async def waiting_dequeue(self) -> asyncio.Task[ledgerq.Message | None]:
+        """A ``dequeue(timeout=None)`` of the probed queue, started as a task and
+        returned once it waits (the only waiting coroutine)."""
+        task = asyncio.create_task(self.queue.dequeue(timeout=None))
+        await self.until_waiting()
+        return task
 
 
 class TakeCounter:
@@ -205,8 +213,7 @@ def test_dequeue_woken_by_enqueue_from_another_task(qpath: Path) -> None:
     async def main() -> None:
         async with ledgerq.aio.open(qpath) as q:
             probe = WaitProbe(q)
-            consumer = asyncio.create_task(q.dequeue(timeout=None))
-            await probe.until_waiting()
+            consumer = await probe.waiting_dequeue()
             assert not consumer.done()
             await q.enqueue(b"wake up")
             msg = await consumer
@@ -370,8 +377,7 @@ def test_cancelled_waiting_dequeue_loses_nothing(qpath: Path) -> None:
     async def main() -> None:
         async with ledgerq.aio.open(qpath) as q:
             probe = WaitProbe(q)
-            waiter = asyncio.create_task(q.dequeue(timeout=None))
-            await probe.until_waiting()
+            waiter = await probe.waiting_dequeue()
             waiter.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiter
@@ -388,9 +394,7 @@ def test_cancelled_waiting_dequeue_loses_nothing(qpath: Path) -> None:
 def test_cancel_racing_a_wake_up_leases_nothing(qpath: Path) -> None:
     async def main() -> None:
         async with ledgerq.aio.open(qpath) as q:
-            probe = WaitProbe(q)
-            waiter = asyncio.create_task(q.dequeue(timeout=None))
-            await probe.until_waiting()
+            waiter = await WaitProbe(q).waiting_dequeue()
             # The enqueue schedules the wake-up; the cancel lands before the waiter runs.
             q.sync_queue.enqueue(b"contested")
             waiter.cancel()
@@ -437,9 +441,7 @@ def test_close_while_waiting_raises_queue_closed(qpath: Path) -> None:
 def test_sync_close_from_another_thread_wakes_waiter(qpath: Path) -> None:
     async def main() -> None:
         q = await ledgerq.aio.open(qpath)
-        probe = WaitProbe(q)
-        waiter = asyncio.create_task(q.dequeue(timeout=None))
-        await probe.until_waiting()
+        waiter = await WaitProbe(q).waiting_dequeue()
         closer = threading.Thread(target=q.sync_queue.close)
         closer.start()
         with pytest.raises(ledgerq.QueueClosedError):

@@ -14,16 +14,15 @@ where the payload ledger is read back from the log.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 import ledgerq
+from tests.machines import TempQueueMachine
 
 MAX_PENDING = 6
 MAX_PENDING_BYTES = 400
@@ -32,14 +31,13 @@ MAX_PENDING_BYTES = 400
 payloads = st.integers(min_value=0, max_value=450).map(lambda n: b"%d;" % n + b"." * n)
 
 
-class BoundedQueueMachine(RuleBasedStateMachine):
+class BoundedQueueMachine(TempQueueMachine):
     options: ClassVar[dict[str, Any]] = {}
     readers: ClassVar[tuple[str, ...]] = ("default", "audit")
+    tmp_prefix = "ledgerq-bounded-model-"
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="ledgerq-bounded-model-")
-        self.path = f"{self.tmp}/q"
         self.q = self._open()
         self.audit = self.q.reader("audit") if "audit" in self.readers else None
         self.sizes: dict[int, int] = {}  # id -> payload size, of every message enqueued
@@ -56,10 +54,6 @@ class BoundedQueueMachine(RuleBasedStateMachine):
             segment_size=900,  # rotations (and retention) every few messages
             **self.options,
         )
-
-    def teardown(self) -> None:
-        self.q.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     # ---------------------------------------------------------------- the model
 

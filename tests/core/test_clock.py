@@ -90,12 +90,20 @@ def test_a_clock_stepped_forward_while_open_does_not_expire_a_ttl(
     assert queue.stats().expired == 0
 
 
+def _written_then_stepped(
+    qpath: Path, clock: SteppedClock, payload: bytes, ttl: float, step_ns: int
+) -> None:
+    """A message of ``ttl`` seconds written, the queue closed, and then its wall clock
+    stepped by ``step_ns`` before the next open."""
+    with ledgerq.open(qpath, sync="never", clock=clock) as q:
+        q.enqueue(payload, ttl=ttl)
+    clock.step_wall(step_ns)
+
+
 def test_a_clock_stepped_back_across_a_reopen_does_not_extend_a_ttl(
     qpath: Path, clock: SteppedClock
 ) -> None:
-    with ledgerq.open(qpath, sync="never", clock=clock) as q:
-        q.enqueue(b"3 s", ttl=3)
-    clock.step_wall(-DAY)
+    _written_then_stepped(qpath, clock, b"3 s", 3, -DAY)
     with ledgerq.open(qpath, clock=clock) as q:
         clock.elapse(2 * SECOND)
         assert [m.payload for m in q.peek(5)] == [b"3 s"], "2 s old: still alive"
@@ -107,9 +115,7 @@ def test_a_clock_stepped_back_across_a_reopen_does_not_extend_a_ttl(
 def test_a_clock_stepped_forward_across_a_reopen_counts_like_downtime(
     qpath: Path, clock: SteppedClock
 ) -> None:
-    with ledgerq.open(qpath, sync="never", clock=clock) as q:
-        q.enqueue(b"an hour", ttl=3600)
-    clock.step_wall(2 * HOUR)
+    _written_then_stepped(qpath, clock, b"an hour", 3600, 2 * HOUR)
     with ledgerq.open(qpath, clock=clock) as q:
         assert q.dequeue() is None
         assert q.stats().expired == 1

@@ -12,15 +12,12 @@ import pytest
 
 import ledgerq
 from ledgerq.tools import create_reader
+from tests.drain import drain_singly
 
 
 def drain(reader: ledgerq.Reader) -> list[int]:
     """Ids the reader delivers from now on (acked as they come)."""
-    ids = []
-    while (message := reader.dequeue()) is not None:
-        reader.ack(message.id)
-        ids.append(message.id)
-    return ids
+    return [message.id for message in drain_singly(reader)]
 
 
 def filled(path: Path, count: int = 10, **options: object) -> ledgerq.Queue:

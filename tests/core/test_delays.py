@@ -24,6 +24,7 @@ import ledgerq.aio
 from ledgerq import Item, Priority
 from ledgerq.segment import meta as meta_module
 from tests.clocks import SteppedClock
+from tests.core._refused import check_refused_and_nothing_written
 
 
 @pytest.fixture
@@ -178,11 +179,8 @@ def test_shared_mode_waits_for_the_delay(tmp_path: Path) -> None:
 )
 def test_a_bad_delay_writes_nothing(tmp_path: Path, delay: object, error: type) -> None:
     with ledgerq.open(tmp_path / "q") as q:
-        with pytest.raises(error, match="delay"):
-            q.enqueue(b"x", delay=delay)  # type: ignore[arg-type]
-        with pytest.raises(error, match="delay"):
-            q.enqueue_batch([b"ok", Item(b"x", delay=delay)])  # type: ignore[arg-type]
-        assert q.stats().enqueued == 0 and q.stats().next_id == 1
+        check_refused_and_nothing_written(q, "delay", delay, error)
+        assert q.stats().next_id == 1
 
 
 def test_meta_says_version_2_before_the_first_delayed_entry(tmp_path: Path) -> None:

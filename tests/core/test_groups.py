@@ -18,6 +18,7 @@ import pytest
 import ledgerq
 from ledgerq import Item, Priority
 from tests.clocks import SteppedClock
+from tests.core._refused import check_refused_and_nothing_written
 from tests.shared._procs import wait_until
 
 
@@ -160,11 +161,7 @@ def test_shared_handles_lease_one_message_of_a_group_at_a_time(tmp_path: Path) -
 )
 def test_a_bad_group_writes_nothing(tmp_path: Path, group: object, error: type) -> None:
     with ledgerq.open(tmp_path / "q") as q:
-        with pytest.raises(error, match="group"):
-            q.enqueue(b"x", group=group)  # type: ignore[arg-type]
-        with pytest.raises(error, match="group"):
-            q.enqueue_batch([b"ok", Item(b"x", group=group)])  # type: ignore[arg-type]
-        assert q.stats().enqueued == 0
+        check_refused_and_nothing_written(q, "group", group, error)
     # 255 bytes of UTF-8 is the documented limit, in bytes, not characters.
     with ledgerq.open(tmp_path / "q") as q:
         q.enqueue(b"x", group="\u00e9" * 127)

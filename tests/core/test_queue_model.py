@@ -12,18 +12,18 @@ off here (it depends on the clock and has its own tests).
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 import ledgerq
 from ledgerq import Item, Priority
 from tests.locking import locking
+from tests.machines import TempQueueMachine, delivered_as_expected
 
 payloads = st.binary(min_size=0, max_size=300)
 priorities = st.sampled_from(list(Priority))
@@ -46,16 +46,15 @@ class Model:
     last_failure: str = ""  # the reason of the last failed delivery, as the DLQ records it
 
 
-class QueueMachine(RuleBasedStateMachine):
+class QueueMachine(TempQueueMachine):
     options: ClassVar[dict[str, Any]] = {}
     shared: ClassVar[bool] = False  # open every handle in shared mode
     locking: ClassVar[str | None] = None  # ... locking so ("words", "flock": tests/locking.py)
     seed: ClassVar[Path | None] = None  # a queue directory copied as the starting queue
+    tmp_prefix = "ledgerq-model-"
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="ledgerq-model-")
-        self.path = f"{self.tmp}/q"
         if self.seed is not None:
             shutil.copytree(self.seed, self.path)
         with locking(self.locking):
@@ -112,13 +111,9 @@ class QueueMachine(RuleBasedStateMachine):
             self.messages[message_id] = model
         self.enqueued += len(ids)
 
-    def _check_delivery(self, msg: ledgerq.Message | None) -> None:
-        expected = self._next_deliverable()
-        if expected is None:
-            assert msg is None, f"got {msg} from a queue the model says is empty"
+    def _check_delivery(self, got: ledgerq.Message | None) -> None:
+        if (msg := delivered_as_expected(got, self._next_deliverable())) is None:
             return
-        assert msg is not None, f"expected message {expected}, got None"
-        assert msg.id == expected, f"expected id {expected}, got {msg.id}"
         model = self.messages[msg.id]
         assert msg.payload == model.payload
         assert msg.headers == model.headers
@@ -308,10 +303,6 @@ class QueueMachine(RuleBasedStateMachine):
             assert int(dlq_headers["dlq.retry_count"]) == model.deliveries == self.max_retries
             assert dlq_headers["dlq.failure_reason"].startswith(model.last_failure)
             assert int(dlq_headers["dlq.last_failure"]) > 0
-
-    def teardown(self) -> None:
-        self.q.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 _SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import invariant, rule
 
 import ledgerq
 from tests._child import run_python
+from tests.machines import TempQueueMachine
 
 
 def consume_all(reader: ledgerq.Reader | ledgerq.Queue) -> int:
@@ -89,13 +88,13 @@ def test_retention_max_bytes_drops_and_counts(
         assert remaining + stats.dropped == 61, "every message is either delivered or counted"
 
 
-class RetentionMachine(RuleBasedStateMachine):
+class RetentionMachine(TempQueueMachine):
     """Several readers at their own pace: no reader ever misses a message to retention."""
+
+    tmp_prefix = "ledgerq-retention-"
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="ledgerq-retention-")
-        self.path = f"{self.tmp}/q"
         self.q = ledgerq.open(self.path, segment_size=300, sync="never", max_retries=0)
         self.names = ["default", "a", "b"]
         self.expected: dict[str, list[int]] = {name: [] for name in self.names}
@@ -148,10 +147,6 @@ class RetentionMachine(RuleBasedStateMachine):
         if oldest_needed is not None:
             assert int(segments[0].stem) <= oldest_needed, "a needed segment was deleted"
         self.q._check()
-
-    def teardown(self) -> None:
-        self.q.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 RetentionMachine.TestCase.settings = settings(
@@ -237,15 +232,14 @@ def test_the_counts_add_up_after_a_crash_that_followed_a_drop(tmp_path: Path) ->
         _adds_up(stats)
 
 
-class CountersMachine(RuleBasedStateMachine):
+class CountersMachine(TempQueueMachine):
     """Random workloads under retention_max_bytes: the default reader's counters add up."""
 
     priorities = False
+    tmp_prefix = "ledgerq-counters-"
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="ledgerq-counters-")
-        self.path = f"{self.tmp}/q"
         self.clock = _StepClock()
         self.leased: list[int] = []
         self.q = self._open()
@@ -308,10 +302,6 @@ class CountersMachine(RuleBasedStateMachine):
     def counters_add_up(self) -> None:
         _adds_up(self.q.stats())
         self.q._check()
-
-    def teardown(self) -> None:
-        self.q.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class _StepClock:

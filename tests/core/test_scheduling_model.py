@@ -11,17 +11,16 @@ deadline; release gives it back unused.  Stats agree after every step.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 import ledgerq
 from tests.clocks import SECOND, SteppedClock
+from tests.machines import TempQueueMachine, delivered_as_expected
 
 VISIBILITY = 30.0
 
@@ -45,7 +44,7 @@ def policy_ns(failures: int) -> int:
     return int(min(2.0 * 2.0 ** (failures - 1), 10.0) * SECOND)
 
 
-class SchedulingMachine(RuleBasedStateMachine):
+class SchedulingMachine(TempQueueMachine):
     visibility: ClassVar[float] = VISIBILITY
     options: ClassVar[dict[str, Any]] = {
         "segment_size": 700,
@@ -58,10 +57,10 @@ class SchedulingMachine(RuleBasedStateMachine):
         "visibility_timeout": VISIBILITY,
     }
 
+    tmp_prefix = "ledgerq-sched-model-"
+
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="ledgerq-sched-model-")
-        self.path = f"{self.tmp}/q"
         self.clock = SteppedClock()
         self.q = ledgerq.open(self.path, clock=self.clock, **self.options)
         self.msgs: dict[int, Msg] = {}
@@ -117,13 +116,8 @@ class SchedulingMachine(RuleBasedStateMachine):
 
     @rule()
     def dequeue(self) -> None:
-        msg = self.q.dequeue()
-        expected = self._expected()
-        if expected is None:
-            assert msg is None, f"got {msg} when the model expects nothing"
+        if (msg := delivered_as_expected(self.q.dequeue(), self._expected())) is None:
             return
-        assert msg is not None, f"expected {expected}, got nothing"
-        assert msg.id == expected, f"expected {expected}, got {msg.id}"
         m = self.msgs[msg.id]
         assert (msg.payload, msg.group) == (m.payload, m.group)
         m.deliveries += 1
@@ -203,10 +197,6 @@ class SchedulingMachine(RuleBasedStateMachine):
         assert stats.delayed == sum(1 for m in available if m.due() > now), stats
         assert stats.acked == len(self._ids("acked"))
         self.q._check()
-
-    def teardown(self) -> None:
-        self.q.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 SchedulingMachine.TestCase.settings = settings(
@@ -295,10 +285,8 @@ class TwoHandleSchedulingMachine(SchedulingMachine):
             finally:
                 self.q = current
 
-    def teardown(self) -> None:
-        for handle in self.handles:
-            handle.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    def open_handles(self) -> list[ledgerq.Queue]:
+        return self.handles
 
 
 TwoHandleSchedulingMachine.TestCase.settings = settings(

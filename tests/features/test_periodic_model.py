@@ -14,19 +14,18 @@ would fire ticks at moments the model does not know): the test's ``look`` is the
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections import Counter
 from typing import ClassVar
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 import ledgerq
 from ledgerq.features.periodic import NAME_HEADER, TICK_HEADER
 from tests.clocks import SECOND, SteppedClock
+from tests.machines import TempQueueMachine
 
 NAMES = ("a", "b", "c")
 names = st.sampled_from(NAMES)
@@ -35,23 +34,20 @@ periods = st.sampled_from([1, 2, 5, 7])
 steps = st.sampled_from([0.5, 1, 2, 3, 7, 30])
 
 
-class PeriodicMachine(RuleBasedStateMachine):
+class PeriodicMachine(TempQueueMachine):
     shared: ClassVar[bool] = False
+    tmp_prefix = "ledgerq-periodic-model-"
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="ledgerq-periodic-model-")
-        self.path = self.tmp + "/q"
         self.clock = SteppedClock()
         self.handles: list[ledgerq.Queue] = []
         self.jobs: dict[str, tuple[int, int, int | None]] = {}  # name -> (anchor, period, last)
         self.expected: Counter[tuple[str, int]] = Counter()  # fired, not yet drained
         self._open()
 
-    def teardown(self) -> None:
-        for q in self.handles:
-            q.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    def open_handles(self) -> list[ledgerq.Queue]:
+        return self.handles
 
     # ------------------------------------------------------------------ the model
 

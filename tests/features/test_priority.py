@@ -9,16 +9,13 @@ import pytest
 
 import ledgerq
 from ledgerq import Item, Priority
+from tests.drain import drain_singly
 
 LOW, MEDIUM, HIGH = Priority.LOW, Priority.MEDIUM, Priority.HIGH
 
 
 def drain(q: ledgerq.Queue) -> list[bytes]:
-    out = []
-    while (msg := q.dequeue()) is not None:
-        q.ack(msg.id)
-        out.append(msg.payload)
-    return out
+    return [msg.payload for msg in drain_singly(q)]
 
 
 def test_high_before_medium_before_low_fifo_inside(tmp_path: Path) -> None:

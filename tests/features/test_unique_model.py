@@ -11,19 +11,18 @@ clock moves by whole seconds, delays, retry waits and TTLs end on fractions.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import invariant, rule
 
 import ledgerq
 from ledgerq.features import unique
 from tests.clocks import SteppedClock
+from tests.machines import TempQueueMachine
 
 KEYS = ("a", "b", "c", "d")
 MAX_RETRIES = 2
@@ -55,14 +54,13 @@ class Model:
     copies: dict[str, Copy] = field(default_factory=dict)
 
 
-class UniqueMachine(RuleBasedStateMachine):
+class UniqueMachine(TempQueueMachine):
     options: ClassVar[dict[str, Any]] = {}
     readers: ClassVar[tuple[str, ...]] = ("default",)
+    tmp_prefix = "ledgerq-unique-model-"
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="ledgerq-unique-model-")
-        self.path = f"{self.tmp}/q"
         self.clock = SteppedClock()
         self.t = 0.0  # seconds since the machine started
         self.messages: dict[int, Model] = {}
@@ -81,10 +79,6 @@ class UniqueMachine(RuleBasedStateMachine):
         self.handles: dict[str, Any] = {"default": self.q}
         for name in self.readers[1:]:
             self.handles[name] = self.q.reader(name)
-
-    def teardown(self) -> None:
-        self.q.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     # ---------------------------------------------------------------- the model
 

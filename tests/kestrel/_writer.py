@@ -24,6 +24,7 @@ byte ``cmd << 4 | header words``; for cmd >= 8 the first header word is the data
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -72,6 +73,13 @@ class OldJournal:
         return self._op(
             struct.pack("<Biiqq", 7, xid, 16 + len(payload), add_ms, expiry_ms) + payload
         )
+
+    def roll_1x(self, opened: Sequence[tuple[int, bytes, int]], saved_xid: int) -> OldJournal:
+        """What Kestrel 1.x writes first when it rolls a journal: each open transaction
+        ``(xid, payload, add_ms)`` as ADD_XID + REMOVE_TENTATIVE, then SAVE_XID."""
+        for xid, payload, add_ms in opened:
+            self.add_xid(xid, payload, add_ms).remove_tentative()
+        return self.save_xid(saved_xid)
 
     def continue_(self, xid: int, payload: bytes, add_ms: int, expiry_ms: int = 0) -> OldJournal:
         """Opcode 8 CONTINUE: confirm ``xid`` and add an item."""

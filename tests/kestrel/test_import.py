@@ -53,12 +53,8 @@ def src(tmp_path: Path) -> Path:
 def test_every_opcode_is_replayed_and_imported_item_by_item(src: Path, tmp_path: Path) -> None:
     (
         OldJournal()
-        # A Kestrel 1.x roll: open transactions as ADD_XID + REMOVE_TENTATIVE, then SAVE_XID.
-        .add_xid(7, b"open-seven", 1000)
-        .remove_tentative()
-        .add_xid(3, b"open-three", 1100)
-        .remove_tentative()
-        .save_xid(7)
+        # A Kestrel 1.x roll: two open transactions, the xid counter saved at 7.
+        .roll_1x([(7, b"open-seven", 1000), (3, b"open-three", 1100)], saved_xid=7)
         # Then operations as they happen.
         .add(b"starling", 0)
         .addx(b"one", 2000)

@@ -180,11 +180,7 @@ def test_a_rolled_1x_journal_keeps_the_named_xids_of_add_xid() -> None:
     # the item opened as 3 (1.x itself renumbered them 1..n and confirmed the wrong one).
     journal = (
         OldJournal()
-        .add_xid(7, b"seven", 1)
-        .remove_tentative()
-        .add_xid(3, b"three", 2)
-        .remove_tentative()
-        .save_xid(7)
+        .roll_1x([(7, b"seven", 1), (3, b"three", 2)], saved_xid=7)
         .addx(b"queued", 3)
         .confirm_remove(3)
         .remove_tentative()  # queued: next xid after 7 is 8

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +22,22 @@ from ledgerq import Item, Priority
 from tests.core.test_clock import SteppedClock
 
 
+@contextmanager
+def two_handles(path: Path, **options: Any) -> Iterator[tuple[ledgerq.Queue, ledgerq.Queue]]:
+    """Two shared handles of the queue at ``path``, opened with ``options``; closed
+    after (the first, then the second)."""
+    a, b = (ledgerq.open(path, shared=True, **options) for _ in range(2))
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[ledgerq.Queue, ledgerq.Queue]]:
-    handles = [ledgerq.open(tmp_path / "q", shared=True) for _ in range(2)]
-    yield handles[0], handles[1]
-    for handle in handles:
-        handle.close()
-
-
-def open_pair(path: Path, **options: Any) -> tuple[ledgerq.Queue, ledgerq.Queue]:
-    return (
-        ledgerq.open(path, shared=True, **options),
-        ledgerq.open(path, shared=True, **options),
-    )
+    with two_handles(tmp_path / "q") as handles:
+        yield handles
 
 
 def test_ids_interleave_and_stay_increasing(pair: tuple[ledgerq.Queue, ledgerq.Queue]) -> None:
@@ -45,25 +49,20 @@ def test_ids_interleave_and_stay_increasing(pair: tuple[ledgerq.Queue, ledgerq.Q
 
 
 def test_dedup_ids_are_the_queues(tmp_path: Path) -> None:
-    a, b = open_pair(tmp_path / "q", dedup_window=60.0)
-    try:
+    with two_handles(tmp_path / "q", dedup_window=60.0) as (a, b):
         first = a.enqueue(b"x", dedup_id="order-1")
         assert b.enqueue(b"x again", dedup_id="order-1") == first
         assert b.enqueue_batch([Item(b"y", dedup_id="order-2")]) == [2]
         assert a.enqueue(b"y again", dedup_id="order-2") == 2
         assert a.stats().duplicates == b.stats().duplicates == 2
         assert len(a) == len(b) == 2
-    finally:
-        a.close()
-        b.close()
     # A new session (every handle closed) still knows them.
     with ledgerq.open(tmp_path / "q", shared=True) as c:
         assert c.enqueue(b"x", dedup_id="order-1") == first
 
 
 def test_retries_and_the_dlq_across_handles(tmp_path: Path) -> None:
-    a, b = open_pair(tmp_path / "q", max_retries=2)
-    try:
+    with two_handles(tmp_path / "q", max_retries=2) as (a, b):
         message_id = a.enqueue(b"poison", headers={"k": "v"})
         first = a.dequeue()
         assert first is not None and first.attempts == 1
@@ -81,30 +80,21 @@ def test_retries_and_the_dlq_across_handles(tmp_path: Path) -> None:
         again = a.dequeue()
         assert again is not None and again.payload == b"poison" and again.attempts == 1
         assert len(a.dlq) == len(b.dlq) == 0
-    finally:
-        a.close()
-        b.close()
 
 
 def test_ttl_expires_for_every_handle(tmp_path: Path) -> None:
     clock = SteppedClock()
-    a = ledgerq.open(tmp_path / "q", shared=True, clock=clock)
-    b = ledgerq.open(tmp_path / "q", shared=True, clock=clock)
-    try:
+    with two_handles(tmp_path / "q", clock=clock) as (a, b):
         a.enqueue(b"short", ttl=1.0)
         a.enqueue(b"long", ttl=100.0)
         clock.elapse(2000000000)
         got = b.dequeue()
         assert got is not None and got.payload == b"long"
         assert a.stats().expired == b.stats().expired == 1
-    finally:
-        a.close()
-        b.close()
 
 
 def test_priorities_order_every_handle_alike(tmp_path: Path) -> None:
-    a, b = open_pair(tmp_path / "q", priorities=True, starvation_after=None)
-    try:
+    with two_handles(tmp_path / "q", priorities=True, starvation_after=None) as (a, b):
         a.enqueue(b"low", priority=Priority.LOW)
         b.enqueue(b"high", priority=Priority.HIGH)
         a.enqueue(b"medium")
@@ -117,28 +107,16 @@ def test_priorities_order_every_handle_alike(tmp_path: Path) -> None:
         b.nack(got[1].id)  # type: ignore[union-attr]
         again = a.dequeue()
         assert again is not None and again.payload == b"high 2"
-    finally:
-        a.close()
-        b.close()
 
 
 def test_starvation_promotes_for_every_handle(tmp_path: Path) -> None:
     clock = SteppedClock()
-    a = ledgerq.open(
-        tmp_path / "q", shared=True, priorities=True, starvation_after=10.0, clock=clock
-    )
-    b = ledgerq.open(
-        tmp_path / "q", shared=True, priorities=True, starvation_after=10.0, clock=clock
-    )
-    try:
+    with two_handles(tmp_path / "q", priorities=True, starvation_after=10.0, clock=clock) as (a, b):
         a.enqueue(b"old low", priority=Priority.LOW)
         clock.elapse(25000000000)  # promoted twice: as high as HIGH, and older
         b.enqueue(b"new high", priority=Priority.HIGH)
         got = b.dequeue()
         assert got is not None and got.payload == b"old low"
-    finally:
-        a.close()
-        b.close()
 
 
 def test_named_readers_are_shared(pair: tuple[ledgerq.Queue, ledgerq.Queue]) -> None:
@@ -179,9 +157,7 @@ def test_seek_drops_the_other_handles_leases(pair: tuple[ledgerq.Queue, ledgerq.
 
 def test_an_expired_lease_is_taken_over_and_its_holder_told(tmp_path: Path) -> None:
     clock = SteppedClock()
-    a = ledgerq.open(tmp_path / "q", shared=True, visibility_timeout=5.0, clock=clock)
-    b = ledgerq.open(tmp_path / "q", shared=True, visibility_timeout=5.0, clock=clock)
-    try:
+    with two_handles(tmp_path / "q", visibility_timeout=5.0, clock=clock) as (a, b):
         a.enqueue(b"slow work")
         leased = a.dequeue()
         assert leased is not None and leased.attempts == 1
@@ -193,9 +169,6 @@ def test_an_expired_lease_is_taken_over_and_its_holder_told(tmp_path: Path) -> N
             a.ack(leased.id)
         b.ack(taken.id)
         assert a.stats().in_flight == b.stats().in_flight == 0
-    finally:
-        a.close()
-        b.close()
 
 
 def test_ack_batch_and_release_across_handles(pair: tuple[ledgerq.Queue, ledgerq.Queue]) -> None:
@@ -214,8 +187,7 @@ def test_ack_batch_and_release_across_handles(pair: tuple[ledgerq.Queue, ledgerq
 
 
 def test_retention_waits_for_every_reader_of_every_handle(tmp_path: Path) -> None:
-    a, b = open_pair(tmp_path / "q", segment_size=128, index_interval=1)
-    try:
+    with two_handles(tmp_path / "q", segment_size=128, index_interval=1) as (a, b):
         b.reader("slow")
         for n in range(20):
             a.enqueue(b"message %02d " % n + b"." * 60)
@@ -231,9 +203,6 @@ def test_retention_waits_for_every_reader_of_every_handle(tmp_path: Path) -> Non
         b.compact()
         assert a.stats().segments == b.stats().segments == 1
         assert len(list((tmp_path / "q" / "segments").glob("*.log"))) == 1
-    finally:
-        a.close()
-        b.close()
 
 
 def test_stats_are_the_queues_from_every_handle(pair: tuple[ledgerq.Queue, ledgerq.Queue]) -> None:
@@ -257,8 +226,7 @@ def test_a_queue_of_the_previous_release_opens_shared(tmp_path: Path) -> None:
     shutil.copytree(Path(__file__).parent.parent / "format" / "fixtures" / "v1_clean", path)
     journal = path / "readers" / "default.state"
     assert journal.read_bytes()[4:8] == (1).to_bytes(4, "little")
-    a, b = open_pair(path, max_retries=1, dedup_window=60.0)
-    try:
+    with two_handles(path, max_retries=1, dedup_window=60.0) as (a, b):
         assert journal.read_bytes()[4:8] == (3).to_bytes(4, "little")
         assert json.loads((path / "meta.json").read_text())["version"] == 2
         for name in ("dedup.log", "retries.log"):
@@ -270,9 +238,6 @@ def test_a_queue_of_the_previous_release_opens_shared(tmp_path: Path) -> None:
         new_id = a.enqueue(b"new", dedup_id="n")
         assert b.enqueue(b"again", dedup_id="n") == new_id  # a's dedup record, read by b
         assert a.stats().pending == b.stats().pending == before
-    finally:
-        a.close()
-        b.close()
     with ledgerq.open(path) as q:  # and an exclusive open reads it after
         assert q.stats().pending == before
 
@@ -293,8 +258,7 @@ def test_compression_and_headers_between_handles(tmp_path: Path) -> None:
 def test_two_handles_requeueing_at_once_move_each_message_once(tmp_path: Path) -> None:
     import threading
 
-    a, b = open_pair(tmp_path / "q", max_retries=1)
-    try:
+    with two_handles(tmp_path / "q", max_retries=1) as (a, b):
         for n in range(40):
             a.enqueue(b"%d" % n)
         while (msg := a.dequeue()) is not None:
@@ -311,6 +275,3 @@ def test_two_handles_requeueing_at_once_move_each_message_once(tmp_path: Path) -
         assert sum(moved) == 40
         assert len(a) == len(b) == 40, "each dead letter came back once"
         assert len(a.dlq) == 0
-    finally:
-        a.close()
-        b.close()

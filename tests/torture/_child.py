@@ -35,7 +35,8 @@ import random
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import ledgerq
@@ -44,7 +45,7 @@ from ledgerq.core.queue import QueueCore
 from ledgerq.core.reader import ReaderCore
 from ledgerq.segment.manager import SegmentManager
 from tests.faults._shim import FAMILIES, Interposer
-from tests.torture._payload import Made, make, matches, mismatch, token_of
+from tests.torture._payload import Made, make, mismatch, token_of
 
 _real_write = os.write
 
@@ -64,6 +65,18 @@ def emit(text: str) -> None:
     """Write report lines with one write (atomic on a pipe up to PIPE_BUF bytes)."""
     data = text.encode()
     assert _real_write(1, data) == len(data)
+
+
+def checked_token(message: ledgerq.Message, report: Callable[[str], None], *, moved: bool) -> int:
+    """The token ``message`` was made from, its bytes checked against it (``moved``: see
+    :func:`~tests.torture._payload.mismatch`); a mismatch is reported (``X`` line) and
+    raised."""
+    token = token_of(message.payload)
+    if problem := mismatch(message, token, moved=moved):
+        what = f"message {message.id} (token {token}): {problem}"
+        report(f"X {what}\n")
+        raise AssertionError(what)
+    return token
 
 
 class SelfKill(Interposer):
@@ -114,6 +127,22 @@ class SelfKill(Interposer):
                 killer.depth -= 1
 
         setattr(cls, method, armed)
+
+
+# A workload's steps, each with the upper bound of its share of the draws (see choose).
+Steps = Sequence[tuple[float, Callable[[], None]]]
+
+
+def choose(draw: float, steps: Steps) -> Callable[[], None]:
+    """The step whose share of ``steps`` the ``draw`` (in [0, 1)) falls in.
+
+    Each step comes with the upper bound of its share, the bounds growing: the first
+    step whose bound is above the draw is chosen (the last one if none is).
+    """
+    for bound, step in steps:
+        if draw < bound:
+            return step
+    return steps[-1][1]
 
 
 class Draws:
@@ -242,11 +271,7 @@ class Workload(Draws):
         messages = self.q.dequeue_batch(n)
         lines = []
         for msg in messages:
-            token = token_of(msg.payload)
-            if not matches(msg, token, moved=msg.expires_at is None):
-                problem = f"message {msg.id} (token {token}): {mismatch(msg, token)}"
-                self.emit(f"X {problem}\n")
-                raise AssertionError(problem)
+            token = checked_token(msg, self.emit, moved=msg.expires_at is None)
             ttl = int(msg.expires_at is not None)
             lines.append(f"L {msg.id} {msg.attempts} {token} {ttl}\n")
             self.leased[msg.id] = msg.attempts
@@ -298,25 +323,20 @@ class Workload(Draws):
         self.emit("Z\n")
 
     def step(self) -> None:
-        r = self.rng.random()
-        if r < 0.24:
-            self.enqueue()
-        elif r < 0.32:
-            self.batch()
-        elif r < 0.56:
-            self.dequeue()
-        elif r < 0.72:
-            self.settle(ack=True)
-        elif r < 0.88:
-            self.settle(ack=False)
-        elif r < 0.92:
-            self.requeue()
-        elif r < 0.96:
-            self.compact()
-        elif r < 0.99:
-            self.sync()
-        else:
-            self.reopen()
+        choose(
+            self.rng.random(),
+            (
+                (0.24, self.enqueue),
+                (0.32, self.batch),
+                (0.56, self.dequeue),
+                (0.72, partial(self.settle, ack=True)),
+                (0.88, partial(self.settle, ack=False)),
+                (0.92, self.requeue),
+                (0.96, self.compact),
+                (0.99, self.sync),
+                (1.0, self.reopen),
+            ),
+        )()
         self.emit("Z\n")
 
 

@@ -1,11 +1,13 @@
 """What the exclusive torture (``_runner.py``) and the shared one (``_shared.py``) share.
 
 The figures a campaign returns and their sums, the drawing of a campaign's queue
-options, and the loop that runs rounds in campaigns.
+options, the start of a child (:func:`start_child`), what every campaign is told
+(:class:`Plan`), and the loop that runs rounds in campaigns.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -16,7 +18,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["Result", "Sums", "Totals", "draw_options", "run_campaigns"]
+from tests._child import Child
+
+__all__ = ["Plan", "Result", "Sums", "Totals", "draw_options", "run_campaigns", "start_child"]
 
 
 @dataclass
@@ -111,6 +115,28 @@ def draw_options(
     return options
 
 
+def start_child(
+    module: str, config: dict[str, Any], stderr_path: Path, *, watchdog_seconds: float
+) -> Child:
+    """Start a torture child (``python -m module CONFIG_JSON``); its stderr goes to a
+    file, it reads no stdin, and the watchdog kills it after ``watchdog_seconds``."""
+    return Child(
+        ["-m", module, json.dumps(config)],
+        stderr_path=stderr_path,
+        stdin=False,
+        watchdog_seconds=watchdog_seconds,
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every campaign is told besides its seed and its number of rounds."""
+
+    target: str | None = None  # kill only this way (None: every way, drawn)
+    sync: str | None = None  # only this sync mode (None: drawn)
+    progress: Callable[[str], None] | None = None  # told how each round went
+
+
 T = TypeVar("T", bound=Totals)
 
 
@@ -125,21 +151,24 @@ def run_campaigns(
     seed: int = 0,
     per_campaign: int = 10,
     keep: bool = False,
+    target: str | None = None,
+    sync: str | None = None,
     progress: Callable[[str], None] | None = None,
     **how: Any,
 ) -> T:
     """Run ``rounds`` rounds in campaigns of ``per_campaign``; add each to ``totals``.
 
-    ``campaign(workdir, seed, rounds, progress=progress, **how)`` runs one; unless
-    ``keep``, its queue (``queue`` formatted with its seed, in ``workdir``) and its
-    children's stderr files (the glob ``stderr``, formatted likewise) go after it.
+    ``campaign(workdir, seed, rounds, Plan(target, sync, progress), **how)`` runs one;
+    unless ``keep``, its queue (``queue`` formatted with its seed, in ``workdir``) and
+    its children's stderr files (the glob ``stderr``, formatted likewise) go after it.
     """
+    plan = Plan(target, sync, progress)
     done = number = 0
     while done < rounds:
         n = min(per_campaign, rounds - done)
         campaign_seed = seed * 100_003 + number
         started = time.monotonic()
-        result = campaign(workdir, campaign_seed, n, progress=progress, **how)
+        result = campaign(workdir, campaign_seed, n, plan, **how)
         totals.add(result)
         if progress is not None:
             progress(

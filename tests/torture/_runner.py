@@ -21,10 +21,8 @@ queue and its DLQ and checks that every message is accounted for.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ import ledgerq
 from tests._child import Child
 from tests.drain import drain
 from tests.torture import _common as common
-from tests.torture._common import Result, draw_options, run_campaigns
+from tests.torture._common import Plan, Result, draw_options, run_campaigns
 from tests.torture._model import Model, ModelError
 
 __all__ = ["TARGETS", "CampaignResult", "Totals", "run_campaign", "run_rounds", "start_child"]
@@ -50,11 +48,8 @@ _EVERYTHING = 1_000_000
 
 def start_child(config: dict[str, Any], stderr_path: Path) -> Child:
     """Start a torture child (``_child.py``) with ``config``; its stderr goes to a file."""
-    return Child(
-        ["-m", "tests.torture._child", json.dumps(config)],
-        stderr_path=stderr_path,
-        stdin=False,
-        watchdog_seconds=WATCHDOG_SECONDS,
+    return common.start_child(
+        "tests.torture._child", config, stderr_path, watchdog_seconds=WATCHDOG_SECONDS
     )
 
 
@@ -122,23 +117,15 @@ def _plan(rng: random.Random, target: str | None) -> tuple[str, int]:
     return kind, 0
 
 
-def run_campaign(
-    workdir: Path,
-    seed: int,
-    rounds: int,
-    *,
-    target: str | None = None,
-    sync: str | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> CampaignResult:
+def run_campaign(workdir: Path, seed: int, rounds: int, plan: Plan) -> CampaignResult:
     """Run one campaign of ``rounds`` kills; raise :class:`ModelError` on a broken promise."""
     rng = random.Random(seed)
-    options = campaign_options(rng, sync)
+    options = campaign_options(rng, plan.sync)
     result = CampaignResult(seed, options)
     path = workdir / f"q-{seed}"
     where = f"campaign seed={seed} options={options}"
     model = Model(options["max_retries"], where=where)
-    plans = [_plan(rng, target) for _ in range(rounds)]
+    plans = [_plan(rng, plan.target) for _ in range(rounds)]
     # Create the queue and its DLQ first: a kill inside the very first open of a queue
     # leaves meta.json.tmp behind and the directory can no longer be opened (a known
     # bug, tests/torture/test_first_open.py), which would end the campaign at once.
@@ -189,8 +176,8 @@ def run_campaign(
         if following not in ("open", "after_open"):
             _observe(path, options, model)
             result.checks += 1
-        if progress is not None:
-            progress(f"seed {seed} round {round_no}: kill {kind}:{nth} after {lines} reports")
+        if plan.progress is not None:
+            plan.progress(f"seed {seed} round {round_no}: kill {kind}:{nth} after {lines} reports")
     model.where = f"{where} final drain"
     _drain(path, options, model)
     result.checks += 1
@@ -202,8 +189,8 @@ def run_rounds(workdir: Path, rounds: int, **how: Any) -> Totals:
     """Run ``rounds`` rounds in campaigns; return the totals.
 
     ``how``: ``seed``, ``per_campaign``, ``keep``, ``progress`` (see
-    :func:`~tests.torture._common.run_campaigns`), ``target`` and ``sync`` (see
-    :func:`run_campaign`).
+    :func:`~tests.torture._common.run_campaigns`), ``target``, ``sync`` (see
+    :class:`~tests.torture._common.Plan`).
     """
     return run_campaigns(
         Totals(), run_campaign, workdir, rounds, queue="q-{}", stderr="child-{}-*.stderr", **how

@@ -51,7 +51,6 @@ dead-lettered (never, with ``max_retries=0``) or in the final drain.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import statistics
@@ -67,7 +66,14 @@ import ledgerq
 from ledgerq.segment.naming import handle_live_path
 from tests._child import Child
 from tests.drain import drain
-from tests.torture._common import Result, Totals, draw_options, run_campaigns
+from tests.torture._common import (
+    Plan,
+    Result,
+    Totals,
+    draw_options,
+    run_campaigns,
+    start_child,
+)
 from tests.torture._model import ModelError
 from tests.torture._payload import make, mismatch, token_of
 
@@ -557,10 +563,10 @@ class Campaign:
             "kill": kill or {},
             "nack": nack,
         }
-        child = Child(
-            ["-m", "tests.torture._shared_child", json.dumps(config)],
-            stderr_path=self.workdir / f"shared-{self.seed}-{number}.stderr",
-            stdin=False,
+        child = start_child(
+            "tests.torture._shared_child",
+            config,
+            self.workdir / f"shared-{self.seed}-{number}.stderr",
             watchdog_seconds=600.0,
         )
         proc = Proc(number, role, child, kill or {})
@@ -784,18 +790,16 @@ def run_shared_campaign(
     workdir: Path,
     seed: int,
     rounds: int,
+    plan: Plan,
     *,
-    target: str | None = None,
-    sync: str | None = None,
-    progress: Callable[[str], None] | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> SharedResult:
     """Run one campaign of ``rounds`` kills; raise :class:`ModelError` on a broken promise.
 
     ``overrides``: queue options that replace the drawn ones (``visibility_timeout``...).
     """
-    campaign = Campaign(workdir, seed, sync, overrides)
-    campaign.run(rounds, target, progress)
+    campaign = Campaign(workdir, seed, plan.sync, overrides)
+    campaign.run(rounds, plan.target, plan.progress)
     return campaign.result
 
 
@@ -803,8 +807,9 @@ def run_shared_rounds(workdir: Path, rounds: int, **how: Any) -> SharedTotals:
     """Run ``rounds`` rounds in campaigns; return the totals.
 
     ``how``: ``seed``, ``per_campaign``, ``keep``, ``progress`` (see
-    :func:`~tests.torture._common.run_campaigns`), ``target``, ``sync`` and
-    ``overrides`` (see :func:`run_shared_campaign`).
+    :func:`~tests.torture._common.run_campaigns`), ``target``, ``sync`` (see
+    :class:`~tests.torture._common.Plan`) and ``overrides`` (see
+    :func:`run_shared_campaign`).
     """
     return run_campaigns(
         SharedTotals(),

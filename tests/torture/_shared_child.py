@@ -49,8 +49,8 @@ from ledgerq.core.shared_queue import SharedQueueCore
 from ledgerq.core.shared_reader import SharedReaderCore
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.shared_manager import SharedSegmentManager
-from tests.torture._child import Draws, emit, run_until_killed
-from tests.torture._payload import make, mismatch, token_of
+from tests.torture._child import Draws, Steps, checked_token, choose, emit, run_until_killed
+from tests.torture._payload import make, token_of
 
 # Where a child can be told to die: the calls (class, method) that arm its self-kill
 # counter.  Each is a step of the shared engine that docs/architecture.md claims is safe
@@ -90,6 +90,20 @@ class SharedWorkload(Draws):
         self.reader_name = AUDIT if self.role == AUDIT else "-"
         self.leased: list[int] = []
         self._report_dlq_moves()
+        # What a step of each role does (see choose), one random draw a step.
+        consume: Steps = ((1.0, self.consume),)
+        self.steps: Steps = {
+            "producer": ((0.7, self.enqueue), (1.0, self.batch)),
+            "consumer": consume,
+            AUDIT: consume,
+            "mixed": (
+                (0.25, self.enqueue),
+                (0.35, self.batch),
+                (0.95, self.consume),
+                (0.975, self.compact),
+                (1.0, self.sync),
+            ),
+        }[self.role]
 
     def _report_dlq_moves(self) -> None:
         dlq = self.q.dlq
@@ -136,11 +150,7 @@ class SharedWorkload(Draws):
         t1 = now()
         lines = []
         for msg in got:
-            token = token_of(msg.payload)
-            problem = mismatch(msg, token, moved=True)
-            if problem:
-                emit(f"X message {msg.id} (token {token}): {problem}\n")
-                raise AssertionError(problem)
+            token = checked_token(msg, emit, moved=True)
             lines.append(f"L {t1} {self.reader_name} {msg.id} {msg.attempts} {token}\n")
             if msg.id not in self.leased:  # (else its lease expired and came back here)
                 self.leased.append(msg.id)
@@ -185,24 +195,16 @@ class SharedWorkload(Draws):
         else:
             self.dequeue()
 
+    def compact(self) -> None:
+        emit(f"B {now()} compact\n")
+        self.q.compact()
+
+    def sync(self) -> None:
+        emit(f"B {now()} sync\n")
+        self.q.sync()
+
     def step(self) -> None:
-        r = self.rng.random()
-        if self.role == "producer":
-            self.enqueue() if r < 0.7 else self.batch()
-        elif self.role in ("consumer", AUDIT):
-            self.consume()
-        elif r < 0.25:
-            self.enqueue()
-        elif r < 0.35:
-            self.batch()
-        elif r < 0.95:
-            self.consume()
-        elif r < 0.975:
-            emit(f"B {now()} compact\n")
-            self.q.compact()
-        else:
-            emit(f"B {now()} sync\n")
-            self.q.sync()
+        choose(self.rng.random(), self.steps)()
         emit(f"Z {now()}\n")
 
 
