@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 from ledgerq._errors import QueueClosedError
 from ledgerq._types import Item, Priority
+from ledgerq.core.appending import Appending
 from ledgerq.core.args import check_id, check_timeout
 from ledgerq.core.feature import Draft, HandedOff, handoff_key
-from ledgerq.core.queue_state import QueueState
 
 if TYPE_CHECKING:
     from ledgerq.core.reader_handle import Reader
@@ -27,9 +27,10 @@ if TYPE_CHECKING:
 __all__ = ["HandOff"]
 
 
-class HandOff(QueueState):
+class HandOff(Appending):
     """The hand-off part of :class:`~ledgerq.core.queue.QueueCore` (a mixin: its methods
-    take the queue as ``self``; the target of a forward is another queue core)."""
+    take the queue as ``self``; the target of a forward is another queue core).  A
+    forward is an append of the target's, so this part is built on the append paths."""
 
     _resolved_path: str | None = None  # the directory resolved, at the first forward
 

@@ -81,7 +81,7 @@ _ENCRYPTED = int(EntryFlags.ENCRYPTED)
 _RESTORED_FLAGS = _COMPRESSED | _ENCRYPTED  # entries whose stored payload is not the message
 
 
-class QueueCore(Opening, NamedReaders, Appending, Admission, HandOff, Retention, Closing):
+class QueueCore(Opening, NamedReaders, HandOff, Appending, Admission, Retention, Closing):
     """A durable message queue in one directory.  Use :func:`ledgerq.open` to get one."""
 
     shared = False  # shared mode (``ledgerq.open(path, shared=True)``): see core/shared_queue

@@ -14,11 +14,10 @@ holds no code: a newcomer reads here what a queue core is made of.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ledgerq._options import Options
-from ledgerq._types import Item
 from ledgerq.core.backlog import Backlog
 from ledgerq.core.clock import Clock, QueueClock
 from ledgerq.core.feature import Draft, Feature, HandoffTaker, KeyAdmitter, Timer
@@ -111,22 +110,7 @@ class QueueState:
         def _retire_consumed(self) -> None: ...
         def _restore(self, entry: Entry) -> bytes: ...
         # The append pipeline's steps (appending.py; the checked path: admission.py).
-        def _prepare(
-            self,
-            payload: object,
-            headers: Mapping[str, str] | None,
-            priority: object,
-            ttl: object,
-            dedup_id: object,
-            delay: object = None,
-            group: object = None,
-            sizes: list[int] | None = None,
-            unique_key: object = None,
-        ) -> Draft: ...
-        def _prepare_item(self, item: Item, sizes: list[int] | None = None) -> Draft: ...
-        def _begin(self) -> tuple[int, int]: ...
         def _reserve_ids(self, end: int) -> None: ...
-        def _write_plain(self, first: int, now: int, payloads: list[bytes]) -> bool: ...
         def _append(
             self, drafts: list[Draft], sizes: list[int] | None = None, timeout: float | None = 0
         ) -> list[int]: ...
