@@ -28,6 +28,7 @@ from ledgerq.core.shared_appends import SharedAppends
 from ledgerq.core.waits import Waits
 from ledgerq.format.entry import Entry
 from ledgerq.format.sealing import EntrySealer
+from ledgerq.segment.lock import DirLock
 from ledgerq.segment.manager import SegmentManager
 from ledgerq.segment.meta import Meta, MetaStore, OptionsStore
 from ledgerq.segment.reserve import DiskReserve
@@ -48,6 +49,7 @@ class QueueState:
     _clock_source: Clock
     _remember_options: bool
     _features: list[Feature]
+    _dirlock: DirLock  # LOCK, held while the queue is open (the constructor takes it)
     _readers: dict[str, Reader]
     _cores: dict[str, ReaderCore]
     # ... the queue's state, set once by opening ...
