@@ -110,6 +110,7 @@ class HandedOff(Exception):
         self.ids = ids
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class FailedDelivery:
     """What the core knows about a failed delivery, for the ``failed`` hook.
 
@@ -120,24 +121,12 @@ class FailedDelivery:
     ``reason`` is then not the nack's own (the journal does not keep it).
     """
 
-    __slots__ = ("again", "entry", "failures", "now_ns", "reader", "reason")
-
-    def __init__(
-        self,
-        reader: ReaderCore,
-        entry: Entry,
-        failures: int,
-        reason: str,
-        now_ns: int,
-        *,
-        again: bool = False,
-    ) -> None:
-        self.reader = reader
-        self.entry = entry
-        self.failures = failures
-        self.reason = reason
-        self.now_ns = now_ns
-        self.again = again
+    reader: ReaderCore
+    entry: Entry
+    failures: int
+    reason: str
+    now_ns: int
+    again: bool = dataclasses.field(default=False, kw_only=True)
 
 
 class Selector(Protocol):
