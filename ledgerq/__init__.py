@@ -94,30 +94,6 @@ __all__ = [
 ]
 
 
-def _publish(names: list[str]) -> None:
-    """Give the public classes and functions the public path ``ledgerq.<name>``.
+from ledgerq._public import publish as _publish  # noqa: E402
 
-    Reprs, tracebacks, docs and pickles then name what users import, not the private
-    module that defines it (pickle finds a class by ``__module__`` + ``__qualname__``,
-    so ``ledgerq.Message`` must resolve - it does).  A class's string annotations
-    (``from __future__ import annotations``) are resolved first, in the module that
-    wrote them: ``typing.get_type_hints`` looks names up in ``sys.modules[__module__]``,
-    where a name like ``Mapping`` is not.
-    """
-    import inspect
-    import typing
-
-    namespace = globals()
-    for name in names:
-        obj = namespace[name]
-        if isinstance(obj, type):
-            own = inspect.get_annotations(obj)
-            if own:
-                hints = typing.get_type_hints(obj, include_extras=True)
-                obj.__annotations__ = {key: hints[key] for key in own}
-        elif not callable(obj):
-            continue  # type aliases and __version__ have no module of their own
-        obj.__module__ = __name__
-
-
-_publish(__all__)
+_publish(__name__, globals(), __all__)

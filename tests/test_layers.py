@@ -89,12 +89,14 @@ OUTER: dict[str, dict[str, str]] = {
         "ledgerq.segment.meta": "the destination's meta.json",
         "ledgerq.segment.naming": "the files it copies and writes, by their names",
         "ledgerq.segment.scanner": "a sealed segment's index is trusted once it checks out",
+        "ledgerq._public": "its public names take its path (reprs, pickles), as ledgerq's do",
     },
     "ledgerq.workers": {
         # The pools' own files in the queue's shared/: they write them, the console and
         # `ledgerq stats` only read them (through segment.readonly).
         "ledgerq.segment.progress": "the progress records of the pool's running tasks",
         "ledgerq.segment.ratelimit": "the start times a rate limit shares across pools",
+        "ledgerq._public": "its public names take its path (reprs, pickles), as ledgerq's do",
     },
 }
 READ_ONLY = "ledgerq.segment.readonly"

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ledgerq._public import publish
 from ledgerq.segment.readonly import DirectoryWatcher, WatchMode, watch_segments
 from ledgerq.ship._report import ProgressCallback, ShipError, ShipReport
 from ledgerq.ship._shipper import STATE_NAME, Shipper, destination_path, durable_reader_heads
@@ -130,3 +131,6 @@ def ship_queue(
             if watcher is not None:
                 watcher.close()
     return shipper.report()
+
+
+publish(__name__, globals(), __all__)  # (the names defined in private modules)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from ledgerq._public import publish
 from ledgerq._queue import Queue
 from ledgerq._rekey import rekey
 from ledgerq._types import PeriodicJob
@@ -161,3 +162,6 @@ def create_reader(queue: Queue, name: str, *, head: int, done: Iterable[int] = (
     on a closed queue.
     """
     return queue._create_reader(name, head, done)
+
+
+publish(__name__, globals(), __all__)  # (the names defined in private modules)

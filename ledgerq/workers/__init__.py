@@ -49,6 +49,7 @@ from typing import Any, Unpack, cast
 
 import ledgerq
 from ledgerq._options import MAX_SECONDS
+from ledgerq._public import publish
 from ledgerq.segment.ratelimit import MAX_COUNT, RateLimiter
 from ledgerq.workers._child import Handler, Retry, progress, resident_bytes
 from ledgerq.workers._pool import Pool, Wakeup, routed_signals
@@ -316,3 +317,6 @@ def run(
         released=pool.released,
         recycled=pool.recycled,
     )
+
+
+publish(__name__, globals(), __all__)  # (the names defined in private modules)

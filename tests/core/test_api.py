@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import inspect
 import json
 import logging
@@ -409,6 +410,25 @@ def test_public_names_live_at_their_public_path(name: str) -> None:
     assert obj.__qualname__ == name
     if isinstance(obj, type):
         typing.get_type_hints(obj)  # the annotations still resolve from the public path
+
+
+@pytest.mark.parametrize("face", ["ledgerq.tools", "ledgerq.workers", "ledgerq.ship"])
+def test_the_faces_public_names_live_at_the_faces_path(face: str, tmp_path: Path) -> None:
+    # Their modules are packages of private modules: what a user imports from the face
+    # is named by the face in reprs and pickles (a private module may move).
+    module = importlib.import_module(face)
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if isinstance(obj, type) or inspect.isfunction(obj):
+            assert (obj.__module__, obj.__qualname__) == (face, name)
+            if isinstance(obj, type):
+                typing.get_type_hints(obj)
+    if face == "ledgerq.tools":
+        ledgerq.open(tmp_path / "q").close()
+        report = module.verify(tmp_path / "q")
+        data = pickle.dumps(report, protocol=0)
+        assert b"ledgerq.tools\n" in data and b"_verify" not in data
+        assert pickle.loads(data) == report
 
 
 def test_values_pickle_by_their_public_path(qpath: Path) -> None:
