@@ -73,6 +73,29 @@ def test_a_replayed_batch_id_adds_nothing(tmp_path: Path) -> None:
     assert not list((tmp_path / "_ledgerq_staging").glob("*")), "staged files are deleted"
 
 
+def test_a_commit_opens_only_the_shards_its_batch_writes(tmp_path: Path) -> None:
+    # A consumer holds shard 2 exclusively: a micro-batch with no row for shard 2 is
+    # published all the same; one with a row for it waits lock_timeout, then fails
+    # saying so and publishes nothing - not even its rows for the other shards.
+    writer = _writer(tmp_path, lock_timeout="0.3")
+    ledgerq.open_sharded(tmp_path, 4).close()
+    elsewhere = [p for p in (f"a{i}".encode() for i in range(200)) if shard_index(p[:3], 4) != 2]
+    for_two = [p for p in (f"b{i}".encode() for i in range(200)) if shard_index(p[:3], 4) == 2]
+    holder = ledgerq.open(tmp_path / shard_dir_name("", 4, 2))
+    try:
+        writer.commit([_stage(writer, 0, elsewhere[:30])], 0)
+        assert sorted(shard_payloads(tmp_path, 4)) == sorted(elsewhere[:30])
+        with pytest.raises(ledgerq.QueueLockedError, match="exclusively"):
+            writer.commit([_stage(writer, 1, elsewhere[30:40] + for_two[:5])], 1)
+        assert sorted(shard_payloads(tmp_path, 4)) == sorted(elsewhere[:30])
+        assert len(holder) == 0
+    finally:
+        holder.close()
+    again = _writer(tmp_path)  # the query restarted: batch 1 is published once
+    again.commit([_stage(again, 1, elsewhere[30:40] + for_two[:5])], 1)
+    assert sorted(shard_payloads(tmp_path, 4)) == sorted(elsewhere[:40] + for_two[:5])
+
+
 def test_unique_keys_in_a_stream_and_the_marker_on_a_row_that_is_surely_written(
     tmp_path: Path,
 ) -> None:
