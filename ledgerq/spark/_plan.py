@@ -238,7 +238,7 @@ def task_to_json(task: SegmentTask) -> str:
     """``task`` as the JSON text a partition carries (sets as sorted lists, key as hex)."""
     state = task.state
     raw: dict[str, Any] = {f.name: getattr(task, f.name) for f in fields(SegmentTask)}
-    del raw["encryption_key"]  # never in the clear: as hex, below
+    del raw["encryption_key"]  # (bytes: JSON carries it as hex, below)
     raw["ids"] = None if task.ids is None else sorted(task.ids)
     raw["state"] = (
         None
