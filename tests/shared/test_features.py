@@ -19,7 +19,7 @@ import pytest
 
 import ledgerq
 from ledgerq import Item, Priority
-from tests.core.test_clock import SteppedClock
+from tests.clocks import SteppedClock
 
 
 @contextmanager
@@ -87,7 +87,7 @@ def test_ttl_expires_for_every_handle(tmp_path: Path) -> None:
     with two_handles(tmp_path / "q", clock=clock) as (a, b):
         a.enqueue(b"short", ttl=1.0)
         a.enqueue(b"long", ttl=100.0)
-        clock.elapse(2000000000)
+        clock.elapse(2)
         got = b.dequeue()
         assert got is not None and got.payload == b"long"
         assert a.stats().expired == b.stats().expired == 1
@@ -113,7 +113,7 @@ def test_starvation_promotes_for_every_handle(tmp_path: Path) -> None:
     clock = SteppedClock()
     with two_handles(tmp_path / "q", priorities=True, starvation_after=10.0, clock=clock) as (a, b):
         a.enqueue(b"old low", priority=Priority.LOW)
-        clock.elapse(25000000000)  # promoted twice: as high as HIGH, and older
+        clock.elapse(25)  # promoted twice: as high as HIGH, and older
         b.enqueue(b"new high", priority=Priority.HIGH)
         got = b.dequeue()
         assert got is not None and got.payload == b"old low"
@@ -162,7 +162,7 @@ def test_an_expired_lease_is_taken_over_and_its_holder_told(tmp_path: Path) -> N
         leased = a.dequeue()
         assert leased is not None and leased.attempts == 1
         assert b.dequeue() is None
-        clock.elapse(6000000000)
+        clock.elapse(6)
         taken = b.dequeue()
         assert taken is not None and (taken.id, taken.attempts) == (leased.id, 2)
         with pytest.raises(ledgerq.UnknownMessageError, match="visibility timeout"):

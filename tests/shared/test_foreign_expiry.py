@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import ledgerq
-from tests.core.test_clock import SteppedClock
-
-S = 1_000_000_000
+from tests.clocks import SteppedClock
 
 
 def _b_holds_2_while_1_waits(
@@ -29,7 +27,7 @@ def _b_holds_2_while_1_waits(
     first, second = b.dequeue(), b.dequeue()
     assert first is not None and second is not None and (first.id, second.id) == (1, 2)
     b.release(first.id)
-    clock.elapse(6 * S)
+    clock.elapse(6)
     return clock, a, b
 
 
@@ -41,9 +39,9 @@ def test_the_retry_delay_starts_when_the_other_handle_takes_the_lease_back(
         got = a.dequeue()  # takes 2 back from b, and delivers 1
         assert got is not None and got.id == 1
         assert a.stats().delayed == b.stats().delayed == 1  # 2 waits its retry delay
-        clock.elapse(S)
+        clock.elapse(1)
         assert a.dequeue() is None
-        clock.elapse(S + S // 2)
+        clock.elapse(1.5)
         again = a.dequeue()
         assert again is not None and (again.id, again.attempts) == (2, 2)
     finally:
@@ -80,7 +78,7 @@ def test_a_lease_touched_to_its_own_deadline_is_settled_once(tmp_path: Path) -> 
         leased = b.dequeue()
         assert leased is not None
         b.touch(leased.id)
-        clock.elapse(31 * S)
+        clock.elapse(31)
         assert a.dequeue() is None  # a takes it back; it waits its retry delay
         for handle in (a, b):
             assert (handle.stats().pending, handle.stats().delayed) == (1, 1)

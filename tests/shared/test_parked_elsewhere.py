@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 
 import ledgerq
-from tests.core.test_clock import SteppedClock
-
-S = 1_000_000_000
+from tests.clocks import SteppedClock
 
 
 def _parked_by_b_then_leased_by_a(
@@ -29,7 +27,7 @@ def _parked_by_b_then_leased_by_a(
     b = ledgerq.open(tmp_path / "q", clock=clock, **options)
     a.enqueue(b"later", delay=10)
     assert b.dequeue() is None  # b has read it and parked it until its time
-    clock.elapse(11 * S)
+    clock.elapse(11)
     leased = a.dequeue()
     assert leased is not None
     return clock, a, b, leased
@@ -43,14 +41,14 @@ def test_a_message_parked_here_and_leased_there_comes_back_once(
     clock, a, b, leased = _parked_by_b_then_leased_by_a(tmp_path, priorities)
     try:
         if lease_end == "timed out":
-            clock.elapse(6 * S)
+            clock.elapse(6)
         elif lease_end == "nacked":
             a.nack(leased.id)
         else:
             a.nack(leased.id, delay=3)
             assert b.dequeue() is None
             assert b.stats().delayed == a.stats().delayed == 1
-            clock.elapse(4 * S)
+            clock.elapse(4)
         # (A timed-out lease counts in flight until a dequeue takes it back.)
         expected = (0, 1) if lease_end == "timed out" else (1, 0)
         for handle in (a, b):
@@ -102,7 +100,7 @@ def test_a_lease_lost_to_a_close_and_found_by_the_other_handle_is_delayed_for_bo
         for handle in (a, b):
             assert (handle.stats().pending, handle.stats().delayed) == (1, 1)
         assert a.dequeue() is None
-        clock.elapse(3 * S)
+        clock.elapse(3)
         again = a.dequeue()
         assert again is not None and again.attempts == 2
     finally:
