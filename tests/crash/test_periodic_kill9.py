@@ -83,14 +83,16 @@ LOOP = """
 import os, sys
 import ledgerq
 from tests.clocks import SteppedClock
-path, shared, start = sys.argv[1], sys.argv[2] == "shared", float(sys.argv[3])
+path, shared, at = sys.argv[1], sys.argv[2] == "shared", int(sys.argv[3])
 clock = SteppedClock()
-clock.elapse(start)
+clock.elapse(at)
 q = ledgerq.open(path, shared=shared, clock=clock)
 if not q.periodic():
     q.add_periodic("j", b"p", every=1)
 os.write(1, b"ready\\n")
 while True:
+    at += 1
+    os.write(1, b"C %d\\n" % at)  # said before the clock moves: the parent's bound on it
     clock.elapse(1)
     q.poll_timer() if shared else None
     msg = q.dequeue()  # fires the tick (and takes its message, left unacked)
@@ -105,22 +107,24 @@ def test_kill9_while_ticking_loses_and_doubles_nothing(
 ) -> None:
     path = tmp_path / "q"
     shared = mode == "shared"
-    elapsed = 0.0
+    at = 0
     reported: list[int] = []
     for rounds in range(3):
-        child = children.start(["-c", LOOP, str(path), mode, str(elapsed)])
+        child = children.start(["-c", LOOP, str(path), mode, str(at)])
         assert child.line() == "ready"
         lines = [child.line() for _ in range(30 + 17 * rounds)]
         lines += child.kill_and_drain()
         reported += [int(line.split()[1]) for line in lines if line.startswith("T ")]
-        # Where the child's clock stood (at least: one tick per reported message).
-        elapsed = (max(reported) - START) / SECOND if reported else elapsed
+        # The child's clock stood at its last "C" or one second before it.  A reported
+        # tick is no bound: a message taken may be an older one, redelivered after the
+        # child before died holding it, while the tick fired is a later one.
+        at = max(int(line.split()[1]) for line in lines if line.startswith("C "))
     clock = SteppedClock()
-    # One tick on: the last child may have died inside the fire of the tick after its
-    # last reported one (the FIRE record written, the message not).  That tick is then
-    # due, and the open settles it - fires it again - where a clock behind it would
-    # leave the record unchecked (periodic() shows a pending record's tick as fired).
-    clock.elapse(elapsed + 1)
+    # Where the last child's clock stood at most: it may have died inside the fire of
+    # its last tick (the FIRE record written, the message not).  That tick is due at
+    # this clock, and the open settles it - fires it again - where a clock behind it
+    # would leave the record unchecked (periodic() shows a pending record's tick as fired).
+    clock.elapse(at)
     with ledgerq.open(path, shared=shared, clock=clock) as q:
         seen = Counter(int(m.headers[TICK_HEADER]) for m in q.peek(10_000))
         # Every message the children took was leased, never acked: back in the queue.
