@@ -117,7 +117,7 @@ def test_kill9_while_ticking_loses_and_doubles_nothing(
         reported += [int(line.split()[1]) for line in lines if line.startswith("T ")]
         # The child's clock stood at its last "C" or one second before it.  A reported
         # tick is no bound: a message taken may be an older one, redelivered after the
-        # child before died holding it, while the tick fired is a later one.
+        # previous child died holding it, while the tick fired is a later one.
         at = max(int(line.split()[1]) for line in lines if line.startswith("C "))
     clock = SteppedClock()
     # Where the last child's clock stood at most: it may have died inside the fire of
