@@ -211,7 +211,10 @@ class Housekeeper:
                     changed.add(path)
             for path in changed:
                 for handle in self._live_handles(path):
-                    handle._wake_from_outside()
+                    try:
+                        handle._wake_from_outside()
+                    except Exception:  # the thread serves every queue: it must not end
+                        logger.exception("ledgerq: waking the waiters of %s failed", path)
             if now >= next_liveness:
                 next_liveness = now + LIVENESS_PERIOD_S
                 self._liveness_round()

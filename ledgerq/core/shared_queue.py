@@ -480,8 +480,13 @@ class SharedQueueCore(SharedOpening, QueueCore):
         tail, so the listener may find nothing yet.  A blocked ``dequeue`` waits for the
         appender before it sleeps (``_prepare_wait``); for the listeners that is done
         here: once the append under way is published, they are woken again.
+
+        The housekeeper picks the live handles before it wakes them: one may close in
+        between, and its files are gone then (the close woke its waiters already).
         """
         with self._lock:
+            if self._closed:
+                return
             if self._waits.waiting or self._waits.listeners:
                 self._waits.wake()
                 if self._waits.listeners:

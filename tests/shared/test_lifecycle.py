@@ -306,3 +306,17 @@ def test_an_id_reservation_is_saved_when_it_is_made(
             ids = (a, b)[round_ % 2].enqueue_batch([b"x"] * 12)
             meta = json.loads((path / "meta.json").read_text())
             assert meta["reserved_until"] > ids[-1], (ids, meta["reserved_until"])
+
+
+def test_a_wake_that_reaches_a_handle_just_closed_is_dropped(tmp_path: Path) -> None:
+    """The housekeeper lists a queue's live handles, then wakes each: a handle with a
+    listener (the Celery transport, ``ledgerq.aio``) may close in between.  The wake must
+    not touch its closed files - an exception there ended the housekeeper's thread, and
+    with it every wake-up and dead-handle reclaim of the process (a CI run caught it)."""
+    path = tmp_path / "q"
+    q = ledgerq.open(path, shared=True)
+    q.add_listener(lambda: None)
+    q.close()
+    q._wake_from_outside()  # type: ignore[attr-defined]  # the housekeeper's late call
+    with ledgerq.open(path, shared=True) as again:
+        assert again.enqueue(b"x") == 1
