@@ -246,14 +246,21 @@ class Appending(QueueState):
 
     def _append_unique(self, payload: bytes, unique_key: str) -> int:
         """:meth:`_append_plain` with a unique key: the unique-jobs feature admits it and
-        writes its record before the message (features/unique.py).  A new key takes no
-        reader's step; a key a shared handle's view shows held goes the checked way,
-        which holds every reader to judge it (ReadersNeeded)."""
+        stores its record before the message is written (features/unique.py).  A new key
+        takes no reader's step; a key a shared handle's view shows held goes the checked
+        way, which holds every reader to judge it (ReadersNeeded)."""
         unique = self._unique
         assert unique is not None
         with self._lock:
-            message_id, now = self._begin()
+            # (_begin, inlined as in _append_plain: this is every unique enqueue's path)
+            if self._closed:
+                self._ensure_open()
+            now = self._clock_offset_ns + self._clock_mono()
             appends = self._appends
+            if appends is None:
+                message_id = self._next_id
+            else:
+                message_id, now = appends.begin(now)
             try:
                 try:
                     held = unique.add_key(unique_key, now, message_id)
@@ -271,13 +278,15 @@ class Appending(QueueState):
                         rotated = self._manager.append_one(record, message_id, now)
                     except BaseException:
                         self._count_written(message_id)
-                        if self._next_id > message_id:
-                            unique.key_added(message_id, now)  # in the log all the same: held
-                        else:
-                            unique.rollback()
+                        if self._next_id <= message_id:
+                            unique.undo_key()  # (else in the log all the same: held)
                         raise
-                    ticket = self._appended(message_id, 1, rotated)
-                    unique.key_added(message_id, now)
+                    # (_appended, inlined as in _append_plain)
+                    self._next_id = message_id + 1
+                    self._enqueued += 1
+                    ticket = self._log_commit.note_write()
+                    if rotated:
+                        self._retire_after_rotation()
             finally:
                 if appends is not None:
                     appends.end()

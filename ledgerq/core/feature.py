@@ -176,13 +176,14 @@ class KeyAdmitter(Protocol):
 
     def add_key(self, unique_key: str, now_ns: int, candidate_id: int) -> int | None:
         """The id holding ``unique_key``; or None, having made ``candidate_id`` its
-        holder durably (before the message is written)."""
+        holder durably (before the message is written: a success needs no call)."""
 
-    def key_added(self, message_id: int, now_ns: int) -> None:
-        """The message of the last :meth:`add_key` is written."""
+    def undo_key(self) -> None:
+        """The message of the last :meth:`add_key` was not written: undo (and cut back)
+        what add_key stored."""
 
     def rollback(self) -> None:
-        """The message write failed: undo (and cut back) what add_key wrote."""
+        """:meth:`add_key` raised: forget whatever it noted."""
 
 
 @runtime_checkable

@@ -10,57 +10,73 @@ sweep that forgets finished keys), so acks, dead-letters and expiries need no ho
 
 The table maps a 16-byte digest of the key (xxh3-128; on an encrypted queue a keyed
 HMAC, as dedup ids: the file must not confirm a guessed key) to the message id.  It
-lives in ``features/unique.log`` (framed msgpack records ``[digest, id, timestamp_ns,
-expires_ns]``, format/feature_state.py; timestamp -1: known to be written), created at
-the first unique enqueue, so a queue that never uses the feature has no file and its
-enqueues pay nothing.
+lives in ``features/unique.table``: fixed-size records ``(digest, id, timestamp_ns,
+expires_ns)`` in a file mapped into memory (segment/key_table.py; timestamp -1: known
+to be written), created at the first unique enqueue, so a queue that never uses the
+feature has no file and its enqueues pay nothing.  A record is a store into the
+mapping, not a ``write()``: on the path of every new key, that system call cost more
+than the rest of the key's work (benchmarks/unique.py).
 
-Why a feature file and not a field of the entry: the entry's flags byte is full (every
-bit has a meaning since format 2), so a key in the entry means a new entry format, and
-rebuilding the held keys from the log would read every unfinished message at each open
-- recovery reads only state files and the last segment's tail (docs/architecture.md).
+Why a file of its own and not a field of the entry: the entry's flags byte is full
+(every bit has a meaning since format 2), so a key in the entry means a new entry
+format, and rebuilding the held keys from the log would read every unfinished message
+at each open - recovery reads only state files and the last segment's tail
+(docs/architecture.md).
 
-Crash safety.  The record is written *before* the message, under the same lock: a
-returned enqueue has both, and a kill -9 at any instant never leaves a written message
-whose key is not held.  A kill between the two leaves a record whose message was never
-written; so a record read back from the file (at open, or another process's) is
-*unverified* until the message it names is found in the log with the record's exact
-timestamp - done once, the first time the key comes again, by one indexed read.  (Ids
-are never reused, and an id another handle took after a dead one carries another
-timestamp.)  A message write that fails cuts its records back.
+Crash safety.  The record is stored *before* the message is written, under the same
+lock: a returned enqueue has both, and a kill -9 at any instant never leaves a written
+message whose key is not held (a store into a shared mapping is in the page cache when
+it is done; with ``sync="always"`` the record's page is also synced before the
+message).  A kill between the two leaves a record whose message was never written; so
+a record read back from the file (at open, or another process's) is *unverified* until
+the message it names is found in the log with the record's exact timestamp - done
+once, the first time the key comes again, by one indexed read.  (Ids are never reused,
+and an id another handle took after a dead one carries another timestamp.)  A message
+write that fails cuts its records back.
 
-The file's protocol (loading, damage, the version upgrade, shared mode, full disks) is
-:class:`~ledgerq.segment.feature_log.FeatureLog`'s.  Shared mode: every handle appends
-to the file under the append lock and reads what the others appended before admitting a
-key; a key whose message this handle's view shows
-unfinished is decided again holding every reader (an ack in another process just
-before must count) - a new key needs no reader's lock; a sweep replaces the file under that lock
-and the others, seeing their file unlinked, read the new one whole.
+A queue whose keys a version before the table kept in ``features/unique.log`` (framed
+msgpack records of the same four values) has that file read at the first unique
+enqueue, its records put in the table, and the file removed.
+
+Shared mode: every handle maps the file and stores into it under the append lock,
+having first taken the records the others stored since its last look (two reads of
+memory when there are none); a key whose message this handle's view shows unfinished
+is decided again holding every reader (an ack in another process just before must
+count) - a new key needs no reader's lock.  A sweep replaces the file under that lock;
+the old file then says so, and the others read the new one whole.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from ledgerq._errors import StorageError
 from ledgerq._options import Options
-from ledgerq.core.feature import Draft, FeatureWithLog, ReadersNeeded
-from ledgerq.format.feature_state import keyed_record_encoder
+from ledgerq.core.feature import Draft, Feature, ReadersNeeded
 from ledgerq.format.sealing import keyed_digest
-from ledgerq.segment.feature_log import FeatureLog
-from ledgerq.segment.naming import UNIQUE_NAME, feature_log_path
+from ledgerq.segment.feature_log import read_feature_values
+from ledgerq.segment.files import fsync_dir
+from ledgerq.segment.key_table import KEY_RECORD, KeyRecord, KeyTable
+from ledgerq.segment.naming import UNIQUE_NAME, UNIQUE_TABLE_NAME, feature_log_path
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
 
-__all__ = ["UNIQUE_LOG", "UNIQUE_MAGIC", "UniqueFeature", "unique_digest"]
+__all__ = ["UNIQUE_LOG", "UNIQUE_MAGIC", "UNIQUE_TABLE_MAGIC", "UniqueFeature", "unique_digest"]
 
+logger = logging.getLogger("ledgerq")
 
-UNIQUE_LOG = UNIQUE_NAME  # (the name is spelled in segment/naming.py)
-UNIQUE_MAGIC = b"LQUK"
+UNIQUE_LOG = UNIQUE_NAME  # (the names are spelled in segment/naming.py)
+UNIQUE_MAGIC = b"LQUK"  # features/unique.log, read to move its records into the table
+UNIQUE_TABLE_MAGIC = b"LQUT"
 _DIGEST_SIZE = 16
+KEY_RECORD_SIZE = KEY_RECORD.size
 _SWEEP_AT = 1024  # held keys before the first sweep for finished ones
 # The timestamp of a rewritten record whose message this handle knew to be in the log:
 # nothing to verify when it is read back.
@@ -74,12 +90,8 @@ def unique_digest(unique_key: str) -> bytes:
     return xxhash.xxh3_128_digest((_DOMAIN + unique_key).encode())
 
 
-# One record, ``[digest, message_id, timestamp, expires]``: one struct.pack and one CRC.
-_encode_record = keyed_record_encoder("Qqq")
-
-
-def _record(value: Any) -> tuple[bytes, int, int, int] | None:
-    """``(digest, id, timestamp_ns, expires_ns)`` of a decoded record, or None.
+def _record(value: Any) -> KeyRecord | None:
+    """``(digest, id, timestamp_ns, expires_ns)`` of a record of ``unique.log``, or None.
 
     Exact types only: the file may be damaged or hostile (see features/dedup.py)."""
     if type(value) is not list or len(value) != 4:
@@ -89,10 +101,12 @@ def _record(value: Any) -> tuple[bytes, int, int, int] | None:
         return None
     if not all(type(x) is int for x in (message_id, timestamp, expires)) or message_id < 1:
         return None
+    if not (-(1 << 63) <= timestamp < 1 << 63 and 0 <= expires < 1 << 63):
+        return None
     return digest, message_id, timestamp, expires
 
 
-class UniqueFeature(FeatureWithLog):
+class UniqueFeature(Feature):
     """Hold unique keys while their message is unfinished (always on; see the module)."""
 
     name = "unique"
@@ -112,35 +126,76 @@ class UniqueFeature(FeatureWithLog):
         self._unverified: dict[bytes, int] = {}
         # digest -> (id, timestamp, expires) admitted in the current call, not yet written
         self._provisional: dict[bytes, tuple[int, int, int]] = {}
-        self._added = b""  # the digest add_key wrote the record of
+        # The digest the last add_key stored, and the table's end before it (undo_key).
+        self._key_undo: tuple[bytes, int] = (b"", 0)
+        self._ahead: int | None = None  # the table's end before a batch's records
         self._queue: QueueCore | None = None
+        self._table: KeyTable | None = None
+        self._loaded = False
+        self._shared = False
+        self._sync_always = False
         self._sweep_at = _SWEEP_AT
 
     def attach(self, queue: QueueCore) -> None:
         # Nothing is read or created here: at the first unique enqueue (_current).
         self._queue = queue
-        self._log = FeatureLog(
-            feature_log_path(queue.path, UNIQUE_NAME), UNIQUE_MAGIC, "unique keys", queue, self
+        self._shared = queue.shared
+        self._sync_always = queue.options.sync == "always"
+        self._table = KeyTable(
+            feature_log_path(queue.path, UNIQUE_TABLE_NAME),
+            UNIQUE_TABLE_MAGIC,
+            "unique keys",
+            on_full=lambda: queue.make_room(),
         )
 
     # ------------------------------------------------------------------ the file
 
-    def _current(self) -> FeatureLog:
-        """The file, created if missing, with the other handles' records applied (lock
-        held)."""
-        log = self._log
-        assert log is not None
-        log.current(create=True)
-        return log
+    def _current(self) -> KeyTable:
+        """The table's file, created if missing, with the other handles' records taken
+        (lock held; shared mode: the append lock)."""
+        table = self._table
+        assert table is not None
+        if not self._loaded:
+            self._load(table)
+        elif self._shared:
+            replaced, records = table.news()
+            if replaced or records:
+                self._take_news(replaced, records)
+        return table
 
-    def apply_record(self, value: Any) -> bool:
-        record = _record(value)
-        if record is None:
-            return False
-        self._take(*record)
-        return True
+    def _take_news(self, replaced: bool, records: list[KeyRecord]) -> None:
+        """Take what :meth:`KeyTable.news` found: the others' records (or, ``replaced``,
+        the whole file)."""
+        if replaced:
+            self._clear()
+        for record in records:
+            self._take(*record)
 
-    def clear_table(self) -> None:
+    def _load(self, table: KeyTable) -> None:
+        """Read the file whole (the first use in this handle), moving the records of a
+        ``unique.log`` an older ledgerq wrote into it first."""
+        queue = self._queue
+        assert queue is not None
+        self._clear()
+        old_path = feature_log_path(queue.path, UNIQUE_NAME)
+        old = [r for r in map(_record, read_feature_values(old_path, UNIQUE_MAGIC)) if r]
+        records = table.open(create=True)
+        assert records is not None
+        for record in old:
+            self._take(*record)
+        for record in records:
+            self._take(*record)
+        if table.damaged:
+            queue.note_corrupt_skipped(table.damaged)
+            table.damaged = 0
+        if os.path.exists(old_path):
+            table.rewrite(self._records())  # the table holds them: then the old file goes
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(old_path)
+            fsync_dir(os.path.dirname(old_path))
+        self._loaded = True
+
+    def _clear(self) -> None:
         self._held.clear()
         self._expires.clear()
         self._unverified.clear()
@@ -158,13 +213,11 @@ class UniqueFeature(FeatureWithLog):
         else:
             self._unverified.pop(digest, None)
 
-    def table_records(self) -> Iterator[bytes]:
+    def _records(self) -> Iterator[KeyRecord]:
         """The records of the keys held now (a rewrite)."""
         unverified, expires = self._unverified, self._expires
         for digest, message_id in self._held.items():
-            yield _encode_record(
-                digest, message_id, unverified.get(digest, _VERIFIED), expires.get(digest, 0)
-            )
+            yield digest, message_id, unverified.get(digest, _VERIFIED), expires.get(digest, 0)
 
     # ------------------------------------------------------------------ deciding
 
@@ -216,7 +269,7 @@ class UniqueFeature(FeatureWithLog):
         self, unique_key: str, now_ns: int, candidate_id: int, expires: int = 0
     ) -> int | None:
         """:meth:`admit` for one key: the id holding ``unique_key``, or None having
-        noted ``candidate_id`` for it (written by before_append)."""
+        noted ``candidate_id`` for it (stored by before_append)."""
         digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
         if not self._provisional:  # the first key of this call: the file's news first
             self._current()
@@ -233,28 +286,52 @@ class UniqueFeature(FeatureWithLog):
 
     def add_key(self, unique_key: str, now_ns: int, candidate_id: int) -> int | None:
         """The core's path for a bytes payload with only a key (lock held): the id holding
-        ``unique_key``; or None, having written the record of ``candidate_id`` - the
-        message is written next, then :meth:`key_added` (or :meth:`rollback`)."""
+        ``unique_key``; or None, having made ``candidate_id`` its holder and stored the
+        record - the message is written next; :meth:`undo_key` if that fails."""
         digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
-        log = self._current()
-        held = self._held.get(digest)
-        if held is not None:
-            if self._holds(digest, held, now_ns):
-                return held
+        table = self._table
+        assert table is not None
+        if not self._loaded:
+            self._load(table)
+        elif self._shared:  # (_current, inlined: this is every unique enqueue's path)
+            replaced, records = table.news()
+            if replaced or records:
+                self._take_news(replaced, records)
+        held = self._held
+        holder = held.get(digest)
+        if holder is not None:
+            if self._holds(digest, holder, now_ns):
+                return holder
             self._forget(digest)
-        log.append_ahead(_encode_record(digest, candidate_id, now_ns, 0))
-        self._added = digest
+        elif len(held) >= self._sweep_at:
+            self._sweep(now_ns)
+        end = table.end
+        # (table.append, inlined)
+        if end + KEY_RECORD_SIZE > table.size:
+            table.grow()  # raises having stored nothing
+        area = table.area
+        assert area is not None
+        table.pack(area, end, digest, candidate_id, now_ns, 0)
+        table.end = end + KEY_RECORD_SIZE
+        held[digest] = candidate_id
+        self._key_undo = (digest, end)
+        if self._sync_always:
+            try:
+                table.sync(end)  # the record reaches the disk before its message
+            except StorageError:
+                self.undo_key()
+                raise
         return None
 
-    def key_added(self, message_id: int, now_ns: int) -> None:
-        """The message of :meth:`add_key` is written (lock held)."""
-        digest, self._added = self._added, b""
-        assert self._log is not None
-        self._log.keep_ahead()
-        held = self._held
-        held[digest] = message_id  # (not there: add_key forgot a finished holder)
-        if len(held) > self._sweep_at:
-            self._sweep(now_ns)
+    def undo_key(self) -> None:
+        """The message of the last :meth:`add_key` was not written (lock held): its key
+        is not held, and its record is cut back."""
+        digest, end = self._key_undo
+        self._key_undo = (b"", 0)
+        if digest:
+            self._held.pop(digest, None)
+            assert self._table is not None
+            self._table.undo(end)
 
     def unadmit(self, draft: Draft) -> None:
         if draft.unique_key is not None:
@@ -263,23 +340,30 @@ class UniqueFeature(FeatureWithLog):
     def before_append(self) -> None:
         if not self._provisional:
             return
-        log = self._log
-        assert log is not None
-        provisional = self._provisional
-        if len(provisional) == 1:
-            ((digest, noted),) = provisional.items()
-            blob = _encode_record(digest, *noted)
-        else:
-            blob = b"".join(_encode_record(digest, *noted) for digest, noted in provisional.items())
-        log.append_ahead(blob, len(provisional))  # raises having written nothing: rolled back
+        table = self._table
+        assert table is not None
+        end = table.end
+        self._ahead = end
+        try:
+            for digest, (message_id, timestamp, expires) in self._provisional.items():
+                table.append(digest, message_id, timestamp, expires)
+        except StorageError:
+            table.undo(end)  # raises having stored nothing: rolled back
+            self._ahead = None
+            raise
+        if self._sync_always:
+            try:
+                table.sync(end)  # the records reach the disk before their messages
+            except StorageError:
+                self.rollback()
+                raise
 
     def rollback(self) -> None:
         self._provisional.clear()
-        self._added = b""
-        if self._log is not None:
-            # The records are written, their messages not: cut them back.  If that fails
-            # too they stay, unverifiable - no message has their id and timestamp.
-            self._log.undo_ahead()
+        end, self._ahead = self._ahead, None
+        if end is not None and self._table is not None:
+            # The records are stored, their messages not written: cut them back.
+            self._table.undo(end)
 
     def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
         # The messages _admit_key noted are written (their ids are the noted ones).
@@ -298,8 +382,7 @@ class UniqueFeature(FeatureWithLog):
             if unverified:
                 unverified.pop(digest, None)
         provisional.clear()
-        assert self._log is not None
-        self._log.keep_ahead()
+        self._ahead = None
         if len(held) > self._sweep_at:
             self._sweep(now_ns)
 
@@ -315,6 +398,7 @@ class UniqueFeature(FeatureWithLog):
         assert queue is not None
         cores = queue.reader_cores()
         held = self._held
+        low = 0
         if cores:
             low = min(core.head for core in cores)
             while held:
@@ -334,8 +418,20 @@ class UniqueFeature(FeatureWithLog):
             for digest in finished:
                 self._forget(digest)
         self._sweep_at = max(_SWEEP_AT, 2 * len(self._held))
-        log = self._log
-        if log is not None and log.should_compact(len(self._held), factor=2, slack=_SWEEP_AT):
-            log.compact()  # (if it fails, the old file holds every held key too)
+        table = self._table
+        if table is not None and table.records > 2 * len(self._held) + _SWEEP_AT:
+            try:
+                table.rewrite(self._records())
+            except StorageError as exc:  # the old file holds every held key too
+                logger.warning("ledgerq: %s; the %s is rewritten later", exc, table.what)
 
     # ------------------------------------------------------------------ lifecycle
+
+    def flush(self) -> None:
+        """Write the table's pages to disk (a sync, a close)."""
+        if self._table is not None:
+            self._table.sync()
+
+    def close(self) -> None:
+        if self._table is not None:
+            self._table.close()

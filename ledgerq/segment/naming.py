@@ -14,7 +14,8 @@
       features/                 FEATURES_DIR: the feature logs (segment/feature_log.py)
         dedup.log               DEDUP_NAME: the dedup window's table
         retries.log             RETRIES_NAME: the last failure of each failing message
-        unique.log              UNIQUE_NAME: the unique keys held
+        unique.table            UNIQUE_TABLE_NAME: the unique keys held (segment/key_table.py)
+        unique.log              UNIQUE_NAME: where an older ledgerq kept them (read, removed)
         periodic.log            PERIODIC_NAME: the periodic jobs and their last ticks
         forwards.log            FORWARDS_NAME: the hand-off keys forwards brought here
       dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
@@ -64,6 +65,7 @@ __all__ = [
     "STATE_SUFFIX",
     "TMP_SUFFIX",
     "UNIQUE_NAME",
+    "UNIQUE_TABLE_NAME",
     "feature_log_path",
     "handle_live_path",
     "idx_path",
@@ -101,6 +103,7 @@ LIVE_SUFFIX = ".live"
 DEDUP_NAME = "dedup.log"
 RETRIES_NAME = "retries.log"
 UNIQUE_NAME = "unique.log"
+UNIQUE_TABLE_NAME = "unique.table"
 PERIODIC_NAME = "periodic.log"
 FORWARDS_NAME = "forwards.log"
 RATE_LIMIT_NAME = "ratelimit"  # in SHARED_DIR

@@ -335,3 +335,26 @@ def test_shipped_copy_full_destination_then_crash(small_disk: SmallDisk, tmp_pat
     shipped = [(m.id, m.payload) for m in tools.iter_messages(copy)]
     assert shipped == [(i, bytes([(i - 1) % 251]) * 1000) for i in ids]
     assert failed, "the full destination did not refuse the pass with a StorageError"
+
+
+def test_unique_table_that_cannot_grow_on_a_full_disk(small_disk: SmallDisk) -> None:
+    """The unique keys' table is mapped: its room is allocated before a record is stored
+    into it, so a full disk is the enqueue's error (nothing written, the key not held),
+    never a SIGBUS at the store - and once there is room the same enqueue works."""
+    path = small_disk.path / "q"
+    first_room = (64 * 1024 - 64) // 40  # the records the new file has room for
+    with ledgerq.open(path) as q:
+        ids = [q.enqueue(b"job", unique_key=f"k{n}") for n in range(first_room)]
+        small_disk.fill()
+        with pytest.raises(ledgerq.StorageError) as failed:
+            q.enqueue(b"job", unique_key="one more")  # the table must grow
+        assert failed.value.errno == errno.ENOSPC
+        assert len(q) == first_room
+        small_disk.free()
+        again = q.enqueue(b"job", unique_key="one more")
+        assert again == ids[-1] + 1, "the failed enqueue took no id"
+        assert q.enqueue(b"job", unique_key="one more") == again
+    with ledgerq.open(path) as q:
+        assert [q.enqueue(b"job", unique_key=f"k{n}") for n in range(first_room)] == ids
+        assert q.enqueue(b"job", unique_key="one more") == again
+        assert len(q) == first_room + 1

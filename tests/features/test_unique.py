@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -19,31 +20,64 @@ import xxhash
 import ledgerq
 from ledgerq import Item
 from ledgerq.features import unique
-from ledgerq.format.feature_state import encode_feature_record
+from ledgerq.format.feature_state import encode_feature_file_header, encode_feature_record
 from ledgerq.segment.files import StorageError
 from ledgerq.segment.manager import SegmentManager
 from tests.clocks import SteppedClock
 
 
+def unique_table(path: Path) -> Path:
+    return path / "features" / "unique.table"
+
+
 def unique_log(path: Path) -> Path:
+    """Where a ledgerq before the table kept the keys."""
     return path / "features" / "unique.log"
+
+
+_RECORD = struct.Struct("<16sQqq")
+
+
+def table_records(path: Path) -> list[tuple[bytes, int, int, int]]:
+    """The records of ``features/unique.table``, read as docs/format.md says: a 64-byte
+    header, then 40-byte records up to the first whose id is 0."""
+    data = unique_table(path).read_bytes()
+    assert data[:8] == b"LQUT" + (1).to_bytes(4, "little")
+    records, pos = [], 64
+    while pos + _RECORD.size <= len(data):
+        record = _RECORD.unpack_from(data, pos)
+        if not record[1]:
+            break
+        records.append(record)
+        pos += _RECORD.size
+    return records
+
+
+def store_record(path: Path, record: tuple[bytes, int, int, int]) -> None:
+    """Put ``record`` after the table's last one, as a handle's store would."""
+    at = 64 + _RECORD.size * len(table_records(path))
+    with open(unique_table(path), "r+b") as f:
+        f.seek(at)
+        f.write(_RECORD.pack(*record))
 
 
 def test_a_held_key_returns_its_message_and_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         first = q.enqueue(b"report for 7", unique_key="report:7")
-        size = os.path.getsize(unique_log(path))
+        assert len(table_records(path)) == 1
         segments = sorted((path / "segments").iterdir())
         log_size = sum(p.stat().st_size for p in segments)
         assert q.enqueue(b"report for 7, again", unique_key="report:7") == first
+        assert len(table_records(path)) == 1
+        assert sum(p.stat().st_size for p in segments) == log_size
         assert q.enqueue(b"other", unique_key="report:8") != first
         assert len(q) == 2
         assert q.stats().enqueued == 2
         assert q.stats().duplicates == 1
         # The duplicate wrote nothing: the one record and message each of report:7 and
         # report:8 are all there is.
-        assert os.path.getsize(unique_log(path)) > size
+        assert [r[1] for r in table_records(path)] == [first, first + 1]
         assert [m.payload for m in q.peek(5)] == [b"report for 7", b"other"]
         assert sum(p.stat().st_size for p in segments) > log_size
 
@@ -53,6 +87,7 @@ def test_a_queue_without_unique_jobs_has_no_file(tmp_path: Path) -> None:
         q.enqueue(b"a")
         q.enqueue(b"b", headers={"h": "v"}, dedup_id=None)
         q.enqueue_batch([Item(b"c", priority=ledgerq.Priority.HIGH)])
+    assert not unique_table(tmp_path / "q").exists()
     assert not unique_log(tmp_path / "q").exists()
 
 
@@ -183,17 +218,13 @@ def test_encrypted_queue_keeps_keyed_digests(tmp_path: Path) -> None:
     key = bytes(range(32))
     with ledgerq.open(path, encryption_key=key) as q:
         first = q.enqueue(b"secret job", unique_key="invoice:42")
-    data = unique_log(path).read_bytes()
+    assert len(table_records(path)) == 1
+    data = unique_table(path).read_bytes()
     assert xxhash.xxh3_128_digest(b"unique:invoice:42") not in data
     assert b"invoice:42" not in data
     with ledgerq.open(path, encryption_key=key) as q:
         assert q.enqueue(b"again", unique_key="invoice:42") == first
         assert len(q) == 1
-
-
-def _append_record(path: Path, record: list[object]) -> None:
-    with open(unique_log(path), "ab") as f:
-        f.write(encode_feature_record(record))
 
 
 def test_a_record_without_its_message_holds_nothing(tmp_path: Path) -> None:
@@ -203,8 +234,8 @@ def test_a_record_without_its_message_holds_nothing(tmp_path: Path) -> None:
     with ledgerq.open(path) as q:
         real = q.enqueue(b"real", unique_key="real")
         stamp = q.peek(1)[0].timestamp
-    _append_record(path, [unique.unique_digest("ghost"), real + 1, stamp + 1, 0])
-    _append_record(path, [unique.unique_digest("stolen"), real, stamp - 1, 0])
+    store_record(path, (unique.unique_digest("ghost"), real + 1, stamp + 1, 0))
+    store_record(path, (unique.unique_digest("stolen"), real, stamp - 1, 0))
     with ledgerq.open(path) as q:
         assert q.enqueue(b"real again", unique_key="real") == real
         ghost = q.enqueue(b"ghost", unique_key="ghost")
@@ -219,7 +250,7 @@ def test_a_failed_message_write_cuts_its_record_back(
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         q.enqueue(b"first", unique_key="first")
-        size = os.path.getsize(unique_log(path))
+        before = table_records(path)
         write = SegmentManager.append
 
         def failing(self: SegmentManager, *args: object, **kwargs: object) -> None:
@@ -234,7 +265,7 @@ def test_a_failed_message_write_cuts_its_record_back(
             q.enqueue(b"job", unique_key="k", headers={"h": "v"})  # the checked path
         with pytest.raises(ledgerq.LedgerQError):
             q.enqueue_batch([Item(b"job", unique_key="k"), Item(b"j2", unique_key="k2")])
-        assert os.path.getsize(unique_log(path)) == size
+        assert table_records(path) == before
         monkeypatch.setattr(SegmentManager, "append", write)
         monkeypatch.setattr(SegmentManager, "append_one", write_one)
         retried = q.enqueue(b"job", unique_key="k")
@@ -252,9 +283,7 @@ def test_the_sweep_forgets_finished_keys_and_rewrites_the_file(
             q.enqueue(b"done", unique_key=f"done{n}")
             q.ack(q.dequeue().id)  # type: ignore[union-attr]
         kept = {n: q.enqueue(b"kept", unique_key=f"kept{n}") for n in range(3)}
-    data = unique_log(path).read_bytes()
-    records = data.count(b"\x94\xc4\x10")  # each record: a msgpack array of 4, bin 16 first
-    assert records < 20, "the file was rewritten with the keys still held"
+    assert len(table_records(path)) < 20, "the file was rewritten with the keys still held"
     with ledgerq.open(path) as q:
         for n, message_id in kept.items():
             assert q.enqueue(b"kept", unique_key=f"kept{n}") == message_id
@@ -283,7 +312,7 @@ def test_a_bad_key_is_refused_before_anything_is_written(
             q.enqueue_batch([Item(b"ok", unique_key="fine"), Item(b"a", unique_key=bad)])  # type: ignore[arg-type]
         assert len(q) == 0
         assert q.stats().enqueued == 0
-        assert not unique_log(path).exists()
+        assert not unique_table(path).exists()
         longest = "k" * 1024
         assert q.enqueue(b"a", unique_key=longest) == q.enqueue(b"b", unique_key=longest)
 
@@ -330,3 +359,53 @@ def test_a_message_written_before_its_append_raised_holds_its_key(
     with ledgerq.open(path) as q:
         assert q.enqueue(b"job", unique_key="k") == msg.id
         assert len(q) == 1
+
+
+def test_the_keys_of_an_older_unique_log_are_moved_into_the_table(tmp_path: Path) -> None:
+    """A queue whose keys an older ledgerq kept in ``features/unique.log``: at the first
+    unique enqueue they are taken (a record without its message, as ever, holds
+    nothing), the table is written with them, and the old file is removed."""
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        held = q.enqueue(b"held", unique_key="held")
+        stamp = q.peek(1)[0].timestamp
+    unique_table(path).unlink()  # the queue as the older ledgerq left it
+    unique_log(path).write_bytes(
+        encode_feature_file_header(unique.UNIQUE_MAGIC)
+        + encode_feature_record([unique.unique_digest("held"), held, stamp, 0])
+        + encode_feature_record([unique.unique_digest("ghost"), held + 1, stamp + 1, 0])
+    )
+    with ledgerq.open(path) as q:
+        assert q.enqueue(b"held again", unique_key="held") == held
+        assert not unique_log(path).exists()
+        assert [r[1] for r in table_records(path)] == [held, held + 1]
+        assert q.enqueue(b"ghost", unique_key="ghost") > held  # no message had it
+    with ledgerq.open(path) as q:
+        assert q.enqueue(b"held, third", unique_key="held") == held
+        assert len(q) == 2
+
+
+def test_a_table_with_a_damaged_header_starts_empty_and_is_counted(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with ledgerq.open(path) as q:
+        first = q.enqueue(b"a", unique_key="a")
+    with open(unique_table(path), "r+b") as f:
+        f.write(b"JUNK")
+    with ledgerq.open(path) as q:
+        again = q.enqueue(b"a", unique_key="a")  # the record was lost with the header
+        assert again > first
+        assert q.stats().corrupt_skipped == 1
+        assert q.enqueue(b"a", unique_key="a") == again
+    assert [r[1] for r in table_records(path)] == [again]
+
+
+def test_the_table_grows_past_its_first_room_and_keeps_every_key(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    count = 4000  # 64 KiB holds 1637 records: the file grows twice
+    with ledgerq.open(path) as q:
+        ids = [q.enqueue(b"job", unique_key=f"job-{n}") for n in range(count)]
+    assert os.path.getsize(unique_table(path)) > 64 * 1024
+    assert len(table_records(path)) == count
+    with ledgerq.open(path) as q:
+        assert [q.enqueue(b"again", unique_key=f"job-{n}") for n in range(count)] == ids
+        assert len(q) == count

@@ -65,6 +65,7 @@ CHECKED_TABLES = {
     "sealed",
     "sealed-content",
     "sealing-constants",
+    "unique-table",
     "unique-record",
     "periodic-record",
     "forward-record",
@@ -519,18 +520,37 @@ def _feature_log_records(path: Path, magic: bytes) -> list[Any]:
 
 
 def test_unique_records_read_with_the_table_alone(tmp_path: Path) -> None:
-    """features/unique.log decoded with the spec's header, framing and record table."""
+    """features/unique.table decoded with the spec's header and record tables alone."""
     import xxhash
 
+    header = {r["field"]: r for r in table("unique-table")}
+    assert list(header) == ["magic", "version", "replaced", "reserved", "records"]
     rows = table("unique-record")
     assert [r["field"] for r in rows] == ["digest", "id", "timestamp", "expires"]
+    spec_struct = "<" + "".join(
+        {"bytes": f"{r['size']}s", "u64": "Q", "i64": "q"}[r["type"]] for r in rows
+    )
+    record = struct.Struct(spec_struct)
+    assert record.size == int(header["records"]["size"])
     with ledgerq.open(tmp_path / "q") as q:
         first = q.enqueue(b"a", unique_key="job-1")
         second = q.enqueue(b"b", unique_key="job-2", ttl=60)
         stamps = {m.id: (m.timestamp, m.expires_at) for m in q.peek(2)}
-    records = _feature_log_records(tmp_path / "q" / "features" / "unique.log", b"LQUK")
-    by_field = [dict(zip([r["field"] for r in rows], rec, strict=True)) for rec in records]
-    assert by_field == [
+    data = (tmp_path / "q" / "features" / "unique.table").read_bytes()
+    at = {name: int(r["offset"]) for name, r in header.items()}
+    assert data[at["magic"] : at["magic"] + 4] == b"LQUT"
+    assert struct.unpack_from("<I", data, at["version"])[0] == int(header["version"]["meaning"])
+    assert struct.unpack_from("<Q", data, at["replaced"])[0] == 0
+    assert data[at["reserved"] : at["records"]] == bytes(int(header["reserved"]["size"]))
+    records, pos = [], at["records"]
+    while True:
+        found = dict(zip([r["field"] for r in rows], record.unpack_from(data, pos), strict=True))
+        if found["id"] == 0:
+            break
+        records.append(found)
+        pos += record.size
+    assert data[pos:] == bytes(len(data) - pos), "zeros after the records"
+    assert records == [
         {
             "digest": xxhash.xxh3_128_digest(b"unique:job-1"),
             "id": first,
@@ -636,6 +656,7 @@ def test_files() -> None:
     from ledgerq.features.unique import UNIQUE_LOG
 
     assert f"{naming.FEATURES_DIR}/{UNIQUE_LOG}" in paths
+    assert f"{naming.FEATURES_DIR}/{naming.UNIQUE_TABLE_NAME}" in paths
     assert f"{naming.FEATURES_DIR}/{naming.PERIODIC_NAME}" in paths
     # Every name a queue directory may hold is in the table (the temp files aside).
     tops = {p.split("/")[0] for p in paths}

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import ledgerq
 from tests._child import Children
+from tests.features.test_unique import table_records
 
 KEYS = 60
 
@@ -48,12 +51,15 @@ q.close()
 """
 
 
+# 2500 keys: the table (1637 records in its first 64 KiB) grows while both store into
+# it - one process grows the file, the other finds its mapping short and maps it again.
+@pytest.mark.parametrize("keys", [KEYS, 2500])
 def test_processes_enqueueing_the_same_keys_make_one_message_each(
-    tmp_path: Path, children: Children
+    tmp_path: Path, children: Children, keys: int
 ) -> None:
     path = tmp_path / "q"
     producers = [
-        children.start(["-c", PRODUCER, str(path), str(seed), str(KEYS)]) for seed in range(2)
+        children.start(["-c", PRODUCER, str(path), str(seed), str(keys)]) for seed in range(2)
     ]
     for child in producers:
         assert child.line() == "ready"
@@ -68,8 +74,9 @@ def test_processes_enqueueing_the_same_keys_make_one_message_each(
         answers.append(got)
         child.expect_exit(0)
     assert answers[0] == answers[1], "the processes disagree on a key's message"
+    assert len(answers[0]) == keys
     with ledgerq.open(path, shared=True) as q:
-        messages = q.peek(10 * KEYS)
+        messages = q.peek(10 * keys)
         assert sorted(m.payload.decode() for m in messages) == sorted(answers[0])
         assert {m.payload.decode(): m.id for m in messages} == answers[0]
 
@@ -118,3 +125,34 @@ def test_two_handles_judge_a_key_by_every_reader_as_the_other_left_it(tmp_path: 
         again = a.enqueue(b"job", unique_key="nightly")  # every reader is done: freed
         assert again > first
         assert a.enqueue(b"job", unique_key="nightly") == again
+
+
+SWEEPER = """
+import sys
+import ledgerq
+from ledgerq.features import unique
+unique._SWEEP_AT = 4  # a sweep (and a rewrite of the table) every few keys
+q = ledgerq.open(sys.argv[1], shared=True)
+for n in range(40):
+    q.enqueue(b"done", unique_key="done%d" % n)
+    q.ack(q.dequeue().id)
+print(q.enqueue(b"kept", unique_key="kept"), flush=True)
+q.close()
+"""
+
+
+def test_a_table_another_process_rewrote_is_read_again(tmp_path: Path, children: Children) -> None:
+    """The other process's sweeps replace the table file under this handle's mapping:
+    the old file says so, and this handle reads the new one whole."""
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as q:
+        # The table mapped, and a key held (delayed: the sweeper's dequeues pass it by).
+        mine = q.enqueue(b"mine", unique_key="mine", delay=3600)
+        sweeper = children.start(["-c", SWEEPER, str(path)])
+        kept = int(sweeper.line())
+        sweeper.expect_exit(0)
+        assert len(table_records(path)) < 20, "rewritten with the keys still held"
+        assert q.enqueue(b"kept", unique_key="kept") == kept
+        assert q.enqueue(b"mine", unique_key="mine") == mine
+        assert q.enqueue(b"done", unique_key="done0") > kept  # acked: free
+        assert len(q) == 3

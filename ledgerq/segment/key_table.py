@@ -1,0 +1,321 @@
+"""A table of fixed-size keyed records in a file mapped into memory (``features/*.table``).
+
+The unique keys' table (features/unique.py) is written on the path of every
+``enqueue(..., unique_key=)``, *before* the message: a record that only a second
+``write()`` put in the kernel cost a system call per enqueue - more than the rest of
+the key's work together (benchmarks/unique.py, the "floor" row).  Here a record is a
+store into a shared mapping of the file: it is in the page cache - so it survives the
+process (kill -9), and every other process mapping the file sees it - the moment the
+store is done, with no system call.
+
+Layout (``docs/format.md``, "Unique keys"; little-endian)::
+
+    0     4   magic       the feature's, e.g. b"LQUT"
+    4     4   version     u32, 1
+    8     8   replaced    u64: nonzero once a rewrite replaced this file (read the name again)
+    16    48  reserved    zeros
+    64    40  record      digest 16 bytes, id u64 (>= 1), timestamp i64, expires i64
+    ...                   records back to back; the first whose id is 0 ends them
+
+The file is longer than its records (zeros, allocated ahead: a page of a mapping that
+the disk cannot back would kill the process with SIGBUS when first stored into, so the
+room is taken with ``posix_fallocate`` - where a full disk is an error - before any
+store lands in it).  The end is where the first zero id is: a store writes the digest
+first and the id within it, so a process killed inside a store leaves either no record
+or one whose timestamp may be torn - which the feature checks against the log anyway
+(the records are written ahead of what they describe, so each is verified before it
+is trusted).  A record that turned out to describe nothing (the message write failed)
+is cut back by zeroing its id.
+
+Shared mode: every handle maps the same file, and stores and reads only under the
+queue's append lock; a look for the others' records is a read of memory (the id where
+this handle's records end, and the ``replaced`` word).  A rewrite (temp file, fsync,
+rename) sets ``replaced`` in the old file after the rename: a handle that sees it maps
+the name again and reads the new file whole.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import struct
+from collections.abc import Callable, Iterable
+
+from ledgerq.segment.files import StorageError, fsync_dir, make_durable_dir, write_all
+
+__all__ = ["KeyRecord", "KeyTable", "KEY_RECORD", "KEY_TABLE_HEADER_SIZE", "KEY_TABLE_VERSION"]
+
+logger = logging.getLogger("ledgerq")
+
+KEY_TABLE_VERSION = 1
+KEY_TABLE_HEADER_SIZE = 64
+KEY_RECORD = struct.Struct("<16sQqq")  # digest, id, timestamp, expires: 40 bytes
+KeyRecord = tuple[bytes, int, int, int]
+_HEADER = struct.Struct("<4sIQ")  # magic, version, replaced
+_REPLACED_AT = 8
+_ID_AT = 16  # the id's offset inside a record
+_WORD = struct.Struct("<Q")
+_MIN_SIZE = 64 * 1024  # 1637 records: the room a new file is created with
+_MAX_GROWTH = 16 * 1024 * 1024  # a growth doubles the file, by this much at most
+
+
+class KeyTable:
+    """The mapped file ``path`` (magic ``magic``; ``what`` names it in errors).
+
+    ``on_full`` is called when the disk is full as the file grows (True: room was made,
+    try once more).  Nothing is read or created until :meth:`open`.
+    """
+
+    def __init__(
+        self, path: str, magic: bytes, what: str, on_full: Callable[[], bool] | None = None
+    ) -> None:
+        self.path = path
+        self.what = what
+        self._magic = magic
+        self.on_full = on_full
+        self._fd: int | None = None
+        self.area: mmap.mmap | None = None  # the mapping (a hot path stores into it)
+        self.size = 0  # bytes mapped
+        self.end = KEY_TABLE_HEADER_SIZE  # where the next record goes
+        self.pack = KEY_RECORD.pack_into  # pack(area, end, record...): a store
+        self.damaged = 0  # unreadable files replaced since the open (stats)
+
+    @property
+    def is_open(self) -> bool:
+        return self.area is not None
+
+    @property
+    def records(self) -> int:
+        """Records in the file, live or not (when to rewrite)."""
+        return (self.end - KEY_TABLE_HEADER_SIZE) // KEY_RECORD.size
+
+    # ------------------------------------------------------------------ reading
+
+    def open(self, *, create: bool) -> list[KeyRecord] | None:
+        """Map the file and return its records (None if there is none and not
+        ``create``).  An unreadable file (a bad header) is replaced by an empty one
+        and counted in :attr:`damaged`.  Raises :class:`StorageError`."""
+        self.close()
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            if not create:
+                return None
+            self.rewrite([])
+            return []
+        except OSError as exc:
+            raise StorageError("open", self.path, exc) from exc
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, _HEADER.size, 0)
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError("read", self.path, exc) from exc
+        ok = len(head) == _HEADER.size and size >= KEY_TABLE_HEADER_SIZE + KEY_RECORD.size
+        if ok:
+            magic, version, _ = _HEADER.unpack(head)
+            ok = magic == self._magic and version == KEY_TABLE_VERSION
+        if not ok:
+            os.close(fd)
+            logger.warning("ledgerq: %s is unreadable; the %s starts empty", self.path, self.what)
+            self.damaged += 1
+            self.rewrite([])
+            return []
+        self._adopt(fd, size)
+        return self._read_records()
+
+    def _adopt(self, fd: int, size: int) -> None:
+        try:
+            area = mmap.mmap(fd, size)
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError("map", self.path, exc) from exc
+        self._fd, self.area, self.size = fd, area, size
+        self.end = KEY_TABLE_HEADER_SIZE
+
+    def _read_records(self) -> list[KeyRecord]:
+        """The records from :attr:`end` to the first zero id (moving :attr:`end`)."""
+        area = self.area
+        assert area is not None
+        found: list[KeyRecord] = []
+        unpack = KEY_RECORD.unpack_from
+        end, size, step = self.end, self.size, KEY_RECORD.size
+        while True:
+            if end + step > size:
+                if not self._remap_if_grown():
+                    break
+                area, size = self.area, self.size
+                assert area is not None
+                continue
+            record = unpack(area, end)
+            if not record[1]:
+                break
+            found.append(record)
+            end += step
+        self.end = end
+        return found
+
+    def _remap_if_grown(self) -> bool:
+        """Another handle grew the file past this mapping: map it whole (True)."""
+        fd = self._fd
+        assert fd is not None
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as exc:
+            raise StorageError("read", self.path, exc) from exc
+        if size <= self.size:
+            return False
+        end = self.end
+        old = self.area
+        self._fd = None  # (_adopt takes it again)
+        self._adopt(fd, size)
+        self.end = end
+        if old is not None:
+            old.close()
+        return True
+
+    def news(self) -> tuple[bool, list[KeyRecord]]:
+        """Shared mode (append lock held): ``(replaced, records)`` - the records the
+        others stored since this handle's last look; or, ``replaced`` True, every
+        record of the file that now holds the name (the table is to be rebuilt)."""
+        area = self.area
+        assert area is not None
+        if _WORD.unpack_from(area, _REPLACED_AT)[0]:
+            records = self.open(create=True)
+            assert records is not None
+            return True, records
+        end = self.end
+        if end + KEY_RECORD.size <= self.size and not _WORD.unpack_from(area, end + _ID_AT)[0]:
+            return False, []  # the common case: nothing new, two reads of memory
+        return False, self._read_records()
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, digest: bytes, message_id: int, timestamp: int, expires: int) -> None:
+        """Store one record at the end (lock held), or raise :class:`StorageError`
+        having stored nothing (the file could not grow)."""
+        end = self.end
+        if end + KEY_RECORD.size > self.size:
+            self.grow()
+        area = self.area
+        assert area is not None
+        self.pack(area, end, digest, message_id, timestamp, expires)
+        self.end = end + KEY_RECORD.size
+
+    def undo(self, since: int) -> None:
+        """Cut back the records stored from offset ``since`` (an earlier :attr:`end`):
+        what they describe was not written."""
+        area = self.area
+        if area is None:
+            return
+        at = self.end - KEY_RECORD.size
+        while at >= since:  # last first: a reader never sees a hole before a record
+            _WORD.pack_into(area, at + _ID_AT, 0)
+            at -= KEY_RECORD.size
+        self.end = min(self.end, since)
+
+    def grow(self) -> None:
+        """Make room for more records (lock held): the file doubles (by 16 MiB at most),
+        its new bytes allocated; raises :class:`StorageError` having changed nothing."""
+        fd, size = self._fd, self.size
+        if fd is None:
+            raise StorageError(f"append to {self.what}", self.path, OSError(errno.EBADF, "closed"))
+        new_size = size + max(_MIN_SIZE, min(size, _MAX_GROWTH))
+        try:
+            _allocate(fd, size, new_size - size)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or self.on_full is None or not self.on_full():
+                raise StorageError(f"grow {self.what}", self.path, exc) from exc
+            try:
+                _allocate(fd, size, new_size - size)
+            except OSError as again:
+                raise StorageError(f"grow {self.what}", self.path, again) from again
+        end = self.end
+        old = self.area
+        self._fd = None
+        self._adopt(fd, new_size)
+        self.end = end
+        if old is not None:
+            old.close()
+
+    def rewrite(self, records: Iterable[KeyRecord]) -> None:
+        """Replace the file with ``records`` (temp file, fsync, rename, fsync of the
+        directory) and map the new one; the old file says it was replaced.  Raises
+        :class:`StorageError` (the old file, still mapped, holds the table too)."""
+        records = list(records)
+        body = b"".join(KEY_RECORD.pack(*r) for r in records)
+        used = KEY_TABLE_HEADER_SIZE + len(body)
+        size = max(_MIN_SIZE, 2 * used)
+        size += -size % mmap.PAGESIZE
+        data = (
+            _HEADER.pack(self._magic, KEY_TABLE_VERSION, 0).ljust(KEY_TABLE_HEADER_SIZE, b"\0")
+            + body
+            + bytes(size - used)  # zeros written: the room is allocated, and ends the records
+        )
+        tmp = self.path + ".tmp"
+        directory = os.path.dirname(self.path)
+        try:
+            make_durable_dir(directory)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                write_all(fd, data)
+                os.fsync(fd)
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.close(fd)
+                raise
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise StorageError("write", self.path, exc) from exc
+        old = self.area
+        old_fd, self._fd = self._fd, None
+        self._adopt(fd, size)
+        self.end = used
+        if old is not None:
+            _WORD.pack_into(old, _REPLACED_AT, 1)  # the others map the name again
+            old.close()
+        if old_fd is not None:
+            os.close(old_fd)
+        try:
+            fsync_dir(directory)
+        except OSError as exc:
+            raise StorageError("write", self.path, exc) from exc
+
+    def sync(self, since: int | None = None) -> None:
+        """Write the mapped pages to disk (all of them; or from offset ``since`` on)."""
+        area = self.area
+        if area is None:
+            return
+        try:
+            if since is None:
+                area.flush()
+            else:
+                start = since - since % mmap.ALLOCATIONGRANULARITY
+                area.flush(start, self.end - start)
+        except OSError as exc:
+            raise StorageError("sync", self.path, exc) from exc
+
+    def close(self) -> None:
+        """Unmap and close (idempotent)."""
+        area, self.area = self.area, None
+        fd, self._fd = self._fd, None
+        if area is not None:
+            area.close()
+        if fd is not None:
+            os.close(fd)
+        self.size = 0
+        self.end = KEY_TABLE_HEADER_SIZE
+
+
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Take ``length`` bytes of disk at ``offset`` (extending the file): ENOSPC now,
+    rather than SIGBUS at the first store into a page the disk cannot back."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, offset, length)
+    else:  # pragma: no cover - macOS: zeros written are blocks taken
+        os.pwrite(fd, bytes(length), offset)
