@@ -192,17 +192,19 @@ class HandoffTaker(Protocol):
     for a batch of bytes payloads calls these, under the lock."""
 
     def take_handoff(self, key: bytes, first_id: int, count: int, now_ns: int) -> list[int] | None:
-        """The ids the hand-off ``key`` landed before; or None, having written the
-        record of ``count`` entries from ``first_id`` stamped ``now_ns`` (before them)."""
+        """The ids the hand-off ``key`` landed before; or None, having made the record
+        of ``count`` entries from ``first_id`` stamped ``now_ns`` durable (before them:
+        a success needs no call)."""
 
-    def handoff_taken(self) -> None:
-        """The entries of the last :meth:`take_handoff` are written."""
+    def undo_handoff(self) -> None:
+        """The entries of the last :meth:`take_handoff` were not written: undo (and cut
+        back) its record."""
 
     def handed_off(self, key: bytes) -> list[int] | None:
         """The ids the hand-off ``key`` landed, or None if it did not (writes nothing)."""
 
     def rollback(self) -> None:
-        """Their write failed: undo (and cut back) what take_handoff wrote."""
+        """:meth:`take_handoff` raised: forget whatever it noted."""
 
 
 class Timer(Protocol):

@@ -150,14 +150,22 @@ class HandOff(Appending):
 
     def _append_handoff_plain(self, key: bytes, payloads: list[bytes]) -> list[int]:
         """:meth:`_append_handoff` for bytes payloads with no option and no feature hook:
-        the hand-off feature writes its record before the batch (as :meth:`_append_unique`
-        has the unique-jobs feature write its own).  No payloads: only look ``key`` up."""
+        the hand-off feature stores its record before the batch is written (as
+        :meth:`_append_unique` has the unique-jobs feature store its own).  No payloads:
+        only look ``key`` up."""
         taker = self._handoff_taker
         assert taker is not None
         count = len(payloads)
         with self._lock:
-            first, now = self._begin()
+            # (_begin, inlined as in _append_plain: this is every forward's path)
+            if self._closed:
+                self._ensure_open()
+            now = self._clock_offset_ns + self._clock_mono()
             appends = self._appends
+            if appends is None:
+                first = self._next_id
+            else:
+                first, now = appends.begin(now)
             try:
                 landed: list[int] | None
                 if not count:  # only the look-up: nothing is written
@@ -172,13 +180,15 @@ class HandOff(Appending):
                     try:
                         rotated = self._write_plain(first, now, payloads)
                     except BaseException:
-                        if self._next_id > first:
-                            taker.handoff_taken()  # in the log all the same: landed
-                        else:
-                            taker.rollback()
+                        if self._next_id <= first:
+                            taker.undo_handoff()  # (else in the log all the same: landed)
                         raise
-                    ticket = self._appended(first, count, rotated)
-                    taker.handoff_taken()
+                    # (_appended, inlined as in _append_plain)
+                    self._next_id = first + count
+                    self._enqueued += count
+                    ticket = self._log_commit.note_write()
+                    if rotated:
+                        self._retire_after_rotation()
             finally:
                 if appends is not None:
                     appends.end()

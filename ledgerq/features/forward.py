@@ -2,38 +2,42 @@
 
 A forward names its source message by a 16-byte *hand-off key*, the xxh3-128 digest
 of (source queue directory, source reader, source message id; ``core.feature.handoff_key``).
-The target keeps the keys it took in ``features/forwards.log`` (framed msgpack records
-``[key, first_id, count, timestamp_ns]``, format/feature_state.py), created at the first
-forward into the queue: a queue that never receives one has no file and its enqueues pay nothing.
+The target keeps the keys it took in ``features/forwards.table``: fixed-size records
+``(key, first_id, count, timestamp_ns)`` in a file mapped into memory
+(segment/key_table.py, as the unique keys'), created at the first forward into the
+queue: a queue that never receives one has no file and its enqueues pay nothing.  A
+record is a store into the mapping, not a ``write()`` - a forward writes its items and
+its ack already, and a third system call was most of what a hand-off cost beyond them
+(benchmarks/forward_bench.py).
 
 Crash safety (docs/architecture.md, "Exactly-once hand-off").  Under the target's append
-lock the record is written *before* the items, which are one batch (all or nothing in
-the log: recovery cuts a partial batch); then the source acks.  So whatever instant a
-kill -9 hits, a source message that is delivered again either finds no record (nothing
-landed: the items are written now) or a record whose items are in the log (only the ack
-is done now, and the ids that landed are returned).  A record whose batch never reached
-the log (a kill between the two writes) is told apart as unique keys' are: it is
-*unverified* once read back from the file, until the entry it names is found in the log
-with the record's exact timestamp - one indexed read, when its key comes again (ids are
-never reused; an id another handle took after a dead one carries another timestamp).
-A record known to be verified - written by this handle, or rewritten - needs no read;
-one read back whose entry retention has deleted since (the items consumed, then their
-segment) cannot be told from one never written and counts as not landed: a duplicate
-is possible then, never a loss, and only after a kill between the items and the ack
-followed by that deletion before the redelivery.  A failed item write cuts its record
-back.  With ``sync="always"`` the record is fsynced before the items are
+lock the record is stored *before* the items are written, which are one batch (all or
+nothing in the log: recovery cuts a partial batch); then the source acks.  So whatever
+instant a kill -9 hits, a source message that is delivered again either finds no record
+(nothing landed: the items are written now) or a record whose items are in the log (only
+the ack is done now, and the ids that landed are returned) - a store into a shared
+mapping is in the page cache when it is done, so a killed process loses none.  A record
+whose batch never reached the log (a kill between the two) is told apart as unique keys'
+are: it is *unverified* once read back from the file, until the entry it names is found
+in the log with the record's exact timestamp - one indexed read, when its key comes again
+(ids are never reused; an id another handle took after a dead one carries another
+timestamp).  A record known to be verified - stored by this handle, or rewritten - needs
+no read; one read back whose entry retention has deleted since (the items consumed, then
+their segment) cannot be told from one never written and counts as not landed: a
+duplicate is possible then, never a loss, and only after a kill between the items and
+the ack followed by that deletion before the redelivery.  A failed item write cuts its
+record back.  With ``sync="always"`` the record's page is synced before the items are
 written, so a power loss cannot keep the items and lose their record.
 
 The file keeps the newest ``KEEP_RECORDS`` keys: it is rewritten (temp file, rename)
 once it holds twice as many.  A source message delivered again after that many later
-forwards into the same target is not recognised.
+forwards into the same target is not recognised.  The ``features/forwards.log`` (framed
+msgpack records of the same four values) a ledgerq before the table kept is read into it
+at the first forward, and removed.
 
-The file's protocol (loading, damage, a torn tail, the version upgrade, shared mode, a
-full disk) is :class:`~ledgerq.segment.feature_log.FeatureLog`'s; the record is one it
-writes *ahead* (``append_ahead``, then ``keep_ahead`` or ``undo_ahead``).  Shared mode:
-every handle appends under the append lock and reads what the others appended before
-looking a key up; a rewrite replaces the file and the others, seeing theirs unlinked,
-read the new one whole.
+Shared mode: every handle maps the file and stores into it under the append lock,
+having first taken the records the others stored since its last look (a read of
+memory); a rewrite marks the old file replaced, and the others read the new one whole.
 """
 
 from __future__ import annotations
@@ -42,29 +46,34 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ledgerq.core.feature import Draft, FeatureWithLog, HandedOff, handoff_key
-from ledgerq.format.feature_state import keyed_record_encoder
-from ledgerq.segment.feature_log import FeatureLog
-from ledgerq.segment.naming import FORWARDS_NAME, feature_log_path
+from ledgerq._errors import StorageError
+from ledgerq.core.feature import Draft, Feature, HandedOff, handoff_key
+from ledgerq.segment.key_table import KEY_RECORD, KeyRecord, KeyTable
+from ledgerq.segment.naming import FORWARDS_NAME, FORWARDS_TABLE_NAME, feature_log_path
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
 
-__all__ = ["FORWARDS_MAGIC", "KEEP_RECORDS", "ForwardFeature", "handoff_key"]
+__all__ = [
+    "FORWARDS_MAGIC",
+    "FORWARDS_TABLE_MAGIC",
+    "KEEP_RECORDS",
+    "ForwardFeature",
+    "handoff_key",
+]
 
-FORWARDS_MAGIC = b"LQFW"
+FORWARDS_MAGIC = b"LQFW"  # features/forwards.log, read to move its records into the table
+FORWARDS_TABLE_MAGIC = b"LQFT"
 KEEP_RECORDS = 65536  # hand-off keys kept after a rewrite
 _KEY_SIZE = 16
-# The timestamp of a rewritten record whose items this handle knew to be in the log.
+_RECORD_SIZE = KEY_RECORD.size
+# The timestamp of a record whose items this handle knew to be in the log.
 _VERIFIED = -1
 
-# One record, ``[key, first_id, count, timestamp]``: one struct.pack and one CRC.
-_encode_record = keyed_record_encoder("QQq")
 
-
-def _record(value: Any) -> tuple[bytes, int, int, int] | None:
-    """``(key, first_id, count, timestamp)`` of a decoded record, or None (damaged or
-    hostile: exact types only)."""
+def _record(value: Any) -> KeyRecord | None:
+    """``(key, first_id, count, timestamp)`` of a record of ``forwards.log``, or None
+    (damaged or hostile: exact types only)."""
     if type(value) is not list or len(value) != 4:
         return None
     key, first_id, count, timestamp = value
@@ -72,12 +81,12 @@ def _record(value: Any) -> tuple[bytes, int, int, int] | None:
         return None
     if not all(type(x) is int for x in (first_id, count, timestamp)):
         return None
-    if first_id < 1 or count < 1:
+    if not (1 <= first_id < 1 << 64 and 1 <= count < 1 << 63 and -(1 << 63) <= timestamp < 1 << 63):
         return None
     return key, first_id, count, timestamp
 
 
-class ForwardFeature(FeatureWithLog):
+class ForwardFeature(Feature):
     """Take each hand-off key once (always on; see the module)."""
 
     name = "forward"
@@ -88,43 +97,67 @@ class ForwardFeature(FeatureWithLog):
         self._taken: dict[bytes, tuple[int, int, int]] = {}
         # (key, first id, count, stamp) admitted in the current call, not yet written
         self._provisional: tuple[bytes, int, int, int] | None = None
+        self._ahead: int | None = None  # the table's end before a batch's record
+        # The key the last take_handoff stored, and the table's end before it.
+        self._handoff_undo: tuple[bytes, int] = (b"", 0)
         self._queue: QueueCore | None = None
+        self._table: KeyTable | None = None
         self._sync_always = False
 
     def attach(self, queue: QueueCore) -> None:
         # Nothing is read or created here: at the first forward into the queue (_current).
         self._queue = queue
         self._sync_always = queue.options.sync == "always"
-        self._log = FeatureLog(
-            feature_log_path(queue.path, FORWARDS_NAME),
-            FORWARDS_MAGIC,
+        self._table = KeyTable(
+            feature_log_path(queue.path, FORWARDS_TABLE_NAME),
+            FORWARDS_TABLE_MAGIC,
             "hand-off keys",
             queue,
-            self,
+            older=(feature_log_path(queue.path, FORWARDS_NAME), FORWARDS_MAGIC, _record),
         )
 
     # ------------------------------------------------------------------ the table
 
-    def apply_record(self, value: Any) -> bool:
-        record = _record(value)
-        if record is None:
-            return False
-        key, first_id, count, timestamp = record
+    def _current(self) -> KeyTable:
+        """The file, created if missing, with the other handles' records taken (lock
+        held; shared mode: the append lock)."""
+        table = self._table
+        assert table is not None
+        if not table.is_loaded:
+            # The first use in this handle: the file read whole (the records of a
+            # forwards.log an older ledgerq wrote moved into it first).
+            records = table.open(create=True)
+            assert records is not None
+            self._taken.clear()
+            self._take(records)
+        else:
+            replaced, records = table.news()
+            if replaced:
+                self._taken.clear()
+            if records:
+                self._take(records)
+        return table
+
+    def _take(self, records: list[KeyRecord]) -> None:
         taken = self._taken
-        taken.pop(key, None)  # to the end: the table stays in file order
-        taken[key] = (first_id, count, timestamp)
-        return True
+        for key, first_id, count, timestamp in records:
+            taken.pop(key, None)  # to the end: the table stays in store order
+            taken[key] = (first_id, count, timestamp)
 
-    def clear_table(self) -> None:
-        self._taken.clear()
-
-    def table_records(self) -> Iterator[bytes]:
+    def _newest(self) -> Iterator[KeyRecord]:
         """The records of the newest KEEP_RECORDS keys (a rewrite)."""
         taken = self._taken
         while len(taken) > KEEP_RECORDS:
             del taken[next(iter(taken))]
-        for key, noted in taken.items():
-            yield _encode_record(key, *noted)
+        for key, (first_id, count, timestamp) in taken.items():
+            yield key, first_id, count, timestamp
+
+    def _compact(self, table: KeyTable) -> None:
+        """To the newest KEEP_RECORDS keys (if it fails, later: the file holds them)."""
+        try:
+            table.rewrite(self._newest())
+        except StorageError:
+            pass
 
     # ------------------------------------------------------------------ deciding
 
@@ -153,7 +186,8 @@ class ForwardFeature(FeatureWithLog):
             return None
         key, position, count = handoff
         if position == 0:
-            landed = self._look_up(key)
+            self._current()
+            landed = self._landed(key)
             if landed is not None:
                 raise HandedOff(landed)
             self._provisional = (key, candidate_id, count, now_ns)  # (now_ns: the items' stamp)
@@ -161,91 +195,112 @@ class ForwardFeature(FeatureWithLog):
 
     def handed_off(self, key: bytes) -> list[int] | None:
         """The ids ``key`` landed, or None (lock held): a forward of no items."""
-        log = self._log
-        assert log is not None
-        if not log.is_loaded and not os.path.exists(log.path):
-            return None  # never forwarded into: nothing to look up, no file to make
-        return self._look_up(key)
-
-    def _look_up(self, key: bytes) -> list[int] | None:
-        """The file's news (created at the first forward), then :meth:`_landed` (lock
-        held)."""
-        log = self._log
-        assert log is not None
-        log.current(create=True)
+        table = self._table
+        assert table is not None
+        if not table.is_loaded and not os.path.exists(table.path):
+            queue = self._queue
+            assert queue is not None
+            if not os.path.exists(feature_log_path(queue.path, FORWARDS_NAME)):
+                return None  # never forwarded into: nothing to look up, no file to make
+        self._current()
         return self._landed(key)
 
     def take_handoff(self, key: bytes, first_id: int, count: int, now_ns: int) -> list[int] | None:
         """The core's path for a batch of bytes payloads (lock held): the ids ``key``
-        landed before; or None, having written its record - the entries come next, then
-        :meth:`handoff_taken` (or :meth:`rollback`)."""
-        log = self._log
-        assert log is not None
-        if log.stale:  # (exclusive mode, once loaded: no call at all)
-            log.current(create=True)
-        if key in self._taken:
+        landed before; or None, having stored its record - the entries come next;
+        :meth:`undo_handoff` if they are not written."""
+        table = self._table
+        assert table is not None
+        if table.stale:  # not loaded yet, or shared mode (no call otherwise)
+            self._current()
+        taken = self._taken
+        if key in taken:
             landed = self._landed(key)
             if landed is not None:
                 return landed
-        self._provisional = (key, first_id, count, now_ns)
-        log.append_ahead(_encode_record(key, first_id, count, now_ns))  # (or raises)
+        elif table.records >= 2 * KEEP_RECORDS:
+            self._compact(table)  # to the newest KEEP_RECORDS (if it fails, later)
+        end = table.end
+        # (table.append, inlined: this is every forward's path)
+        if end + _RECORD_SIZE > table.size:
+            table.grow()  # raises having stored nothing
+        area = table.area
+        assert area is not None
+        table.pack(area, end, key, first_id, count, now_ns)
+        table.end = end + _RECORD_SIZE
+        # Noted now (at the end: the table stays in store order), taken back by
+        # undo_handoff if the entries fail; the key is not there (or _landed dropped it).
+        taken[key] = (first_id, count, _VERIFIED)
+        self._handoff_undo = (key, end)
         if self._sync_always:
-            log.sync()  # before the entries (see before_append)
-        # Noted now (at the end: the table stays in file order), taken back by rollback
-        # if the entries fail; the key is not there (or _landed just dropped it).
-        self._taken[key] = (first_id, count, _VERIFIED)
+            try:
+                table.sync(end)  # before the entries: a power loss must not keep them alone
+            except StorageError:
+                self.undo_handoff()
+                raise
         return None
 
-    def handoff_taken(self) -> None:
-        """The entries of :meth:`take_handoff` are written (lock held)."""
-        self._provisional = None  # (in the table since take_handoff)
-        log = self._log
-        assert log is not None
-        log.keep_ahead()
-        if log.records >= 2 * KEEP_RECORDS:
-            log.compact()  # to the newest KEEP_RECORDS (if it fails, later)
+    def undo_handoff(self) -> None:
+        """The entries of the last :meth:`take_handoff` were not written (lock held): the
+        key did not land, and its record is cut back."""
+        key, end = self._handoff_undo
+        self._handoff_undo = (b"", 0)
+        if key:
+            self._taken.pop(key, None)
+            assert self._table is not None
+            self._table.undo(end)
 
     def before_append(self) -> None:
         provisional = self._provisional
         if provisional is None:
             return
-        log = self._log
-        assert log is not None
-        log.append_ahead(_encode_record(*provisional))  # raises having written nothing
+        table = self._table
+        assert table is not None
+        end = table.end
+        table.append(*provisional)  # raises having stored nothing
+        self._ahead = end
         if self._sync_always:
             # Before the items: a power loss must not keep them and lose the record.
-            log.sync()
+            table.sync(end)
 
     def appended(self, drafts: list[Draft], first_id: int, now_ns: int) -> None:
         provisional = self._provisional
         if provisional is None:
             return
         self._provisional = None
+        self._ahead = None
         key, noted_first, count, _ = provisional
-        log = self._log
-        assert log is not None
-        log.keep_ahead()
         taken = self._taken
         taken.pop(key, None)  # (an unverified record of it, found never written)
         taken[key] = (noted_first, count, _VERIFIED)
-        if log.records >= 2 * KEEP_RECORDS:
-            log.compact()  # to the newest KEEP_RECORDS (if it fails, later)
+        table = self._table
+        assert table is not None
+        if table.records >= 2 * KEEP_RECORDS:
+            self._compact(table)
 
     def rollback(self) -> None:
         provisional, self._provisional = self._provisional, None
-        queue, log = self._queue, self._log
-        if log is None:
+        end, self._ahead = self._ahead, None
+        queue, table = self._queue, self._table
+        if table is None:
             return
         if provisional is not None and queue is not None and queue._next_id > provisional[1]:
             # The items reached the log all the same (a rotation failed after the
             # write): the hand-off happened, its record stays.
-            log.keep_ahead()
             self._taken[provisional[0]] = (provisional[1], provisional[2], _VERIFIED)
             return
         if provisional is not None:
             self._taken.pop(provisional[0], None)  # (noted by take_handoff)
-        # The record is written, its items not: cut it back.  If that fails too it
-        # stays, unverifiable - no entry has its id and timestamp.
-        log.undo_ahead()
+        if end is not None:
+            table.undo(end)  # the record is stored, its items not written: cut it back
 
     # ------------------------------------------------------------------ lifecycle
+
+    def flush(self) -> None:
+        """Write the table's pages to disk (a sync, a close)."""
+        if self._table is not None:
+            self._table.sync()
+
+    def close(self) -> None:
+        if self._table is not None:
+            self._table.close()

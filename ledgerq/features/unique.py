@@ -48,9 +48,7 @@ the old file then says so, and the others read the new one whole.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -60,8 +58,6 @@ from ledgerq._errors import StorageError
 from ledgerq._options import Options
 from ledgerq.core.feature import Draft, Feature, ReadersNeeded
 from ledgerq.format.sealing import keyed_digest
-from ledgerq.segment.feature_log import read_feature_values
-from ledgerq.segment.files import fsync_dir
 from ledgerq.segment.key_table import KEY_RECORD, KeyRecord, KeyTable
 from ledgerq.segment.naming import UNIQUE_NAME, UNIQUE_TABLE_NAME, feature_log_path
 
@@ -131,21 +127,19 @@ class UniqueFeature(Feature):
         self._ahead: int | None = None  # the table's end before a batch's records
         self._queue: QueueCore | None = None
         self._table: KeyTable | None = None
-        self._loaded = False
-        self._shared = False
         self._sync_always = False
         self._sweep_at = _SWEEP_AT
 
     def attach(self, queue: QueueCore) -> None:
         # Nothing is read or created here: at the first unique enqueue (_current).
         self._queue = queue
-        self._shared = queue.shared
         self._sync_always = queue.options.sync == "always"
         self._table = KeyTable(
             feature_log_path(queue.path, UNIQUE_TABLE_NAME),
             UNIQUE_TABLE_MAGIC,
             "unique keys",
-            on_full=lambda: queue.make_room(),
+            queue,
+            older=(feature_log_path(queue.path, UNIQUE_NAME), UNIQUE_MAGIC, _record),
         )
 
     # ------------------------------------------------------------------ the file
@@ -155,9 +149,15 @@ class UniqueFeature(Feature):
         (lock held; shared mode: the append lock)."""
         table = self._table
         assert table is not None
-        if not self._loaded:
-            self._load(table)
-        elif self._shared:
+        if not table.is_loaded:
+            # The first use in this handle: the file read whole (the records of a
+            # unique.log an older ledgerq wrote moved into it first).
+            records = table.open(create=True)
+            assert records is not None
+            self._clear()
+            for record in records:
+                self._take(*record)
+        else:
             replaced, records = table.news()
             if replaced or records:
                 self._take_news(replaced, records)
@@ -170,30 +170,6 @@ class UniqueFeature(Feature):
             self._clear()
         for record in records:
             self._take(*record)
-
-    def _load(self, table: KeyTable) -> None:
-        """Read the file whole (the first use in this handle), moving the records of a
-        ``unique.log`` an older ledgerq wrote into it first."""
-        queue = self._queue
-        assert queue is not None
-        self._clear()
-        old_path = feature_log_path(queue.path, UNIQUE_NAME)
-        old = [r for r in map(_record, read_feature_values(old_path, UNIQUE_MAGIC)) if r]
-        records = table.open(create=True)
-        assert records is not None
-        for record in old:
-            self._take(*record)
-        for record in records:
-            self._take(*record)
-        if table.damaged:
-            queue.note_corrupt_skipped(table.damaged)
-            table.damaged = 0
-        if os.path.exists(old_path):
-            table.rewrite(self._records())  # the table holds them: then the old file goes
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(old_path)
-            fsync_dir(os.path.dirname(old_path))
-        self._loaded = True
 
     def _clear(self) -> None:
         self._held.clear()
@@ -291,12 +267,8 @@ class UniqueFeature(Feature):
         digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
         table = self._table
         assert table is not None
-        if not self._loaded:
-            self._load(table)
-        elif self._shared:  # (_current, inlined: this is every unique enqueue's path)
-            replaced, records = table.news()
-            if replaced or records:
-                self._take_news(replaced, records)
+        if table.stale:  # not loaded yet, or shared mode (no call otherwise)
+            self._current()
         held = self._held
         holder = held.get(digest)
         if holder is not None:

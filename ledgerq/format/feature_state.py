@@ -19,7 +19,6 @@ bad record never hides the ones written after it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgpack
@@ -35,7 +34,6 @@ __all__ = [
     "decode_feature_records",
     "encode_feature_file_header",
     "encode_feature_record",
-    "keyed_record_encoder",
 ]
 
 FEATURE_FILE_HEADER = struct.Struct("<4sI")
@@ -69,32 +67,6 @@ class FeatureFile(NamedTuple):
     end: int
     damaged: int
     version: int = FEATURE_VERSION  # a caller appends only to a file of FEATURE_VERSION
-
-
-# MessagePack markers of the fixed-width ints a keyed record holds (uint64, int64).
-_INT_MARKERS = {"Q": 0xCF, "q": 0xD3}
-
-
-def keyed_record_encoder(ints: str) -> Callable[[bytes, int, int, int], bytes]:
-    """The encoder of one version-2 record ``[16-byte key, a, b, c]``, the three ints
-    typed by ``ints`` (``"Q"``: uint64, ``"q"``: int64; e.g. ``"QQq"``).
-
-    What :func:`encode_feature_record` writes for that value, but with fixed-width ints:
-    valid MessagePack, which any decoder reads as it reads the shortest form, and so one
-    ``struct.pack`` and one CRC a record (the unique keys' and hand-offs' hot paths).
-    """
-    if len(ints) != 3 or any(kind not in _INT_MARKERS for kind in ints):
-        raise ValueError(f"a keyed record holds three ints typed Q or q, got {ints!r}")
-    framed = struct.Struct(">4sBBB16s" + "".join("B" + kind for kind in ints))
-    head = _LENGTH.pack(framed.size + _LENGTH.size)  # the record's length: a constant
-    pack, pack_length, crc = framed.pack, _LENGTH.pack, checksum
-    first, second, third = (_INT_MARKERS[kind] for kind in ints)
-
-    def encode(key: bytes, a: int, b: int, c: int) -> bytes:
-        body = pack(head, 0x94, 0xC4, 16, key, first, a, second, b, third, c)
-        return body + pack_length(crc(body))
-
-    return encode
 
 
 def decode_feature_file(buf: bytes, magic: bytes) -> FeatureFile:

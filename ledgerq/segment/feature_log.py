@@ -1,9 +1,11 @@
 """The one protocol of a feature's log: a table kept in memory, its records on disk.
 
-A feature (dedup ids, unique keys, retry reasons, periodic jobs, hand-offs) keeps a
-table in memory and says each change of it as a record appended to its file under
-``features/`` (framed as format/feature_state.py frames them), which now and then
-is rewritten whole as the records of the table.  The steps are the same for every
+A feature (dedup ids, retry reasons, periodic jobs) keeps a table in memory and says
+each change of it as a record appended to its file under ``features/`` (framed as
+format/feature_state.py frames them), which now and then is rewritten whole as the
+records of the table.  (The unique keys and the hand-offs, whose records are written
+on the path of every such enqueue, keep theirs in a mapped table instead:
+segment/key_table.py.)  The steps are the same for every
 feature, and are here once; the feature gives only its table, a :class:`FeatureTable`
 of three methods:
 
@@ -20,9 +22,9 @@ feature took kept.
 
 Full disk.  An append that fails is cut back (:class:`AppendLog`) and, on ENOSPC,
 tried once more in the disk reserve's room (the host's ``make_room``).  A feature
-that writes its record *before* what it describes (unique keys, periodic fires,
-hand-offs) uses :meth:`FeatureLog.append` or :meth:`append_ahead`, which raise having
-written nothing: its caller undoes the operation (:meth:`undo_ahead` cuts back what
+that writes its record *before* what it describes (periodic fires) uses
+:meth:`FeatureLog.append` or :meth:`append_ahead`, which raise having written
+nothing: its caller undoes the operation (:meth:`undo_ahead` cuts back what
 was written ahead of an operation that then failed).  A feature that writes it
 *after* (a dedup id once its message is in the log, a retry reason once the nack is
 counted) uses :meth:`append_or_defer`: the record stays in the table, later records

@@ -42,10 +42,19 @@ import mmap
 import os
 import struct
 from collections.abc import Callable, Iterable
+from typing import Any
 
+from ledgerq.segment.feature_log import FeatureHost, read_feature_values
 from ledgerq.segment.files import StorageError, fsync_dir, make_durable_dir, write_all
 
-__all__ = ["KeyRecord", "KeyTable", "KEY_RECORD", "KEY_TABLE_HEADER_SIZE", "KEY_TABLE_VERSION"]
+__all__ = [
+    "KEY_RECORD",
+    "KEY_TABLE_HEADER_SIZE",
+    "KEY_TABLE_VERSION",
+    "KeyRecord",
+    "KeyTable",
+    "OlderLog",
+]
 
 logger = logging.getLogger("ledgerq")
 
@@ -61,26 +70,44 @@ _MIN_SIZE = 64 * 1024  # 1637 records: the room a new file is created with
 _MAX_GROWTH = 16 * 1024 * 1024  # a growth doubles the file, by this much at most
 
 
+# Where an older ledgerq kept the same table: (path, magic, record parser) of a framed
+# feature log (segment/feature_log), read once into the table and removed.
+OlderLog = tuple[str, bytes, Callable[[Any], "KeyRecord | None"]]
+
+
 class KeyTable:
     """The mapped file ``path`` (magic ``magic``; ``what`` names it in errors).
 
-    ``on_full`` is called when the disk is full as the file grows (True: room was made,
-    try once more).  Nothing is read or created until :meth:`open`.
+    ``host`` is the queue (None: a file read and written alone, by a tool or a test):
+    whether other handles share the file, the disk reserve to release when the file
+    cannot grow on a full disk, the counter of damage.  ``older`` names the file an
+    older ledgerq kept the records in.  Nothing is read or created until :meth:`open`.
     """
 
     def __init__(
-        self, path: str, magic: bytes, what: str, on_full: Callable[[], bool] | None = None
+        self,
+        path: str,
+        magic: bytes,
+        what: str,
+        host: FeatureHost | None = None,
+        older: OlderLog | None = None,
     ) -> None:
         self.path = path
         self.what = what
         self._magic = magic
-        self.on_full = on_full
+        self._host = host
+        self._shared = host is not None and host.shared
+        self._older = older
+        self.is_loaded = False  # read whole by open() (the first use)
+        # Whether current state needs a look: not loaded yet, or shared mode (the others
+        # may have stored records).  A plain attribute, for a hot path to skip the call:
+        # ``if table.stale: ...news()``.
+        self.stale = True
         self._fd: int | None = None
         self.area: mmap.mmap | None = None  # the mapping (a hot path stores into it)
         self.size = 0  # bytes mapped
         self.end = KEY_TABLE_HEADER_SIZE  # where the next record goes
         self.pack = KEY_RECORD.pack_into  # pack(area, end, record...): a store
-        self.damaged = 0  # unreadable files replaced since the open (stats)
 
     @property
     def is_open(self) -> bool:
@@ -96,7 +123,36 @@ class KeyTable:
     def open(self, *, create: bool) -> list[KeyRecord] | None:
         """Map the file and return its records (None if there is none and not
         ``create``).  An unreadable file (a bad header) is replaced by an empty one
-        and counted in :attr:`damaged`.  Raises :class:`StorageError`."""
+        and counted (the host's ``note_corrupt_skipped``).  The records of the framed
+        log an older ledgerq kept (``older``) come first, and are moved into the table:
+        it is rewritten with them (the last record of a key kept), then the old file
+        removed.  Raises :class:`StorageError`."""
+        records = self._open_mapped(create=create)
+        if records is not None:
+            self.is_loaded = True
+            self.stale = self._shared
+        older = self._older
+        if older is None or records is None:
+            return records
+        path, magic, parse = older
+        if not os.path.exists(path):
+            return records
+        by_key: dict[bytes, KeyRecord] = {}
+        for record in [*filter(None, map(parse, read_feature_values(path, magic))), *records]:
+            by_key.pop(record[0], None)  # to the end: the records stay in write order
+            by_key[record[0]] = record
+        moved = list(by_key.values())
+        self.rewrite(moved)
+        try:
+            os.unlink(path)
+            fsync_dir(os.path.dirname(path))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StorageError("remove", path, exc) from exc
+        return moved
+
+    def _open_mapped(self, *, create: bool) -> list[KeyRecord] | None:
         self.close()
         try:
             fd = os.open(self.path, os.O_RDWR)
@@ -120,7 +176,8 @@ class KeyTable:
         if not ok:
             os.close(fd)
             logger.warning("ledgerq: %s is unreadable; the %s starts empty", self.path, self.what)
-            self.damaged += 1
+            if self._host is not None:
+                self._host.note_corrupt_skipped(1)
             self.rewrite([])
             return []
         self._adopt(fd, size)
@@ -177,9 +234,12 @@ class KeyTable:
         return True
 
     def news(self) -> tuple[bool, list[KeyRecord]]:
-        """Shared mode (append lock held): ``(replaced, records)`` - the records the
-        others stored since this handle's last look; or, ``replaced`` True, every
-        record of the file that now holds the name (the table is to be rebuilt)."""
+        """``(replaced, records)``: in shared mode (append lock held) the records the
+        others stored since this handle's last look, or, ``replaced`` True, every
+        record of the file that now holds the name (the table is to be rebuilt);
+        nothing in exclusive mode, where no other handle stores into the file."""
+        if not self._shared:
+            return False, []
         area = self.area
         assert area is not None
         if _WORD.unpack_from(area, _REPLACED_AT)[0]:
@@ -226,7 +286,8 @@ class KeyTable:
         try:
             _allocate(fd, size, new_size - size)
         except OSError as exc:
-            if exc.errno != errno.ENOSPC or self.on_full is None or not self.on_full():
+            host = self._host
+            if exc.errno != errno.ENOSPC or host is None or not host.make_room():
                 raise StorageError(f"grow {self.what}", self.path, exc) from exc
             try:
                 _allocate(fd, size, new_size - size)
@@ -310,6 +371,8 @@ class KeyTable:
             os.close(fd)
         self.size = 0
         self.end = KEY_TABLE_HEADER_SIZE
+        self.is_loaded = False
+        self.stale = True
 
 
 def _allocate(fd: int, offset: int, length: int) -> None:

@@ -17,7 +17,8 @@
         unique.table            UNIQUE_TABLE_NAME: the unique keys held (segment/key_table.py)
         unique.log              UNIQUE_NAME: where an older ledgerq kept them (read, removed)
         periodic.log            PERIODIC_NAME: the periodic jobs and their last ticks
-        forwards.log            FORWARDS_NAME: the hand-off keys forwards brought here
+        forwards.table          FORWARDS_TABLE_NAME: the hand-off keys forwards brought here
+        forwards.log            FORWARDS_NAME: where an older ledgerq kept them (read, removed)
       dlq/                      DLQ_DIR: the dead-letter queue, a queue directory itself
       shared/                   SHARED_DIR: coordination of shared-mode handles
         OPENING                 OPENING_NAME: flock'ed while a shared handle opens
@@ -45,6 +46,7 @@ __all__ = [
     "DLQ_DIR",
     "FEATURES_DIR",
     "FORWARDS_NAME",
+    "FORWARDS_TABLE_NAME",
     "INDEX_SUFFIX",
     "LIVE_SUFFIX",
     "LOCK_NAME",
@@ -106,6 +108,7 @@ UNIQUE_NAME = "unique.log"
 UNIQUE_TABLE_NAME = "unique.table"
 PERIODIC_NAME = "periodic.log"
 FORWARDS_NAME = "forwards.log"
+FORWARDS_TABLE_NAME = "forwards.table"
 RATE_LIMIT_NAME = "ratelimit"  # in SHARED_DIR
 PROGRESS_DIR = "progress"  # in SHARED_DIR
 

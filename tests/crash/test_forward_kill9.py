@@ -2,8 +2,8 @@
 message is acked.
 
 The child forwards one leased message with the target's writes patched to kill its own
-process (SIGKILL) at one instant: just after the hand-off record reached
-``features/forwards.log`` (the items not written), just after the items' write (the
+process (SIGKILL) at one instant: just after the hand-off record was stored into
+``features/forwards.table`` (just before the items' write), just after it (the
 source not acked), or just after the forward returned.  Afterwards - in exclusive mode
 at the next open, in shared mode in handles that stayed open beside the child and get
 its lease back - the message is delivered again unless it was acked, and forwarding it
@@ -26,7 +26,6 @@ from tests.shared.conftest import locking  # noqa: F401  (the fixture)
 AT_INSTANT = """
 import os, signal, sys
 import ledgerq
-from ledgerq.segment.appendlog import AppendLog
 from tests.crash._kill_at import kill_in_segment_writes
 source, target, shared, instant = sys.argv[1], sys.argv[2], sys.argv[3] == "shared", sys.argv[4]
 a = ledgerq.open(source, shared=shared)
@@ -34,13 +33,8 @@ b = ledgerq.open(target, shared=shared)
 msg = a.dequeue()
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
-record = AppendLog.append_record
-def append_record(self, data):
-    record(self, data)
-    if self.path.endswith("forwards.log"):
-        die()  # the record is written, the items are not
 if instant == "record":
-    AppendLog.append_record = append_record
+    kill_in_segment_writes("before")  # the record is stored, the items are not written
 elif instant == "items":
     kill_in_segment_writes("after")  # the items are written, the source is not acked
 os.write(1, b"forwarding\\n")

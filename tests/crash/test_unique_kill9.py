@@ -103,7 +103,7 @@ def test_kill9_shared_keeps_every_key_held_once(tmp_path: Path, children: Childr
 
 # A kill at a chosen instant of one enqueue: the child's segment manager kills its own
 # process (SIGKILL) just before the message's bytes are written - the key's record is
-# already in features/unique.log - or just after them, before the call returns.
+# already stored into features/unique.table - or just after them, before the call returns.
 AT_INSTANT = """
 import os, sys
 import ledgerq

@@ -14,8 +14,9 @@ import pytest
 
 import ledgerq
 from ledgerq.core.reader_handle import Reader
-from ledgerq.segment.naming import FEATURES_DIR, FORWARDS_NAME
+from ledgerq.segment.naming import FEATURES_DIR, FORWARDS_TABLE_NAME
 from tests.features._forward import forward_losing_the_ack, lease_new
+from tests.features._key_table import key_table_records
 
 KEY = bytes(range(32))
 MODES: dict[str, dict[str, Any]] = {
@@ -158,12 +159,12 @@ def test_a_plain_queue_never_forwarded_into_has_no_file(tmp_path: Path) -> None:
     with ledgerq.open(tmp_path / "a") as a, ledgerq.open(tmp_path / "b") as b:
         a.enqueue(b"job")
         b.enqueue(b"plain")
-        assert not (tmp_path / "b" / FEATURES_DIR / FORWARDS_NAME).exists()
+        assert not (tmp_path / "b" / FEATURES_DIR / FORWARDS_TABLE_NAME).exists()
         msg = a.dequeue()
         assert msg is not None
         a.forward(msg.id, b, [b"x"])
-        assert (tmp_path / "b" / FEATURES_DIR / FORWARDS_NAME).exists()
-        assert not (tmp_path / "a" / FEATURES_DIR / FORWARDS_NAME).exists()
+        assert (tmp_path / "b" / FEATURES_DIR / FORWARDS_TABLE_NAME).exists()
+        assert not (tmp_path / "a" / FEATURES_DIR / FORWARDS_TABLE_NAME).exists()
 
 
 def test_a_featured_target_takes_the_checked_way(tmp_path: Path) -> None:
@@ -196,7 +197,7 @@ def test_an_id_not_leased_raises_and_writes_nothing(tmp_path: Path) -> None:
             a.forward(msg.id, b, [b"x"])  # already acked
         assert len(b) == 0
         assert b.stats().enqueued == 0
-        assert not (tmp_path / "b" / FEATURES_DIR / FORWARDS_NAME).exists()
+        assert not (tmp_path / "b" / FEATURES_DIR / FORWARDS_TABLE_NAME).exists()
 
 
 def test_the_source_itself_is_refused(tmp_path: Path) -> None:
@@ -287,7 +288,7 @@ def test_the_file_keeps_the_newest_keys_across_a_rewrite(
     from ledgerq.features import forward
 
     monkeypatch.setattr(forward, "KEEP_RECORDS", 4)
-    path = tmp_path / "b" / FEATURES_DIR / FORWARDS_NAME
+    path = tmp_path / "b" / FEATURES_DIR / FORWARDS_TABLE_NAME
     with ledgerq.open(tmp_path / "b") as b:
         a = ledgerq.open(tmp_path / "a")
         a.enqueue_batch([b"%d" % n for n in range(10)])
@@ -296,8 +297,8 @@ def test_the_file_keeps_the_newest_keys_across_a_rewrite(
             patch.setattr(Reader, "ack", lambda self, message_id: None)  # every ack lost
             for msg in leased:
                 a.forward(msg.id, b, [msg.payload])
-        # 10 records: rewritten at 8 to the newest 4, then 2 more appended.
-        assert path.stat().st_size == 8 + 54 * 6  # header, 54-byte records
+        # 10 records: rewritten at 8 to the newest 4, then 2 more stored.
+        assert len(key_table_records(path, b"LQFT")) == 6
         a.close()
         with ledgerq.open(tmp_path / "a") as a:
             again = {m.payload: m for m in a.dequeue_batch(10)}
@@ -341,3 +342,33 @@ def test_sync_always_forwards(tmp_path: Path) -> None:
         assert a.forward(first.id, b, [b"x"]) == [1]
         assert a.forward(second.id, b, [b"y", ledgerq.Item(b"z")]) == [2, 3]
         assert payloads(b) == [b"x", b"y", b"z"]
+
+
+def test_the_hand_offs_of_an_older_forwards_log_are_moved_into_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target whose hand-offs an older ledgerq kept in ``features/forwards.log``: at
+    the first forward they are taken (the redelivered message is only acked), the table
+    is written with them, and the old file is removed."""
+    from ledgerq.features.forward import FORWARDS_MAGIC
+    from ledgerq.format.feature_state import encode_feature_file_header, encode_feature_record
+
+    table = tmp_path / "b" / FEATURES_DIR / FORWARDS_TABLE_NAME
+    old = tmp_path / "b" / FEATURES_DIR / "forwards.log"
+    with ledgerq.open(tmp_path / "a") as a, ledgerq.open(tmp_path / "b") as b:
+        msg = lease_new(a)
+        forward_losing_the_ack(monkeypatch, a, msg.id, b, [b"first"])
+    ((key, first_id, count, stamp),) = key_table_records(table, b"LQFT")
+    table.unlink()  # the target as the older ledgerq left it
+    old.write_bytes(
+        encode_feature_file_header(FORWARDS_MAGIC)
+        + encode_feature_record([key, first_id, count, stamp])
+    )
+    with ledgerq.open(tmp_path / "a") as a, ledgerq.open(tmp_path / "b") as b:
+        again = a.dequeue()
+        assert again is not None and again.id == msg.id
+        assert a.forward(again.id, b, [b"again"]) == [first_id]  # landed before: acked only
+        assert payloads(b) == [b"first"]
+        assert not old.exists()
+        assert key_table_records(table, b"LQFT") == [(key, first_id, count, stamp)]
+        assert a.dequeue() is None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import struct
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from ledgerq.format.feature_state import encode_feature_file_header, encode_feat
 from ledgerq.segment.files import StorageError
 from ledgerq.segment.manager import SegmentManager
 from tests.clocks import SteppedClock
+from tests.features._key_table import key_table_records, store_key_record
 
 
 def unique_table(path: Path) -> Path:
@@ -35,30 +35,13 @@ def unique_log(path: Path) -> Path:
     return path / "features" / "unique.log"
 
 
-_RECORD = struct.Struct("<16sQqq")
-
-
 def table_records(path: Path) -> list[tuple[bytes, int, int, int]]:
-    """The records of ``features/unique.table``, read as docs/format.md says: a 64-byte
-    header, then 40-byte records up to the first whose id is 0."""
-    data = unique_table(path).read_bytes()
-    assert data[:8] == b"LQUT" + (1).to_bytes(4, "little")
-    records, pos = [], 64
-    while pos + _RECORD.size <= len(data):
-        record = _RECORD.unpack_from(data, pos)
-        if not record[1]:
-            break
-        records.append(record)
-        pos += _RECORD.size
-    return records
+    """The records of the queue's ``features/unique.table``, read as the spec says."""
+    return key_table_records(unique_table(path), b"LQUT")
 
 
 def store_record(path: Path, record: tuple[bytes, int, int, int]) -> None:
-    """Put ``record`` after the table's last one, as a handle's store would."""
-    at = 64 + _RECORD.size * len(table_records(path))
-    with open(unique_table(path), "r+b") as f:
-        f.seek(at)
-        f.write(_RECORD.pack(*record))
+    store_key_record(unique_table(path), b"LQUT", record)
 
 
 def test_a_held_key_returns_its_message_and_writes_nothing(tmp_path: Path) -> None:

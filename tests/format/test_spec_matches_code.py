@@ -519,37 +519,47 @@ def _feature_log_records(path: Path, magic: bytes) -> list[Any]:
     return records
 
 
-def test_unique_records_read_with_the_table_alone(tmp_path: Path) -> None:
-    """features/unique.table decoded with the spec's header and record tables alone."""
-    import xxhash
-
+def _key_table_records(path: Path, magic: bytes, rows: list[Row]) -> list[dict[str, object]]:
+    """The records of a key table (``features/*.table``) decoded with the spec's header
+    table (the unique keys') and the record table ``rows`` alone."""
     header = {r["field"]: r for r in table("unique-table")}
     assert list(header) == ["magic", "version", "replaced", "reserved", "records"]
-    rows = table("unique-record")
-    assert [r["field"] for r in rows] == ["digest", "id", "timestamp", "expires"]
-    spec_struct = "<" + "".join(
-        {"bytes": f"{r['size']}s", "u64": "Q", "i64": "q"}[r["type"]] for r in rows
+    offsets = [int(r["offset"]) for r in rows]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    record = struct.Struct(
+        "<" + "".join({"bytes": f"{r['size']}s", "u64": "Q", "i64": "q"}[r["type"]] for r in rows)
     )
-    record = struct.Struct(spec_struct)
     assert record.size == int(header["records"]["size"])
-    with ledgerq.open(tmp_path / "q") as q:
-        first = q.enqueue(b"a", unique_key="job-1")
-        second = q.enqueue(b"b", unique_key="job-2", ttl=60)
-        stamps = {m.id: (m.timestamp, m.expires_at) for m in q.peek(2)}
-    data = (tmp_path / "q" / "features" / "unique.table").read_bytes()
+    data = path.read_bytes()
     at = {name: int(r["offset"]) for name, r in header.items()}
-    assert data[at["magic"] : at["magic"] + 4] == b"LQUT"
+    assert data[at["magic"] : at["magic"] + 4] == magic
     assert struct.unpack_from("<I", data, at["version"])[0] == int(header["version"]["meaning"])
     assert struct.unpack_from("<Q", data, at["replaced"])[0] == 0
     assert data[at["reserved"] : at["records"]] == bytes(int(header["reserved"]["size"]))
+    names = [r["field"] for r in rows]
+    id_field = names[1]  # the u64 whose 0 ends the records
     records, pos = [], at["records"]
     while True:
-        found = dict(zip([r["field"] for r in rows], record.unpack_from(data, pos), strict=True))
-        if found["id"] == 0:
+        found = dict(zip(names, record.unpack_from(data, pos), strict=True))
+        if found[id_field] == 0:
             break
         records.append(found)
         pos += record.size
     assert data[pos:] == bytes(len(data) - pos), "zeros after the records"
+    return records
+
+
+def test_unique_records_read_with_the_table_alone(tmp_path: Path) -> None:
+    """features/unique.table decoded with the spec's header and record tables alone."""
+    import xxhash
+
+    rows = table("unique-record")
+    assert [r["field"] for r in rows] == ["digest", "id", "timestamp", "expires"]
+    with ledgerq.open(tmp_path / "q") as q:
+        first = q.enqueue(b"a", unique_key="job-1")
+        second = q.enqueue(b"b", unique_key="job-2", ttl=60)
+        stamps = {m.id: (m.timestamp, m.expires_at) for m in q.peek(2)}
+    records = _key_table_records(tmp_path / "q" / "features" / "unique.table", b"LQUT", rows)
     assert records == [
         {
             "digest": xxhash.xxh3_128_digest(b"unique:job-1"),
@@ -567,8 +577,8 @@ def test_unique_records_read_with_the_table_alone(tmp_path: Path) -> None:
 
 
 def test_forward_records_read_with_the_table_alone(tmp_path: Path) -> None:
-    """features/forwards.log decoded with the spec's header, framing and record table,
-    and the key derived as the table says."""
+    """features/forwards.table decoded with the spec's header and record tables, and the
+    key derived as the table says."""
     import xxhash
 
     rows = table("forward-record")
@@ -579,14 +589,13 @@ def test_forward_records_read_with_the_table_alone(tmp_path: Path) -> None:
         a.forward(first.id, b, [b"x", b"y"])
         a.forward(second.id, b, [ledgerq.Item(b"z", headers={"h": "v"})])
         stamps = {m.id: m.timestamp for m in b.peek(3)}
-    records = _feature_log_records(tmp_path / "b" / "features" / "forwards.log", b"LQFW")
+    records = _key_table_records(tmp_path / "b" / "features" / "forwards.table", b"LQFT", rows)
     source = os.path.realpath(tmp_path / "a")
 
     def key(message_id: int) -> bytes:
         return xxhash.xxh3_128_digest(f"{source}\0default\0{message_id}\0".encode())
 
-    by_field = [dict(zip([r["field"] for r in rows], rec, strict=True)) for rec in records]
-    assert by_field == [
+    assert records == [
         {"key": key(first.id), "first_id": 1, "count": 2, "timestamp": stamps[1]},
         {"key": key(second.id), "first_id": 3, "count": 1, "timestamp": stamps[3]},
     ]
@@ -657,6 +666,7 @@ def test_files() -> None:
 
     assert f"{naming.FEATURES_DIR}/{UNIQUE_LOG}" in paths
     assert f"{naming.FEATURES_DIR}/{naming.UNIQUE_TABLE_NAME}" in paths
+    assert f"{naming.FEATURES_DIR}/{naming.FORWARDS_TABLE_NAME}" in paths
     assert f"{naming.FEATURES_DIR}/{naming.PERIODIC_NAME}" in paths
     # Every name a queue directory may hold is in the table (the temp files aside).
     tops = {p.split("/")[0] for p in paths}
