@@ -10,15 +10,16 @@ target queue, then time, per message:
 * **enqueue + ack**: ``target.enqueue(PAYLOAD)`` then ``source.ack(id)`` - the hand-off
   without its guarantee (a kill -9 between the two adds the item twice);
 * **forward**: ``source.forward(id, target, [PAYLOAD])`` - the same work, exactly once
-  (a hand-off record in the target, then the item, then the ack);
+  (a hand-off record stored in the target's mapped table, then the item, then the ack);
 * **floor**: enqueue + ack + one ``os.write`` of a record-sized buffer (54 bytes) to
-  another file - what any design that keeps the hand-off records in a file of their own
-  pays at least (the record must reach the OS before the item: a third ``write()``).
+  another file - what a design that writes each hand-off record with a system call
+  pays at least (the record must reach the OS before the item: a third ``write()``;
+  the design before ``features/forwards.table``, which stores the record into a
+  mapping of the file instead).
 * **in-entry floor**: enqueue + ack plus what a design keeping the hand-off key *inside*
   the item's entry (no third ``write()``; a new entry format, since the flags byte is
   full) pays at least: the key's digest, one lookup and one insert in a dict, and an
-  entry 17 bytes longer.  Measured before building it: the redesign is worth its format
-  change only if this row clears 0.8x.
+  entry 17 bytes longer.
 
 Rounds alternate; the best round of each is reported, and the ratio of the rates.
 Times are the process's CPU time (``time.process_time``: user + system), not wall

@@ -16,13 +16,20 @@ A targeted measurement (not the suite of ``benchmarks/run.py``) of issue 28's pr
   ``features/unique.log``, each key then also waiting to be verified).
 
 * **floor**: a plain enqueue followed by one ``os.write`` of a record-sized buffer to
-  another file - what any design that keeps the keys in a file of their own pays at
-  least (the record must reach the OS before its message: a second ``write()``).
+  another file - what a design that writes each key's record with a system call pays
+  at least (the record must reach the OS before its message: a second ``write()``;
+  the design before ``features/unique.table``).
 * **in-entry floor**: what a design keeping the key's digest *inside* the message's
   entry (one ``write()``; a new entry format, since the flags byte is full) pays at
   least: the key's digest, one lookup and one insert in a dict, and an entry 17 bytes
-  longer (a kind byte and the 16-byte digest).  Measured before building it: the
-  redesign is worth its format change only if this row clears 0.8x.
+  longer (a kind byte and the 16-byte digest).
+* **mapped floor**: what the design of ``features/unique.table`` pays at least: the
+  digest, one lookup and one insert in a dict, and a 40-byte record stored into a
+  shared mapping of a file (``struct.pack_into``, no system call; a CRC of the digest
+  stands for the rest of the record's work).
+
+The keys are made before the clock starts (the caller's, as the plain row's payload
+is): every row measures the enqueue.
 
 Rounds alternate; the best round of each is reported.  Times are the process's CPU time
 (``time.process_time``: user + system), not wall time: on a shared, loaded machine the

@@ -81,9 +81,12 @@ _VERIFIED = -1
 _DOMAIN = "unique:"
 
 
+_xxh3_128 = xxhash.xxh3_128_digest
+
+
 def unique_digest(unique_key: str) -> bytes:
     """The 16-byte table key of a unique key on a plain queue."""
-    return xxhash.xxh3_128_digest((_DOMAIN + unique_key).encode())
+    return _xxh3_128((_DOMAIN + unique_key).encode())
 
 
 def _record(value: Any) -> KeyRecord | None:
@@ -111,6 +114,7 @@ class UniqueFeature(Feature):
     def __init__(self, options: Options) -> None:
         key = options.encryption_key
         self._digest_of: Callable[[str], bytes] = unique_digest
+        self._plain_digest = key is None  # the digest is unique_digest's
         if key is not None:
             keyed = keyed_digest(key, _DIGEST_SIZE)
             self._digest_of = lambda k: keyed(_DOMAIN + k)
@@ -264,7 +268,12 @@ class UniqueFeature(Feature):
         """The core's path for a bytes payload with only a key (lock held): the id holding
         ``unique_key``; or None, having made ``candidate_id`` its holder and stored the
         record - the message is written next; :meth:`undo_key` if that fails."""
-        digest = self._digest_of(unique_key)  # (raises for a key that is not unicode)
+        # (raises for a key that is not unicode; unique_digest inlined on a plain queue)
+        digest = (
+            _xxh3_128((_DOMAIN + unique_key).encode())
+            if self._plain_digest
+            else self._digest_of(unique_key)
+        )
         table = self._table
         assert table is not None
         if table.stale:  # not loaded yet, or shared mode (no call otherwise)
