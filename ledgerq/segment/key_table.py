@@ -1,20 +1,21 @@
 """A table of fixed-size keyed records in a file mapped into memory (``features/*.table``).
 
-The unique keys' table (features/unique.py) is written on the path of every
-``enqueue(..., unique_key=)``, *before* the message: a record that only a second
-``write()`` put in the kernel cost a system call per enqueue - more than the rest of
-the key's work together (benchmarks/unique.py, the "floor" row).  Here a record is a
-store into a shared mapping of the file: it is in the page cache - so it survives the
-process (kill -9), and every other process mapping the file sees it - the moment the
-store is done, with no system call.
+The unique keys' table (features/unique.py) and the hand-offs' (features/forward.py) are
+written on the path of every ``enqueue(..., unique_key=)`` and every ``forward``,
+*before* what they describe: a record that a ``write()`` put in the kernel cost a system
+call per call - more than the rest of the key's work together (benchmarks/unique.py and
+forward_bench.py, the "floor" rows).  Here a record is a store into a shared mapping of
+the file: it is in the page cache - so it survives the process (kill -9), and every
+other process mapping the file sees it - the moment the store is done, with no system
+call.
 
 Layout (``docs/format.md``, "Unique keys"; little-endian)::
 
-    0     4   magic       the feature's, e.g. b"LQUT"
+    0     4   magic       the feature's: b"LQUT" (unique keys), b"LQFT" (hand-offs)
     4     4   version     u32, 1
     8     8   replaced    u64: nonzero once a rewrite replaced this file (read the name again)
     16    48  reserved    zeros
-    64    40  record      digest 16 bytes, id u64 (>= 1), timestamp i64, expires i64
+    64    40  record      key 16 bytes, id u64 (>= 1), then two i64 the feature's own
     ...                   records back to back; the first whose id is 0 ends them
 
 The file is longer than its records (zeros, allocated ahead: a page of a mapping that
@@ -31,7 +32,10 @@ Shared mode: every handle maps the same file, and stores and reads only under th
 queue's append lock; a look for the others' records is a read of memory (the id where
 this handle's records end, and the ``replaced`` word).  A rewrite (temp file, fsync,
 rename) sets ``replaced`` in the old file after the rename: a handle that sees it maps
-the name again and reads the new file whole.
+the name again and reads the new file whole.  So the file is never truncated while it is
+mapped - a cut under a mapping makes its pages vanish (``SIGBUS`` at the next touch), as
+for ``shared/state`` (segment/shared_page.py): only a person doing it by hand, with the
+queue open, can.
 """
 
 from __future__ import annotations
@@ -60,13 +64,13 @@ logger = logging.getLogger("ledgerq")
 
 KEY_TABLE_VERSION = 1
 KEY_TABLE_HEADER_SIZE = 64
-KEY_RECORD = struct.Struct("<16sQqq")  # digest, id, timestamp, expires: 40 bytes
+KEY_RECORD = struct.Struct("<16sQqq")  # key, id, two ints (the feature's): 40 bytes
 KeyRecord = tuple[bytes, int, int, int]
 _HEADER = struct.Struct("<4sIQ")  # magic, version, replaced
 _REPLACED_AT = 8
 _ID_AT = 16  # the id's offset inside a record
 _WORD = struct.Struct("<Q")
-_MIN_SIZE = 64 * 1024  # 1637 records: the room a new file is created with
+_MIN_SIZE = 64 * 1024  # 1636 records: the room a new file is created with
 _MAX_GROWTH = 16 * 1024 * 1024  # a growth doubles the file, by this much at most
 
 
@@ -128,15 +132,19 @@ class KeyTable:
         it is rewritten with them (the last record of a key kept), then the old file
         removed.  Raises :class:`StorageError`."""
         records = self._open_mapped(create=create)
-        if records is not None:
-            self.is_loaded = True
-            self.stale = self._shared
+        if records is None:
+            return None
         older = self._older
-        if older is None or records is None:
-            return records
+        if older is not None and os.path.exists(older[0]):
+            records = self._move_in(older, records)
+        # Loaded only now: a failure above leaves the next call to open it again.
+        self.is_loaded = True
+        self.stale = self._shared
+        return records
+
+    def _move_in(self, older: OlderLog, records: list[KeyRecord]) -> list[KeyRecord]:
+        """Rewrite the table with the records of the older log first, then remove it."""
         path, magic, parse = older
-        if not os.path.exists(path):
-            return records
         by_key: dict[bytes, KeyRecord] = {}
         for record in [*filter(None, map(parse, read_feature_values(path, magic))), *records]:
             by_key.pop(record[0], None)  # to the end: the records stay in write order
@@ -183,14 +191,23 @@ class KeyTable:
         self._adopt(fd, size)
         return self._read_records()
 
-    def _adopt(self, fd: int, size: int) -> None:
+    def _adopt(self, fd: int, size: int, end: int = KEY_TABLE_HEADER_SIZE) -> None:
+        """Map ``size`` bytes of ``fd`` in place of the current mapping (closed; its
+        descriptor too, unless it is ``fd``), the records ending at ``end``.  If the
+        map fails, the table is left closed - the next use opens it again."""
+        old_area, old_fd = self.area, self._fd
         try:
             area = mmap.mmap(fd, size)
         except OSError as exc:
-            os.close(fd)
+            if fd != old_fd:
+                os.close(fd)
+            self.close()
             raise StorageError("map", self.path, exc) from exc
-        self._fd, self.area, self.size = fd, area, size
-        self.end = KEY_TABLE_HEADER_SIZE
+        self._fd, self.area, self.size, self.end = fd, area, size, end
+        if old_area is not None:
+            old_area.close()
+        if old_fd is not None and old_fd != fd:
+            os.close(old_fd)
 
     def _read_records(self) -> list[KeyRecord]:
         """The records from :attr:`end` to the first zero id (moving :attr:`end`)."""
@@ -224,13 +241,7 @@ class KeyTable:
             raise StorageError("read", self.path, exc) from exc
         if size <= self.size:
             return False
-        end = self.end
-        old = self.area
-        self._fd = None  # (_adopt takes it again)
-        self._adopt(fd, size)
-        self.end = end
-        if old is not None:
-            old.close()
+        self._adopt(fd, size, self.end)
         return True
 
     def news(self) -> tuple[bool, list[KeyRecord]]:
@@ -293,13 +304,7 @@ class KeyTable:
                 _allocate(fd, size, new_size - size)
             except OSError as again:
                 raise StorageError(f"grow {self.what}", self.path, again) from again
-        end = self.end
-        old = self.area
-        self._fd = None
-        self._adopt(fd, new_size)
-        self.end = end
-        if old is not None:
-            old.close()
+        self._adopt(fd, new_size, self.end)
 
     def rewrite(self, records: Iterable[KeyRecord]) -> None:
         """Replace the file with ``records`` (temp file, fsync, rename, fsync of the
@@ -334,14 +339,9 @@ class KeyTable:
                 pass
             raise StorageError("write", self.path, exc) from exc
         old = self.area
-        old_fd, self._fd = self._fd, None
-        self._adopt(fd, size)
-        self.end = used
         if old is not None:
             _WORD.pack_into(old, _REPLACED_AT, 1)  # the others map the name again
-            old.close()
-        if old_fd is not None:
-            os.close(old_fd)
+        self._adopt(fd, size, used)
         try:
             fsync_dir(directory)
         except OSError as exc:

@@ -392,3 +392,18 @@ def test_the_table_grows_past_its_first_room_and_keeps_every_key(tmp_path: Path)
     with ledgerq.open(path) as q:
         assert [q.enqueue(b"again", unique_key=f"job-{n}") for n in range(count)] == ids
         assert len(q) == count
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_sync_always_keeps_every_key(tmp_path: Path, shared: bool) -> None:
+    """``sync="always"`` takes the way that syncs each record's page before its message
+    is written (single enqueues and a batch): the keys are held as on any queue."""
+    path = tmp_path / "q"
+    with ledgerq.open(path, sync="always", shared=shared) as q:
+        ids = [q.enqueue(b"job", unique_key=f"k{n}") for n in range(3)]
+        batch = q.enqueue_batch([Item(b"job", unique_key="k9"), Item(b"job", unique_key="k0")])
+        assert batch == [ids[-1] + 1, ids[0]]
+    with ledgerq.open(path, sync="always", shared=shared) as q:
+        assert [q.enqueue(b"again", unique_key=f"k{n}") for n in range(3)] == ids
+        assert q.enqueue(b"again", unique_key="k9") == batch[0]
+        assert len(q) == 4
