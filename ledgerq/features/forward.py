@@ -211,7 +211,8 @@ class ForwardFeature(Feature):
         :meth:`undo_handoff` if they are not written."""
         table = self._table
         assert table is not None
-        if table.stale:  # not loaded yet, or shared mode (no call otherwise)
+        # Not loaded yet, or shared mode (no call otherwise); then only if there is news.
+        if table.stale and not table.unchanged():
             self._current()
         taken = self._taken
         if key in taken:

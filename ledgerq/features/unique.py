@@ -276,7 +276,8 @@ class UniqueFeature(Feature):
         )
         table = self._table
         assert table is not None
-        if table.stale:  # not loaded yet, or shared mode (no call otherwise)
+        # Not loaded yet, or shared mode (no call otherwise); then only if there is news.
+        if table.stale and not table.unchanged():
             self._current()
         held = self._held
         holder = held.get(digest)

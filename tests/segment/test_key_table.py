@@ -97,6 +97,18 @@ class TwoMappings(RuleBasedStateMachine):
         assert self.views[n] == self.file
 
     @rule(n=st.integers(0, 1))
+    def unchanged_means_nothing_new(self, n: int) -> None:
+        """The hot path's two reads of memory say "nothing new" only when so."""
+        with self.handles[n].appends_locked():
+            if self.tables[n].unchanged():
+                assert self.views[n] == self.file
+            else:
+                self._catch_up(n)
+                table = self.tables[n]
+                assert table.unchanged() or table.end + 40 > table.size  # (a full mapping)
+        assert self.views[n] == self.file
+
+    @rule(n=st.integers(0, 1))
     def reopen(self, n: int) -> None:
         table = self.tables[n]
         table.close()
