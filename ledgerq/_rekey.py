@@ -18,7 +18,10 @@ The order, and why a crash at any point is safe (``docs/encryption.md``, "Rotati
    new one, and one that opens under neither is kept as it is (it was corrupt, and stays
    so).  A crash leaves each segment wholly old or wholly new.
 5. **Switch** ``meta.json``'s key check to the new key and drop ``rekey_to`` - the DLQ
-   first, then the queue - after which only the new key opens the queue.
+   first, then the queue - after which only the new key opens the queue.  The same save
+   stores the key of the dedup ids' and unique keys' digests (``digest_key``: the one
+   the old key derived, or an earlier rotation stored) wrapped under the new key, so
+   the dedup window and the held unique keys outlive the rotation.
 
 Running it again with the same two keys after a crash finishes the rotation: every step
 is idempotent (a queue whose key check is already the new key's is done).  Both keys are
@@ -34,8 +37,8 @@ from ledgerq._api import open as open_queue
 from ledgerq._errors import ConfigError
 from ledgerq.format.entry import EntryFlags, decode_entry
 from ledgerq.format.errors import CorruptRecord, DecodeError
-from ledgerq.format.sealing import EntrySealer, key_check
-from ledgerq.segment.encryption import check_key_type, stored_block
+from ledgerq.format.sealing import EntrySealer, key_check, wrap_digest_key
+from ledgerq.segment.encryption import check_key_type, digest_key_for, stored_block
 from ledgerq.segment.files import atomic_write, storage_errors
 from ledgerq.segment.lock import DirLock
 from ledgerq.segment.meta import MetaStore, OptionsCopy, OptionsStore
@@ -196,6 +199,11 @@ def rekey(
         for d in reversed(pending):  # the DLQ first: the queue opens its DLQ
             block = dict(stored_block(d) or {})
             queue_id = bytes.fromhex(block["queue_id"])
+            # The digests of the dedup ids and unique keys stay what they were: their
+            # key, under the old key until now, is kept wrapped under the new one - in
+            # the same save as the new key check.
+            digest_key = digest_key_for(block, old, d)
+            block["digest_key"] = wrap_digest_key(new, queue_id, digest_key).hex()
             block.pop("rekey_to", None)
             block["key_check"] = key_check(new, queue_id).hex()
             _save_block(d, block)

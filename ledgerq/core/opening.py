@@ -35,7 +35,7 @@ from ledgerq.core.reader import ReaderHooks
 from ledgerq.core.waits import Waits
 from ledgerq.format.entry import encode_delayed_entry, encode_plain_batch_parts, encode_plain_entry
 from ledgerq.format.sealing import EntrySealer
-from ledgerq.segment.encryption import new_encryption_block, sealer_for
+from ledgerq.segment.encryption import digest_key_for, new_encryption_block, sealer_for
 from ledgerq.segment.files import make_durable_dir, storage_errors
 from ledgerq.segment.layout import subtract_ranges
 from ledgerq.segment.lock import DirLock, LockFile, lock_mode_holding
@@ -275,7 +275,11 @@ class Opening(QueueState):
         key = self.options.encryption_key
         if not meta.encryption and key is not None and self._is_new_meta(meta):
             meta.encryption = new_encryption_block(key)
-        return sealer_for(meta.encryption, key, self.path)
+        sealer = sealer_for(meta.encryption, key, self.path)
+        self._digest_key = None
+        if sealer is not None and key is not None:
+            self._digest_key = digest_key_for(meta.encryption, key, self.path)
+        return sealer
 
     def _is_new_meta(self, meta: Meta) -> bool:
         """Whether ``meta`` was just made for a new queue (no file behind it)."""

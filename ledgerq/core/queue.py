@@ -60,6 +60,7 @@ from ledgerq.format.entry import (
     EntryFlags,
 )
 from ledgerq.format.errors import CorruptRecord
+from ledgerq.format.sealing import keyed_digest
 from ledgerq.segment.cursor import LogCursor
 from ledgerq.segment.encryption import check_key_before_open
 from ledgerq.segment.manager import SegmentManager
@@ -146,6 +147,15 @@ class QueueCore(Opening, NamedReaders, HandOff, Appending, Admission, Retention,
         For the features' append logs (``AppendLog.on_full``); lock held.
         """
         return self._make_room()
+
+    def keyed_digest(self, size: int) -> Callable[[str | bytes], bytes] | None:
+        """The ``size``-byte keyed digest of an encrypted queue's dedup ids and unique keys
+        (None on a plain queue): under the key a key rotation kept (segment/encryption),
+        so the digests a feature stored before ``ledgerq rekey`` still match after it."""
+        key = self.options.encryption_key
+        if key is None or self._digest_key is None:
+            return None
+        return keyed_digest(key, size, self._digest_key)
 
     def entry_of(self, message_id: int) -> Entry | None:
         """The log's entry ``message_id``, or None if the log does not hold it (lock held)."""

@@ -61,6 +61,7 @@ class QueueState:
     _meta: Meta
     _keeper: MetaKeeper  # saves meta.json and options.json
     _sealer: EntrySealer | None  # an encrypted queue's
+    _digest_key: bytes | None  # an encrypted queue's key of dedup ids' and unique keys' digests
     _disk_reserve: DiskReserve
     _make_room: Callable[[], bool]  # the journals' and features' way to the reserve
     _tally: Tally  # the counters stats() shows

@@ -23,7 +23,7 @@ for all.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -31,7 +31,6 @@ import xxhash
 from ledgerq._options import Options
 from ledgerq.core.feature import Draft, FeatureWithLog
 from ledgerq.format.feature_state import encode_feature_record
-from ledgerq.format.sealing import keyed_digest
 from ledgerq.segment.feature_log import FeatureLog
 from ledgerq.segment.naming import DEDUP_NAME, feature_log_path
 
@@ -79,13 +78,15 @@ class DedupFeature(FeatureWithLog):
         self._max_entries = options.dedup_max_entries
         self._table: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
         self._provisional: list[bytes] = []
-        # An encrypted queue keys its table with a keyed hash (HMAC under a key derived
-        # from the encryption key): an unkeyed digest in dedup.log would let whoever
-        # holds the disk confirm a guessed dedup id.
-        key = options.encryption_key
-        self._key_of = dedup_key if key is None else keyed_digest(key, _KEY_SIZE)
+        self._key_of: Callable[[str | bytes], bytes] = dedup_key
 
     def attach(self, queue: QueueCore) -> None:
+        # An encrypted queue keys its table with a keyed hash (HMAC under the queue's
+        # digest key, which a key rotation keeps): an unkeyed digest in dedup.log would
+        # let whoever holds the disk confirm a guessed dedup id.
+        keyed = queue.keyed_digest(_KEY_SIZE)
+        if keyed is not None:
+            self._key_of = keyed
         self._log = FeatureLog(
             feature_log_path(queue.path, DEDUP_NAME), _MAGIC, "dedup table", queue, self
         )

@@ -57,7 +57,6 @@ import xxhash
 from ledgerq._errors import StorageError
 from ledgerq._options import Options
 from ledgerq.core.feature import Draft, Feature, ReadersNeeded
-from ledgerq.format.sealing import keyed_digest
 from ledgerq.segment.key_table import KEY_RECORD, KeyRecord, KeyTable
 from ledgerq.segment.naming import UNIQUE_NAME, UNIQUE_TABLE_NAME, feature_log_path
 
@@ -112,12 +111,10 @@ class UniqueFeature(Feature):
     ignores_plain = True  # a plain enqueue has no unique_key: its paths skip this
 
     def __init__(self, options: Options) -> None:
-        key = options.encryption_key
+        # An encrypted queue's digest is keyed (attach): the file must not confirm a
+        # guessed key.
         self._digest_of: Callable[[str], bytes] = unique_digest
-        self._plain_digest = key is None  # the digest is unique_digest's
-        if key is not None:
-            keyed = keyed_digest(key, _DIGEST_SIZE)
-            self._digest_of = lambda k: keyed(_DOMAIN + k)
+        self._plain_digest = True  # the digest is unique_digest's
         # digest -> id of the message holding the key (finished ones until a sweep).
         self._held: dict[bytes, int] = {}
         self._expires: dict[bytes, int] = {}  # digest -> expiry (ns) of a TTL's message
@@ -136,6 +133,10 @@ class UniqueFeature(Feature):
 
     def attach(self, queue: QueueCore) -> None:
         # Nothing is read or created here: at the first unique enqueue (_current).
+        keyed = queue.keyed_digest(_DIGEST_SIZE)
+        if keyed is not None:  # (under the queue's digest key, which a rotation keeps)
+            self._digest_of = lambda k: keyed(_DOMAIN + k)
+            self._plain_digest = False
         self._queue = queue
         self._sync_always = queue.options.sync == "always"
         self._table = KeyTable(

@@ -71,6 +71,8 @@ __all__ = [
     "CHECK_MESSAGE",
     "CIPHER_NAME",
     "CONTENT_HAS_HEADERS",
+    "DIGEST_KEY_INFO",
+    "DIGEST_WRAP_INFO",
     "ENTRY_KEY_INFO",
     "KEY_SIZE",
     "MIN_SEALED_SIZE",
@@ -80,8 +82,11 @@ __all__ = [
     "TAG_SIZE",
     "EntrySealer",
     "key_check",
+    "derived_digest_key",
     "keyed_digest",
     "new_queue_id",
+    "unwrap_digest_key",
+    "wrap_digest_key",
     "sealed_batch_parts",
     "unsealed_problem",
 ]
@@ -136,17 +141,50 @@ def key_check(key: bytes, queue_id: bytes) -> bytes:
 
 
 DIGEST_KEY_INFO = b"ledgerq dedup digest v1"
+DIGEST_WRAP_INFO = b"ledgerq digest key wrap v1"
 
 
-def keyed_digest(key: bytes, size: int) -> Callable[[str | bytes], bytes]:
-    """Return a function giving a ``size``-byte keyed digest (HMAC-SHA256 under a key
-    derived from ``key``) of a str or bytes id - str and bytes ids never collide.
+def derived_digest_key(key: bytes) -> bytes:
+    """The key of the keyed digests that ``key`` derives: a queue's until a key rotation
+    stores the one in use, wrapped under the new key (:func:`wrap_digest_key`)."""
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_SIZE, salt=None, info=DIGEST_KEY_INFO).derive(
+        key
+    )
 
-    For what an encrypted queue must index without storing it in clear (dedup ids).
+
+def wrap_digest_key(key: bytes, queue_id: bytes, digest_key: bytes) -> bytes:
+    """``digest_key`` sealed under a key derived from ``key`` (AES-256-GCM, a random
+    nonce first, the queue's identity as associated data): what ``ledgerq rekey``
+    stores, so that the digests of dedup ids and unique keys outlive the old key."""
+    nonce = token_bytes(NONCE_SIZE)
+    aead = AESGCM(_derive(key, queue_id, DIGEST_WRAP_INFO))
+    return nonce + aead.encrypt(nonce, digest_key, queue_id)
+
+
+def unwrap_digest_key(key: bytes, queue_id: bytes, blob: bytes) -> bytes:
+    """The digest key :func:`wrap_digest_key` sealed in ``blob``; raises
+    :class:`CorruptRecord` if it does not open under ``key`` for this queue."""
+    if len(blob) != NONCE_SIZE + KEY_SIZE + TAG_SIZE:
+        raise CorruptRecord(f"a wrapped digest key of {len(blob)} bytes", 0)
+    aead = AESGCM(_derive(key, queue_id, DIGEST_WRAP_INFO))
+    try:
+        return aead.decrypt(blob[:NONCE_SIZE], blob[NONCE_SIZE:], queue_id)
+    except InvalidTag:
+        raise CorruptRecord("the wrapped digest key fails authentication", 0) from None
+
+
+def keyed_digest(
+    key: bytes, size: int, digest_key: bytes | None = None
+) -> Callable[[str | bytes], bytes]:
+    """Return a function giving a ``size``-byte keyed digest (HMAC-SHA256 under
+    ``digest_key``, by default the one :func:`derived_digest_key` derives from ``key``)
+    of a str or bytes id - str and bytes ids never collide.
+
+    For what an encrypted queue must index without storing it in clear (dedup ids,
+    unique keys).
     """
-    digest_key = HKDF(
-        algorithm=hashes.SHA256(), length=KEY_SIZE, salt=None, info=DIGEST_KEY_INFO
-    ).derive(key)
+    if digest_key is None:
+        digest_key = derived_digest_key(key)
 
     def digest(value: str | bytes) -> bytes:
         raw = b"s" + value.encode("utf-8") if isinstance(value, str) else b"b" + value

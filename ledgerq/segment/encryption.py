@@ -7,7 +7,10 @@ An encrypted queue's ``meta.json`` (version 3) holds::
 ``queue_id`` is the queue's identity (random, made when the queue is created with a
 key): the salt of the key derivation and the start of every entry's associated data
 (``format.sealing``).  ``key_check`` is HMAC-SHA256 of a fixed message under a key
-derived from the encryption key: it tells a wrong key without revealing the key.
+derived from the encryption key: it tells a wrong key without revealing the key.  After
+a key rotation, ``digest_key`` (hex) holds the key of the dedup ids' and unique keys'
+digests, wrapped under the new key: the digests stay what they were under the old key
+(:func:`digest_key_for`).
 
 The rules, in one place, for the queue and the readers that work without its lock:
 
@@ -25,13 +28,16 @@ import hmac
 import os
 
 from ledgerq._errors import ConfigError, NotAQueueError
+from ledgerq.format.errors import CorruptRecord
 from ledgerq.format.sealing import (
     CIPHER_NAME,
     KEY_SIZE,
     QUEUE_ID_SIZE,
     EntrySealer,
+    derived_digest_key,
     key_check,
     new_queue_id,
+    unwrap_digest_key,
 )
 from ledgerq.segment.meta import DamagedMetaError, Meta, MetaStore, OptionsStore
 
@@ -39,6 +45,7 @@ __all__ = [
     "check_key",
     "check_key_before_open",
     "check_key_type",
+    "digest_key_for",
     "new_encryption_block",
     "sealer_for",
     "stored_block",
@@ -124,6 +131,25 @@ def check_key(block: dict[str, str], key: bytes | None, where: str) -> bytes | N
             "stored in meta.json (nothing was read or written)"
         )
     return queue_id
+
+
+def digest_key_for(block: dict[str, str], key: bytes, where: str) -> bytes:
+    """The key of the queue's keyed digests (dedup ids, unique keys) under ``key``: the
+    one a rotation stored (``digest_key``, wrapped under the key that was new then), or
+    the one ``key`` derives.  Raises :class:`ConfigError` for a stored one that does not
+    open under ``key`` (its key check does: the field was damaged or forged)."""
+    stored = block.get("digest_key")
+    if stored is None:
+        return derived_digest_key(key)
+    try:
+        return unwrap_digest_key(key, _queue_id(block, where), bytes.fromhex(stored))
+    except (ValueError, CorruptRecord):
+        raise ConfigError(
+            f"the digest key stored in meta.json of {where} (encryption.digest_key, written "
+            "by ledgerq rekey) does not open under the queue's key: restore meta.json from a "
+            "backup, or delete that field to start the dedup window and the unique keys "
+            "again (the messages are unaffected)"
+        ) from None
 
 
 def sealer_for(block: dict[str, str], key: bytes | None, where: str) -> EntrySealer | None:

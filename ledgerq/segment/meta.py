@@ -222,8 +222,9 @@ def _encryption_block(value: object) -> dict[str, str]:
         return {}
     if isinstance(value, dict) and all(type(value.get(k)) is str for k in _ENCRYPTION_KEYS):
         block = {k: value[k] for k in _ENCRYPTION_KEYS}
-        if "rekey_to" in value:  # a key rotation in progress (ledgerq rekey)
-            block["rekey_to"] = str(value["rekey_to"])
+        for optional in ("rekey_to", "digest_key"):  # (ledgerq rekey: in progress, done)
+            if optional in value:
+                block[optional] = str(value[optional])
         return block
     return {"damaged": "true"}
 

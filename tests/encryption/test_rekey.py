@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -32,15 +33,27 @@ rekey(sys.argv[1], bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3]), on_st
 """
 
 
+_OPTIONS = {"segment_size": 600, "max_retries": 1, "dedup_window": 3600}
+
+
 def _make(path: Path) -> None:
-    """A queue of several segments, some messages acked, two in its DLQ."""
-    with ledgerq.open(path, encryption_key=KEY, segment_size=600, max_retries=1) as q:
+    """A queue of several segments, some messages acked, two in its DLQ, a dedup id in
+    its window and a unique key held."""
+    with ledgerq.open(path, encryption_key=KEY, **_OPTIONS) as q:
         for i in range(30):
             q.enqueue(b"message %d" % i, headers={"i": str(i)}, priority=i % 3)
         for message in q.dequeue_batch(2):
             q.nack(message.id, "to the dlq")
         for message in q.dequeue_batch(3):
             q.ack(message.id)
+        assert q.enqueue(b"deduped", dedup_id="order-7") == 31
+        assert q.enqueue(b"unique", unique_key="nightly") == 32
+
+
+def _remembered(path: Path, key: bytes) -> tuple[int, int]:
+    """What the queue answers for the dedup id and the unique key _make enqueued."""
+    with ledgerq.open(path, encryption_key=key, **_OPTIONS) as q:
+        return q.enqueue(b"again", dedup_id="order-7"), q.enqueue(b"again", unique_key="nightly")
 
 
 def _contents(path: Path, key: bytes) -> tuple[list[tuple[bytes, dict[str, str]]], list[bytes]]:
@@ -54,7 +67,7 @@ def test_rekey_seals_everything_under_the_new_key(tmp_path: Path) -> None:
     path = tmp_path / "q"
     _make(path)
     before = _contents(path, KEY)
-    assert len(before[0]) == 25 and len(before[1]) == 2
+    assert len(before[0]) == 27 and len(before[1]) == 2
     sizes = {p: p.stat().st_size for p in (path / "segments").glob("*.log")}
     assert rekey(path, KEY, NEW_KEY) >= len(sizes)
     assert {p: p.stat().st_size for p in (path / "segments").glob("*.log")} == sizes
@@ -117,6 +130,7 @@ def test_a_kill_after_any_step_is_finished_by_running_rekey_again(tmp_path: Path
                 ledgerq.open(path, encryption_key=NEW_KEY)
         rekey(path, KEY, NEW_KEY)  # finishes it
         assert _contents(path, NEW_KEY) == expected, what
+        assert _remembered(path, NEW_KEY) == (31, 32), what
         with pytest.raises(ledgerq.ConfigError):
             ledgerq.open(path, encryption_key=KEY)
 
@@ -133,3 +147,41 @@ def test_the_rekey_command(tmp_path: Path) -> None:
     again = run("rekey", path, "--old-key-file", new_file, "--new-key-file", old_file)
     assert again.code == 0
     assert _contents(path, KEY)[0]
+
+
+def test_dedup_ids_and_unique_keys_outlive_rotations(tmp_path: Path) -> None:
+    """Their digests are keyed (the files must not confirm a guessed id): a rotation
+    keeps the digests' key, wrapped under the new key, so the window and the held keys
+    answer as before - over two rotations in a row."""
+    path = tmp_path / "q"
+    _make(path)
+    third = bytes(range(200, 232))
+    rekey(path, KEY, NEW_KEY)
+    assert _remembered(path, NEW_KEY) == (31, 32)
+    rekey(path, NEW_KEY, third)
+    assert _remembered(path, third) == (31, 32)
+    with ledgerq.open(path, encryption_key=third, **_OPTIONS) as q:
+        assert q.enqueue(b"new", unique_key="fresh") == 33  # and new keys are new
+        assert q.enqueue(b"new", unique_key="fresh") == 33
+    meta = json.loads((path / "meta.json").read_text())
+    assert len(bytes.fromhex(meta["encryption"]["digest_key"])) == 12 + 32 + 16
+    assert KEY.hex() not in (path / "meta.json").read_text()
+
+
+def test_a_damaged_digest_key_is_refused_and_its_removal_restarts_the_windows(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "q"
+    _make(path)
+    rekey(path, KEY, NEW_KEY)
+    meta_path = path / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    good = meta["encryption"]["digest_key"]
+    meta["encryption"]["digest_key"] = good[:-2] + ("00" if good[-2:] != "00" else "11")
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ledgerq.ConfigError, match=r"digest key stored in meta\.json"):
+        ledgerq.open(path, encryption_key=NEW_KEY)
+    del meta["encryption"]["digest_key"]
+    meta_path.write_text(json.dumps(meta))
+    dedup_again, unique_again = _remembered(path, NEW_KEY)
+    assert dedup_again > 32 and unique_again > dedup_again  # started again, as documented

@@ -1059,3 +1059,36 @@ def test_the_jvm_reader_decodes_entries_as_the_tables_say(
     for read, expected in zip(got, wanted, strict=True):
         assert read.get("rows") == expected, read.get("error")
         assert read["corrupt_regions"] == 0
+
+
+def test_the_digest_key_is_sealed_and_used_as_the_spec_says(tmp_path: Path) -> None:
+    """encryption.md's "Digest key": after a rotation, meta.json's digest_key opens as
+    the spec says, is the old key's derived digest key, and digests the unique keys."""
+    import hashlib
+    import hmac
+    import json
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    from ledgerq.tools import rekey
+
+    old, new = bytes(range(32)), bytes(range(32, 64))
+    path = tmp_path / "q"
+    with ledgerq.open(path, encryption_key=old) as q:
+        q.enqueue(b"a", unique_key="job")
+    rekey(path, old, new)
+    block = json.loads((path / "meta.json").read_text())["encryption"]
+    queue_id = bytes.fromhex(block["queue_id"])
+    blob = bytes.fromhex(block["digest_key"])
+
+    def hkdf(key: bytes, salt: bytes | None, info: bytes) -> bytes:
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(key)
+
+    wrap = hkdf(new, queue_id, b"ledgerq digest key wrap v1")
+    digest_key = AESGCM(wrap).decrypt(blob[:12], blob[12:], queue_id)
+    assert digest_key == hkdf(old, None, b"ledgerq dedup digest v1")
+    expected = hmac.new(digest_key, b"s" + b"unique:job", hashlib.sha256).digest()[:16]
+    data = (path / "features" / "unique.table").read_bytes()
+    assert data[64:80] == expected
