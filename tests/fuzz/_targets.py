@@ -304,6 +304,9 @@ class _QueueStub:
         assert count > 0
         self.corrupt_skipped += count
 
+    def keyed_digest(self, size: int) -> None:
+        return None  # a plain queue: the features' unkeyed digests
+
 
 def _dedup_file(data: bytes) -> None:
     root = _scratch.path / "dedup"
