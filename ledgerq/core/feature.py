@@ -38,6 +38,7 @@ import xxhash
 
 from ledgerq.format.entry import Entry
 from ledgerq.segment.feature_log import FeatureLog
+from ledgerq.segment.key_table import KeyTable
 
 if TYPE_CHECKING:
     from ledgerq.core.queue import QueueCore
@@ -48,6 +49,7 @@ __all__ = [
     "FailedDelivery",
     "Feature",
     "FeatureWithLog",
+    "FeatureWithTable",
     "FifoSelector",
     "HandedOff",
     "HandoffTaker",
@@ -374,3 +376,19 @@ class FeatureWithLog(Feature):
     def close(self) -> None:
         if self._log is not None:
             self._log.close()
+
+
+class FeatureWithTable(Feature):
+    """A feature whose state is a mapped key table (segment/key_table: unique keys,
+    hand-offs): synced and closed with it.  ``_table`` is set at attach."""
+
+    _table: KeyTable | None = None
+
+    def flush(self) -> None:
+        """Write the table's pages to disk (a sync, a close)."""
+        if self._table is not None:
+            self._table.sync()
+
+    def close(self) -> None:
+        if self._table is not None:
+            self._table.close()

@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ledgerq._errors import StorageError
-from ledgerq.core.feature import Draft, Feature, HandedOff, handoff_key
+from ledgerq.core.feature import Draft, FeatureWithTable, HandedOff, handoff_key
 from ledgerq.segment.key_table import KEY_RECORD, KeyRecord, KeyTable
 from ledgerq.segment.naming import FORWARDS_NAME, FORWARDS_TABLE_NAME, feature_log_path
 
@@ -86,7 +86,7 @@ def _record(value: Any) -> KeyRecord | None:
     return key, first_id, count, timestamp
 
 
-class ForwardFeature(Feature):
+class ForwardFeature(FeatureWithTable):
     """Take each hand-off key once (always on; see the module)."""
 
     name = "forward"
@@ -101,7 +101,6 @@ class ForwardFeature(Feature):
         # The key the last take_handoff stored, and the table's end before it.
         self._handoff_undo: tuple[bytes, int] = (b"", 0)
         self._queue: QueueCore | None = None
-        self._table: KeyTable | None = None
         self._sync_always = False
 
     def attach(self, queue: QueueCore) -> None:
@@ -294,14 +293,3 @@ class ForwardFeature(Feature):
             self._taken.pop(provisional[0], None)  # (noted by take_handoff)
         if end is not None:
             table.undo(end)  # the record is stored, its items not written: cut it back
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def flush(self) -> None:
-        """Write the table's pages to disk (a sync, a close)."""
-        if self._table is not None:
-            self._table.sync()
-
-    def close(self) -> None:
-        if self._table is not None:
-            self._table.close()

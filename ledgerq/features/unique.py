@@ -56,7 +56,7 @@ import xxhash
 
 from ledgerq._errors import StorageError
 from ledgerq._options import Options
-from ledgerq.core.feature import Draft, Feature, ReadersNeeded
+from ledgerq.core.feature import Draft, FeatureWithTable, ReadersNeeded
 from ledgerq.segment.key_table import KEY_RECORD, KeyRecord, KeyTable
 from ledgerq.segment.naming import UNIQUE_NAME, UNIQUE_TABLE_NAME, feature_log_path
 
@@ -104,7 +104,7 @@ def _record(value: Any) -> KeyRecord | None:
     return digest, message_id, timestamp, expires
 
 
-class UniqueFeature(Feature):
+class UniqueFeature(FeatureWithTable):
     """Hold unique keys while their message is unfinished (always on; see the module)."""
 
     name = "unique"
@@ -127,7 +127,6 @@ class UniqueFeature(Feature):
         self._key_undo: tuple[bytes, int] = (b"", 0)
         self._ahead: int | None = None  # the table's end before a batch's records
         self._queue: QueueCore | None = None
-        self._table: KeyTable | None = None
         self._sync_always = False
         self._sweep_at = _SWEEP_AT
 
@@ -407,14 +406,3 @@ class UniqueFeature(Feature):
                 table.rewrite(self._records())
             except StorageError as exc:  # the old file holds every held key too
                 logger.warning("ledgerq: %s; the %s is rewritten later", exc, table.what)
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def flush(self) -> None:
-        """Write the table's pages to disk (a sync, a close)."""
-        if self._table is not None:
-            self._table.sync()
-
-    def close(self) -> None:
-        if self._table is not None:
-            self._table.close()
