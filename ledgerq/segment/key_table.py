@@ -109,6 +109,7 @@ class KeyTable:
         self.stale = True
         self._fd: int | None = None
         self.area: mmap.mmap | None = None  # the mapping (a hot path stores into it)
+        self._words: memoryview | None = None  # the same, as u64 words (unchanged)
         self.size = 0  # bytes mapped
         self.end = KEY_TABLE_HEADER_SIZE  # where the next record goes
         self.pack = KEY_RECORD.pack_into  # pack(area, end, record...): a store
@@ -203,7 +204,13 @@ class KeyTable:
                 os.close(fd)
             self.close()
             raise StorageError("map", self.path, exc) from exc
+        old_words = self._words
         self._fd, self.area, self.size, self.end = fd, area, size, end
+        # The mapping as 64-bit words: a record's id and the replaced word are read by
+        # index on the hot path (unchanged), without a struct call.
+        self._words = memoryview(area)[: size - size % 8].cast("Q")
+        if old_words is not None:
+            old_words.release()  # (a mapping with a view on it cannot be closed)
         if old_area is not None:
             old_area.close()
         if old_fd is not None and old_fd != fd:
@@ -249,16 +256,16 @@ class KeyTable:
         record stored by the others and no rewrite since this handle's last look (two
         reads of memory; append lock held).  For a hot path: ``if not unchanged():``
         take :meth:`news`."""
-        area = self.area
-        if area is None or not self.is_loaded:
+        words = self._words
+        if words is None or not self.is_loaded:
             return False
         if not self._shared:
             return True
         end = self.end
         return (
             end + KEY_RECORD.size <= self.size
-            and not _WORD.unpack_from(area, end + _ID_AT)[0]
-            and not _WORD.unpack_from(area, _REPLACED_AT)[0]
+            and not words[(end + _ID_AT) >> 3]  # (records and ids are 8-aligned)
+            and not words[_REPLACED_AT >> 3]
         )
 
     def news(self) -> tuple[bool, list[KeyRecord]]:
@@ -382,6 +389,9 @@ class KeyTable:
         """Unmap and close (idempotent)."""
         area, self.area = self.area, None
         fd, self._fd = self._fd, None
+        words, self._words = self._words, None
+        if words is not None:
+            words.release()
         if area is not None:
             area.close()
         if fd is not None:
