@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ledgerq.segment.feature_log import FeatureHost, read_feature_values
-from ledgerq.segment.files import StorageError, fsync_dir, make_durable_dir, write_all
+from ledgerq.segment.files import StorageError, fsync_dir, make_durable_dir, replace_and_open
 
 __all__ = [
     "KEY_RECORD",
@@ -113,10 +113,6 @@ class KeyTable:
         self.size = 0  # bytes mapped
         self.end = KEY_TABLE_HEADER_SIZE  # where the next record goes
         self.pack = KEY_RECORD.pack_into  # pack(area, end, record...): a store
-
-    @property
-    def is_open(self) -> bool:
-        return self.area is not None
 
     @property
     def records(self) -> int:
@@ -331,8 +327,9 @@ class KeyTable:
         self._adopt(fd, new_size, self.end)
 
     def rewrite(self, records: Iterable[KeyRecord]) -> None:
-        """Replace the file with ``records`` (temp file, fsync, rename, fsync of the
-        directory) and map the new one; the old file says it was replaced.  Raises
+        """Replace the file with ``records`` (``files.replace_and_open``: temp file,
+        fsync, rename, fsync of the directory) and map the new one; the old file says
+        it was replaced.  Raises
         :class:`StorageError` (the old file, still mapped, holds the table too)."""
         records = list(records)
         body = b"".join(KEY_RECORD.pack(*r) for r in records)
@@ -344,32 +341,15 @@ class KeyTable:
             + body
             + bytes(size - used)  # zeros written: the room is allocated, and ends the records
         )
-        tmp = self.path + ".tmp"
-        directory = os.path.dirname(self.path)
-        try:
-            make_durable_dir(directory)
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                write_all(fd, data)
-                os.fsync(fd)
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.close(fd)
-                raise
-        except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise StorageError("write", self.path, exc) from exc
-        old = self.area
-        if old is not None:
-            _WORD.pack_into(old, _REPLACED_AT, 1)  # the others map the name again
-        self._adopt(fd, size, used)
-        try:
-            fsync_dir(directory)
-        except OSError as exc:
-            raise StorageError("write", self.path, exc) from exc
+        make_durable_dir(os.path.dirname(self.path))
+
+        def adopt(fd: int) -> None:  # the new file holds the name from now on
+            old = self.area
+            if old is not None:
+                _WORD.pack_into(old, _REPLACED_AT, 1)  # the others map the name again
+            self._adopt(fd, size, used)
+
+        replace_and_open(self.path, data, adopt)
 
     def sync(self, since: int | None = None) -> None:
         """Write the mapped pages to disk (all of them; or from offset ``since`` on)."""

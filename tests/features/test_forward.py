@@ -344,8 +344,9 @@ def test_sync_always_forwards(tmp_path: Path) -> None:
         assert payloads(b) == [b"x", b"y", b"z"]
 
 
+@pytest.mark.parametrize("shared", [False, True])
 def test_the_hand_offs_of_an_older_forwards_log_are_moved_into_the_table(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
 ) -> None:
     """A target whose hand-offs an older ledgerq kept in ``features/forwards.log``: at
     the first forward they are taken (the redelivered message is only acked), the table
@@ -364,7 +365,10 @@ def test_the_hand_offs_of_an_older_forwards_log_are_moved_into_the_table(
         encode_feature_file_header(FORWARDS_MAGIC)
         + encode_feature_record([key, first_id, count, stamp])
     )
-    with ledgerq.open(tmp_path / "a") as a, ledgerq.open(tmp_path / "b") as b:
+    with (
+        ledgerq.open(tmp_path / "a", shared=shared) as a,
+        ledgerq.open(tmp_path / "b", shared=shared) as b,
+    ):
         again = a.dequeue()
         assert again is not None and again.id == msg.id
         assert a.forward(again.id, b, [b"again"]) == [first_id]  # landed before: acked only

@@ -344,7 +344,10 @@ def test_a_message_written_before_its_append_raised_holds_its_key(
         assert len(q) == 1
 
 
-def test_the_keys_of_an_older_unique_log_are_moved_into_the_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_keys_of_an_older_unique_log_are_moved_into_the_table(
+    tmp_path: Path, shared: bool
+) -> None:
     """A queue whose keys an older ledgerq kept in ``features/unique.log``: at the first
     unique enqueue they are taken (a record without its message, as ever, holds
     nothing), the table is written with them, and the old file is removed."""
@@ -358,12 +361,15 @@ def test_the_keys_of_an_older_unique_log_are_moved_into_the_table(tmp_path: Path
         + encode_feature_record([unique.unique_digest("held"), held, stamp, 0])
         + encode_feature_record([unique.unique_digest("ghost"), held + 1, stamp + 1, 0])
     )
-    with ledgerq.open(path) as q:
+    with ledgerq.open(path, shared=shared) as q:
         assert q.enqueue(b"held again", unique_key="held") == held
         assert not unique_log(path).exists()
         assert [r[1] for r in table_records(path)] == [held, held + 1]
         assert q.enqueue(b"ghost", unique_key="ghost") > held  # no message had it
-    with ledgerq.open(path) as q:
+        if shared:  # another handle reads the table the first moved the records into
+            with ledgerq.open(path, shared=True) as other:
+                assert other.enqueue(b"held, again", unique_key="held") == held
+    with ledgerq.open(path, shared=shared) as q:
         assert q.enqueue(b"held, third", unique_key="held") == held
         assert len(q) == 2
 
