@@ -170,12 +170,12 @@ class Appending(QueueState):
         ):
             if unique_key is not None:
                 # A key of at most 256 characters is at most 1024 bytes of UTF-8 (and
-                # a str is the type asked): the checked way decides about any other.
+                # a str is the type asked): the checked way decides about any other (and
+                # about a lone surrogate, which the digest cannot encode).
                 if (
                     delay is None
                     and type(unique_key) is str
                     and 0 < len(unique_key) <= 256
-                    and unique_key.isprintable()  # (no lone surrogate: the checked way says)
                     and self._unique is not None
                 ):
                     return self._append_unique(payload, unique_key)
@@ -264,9 +264,11 @@ class Appending(QueueState):
             try:
                 try:
                     held = unique.add_key(unique_key, now, message_id)
-                except ReadersNeeded:
+                except (ReadersNeeded, UnicodeEncodeError):
+                    # Judged below, holding every reader (a key that is not unicode:
+                    # refused there, saying so).
                     unique.rollback()
-                    held = 0  # judged below, holding every reader
+                    held = 0
                 except BaseException:
                     unique.rollback()
                     raise

@@ -15,16 +15,20 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import xxhash
+
 from ledgerq._errors import QueueClosedError
 from ledgerq._types import Item, Priority
 from ledgerq.core.appending import Appending
 from ledgerq.core.args import check_id, check_timeout
-from ledgerq.core.feature import Draft, HandedOff, handoff_key
+from ledgerq.core.feature import Draft, HandedOff
 
 if TYPE_CHECKING:
     from ledgerq.core.reader_handle import Reader
 
 __all__ = ["HandOff"]
+
+_xxh3_128 = xxhash.xxh3_128_digest
 
 
 class HandOff(Appending):
@@ -88,13 +92,17 @@ class HandOff(Appending):
         else:
             payloads = None
             drafts, sizes = target._handoff_drafts(items)
-        core = reader._core
-        with self._lock:
-            if self._closed or reader._removed:
+        # Leased by this handle: a look, not a step, so no lock (the ack below decides
+        # under it, and a lease the lock held here could still end before the append).
+        if self._closed or reader._removed:
+            with self._lock:
                 reader._ensure_usable()
-            if message_id not in core._leased:
+        core = reader._core
+        if message_id not in core._leased:
+            with self._lock:
                 core.check_leased(message_id)  # raises, saying why
-        key = handoff_key(reader._handoff_prefix or reader.handoff_prefix(), message_id)
+        # (handoff_key, inlined: this is every forward's path)
+        key = _xxh3_128((reader._handoff_prefix or reader.handoff_prefix()) + b"%d\0" % message_id)
         if payloads is not None:
             ids = target._append_handoff_plain(key, payloads)
         elif drafts:
@@ -198,4 +206,4 @@ class HandOff(Appending):
                 self._after_append()
         if self._sync_always:
             self._log_commit.wait_durable(ticket)
-        return list(range(first, first + count))
+        return [first] if count == 1 else list(range(first, first + count))

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq._errors import StorageError
 from ledgerq.core.feature import Draft, FeatureWithTable, HandedOff, handoff_key
-from ledgerq.segment.key_table import KEY_RECORD, KeyRecord, KeyTable
+from ledgerq.segment.key_table import KEY_RECORD, KEY_TABLE_HEADER_SIZE, KeyRecord, KeyTable
 from ledgerq.segment.naming import FORWARDS_NAME, FORWARDS_TABLE_NAME, feature_log_path
 
 if TYPE_CHECKING:
@@ -214,13 +214,15 @@ class ForwardFeature(FeatureWithTable):
         if table.stale and not table.unchanged():
             self._current()
         taken = self._taken
+        end = table.end
         if key in taken:
             landed = self._landed(key)
             if landed is not None:
                 return landed
-        elif table.records >= 2 * KEEP_RECORDS:
+        elif end >= KEY_TABLE_HEADER_SIZE + 2 * KEEP_RECORDS * _RECORD_SIZE:
+            # (table.records >= 2 * KEEP_RECORDS, without the property's call)
             self._compact(table)  # to the newest KEEP_RECORDS (if it fails, later)
-        end = table.end
+            end = table.end
         # (table.append, inlined: this is every forward's path)
         if end + _RECORD_SIZE > table.size:
             table.grow()  # raises having stored nothing

@@ -57,7 +57,13 @@ import xxhash
 from ledgerq._errors import StorageError
 from ledgerq._options import Options
 from ledgerq.core.feature import Draft, FeatureWithTable, ReadersNeeded
-from ledgerq.segment.key_table import KEY_RECORD, KeyRecord, KeyTable
+from ledgerq.segment.key_table import (
+    KEY_RECORD,
+    RECORD_ID_AT,
+    REPLACED_WORD,
+    KeyRecord,
+    KeyTable,
+)
 from ledgerq.segment.naming import UNIQUE_NAME, UNIQUE_TABLE_NAME, feature_log_path
 
 if TYPE_CHECKING:
@@ -276,9 +282,19 @@ class UniqueFeature(FeatureWithTable):
         )
         table = self._table
         assert table is not None
-        # Not loaded yet, or shared mode (no call otherwise); then only if there is news.
-        if table.stale and not table.unchanged():
-            self._current()
+        end = table.end
+        if table.stale:
+            # Not loaded yet, or shared mode: the others' records first, if a look at
+            # two words of the mapping finds any (KeyTable.unchanged, inlined).
+            watch = table.watch
+            if (
+                watch is None
+                or end + KEY_RECORD_SIZE > table.size
+                or watch[(end + RECORD_ID_AT) >> 3]
+                or watch[REPLACED_WORD]
+            ):
+                self._current()
+                end = table.end
         held = self._held
         holder = held.get(digest)
         if holder is not None:
@@ -286,8 +302,8 @@ class UniqueFeature(FeatureWithTable):
                 return holder
             self._forget(digest)
         elif len(held) >= self._sweep_at:
-            self._sweep(now_ns)
-        end = table.end
+            self._sweep(now_ns)  # (may rewrite the table)
+            end = table.end
         # (table.append, inlined)
         if end + KEY_RECORD_SIZE > table.size:
             table.grow()  # raises having stored nothing

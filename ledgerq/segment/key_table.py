@@ -55,6 +55,8 @@ __all__ = [
     "KEY_RECORD",
     "KEY_TABLE_HEADER_SIZE",
     "KEY_TABLE_VERSION",
+    "RECORD_ID_AT",
+    "REPLACED_WORD",
     "KeyRecord",
     "KeyTable",
     "OlderLog",
@@ -68,7 +70,8 @@ KEY_RECORD = struct.Struct("<16sQqq")  # key, id, two ints (the feature's): 40 b
 KeyRecord = tuple[bytes, int, int, int]
 _HEADER = struct.Struct("<4sIQ")  # magic, version, replaced
 _REPLACED_AT = 8
-_ID_AT = 16  # the id's offset inside a record
+REPLACED_WORD = _REPLACED_AT >> 3  # the replaced word's index among the file's u64 words
+RECORD_ID_AT = 16  # the id's offset inside a record
 _WORD = struct.Struct("<Q")
 _MIN_SIZE = 64 * 1024  # 1636 records: the room a new file is created with
 _MAX_GROWTH = 16 * 1024 * 1024  # a growth doubles the file, by this much at most
@@ -109,7 +112,11 @@ class KeyTable:
         self.stale = True
         self._fd: int | None = None
         self.area: mmap.mmap | None = None  # the mapping (a hot path stores into it)
-        self._words: memoryview | None = None  # the same, as u64 words (unchanged)
+        self._words: memoryview | None = None  # the same, as u64 words
+        # The same words while loaded in shared mode, else None: what a hot path reads
+        # for the look :meth:`unchanged` makes - the id after this handle's last record
+        # (``watch[(end + RECORD_ID_AT) >> 3]``) and ``watch[REPLACED_WORD]``, both 0.
+        self.watch: memoryview | None = None
         self.size = 0  # bytes mapped
         self.end = KEY_TABLE_HEADER_SIZE  # where the next record goes
         self.pack = KEY_RECORD.pack_into  # pack(area, end, record...): a store
@@ -137,6 +144,7 @@ class KeyTable:
         # Loaded only now: a failure above leaves the next call to open it again.
         self.is_loaded = True
         self.stale = self._shared
+        self.watch = self._words if self._shared else None
         return records
 
     def _move_in(self, older: OlderLog, records: list[KeyRecord]) -> list[KeyRecord]:
@@ -205,6 +213,8 @@ class KeyTable:
         # The mapping as 64-bit words: a record's id and the replaced word are read by
         # index on the hot path (unchanged), without a struct call.
         self._words = memoryview(area)[: size - size % 8].cast("Q")
+        if self.watch is not None:
+            self.watch = self._words
         if old_words is not None:
             old_words.release()  # (a mapping with a view on it cannot be closed)
         if old_area is not None:
@@ -252,16 +262,16 @@ class KeyTable:
         record stored by the others and no rewrite since this handle's last look (two
         reads of memory; append lock held).  For a hot path: ``if not unchanged():``
         take :meth:`news`."""
-        words = self._words
-        if words is None or not self.is_loaded:
+        if not self.is_loaded:
             return False
-        if not self._shared:
-            return True
+        words = self.watch
+        if words is None:
+            return True  # exclusive mode
         end = self.end
         return (
             end + KEY_RECORD.size <= self.size
-            and not words[(end + _ID_AT) >> 3]  # (records and ids are 8-aligned)
-            and not words[_REPLACED_AT >> 3]
+            and not words[(end + RECORD_ID_AT) >> 3]  # (records and ids are 8-aligned)
+            and not words[REPLACED_WORD]
         )
 
     def news(self) -> tuple[bool, list[KeyRecord]]:
@@ -278,7 +288,8 @@ class KeyTable:
             assert records is not None
             return True, records
         end = self.end
-        if end + KEY_RECORD.size <= self.size and not _WORD.unpack_from(area, end + _ID_AT)[0]:
+        fresh = end + KEY_RECORD.size <= self.size
+        if fresh and not _WORD.unpack_from(area, end + RECORD_ID_AT)[0]:
             return False, []  # the common case: nothing new, two reads of memory
         return False, self._read_records()
 
@@ -303,7 +314,7 @@ class KeyTable:
             return
         at = self.end - KEY_RECORD.size
         while at >= since:  # last first: a reader never sees a hole before a record
-            _WORD.pack_into(area, at + _ID_AT, 0)
+            _WORD.pack_into(area, at + RECORD_ID_AT, 0)
             at -= KEY_RECORD.size
         self.end = min(self.end, since)
 
@@ -370,6 +381,7 @@ class KeyTable:
         area, self.area = self.area, None
         fd, self._fd = self._fd, None
         words, self._words = self._words, None
+        self.watch = None
         if words is not None:
             words.release()
         if area is not None:
