@@ -185,3 +185,29 @@ def test_a_damaged_digest_key_is_refused_and_its_removal_restarts_the_windows(
     meta_path.write_text(json.dumps(meta))
     dedup_again, unique_again = _remembered(path, NEW_KEY)
     assert dedup_again > 32 and unique_again > dedup_again  # started again, as documented
+
+
+def test_a_kill_between_the_switch_of_meta_json_and_of_its_copy_heals_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    """The switch saves meta.json, then options.json (the copy a lost meta.json is rebuilt
+    from): a kill between the two leaves the copy naming the old key.  The next open
+    rewrites the copy from meta.json, so a meta.json lost after that is rebuilt under the
+    new key."""
+    path = tmp_path / "q"
+    _make(path)
+    before = _contents(path, KEY)
+    copy = path / "options.json"
+    stale = copy.read_bytes()
+    rekey(path, KEY, NEW_KEY)
+    copy.write_bytes(stale)  # the state a kill between the two saves leaves
+    assert _contents(path, NEW_KEY) == before  # meta.json decides: the new key opens
+    assert json.loads(copy.read_text())["encryption"] == json.loads(
+        (path / "meta.json").read_text()
+    )["encryption"]
+    (path / "meta.json").unlink()  # lost: rebuilt from the copy
+    report = ledgerq.tools.repair(path)  # (keyless: it rebuilds meta.json, opens nothing)
+    assert any("rebuilt" in action and "meta.json" in action for action in report.actions)
+    assert _contents(path, NEW_KEY) == before
+    with pytest.raises(ledgerq.ConfigError):
+        ledgerq.open(path, encryption_key=KEY)
