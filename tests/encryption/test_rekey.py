@@ -202,9 +202,10 @@ def test_a_kill_between_the_switch_of_meta_json_and_of_its_copy_heals_at_the_nex
     rekey(path, KEY, NEW_KEY)
     copy.write_bytes(stale)  # the state a kill between the two saves leaves
     assert _contents(path, NEW_KEY) == before  # meta.json decides: the new key opens
-    assert json.loads(copy.read_text())["encryption"] == json.loads(
-        (path / "meta.json").read_text()
-    )["encryption"]
+    assert (
+        json.loads(copy.read_text())["encryption"]
+        == json.loads((path / "meta.json").read_text())["encryption"]
+    )
     (path / "meta.json").unlink()  # lost: rebuilt from the copy
     report = ledgerq.tools.repair(path)  # (keyless: it rebuilds meta.json, opens nothing)
     assert any("rebuilt" in action and "meta.json" in action for action in report.actions)
