@@ -13,7 +13,7 @@ Layout (``docs/format.md``, "Unique keys"; little-endian)::
 
     0     4   magic       the feature's: b"LQUT" (unique keys), b"LQFT" (hand-offs)
     4     4   version     u32, 1
-    8     8   replaced    u64: nonzero once a rewrite replaced this file (read the name again)
+    8     8   replaced    u64: nonzero once a rewrite replaces this file (read the name again)
     16    48  reserved    zeros
     64    40  record      key 16 bytes, id u64 (>= 1), then two i64 the feature's own
     ...                   records back to back; the first whose id is 0 ends them
@@ -31,8 +31,10 @@ is cut back by zeroing its id.
 Shared mode: every handle maps the same file, and stores and reads only under the
 queue's append lock; a look for the others' records is a read of memory (the id where
 this handle's records end, and the ``replaced`` word).  A rewrite (temp file, fsync,
-rename) sets ``replaced`` in the old file after the rename: a handle that sees it maps
-the name again and reads the new file whole.  So the file is never truncated while it is
+rename) sets ``replaced`` in the old file just before the rename: a handle that sees it
+maps the name again and reads the new file whole (a mark left on the file that still
+holds the name - the rewriter stopped before its rename - is cleared by the next open).
+So the file is never truncated while it is
 mapped - a cut under a mapping makes its pages vanish (``SIGBUS`` at the next touch), as
 for ``shared/state`` (segment/shared_page.py): only a person doing it by hand, with the
 queue open, can.
@@ -194,6 +196,13 @@ class KeyTable:
             self.rewrite([])
             return []
         self._adopt(fd, size)
+        area = self.area
+        assert area is not None
+        if _WORD.unpack_from(area, _REPLACED_AT)[0]:
+            # The file holds the name, so it is current: the mark of a rewrite that
+            # stopped before its rename (see rewrite) - cleared, or every look would
+            # map the name again.
+            _WORD.pack_into(area, _REPLACED_AT, 0)
         return self._read_records()
 
     def _adopt(self, fd: int, size: int, end: int = KEY_TABLE_HEADER_SIZE) -> None:
@@ -341,7 +350,14 @@ class KeyTable:
         """Replace the file with ``records`` (``files.replace_and_open``: temp file,
         fsync, rename, fsync of the directory) and map the new one; the old file says
         it was replaced.  Raises
-        :class:`StorageError` (the old file, still mapped, holds the table too)."""
+        :class:`StorageError` (the old file, still mapped, holds the table too).
+
+        The old file is marked *before* the rename: a process killed between the rename
+        and a mark after it would leave the others storing into an unlinked file, their
+        keys and this one's apart for good.  Marked first, a kill (or a failure) before
+        the rename leaves a mark on the file that still holds the name, which the next
+        handle to open it clears (:meth:`open`) - the others only map the name again.
+        Nobody looks between the two: stores and looks take the append lock, held here."""
         records = list(records)
         body = b"".join(KEY_RECORD.pack(*r) for r in records)
         used = KEY_TABLE_HEADER_SIZE + len(body)
@@ -353,14 +369,11 @@ class KeyTable:
             + bytes(size - used)  # zeros written: the room is allocated, and ends the records
         )
         make_durable_dir(os.path.dirname(self.path))
-
-        def adopt(fd: int) -> None:  # the new file holds the name from now on
-            old = self.area
-            if old is not None:
-                _WORD.pack_into(old, _REPLACED_AT, 1)  # the others map the name again
-            self._adopt(fd, size, used)
-
-        replace_and_open(self.path, data, adopt)
+        old = self.area
+        if old is not None:
+            _WORD.pack_into(old, _REPLACED_AT, 1)  # the others map the name again
+        # The new file holds the name from the rename on.
+        replace_and_open(self.path, data, lambda fd: self._adopt(fd, size, used))
 
     def sync(self, since: int | None = None) -> None:
         """Write the mapped pages to disk (all of them; or from offset ``since`` on)."""

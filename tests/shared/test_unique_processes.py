@@ -3,13 +3,14 @@ and a key that another process's ack frees is free for this one at once."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
 import ledgerq
 from tests._child import Children
-from tests.features.test_unique import table_records
+from tests.features.test_unique import table_records, unique_table
 
 KEYS = 60
 
@@ -49,6 +50,58 @@ for line in sys.stdin:
         print("acked", flush=True)
 q.close()
 """
+
+
+KILLED_SWEEPER = """
+import os, signal, sys
+import ledgerq
+from ledgerq.features import unique
+unique._SWEEP_AT = 4  # a sweep (and a rewrite of the table) every few keys
+path, kill_at = sys.argv[1], sys.argv[2]
+q = ledgerq.open(path, shared=True)
+print(q.enqueue(b"kept", unique_key="kept", delay=3600), flush=True)  # (not dequeued below)
+rename = os.replace
+def replace(src, dst):
+    if dst.endswith("unique.table"):  # the rewrite's rename: killed on either side of it
+        if kill_at == "after":
+            rename(src, dst)
+        os.kill(os.getpid(), signal.SIGKILL)
+    rename(src, dst)
+os.replace = replace
+for n in range(40):
+    q.enqueue(b"done", unique_key="done%d" % n)
+    q.ack(q.dequeue().id)
+"""
+
+
+def _replaced_word(path: Path) -> int:
+    return int.from_bytes(unique_table(path).read_bytes()[8:16], "little")
+
+
+@pytest.mark.parametrize("kill_at", ["before", "after"])
+def test_a_rewriter_killed_at_its_rename_leaves_every_handle_on_one_file(
+    tmp_path: Path, children: Children, kill_at: str
+) -> None:
+    """kill -9 of a process rewriting the table, just before or just after its rename:
+    the other handles go on with the file that holds the name - none stores its keys
+    into the unlinked one, where a handle opened later would not see them - and a mark
+    the dead one left on the file still holding the name is cleared."""
+    path = tmp_path / "q"
+    with ledgerq.open(path, shared=True) as q:
+        mine = q.enqueue(b"mine", unique_key="mine", delay=3600)  # the table mapped
+        sweeper = children.start(["-c", KILLED_SWEEPER, str(path), kill_at])
+        kept = int(sweeper.line())
+        sweeper.expect_exit(-signal.SIGKILL)
+        after = q.enqueue(b"after", unique_key="after")
+        assert q.enqueue(b"kept", unique_key="kept") == kept
+        assert q.enqueue(b"mine", unique_key="mine") == mine
+        assert _replaced_word(path) == 0
+        with ledgerq.open(path, shared=True) as later:  # maps the name now
+            assert later.enqueue(b"after", unique_key="after") == after
+            assert later.enqueue(b"mine", unique_key="mine") == mine
+            assert later.enqueue(b"kept", unique_key="kept") == kept
+    with ledgerq.open(path) as q:  # and after a reopen
+        assert q.enqueue(b"after", unique_key="after") == after
 
 
 # 2500 keys: the table (1637 records in its first 64 KiB) grows while both store into
