@@ -34,10 +34,9 @@ this handle's records end, and the ``replaced`` word).  A rewrite (temp file, fs
 rename) sets ``replaced`` in the old file just before the rename: a handle that sees it
 maps the name again and reads the new file whole (a mark left on the file that still
 holds the name - the rewriter stopped before its rename - is cleared by the next open).
-So the file is never truncated while it is
-mapped - a cut under a mapping makes its pages vanish (``SIGBUS`` at the next touch), as
-for ``shared/state`` (segment/shared_page.py): only a person doing it by hand, with the
-queue open, can.
+So the file is never truncated while it is mapped - a cut under a mapping makes its
+pages vanish (``SIGBUS`` at the next touch), as for ``shared/state``
+(segment/shared_page.py): only a person doing it by hand, with the queue open, can.
 """
 
 from __future__ import annotations
