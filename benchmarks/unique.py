@@ -9,6 +9,10 @@ A targeted measurement (not the suite of ``benchmarks/run.py``) of issue 28's pr
 * **enqueue**: ``--messages`` single enqueues of a 100-byte payload into a new queue,
   plain vs each with its own ``unique_key`` (every key new: each writes its record and
   its message; the table grows to all of them), exclusive and shared mode;
+* **consumer keeps up**: the same enqueues, plain vs each with a new key, timed in
+  runs of 1,000, each run dequeued and acked (not timed) before the next: the keys
+  held stay few, and the sweeps that forget the finished ones run on the enqueues'
+  path (they are timed) - the steady state of a unique-job queue;
 * **held**: the same count of enqueues of one key whose message is pending (each
   answers the held id and writes nothing);
 * **memory**: bytes the table holds per key (``tracemalloc``, a separate pass): in the
@@ -110,6 +114,29 @@ def _rate(path: str, n: int, *, shared: bool, keys: str | None) -> float:
         return n / (time.process_time() - started)
 
 
+_RUN = 1000  # enqueues between two drains in the "consumer keeps up" rows
+
+
+def _kept_up_rate(path: str, n: int, *, shared: bool, unique: bool) -> float:
+    """Enqueues per CPU second when a consumer drains every run of ``_RUN`` (untimed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    spent = 0.0
+    with ledgerq.open(path, shared=shared) as q:
+        enqueue = q.enqueue
+        for run in range(n // _RUN):
+            keys = [f"job-{run}-{i}" for i in range(_RUN)]
+            started = time.process_time()
+            if unique:
+                for key in keys:
+                    enqueue(PAYLOAD, unique_key=key)
+            else:
+                for _ in keys:
+                    enqueue(PAYLOAD)
+            spent += time.process_time() - started
+            q.ack_batch([m.id for m in q.dequeue_batch(_RUN)])
+    return (n // _RUN * _RUN) / spent
+
+
 def _memory(path: str, n: int) -> tuple[float, float]:
     shutil.rmtree(path, ignore_errors=True)
     with ledgerq.open(path, sync="never") as q:
@@ -146,11 +173,15 @@ def main() -> None:
         path = tmp + "/q"
         for shared in (False, True):
             kinds = ("distinct", "held", "floor", "in-entry", "mapped")
-            best = dict.fromkeys(("plain", *kinds), 0.0)
+            best = dict.fromkeys(("plain", *kinds, "kept-up plain", "kept-up unique"), 0.0)
             for _ in range(args.rounds):
                 best["plain"] = max(best["plain"], _rate(path, n, shared=shared, keys=None))
                 for kind in kinds:
                     best[kind] = max(best[kind], _rate(path, n, shared=shared, keys=kind))
+                for unique in (False, True):
+                    name = "kept-up unique" if unique else "kept-up plain"
+                    rate = _kept_up_rate(path, n, shared=shared, unique=unique)
+                    best[name] = max(best[name], rate)
             mode = "shared" if shared else "exclusive"
             plain = best["plain"]
             print(
@@ -160,6 +191,11 @@ def main() -> None:
                 f"floor {best['floor']:9,.0f}/s = {best['floor'] / plain:.2f}x   "
                 f"in-entry floor {best['in-entry']:9,.0f}/s = {best['in-entry'] / plain:.2f}x   "
                 f"mapped floor {best['mapped']:9,.0f}/s = {best['mapped'] / plain:.2f}x"
+            )
+            kept_plain, kept_unique = best["kept-up plain"], best["kept-up unique"]
+            print(
+                f"{mode:9}  consumer keeps up: plain {kept_plain:9,.0f}/s   unique_key "
+                f"{kept_unique:9,.0f}/s = {kept_unique / kept_plain:.2f}x"
             )
         in_session, reopened = _memory(path, n)
         print(

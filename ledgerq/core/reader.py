@@ -75,7 +75,7 @@ _SCHEDULED = _DELIVER_AT | _HAS_GROUP
 # this many - and then again each time the set has doubled: a head held back by one
 # old message (leased, delayed, waiting for its retry or its group) keeps them all,
 # and pruning at a fixed size would cost O(n) per ack.
-_PRUNE_DONE_AT = 65536
+_PRUNE_DONE_AT = 4096
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 # The reason a dead letter carries when its nacker stopped before the move (the nack's
 # own reason is not in the journal).

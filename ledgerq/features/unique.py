@@ -79,6 +79,11 @@ UNIQUE_TABLE_MAGIC = b"LQUT"
 _DIGEST_SIZE = 16
 KEY_RECORD_SIZE = KEY_RECORD.size
 _SWEEP_AT = 1024  # held keys before the first sweep for finished ones
+# Records of finished keys the file may hold beyond twice the keys held before a sweep
+# rewrites it (2.5 MiB): a rewrite fsyncs twice, so one every few thousand keys - when
+# a consumer keeps up and few keys are held - cost more than the keys' own work
+# (benchmarks/unique.py, the "consumer keeps up" row).
+_REWRITE_SLACK = 65536
 # The timestamp of a rewritten record whose message this handle knew to be in the log:
 # nothing to verify when it is read back.
 _VERIFIED = -1
@@ -244,6 +249,16 @@ class UniqueFeature(FeatureWithTable):
         self._expires.pop(digest, None)
         self._unverified.pop(digest, None)
 
+    def _forget_all(self, digests: list[bytes]) -> None:
+        """:meth:`_forget` of each of ``digests`` (a sweep's)."""
+        held, expires, unverified = self._held, self._expires, self._unverified
+        for digest in digests:
+            del held[digest]
+        for side in (expires, unverified):
+            if side:  # (mostly empty: no TTL, nothing read back unverified)
+                for digest in digests:
+                    side.pop(digest, None)
+
     def admit(self, draft: Draft, now_ns: int, candidate_id: int) -> int | None:
         unique_key = draft.unique_key
         if unique_key is None:
@@ -399,11 +414,14 @@ class UniqueFeature(FeatureWithTable):
         low = 0
         if cores:
             low = min(core.head for core in cores)
-            while held:
-                digest = next(iter(held))
-                if held[digest] >= low:
+            # One pass from the front (a look for the first key after each removal would
+            # step over every slot removed before it: quadratic in the keys dropped).
+            below = []
+            for digest, message_id in held.items():
+                if message_id >= low:
                     break
-                self._forget(digest)
+                below.append(digest)
+            self._forget_all(below)
         expires_of = self._expires
         if expires_of or any(core.finished_from(low) for core in cores):
             tests = [core.finished_test() for core in cores]
@@ -413,11 +431,10 @@ class UniqueFeature(FeatureWithTable):
                 if all(test(message_id) for test in tests)
                 or (digest in expires_of and now_ns >= expires_of[digest])
             ]
-            for digest in finished:
-                self._forget(digest)
+            self._forget_all(finished)
         self._sweep_at = max(_SWEEP_AT, 2 * len(self._held))
         table = self._table
-        if table is not None and table.records > 2 * len(self._held) + _SWEEP_AT:
+        if table is not None and table.records > 2 * len(self._held) + _REWRITE_SLACK:
             try:
                 table.rewrite(self._records())
             except StorageError as exc:  # the old file holds every held key too

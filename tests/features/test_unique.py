@@ -260,6 +260,7 @@ def test_the_sweep_forgets_finished_keys_and_rewrites_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(unique, "_SWEEP_AT", 4)
+    monkeypatch.setattr(unique, "_REWRITE_SLACK", 4)
     path = tmp_path / "q"
     with ledgerq.open(path) as q:
         for n in range(40):

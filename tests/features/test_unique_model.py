@@ -246,5 +246,6 @@ def test_unique_keys_follow_the_model(
     monkeypatch.setattr(machine, "options", options)
     # Sweeps (forgetting finished keys, rewriting the file) every few keys, not 1024.
     monkeypatch.setattr(unique, "_SWEEP_AT", 2)
+    monkeypatch.setattr(unique, "_REWRITE_SLACK", 2)
     machine.TestCase.settings = _SETTINGS
     machine.TestCase().runTest()

@@ -56,7 +56,7 @@ KILLED_SWEEPER = """
 import os, signal, sys
 import ledgerq
 from ledgerq.features import unique
-unique._SWEEP_AT = 4  # a sweep (and a rewrite of the table) every few keys
+unique._SWEEP_AT = unique._REWRITE_SLACK = 4  # a sweep and a rewrite every few keys
 path, kill_at = sys.argv[1], sys.argv[2]
 q = ledgerq.open(path, shared=True)
 print(q.enqueue(b"kept", unique_key="kept", delay=3600), flush=True)  # (not dequeued below)
@@ -184,7 +184,7 @@ SWEEPER = """
 import sys
 import ledgerq
 from ledgerq.features import unique
-unique._SWEEP_AT = 4  # a sweep (and a rewrite of the table) every few keys
+unique._SWEEP_AT = unique._REWRITE_SLACK = 4  # a sweep and a rewrite every few keys
 q = ledgerq.open(sys.argv[1], shared=True)
 for n in range(40):
     q.enqueue(b"done", unique_key="done%d" % n)
