@@ -74,7 +74,8 @@ _SCHEDULED = _DELIVER_AT | _HAS_GROUP
 # The ids finished above the head are pruned (those below it dropped) once there are
 # this many - and then again each time the set has doubled: a head held back by one
 # old message (leased, delayed, waiting for its retry or its group) keeps them all,
-# and pruning at a fixed size would cost O(n) per ack.
+# and pruning at a fixed size would cost O(n) per ack.  4,096 keeps the set small (the
+# unique keys' sweep reads it whole); a prune costs per ack the same at any size.
 _PRUNE_DONE_AT = 4096
 _LOST_LEASE = "lease lost (process crashed or queue reopened before ack)"
 # The reason a dead letter carries when its nacker stopped before the move (the nack's
