@@ -15,20 +15,16 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import xxhash
-
 from ledgerq._errors import QueueClosedError
 from ledgerq._types import Item, Priority
 from ledgerq.core.appending import Appending
 from ledgerq.core.args import check_id, check_timeout
-from ledgerq.core.feature import Draft, HandedOff
+from ledgerq.core.feature import Draft, HandedOff, handoff_key
 
 if TYPE_CHECKING:
     from ledgerq.core.reader_handle import Reader
 
 __all__ = ["HandOff"]
-
-_xxh3_128 = xxhash.xxh3_128_digest
 
 
 class HandOff(Appending):
@@ -101,8 +97,7 @@ class HandOff(Appending):
         if message_id not in core._leased:
             with self._lock:
                 core.check_leased(message_id)  # raises, saying why
-        # (handoff_key, inlined: this is every forward's path)
-        key = _xxh3_128((reader._handoff_prefix or reader.handoff_prefix()) + b"%d\0" % message_id)
+        key = handoff_key(reader._handoff_prefix or reader.handoff_prefix(), message_id)
         if payloads is not None:
             ids = target._append_handoff_plain(key, payloads)
         elif drafts:
